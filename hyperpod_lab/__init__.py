@@ -1,0 +1,28 @@
+"""hyperpod-lab: a JupyterLab extension and notebook-to-cluster bridge for resilient PyTorch training.
+
+Entry points: ``%load_ext hyperpod_lab`` (IPython magics), the ``hyperpod-lab`` CLI, the
+jupyter-server extension and lab extension, and the in-job runtime ``hyperpod_lab.runtime``.
+Importing this package imports neither torch nor Jupyter.
+"""
+
+__version__ = "0.1.0"
+
+
+def load_ipython_extension(ipython):
+    """``%load_ext hyperpod_lab``: register ``%hyperpod`` / ``%%hyperpod``."""
+    from hyperpod_lab.magics import register
+
+    register(ipython)
+
+
+def _jupyter_labextension_paths():
+    return [{"src": "labextension", "dest": "hyperpod-lab"}]
+
+
+def _jupyter_server_extension_points():
+    return [{"module": "hyperpod_lab"}]
+
+
+def _load_jupyter_server_extension(server_app):
+    """The REST/WebSocket API arrives with the sidebar issue; the extension loads cleanly now."""
+    server_app.log.info("hyperpod_lab server extension loaded")

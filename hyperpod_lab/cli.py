@@ -1,0 +1,293 @@
+"""``hyperpod-lab`` command line. The ``%hyperpod`` magics run this same surface.
+
+Errors a user can cause print one ``error: ...`` line (the problem and the fix) and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, Callable, TextIO
+
+from hyperpod_lab.errors import HyperPodLabError, SpecError
+from hyperpod_lab.spec import CheckpointPolicy, ElasticPolicy, JobSpec, ResiliencyPolicy, parse_elastic
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse exits; we raise so magics survive
+        raise SpecError("arguments", f"{message} (see 'hyperpod-lab {self.prog.split()[-1]} --help')")
+
+    def exit(self, status=0, message=None):
+        if message:
+            self._print_message(message, sys.stderr)
+        raise _Exit(status)
+
+
+class _Exit(Exception):
+    def __init__(self, status):
+        self.status = status
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="hyperpod-lab", description="Submit resilient PyTorch training from a notebook to "
+                "Slurm (over SSH) or local torchrun, and watch its events.")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+
+    dc = sub.add_parser("dev-cluster", help="the local dev Slurm cluster (munge, slurmctld, 2 slurmd, "
+                        "slurmdbd, sshd, shared dir)")
+    dc.add_argument("action", choices=["up", "down", "status"])
+
+    cl = sub.add_parser("clusters", help="list cluster profiles")
+    cl.add_argument("--json", action="store_true")
+
+    s = sub.add_parser("submit", help="submit a training script: submit SCRIPT [options] [-- ARGS]")
+    s.add_argument("script")
+    s.add_argument("--cluster", default=os.environ.get("HYPERPOD_LAB_CLUSTER", "local"),
+                   help="cluster profile (default: $HYPERPOD_LAB_CLUSTER or 'local')")
+    s.add_argument("--nodes", type=_int, help="nodes (default: the cluster's default)")
+    s.add_argument("--procs-per-node", type=_int, help="ranks per node (default: the cluster's default)")
+    s.add_argument("--name", help="job name (default: the script's file name)")
+    s.add_argument("--partition")
+    s.add_argument("--time", type=_int, dest="time_limit_min", help="time limit, minutes")
+    s.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    s.add_argument("--max-retries", type=_int, default=ResiliencyPolicy.max_retries)
+    s.add_argument("--no-auto-resume", action="store_true", help="fail on the first fault")
+    s.add_argument("--checkpoint-every", type=_int, default=CheckpointPolicy.every_steps, metavar="STEPS")
+    s.add_argument("--checkpoint-keep", type=_int, default=CheckpointPolicy.keep_last, metavar="N")
+    s.add_argument("--checkpoint-memory-every", type=_int, metavar="STEPS")
+    s.add_argument("--checkpoint-s3", metavar="URI")
+    s.add_argument("--checkpoint-s3-every", type=_int, metavar="STEPS")
+    s.add_argument("--elastic", metavar="MIN:MAX", help="elastic node range")
+    s.add_argument("--global-batch-size", type=_int)
+    s.add_argument("--lr-rule", choices=["none", "linear", "sqrt"], default=ElasticPolicy.lr_rule)
+    s.add_argument("--dry-run", action="store_true", help="print the rendered submission; submit nothing")
+    s.add_argument("--json", action="store_true", help="print the whole job record")
+    s.add_argument("--follow", action="store_true", help="stream events until the job finishes")
+
+    j = sub.add_parser("jobs", help="list jobs")
+    j.add_argument("--json", action="store_true")
+
+    st = sub.add_parser("status", help="a job's state")
+    st.add_argument("job")
+    st.add_argument("--json", action="store_true")
+
+    ev = sub.add_parser("events", help="a job's events")
+    ev.add_argument("job")
+    ev.add_argument("--follow", action="store_true", help="keep streaming until the job finishes")
+    ev.add_argument("--json", action="store_true", help="one JSON event per line")
+    ev.add_argument("--timeout", type=float, default=None, help="seconds to follow at most")
+
+    lg = sub.add_parser("logs", help="a job's output, or one rank's")
+    lg.add_argument("job")
+    lg.add_argument("--rank", type=_int)
+
+    cc = sub.add_parser("cancel", help="cancel a job")
+    cc.add_argument("job")
+
+    fi = sub.add_parser("inject-fault", help="SIGKILL one rank's process, to rehearse recovery")
+    fi.add_argument("job")
+    fi.add_argument("--rank", type=_int, required=True)
+    fi.add_argument("--after-checkpoint", action="store_true",
+                    help="wait for the first checkpoint.saved event before killing")
+    fi.add_argument("--timeout", type=float, default=300.0)
+
+    dm = sub.add_parser("demo", help="the main job: dev cluster up, run the example notebook headless, "
+                        "print its events and a summary")
+    dm.add_argument("--notebook", default="examples/quickstart.ipynb")
+    dm.add_argument("--timeout", type=float, default=900.0, help="seconds for the whole notebook")
+    return p
+
+
+def spec_from_args(a: argparse.Namespace, script_args: list[str]) -> JobSpec:
+    """A JobSpec from ``submit`` flags (cluster defaults fill nodes and procs per node)."""
+    from hyperpod_lab.clusters import get_profile
+
+    profile = get_profile(a.cluster)
+    env = {}
+    for item in a.env:
+        if "=" not in item:
+            raise SpecError("env", f"expected KEY=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        env[k] = v
+    lo = hi = None
+    if a.elastic is not None:
+        lo, hi = parse_elastic(a.elastic)
+    nodes = a.nodes if a.nodes is not None else (lo if lo is not None else profile.defaults.nodes)
+    return JobSpec(
+        script=a.script, name=a.name or os.path.splitext(os.path.basename(a.script))[0] or "train",
+        cluster=a.cluster, nodes=nodes,
+        procs_per_node=a.procs_per_node if a.procs_per_node is not None else profile.defaults.procs_per_node,
+        args=list(script_args), env=env, partition=a.partition, time_limit_min=a.time_limit_min,
+        resiliency=ResiliencyPolicy(auto_resume=not a.no_auto_resume, max_retries=a.max_retries),
+        checkpoint=CheckpointPolicy(every_steps=a.checkpoint_every, keep_last=a.checkpoint_keep,
+                                    memory_every_steps=a.checkpoint_memory_every, s3_uri=a.checkpoint_s3,
+                                    s3_every_steps=a.checkpoint_s3_every),
+        elastic=ElasticPolicy(min_nodes=lo, max_nodes=hi, global_batch_size=a.global_batch_size,
+                              lr_rule=a.lr_rule),
+    ).validate()
+
+
+def _table(rows: list[list[Any]], header: list[str]) -> str:
+    rows = [[("" if c is None else str(c)) for c in r] for r in rows]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join([fmt.format(*header)] + [fmt.format(*r) for r in rows])
+
+
+def run(argv: list[str], out: TextIO | None = None, client=None) -> Any:
+    """Run one command. Returns a value for the magics (the job id for ``submit``).
+
+    Raises HyperPodLabError (and SpecError) for bad input; ``main`` turns them into exit 2.
+    """
+    out = out or sys.stdout
+    say: Callable[[str], None] = lambda s: (out.write(s + "\n"), out.flush())
+    script_args: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, script_args = argv[:i], argv[i + 1:]
+    try:
+        a = build_parser().parse_args(argv)
+    except _Exit as e:
+        return e.status
+
+    if a.cmd == "dev-cluster":
+        from hyperpod_lab import devcluster
+
+        if a.action == "up":
+            prof = devcluster.up()
+            say(f"cluster profile '{prof.name}' written: login {prof.user}@{prof.host}:{prof.port}, "
+                f"shared storage {prof.shared_root}")
+        elif a.action == "down":
+            devcluster.down()
+        else:
+            st = devcluster.status()
+            say(json.dumps(st, indent=2, default=str))
+            if not st.get("ok", False):
+                raise HyperPodLabError("the dev cluster is not fully up; run 'hyperpod-lab dev-cluster up'")
+        return None
+
+    if a.cmd == "clusters":
+        from hyperpod_lab.clusters import config_path, load_profiles
+
+        profs = load_profiles()
+        if a.json:
+            say(json.dumps({n: {"orchestrator": p.orchestrator, "host": p.host, "port": p.port,
+                                "shared_root": p.shared_root} for n, p in profs.items()}, indent=2))
+        else:
+            say(_table([[p.name, p.orchestrator, f"{p.host}:{p.port}" if p.host else "-", p.shared_root]
+                        for p in profs.values()], ["NAME", "ORCHESTRATOR", "LOGIN", "SHARED ROOT"]))
+            say(f"(config: {config_path()})")
+        return None
+
+    from hyperpod_lab.client import Client, summarize
+
+    client = client or Client()
+
+    if a.cmd == "submit":
+        spec = spec_from_args(a, script_args)
+        if a.dry_run:
+            say(client.render(spec).rstrip("\n"))
+            return None
+        rec = client.submit(spec)
+        if a.json:
+            say(rec.to_json())
+        else:
+            say(f"submitted {rec.name!r} to {rec.cluster} ({rec.orchestrator} job {rec.native_id}); "
+                f"events: hyperpod-lab events {rec.job_id} --follow")
+        if a.follow:
+            _follow(client, rec.job_id, say, json_lines=False, timeout_s=None)
+        say(rec.job_id)
+        return rec.job_id
+
+    if a.cmd == "jobs":
+        recs = client.jobs()
+        if a.json:
+            say(json.dumps([json.loads(r.to_json()) for r in recs], indent=2))
+        else:
+            say(_table([[r.job_id, r.cluster, r.native_id, r.status,
+                         time.strftime("%Y-%m-%d %H:%M", time.localtime(r.submitted_at))] for r in recs],
+                       ["JOB", "CLUSTER", "NATIVE ID", "STATE", "SUBMITTED"]))
+        return None
+
+    if a.cmd == "status":
+        rec = client.status(a.job)
+        say(rec.to_json() if a.json else f"{rec.job_id}: {rec.status}"
+            + (f" (exit {rec.exit_code})" if rec.exit_code is not None else "")
+            + (f" [{rec.reason}]" if rec.reason else ""))
+        return rec.status
+
+    if a.cmd == "events":
+        if a.follow:
+            _follow(client, a.job, say, json_lines=a.json, timeout_s=a.timeout)
+        else:
+            for ev in client.event_reader(a.job).poll():
+                say(ev.to_json() if a.json else ev.describe())
+        return None
+
+    if a.cmd == "logs":
+        out.write(client.logs(a.job, a.rank))
+        out.flush()
+        return None
+
+    if a.cmd == "cancel":
+        rec = client.cancel(a.job)
+        say(f"cancel requested for {rec.job_id} ({rec.cluster} job {rec.native_id})")
+        return None
+
+    if a.cmd == "inject-fault":
+        if a.after_checkpoint:
+            reader = client.event_reader(a.job)
+            deadline = time.monotonic() + a.timeout
+            say(f"waiting for the first checkpoint of {a.job} ...")
+            while not any(e.kind == "checkpoint.saved" for e in reader.poll()):
+                if time.monotonic() > deadline:
+                    raise HyperPodLabError(f"no checkpoint.saved event within {a.timeout} s")
+                time.sleep(0.5)
+        info = client.inject_fault(a.job, a.rank)
+        say(f"killed rank {a.rank} (pid {info['pid']} on node {info['node']}) of {a.job} with SIGKILL")
+        return None
+
+    if a.cmd == "demo":
+        from hyperpod_lab.demo import run_demo
+
+        return run_demo(a.notebook, say, timeout_s=a.timeout)
+    raise AssertionError(a.cmd)
+
+
+def _follow(client, job_id, say, json_lines: bool, timeout_s) -> list:
+    from hyperpod_lab.client import summarize
+
+    t0 = time.time()
+    events = []
+    for ev in client.follow(job_id, timeout_s=timeout_s):
+        events.append(ev)
+        say(ev.to_json() if json_lines else ev.describe())
+    if not json_lines:
+        say("summary: " + json.dumps(summarize(events)))
+    return events
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        res = run(argv)
+    except (HyperPodLabError, TimeoutError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return res if isinstance(res, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

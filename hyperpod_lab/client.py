@@ -1,0 +1,225 @@
+"""The core every surface uses (CLI, magics, widgets, later the server): submit a JobSpec,
+track job records, stream events, cancel, fetch logs, inject faults.
+
+Backends only render, submit and parse (``hyperpod_lab.schedulers``); the job lifecycle lives
+here. Status is refreshed by one batched query per cluster, never one per job.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import time
+from typing import Callable, Iterator
+
+from hyperpod_lab.clusters import ClusterProfile, get_profile
+from hyperpod_lab.errors import JobStateError, SpecError
+from hyperpod_lab.events import Event, EventKind, EventReader, events_dir
+from hyperpod_lab.jobs import JobRecord, JobStatus, JobStore, new_job_id
+from hyperpod_lab.schedulers import Scheduler, for_profile
+from hyperpod_lab.spec import JobSpec
+
+CLIENT_WRITER = "client"
+
+
+class Client:
+    """hyperpod-lab's job lifecycle.
+
+    Args:
+        store: where job records live (default: ``JobStore()`` in the user's data directory).
+    """
+
+    def __init__(self, store: JobStore | None = None):
+        self.store = store or JobStore()
+        self._schedulers: dict[str, Scheduler] = {}
+
+    # ---- clusters ----------------------------------------------------------------
+    def scheduler(self, cluster: str) -> Scheduler:
+        """The backend of a cluster (connection reused). Raises UnknownCluster,
+        ClusterUnreachable, HostKeyError."""
+        sched = self._schedulers.get(cluster)
+        if sched is None or getattr(sched.remote, "alive", True) is False:
+            sched = for_profile(get_profile(cluster))
+            self._schedulers[cluster] = sched
+        return sched
+
+    # ---- submit ------------------------------------------------------------------
+    def prepare(self, spec: JobSpec) -> tuple[JobSpec, ClusterProfile, bytes]:
+        """Validate ``spec`` against its cluster and read the script. Raises SpecError,
+        UnknownCluster. Nothing is contacted or written."""
+        spec.validate()
+        profile = get_profile(spec.cluster)
+        if spec.partition is None and profile.defaults.partition and profile.orchestrator == "slurm":
+            spec.partition = profile.defaults.partition
+        path = os.path.expanduser(spec.script)
+        if not os.path.isfile(path):
+            raise SpecError("script", f"{spec.script} does not exist or is not a file; give the path of "
+                                      f"your training script (relative to {os.getcwd()})")
+        with open(path, "rb") as f:
+            return spec, profile, f.read()
+
+    def render(self, spec: JobSpec) -> str:
+        """The submission ``submit`` would make (sbatch script / command line); submits nothing."""
+        spec, _, _ = self.prepare(spec)
+        return self.scheduler(spec.cluster).render(spec, new_job_id(spec.name))
+
+    def submit(self, spec: JobSpec) -> JobRecord:
+        """Stage the script and spec on the cluster's shared storage, submit, record the job
+        and write its ``submitted`` event.
+
+        Raises:
+            SpecError, UnknownCluster: bad input (nothing contacted).
+            ClusterUnreachable, HostKeyError: the login node cannot be reached safely.
+            RemoteCommandError: the scheduler refused the job (its staged files are removed).
+        """
+        spec, profile, script = self.prepare(spec)
+        sched = self.scheduler(spec.cluster)
+        job_id = new_job_id(spec.name)
+        try:
+            native_id = sched.submit(spec, job_id, script)
+        except Exception:
+            try:  # leave nothing half-done: the directory is ours alone (fresh id)
+                sched.remote.run(["rm", "-rf", "--", sched.job_dir(job_id)], check=False)
+            except Exception:
+                pass
+            raise
+        rec = JobRecord(job_id=job_id, name=spec.name, cluster=spec.cluster, orchestrator=profile.orchestrator,
+                        native_id=native_id, job_dir=sched.job_dir(job_id), spec=spec.to_dict())
+        self.store.put(rec)
+        self._append_event(sched, rec, EventKind.SUBMITTED, cluster=spec.cluster, native_id=native_id,
+                           name=spec.name, nodes=spec.nodes, procs_per_node=spec.procs_per_node,
+                           world_size=spec.world_size)
+        return rec
+
+    def _append_event(self, sched: Scheduler, rec: JobRecord, kind: EventKind, **data) -> Event:
+        path = posixpath.join(events_dir(rec.job_dir), CLIENT_WRITER + ".jsonl")
+        try:
+            seq = sched.remote.read_from(path).count(b"\n")
+        except FileNotFoundError:
+            seq = 0
+        ev = Event(kind=kind.value, job_id=rec.job_id, time=time.time(), writer=CLIENT_WRITER, seq=seq, data=data)
+        sched.remote.append_bytes(path, (ev.to_json() + "\n").encode())
+        return ev
+
+    # ---- records and state -------------------------------------------------------
+    def get(self, job_id: str) -> JobRecord:
+        return self.store.get(job_id)
+
+    def jobs(self, refresh: bool = True) -> list[JobRecord]:
+        recs = self.store.list()
+        if refresh:
+            self.refresh([r for r in recs if not r.state.is_terminal()])
+        return self.store.list()
+
+    def refresh(self, records: list[JobRecord]) -> list[JobRecord]:
+        """Update the state of ``records`` with one batched poll per cluster. A job that ended
+        without the runtime's ``finished`` event gets one from the client (status, exit code)."""
+        by_cluster: dict[str, list[JobRecord]] = {}
+        for r in records:
+            if not r.state.is_terminal():
+                by_cluster.setdefault(r.cluster, []).append(r)
+        for cluster, recs in by_cluster.items():
+            sched = self.scheduler(cluster)
+            states = sched.poll(recs)
+            for rec in recs:
+                st, code, reason = states.get(rec.job_id, (JobStatus.UNKNOWN, None, None))
+                if st == JobStatus.UNKNOWN and rec.state != JobStatus.PENDING:
+                    continue  # keep the last known state through a scheduler hiccup
+                was_terminal = rec.state.is_terminal()
+                self.store.update_status(rec, st, code, reason)
+                if st.is_terminal() and not was_terminal:
+                    self._finish_if_silent(sched, rec, st, code, reason)
+        return records
+
+    def _finish_if_silent(self, sched, rec, st, code, reason):
+        kinds = {e.kind for e in EventReader(rec.job_dir, sched.remote).poll()}
+        if EventKind.FINISHED.value not in kinds:
+            self._append_event(sched, rec, EventKind.FINISHED, status=st.value, exit_code=code, reason=reason)
+
+    def status(self, job_id: str) -> JobRecord:
+        rec = self.get(job_id)
+        self.refresh([rec])
+        return rec
+
+    def wait(self, job_id: str, timeout_s: float = 600.0, interval_s: float = 1.0) -> JobRecord:
+        """Block until the job is terminal. Raises TimeoutError after ``timeout_s`` seconds."""
+        deadline = time.monotonic() + timeout_s
+        delay = min(0.25, interval_s)
+        while True:
+            rec = self.status(job_id)
+            if rec.state.is_terminal():
+                return rec
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {rec.status} after {timeout_s} s")
+            time.sleep(delay)
+            delay = min(delay * 2, interval_s)
+
+    # ---- events, logs, control ---------------------------------------------------
+    def event_reader(self, job_id: str, cursor: dict[str, int] | None = None) -> EventReader:
+        rec = self.get(job_id)
+        return EventReader(rec.job_dir, self.scheduler(rec.cluster).remote, cursor)
+
+    def follow(self, job_id: str, interval_s: float = 0.5, timeout_s: float | None = None,
+               on_event: Callable[[Event], None] | None = None) -> Iterator[Event]:
+        """Yield the job's events (from the first) until ``finished``; also stops when the job is
+        terminal and no more events come (checked every ~5 s)."""
+        reader = self.event_reader(job_id)
+        last_check = [time.monotonic()]
+
+        def ended() -> bool:
+            if time.monotonic() - last_check[0] < 5:
+                return False
+            last_check[0] = time.monotonic()
+            return self.status(job_id).state.is_terminal()
+
+        for ev in reader.follow(interval_s=interval_s, timeout_s=timeout_s, stop=ended):
+            if on_event:
+                on_event(ev)
+            yield ev
+        for ev in reader.poll():  # a client-written 'finished' lands after the stop check
+            if on_event:
+                on_event(ev)
+            yield ev
+
+    def logs(self, job_id: str, rank: int | None = None) -> str:
+        rec = self.get(job_id)
+        return self.scheduler(rec.cluster).logs(rec, rank)
+
+    def cancel(self, job_id: str) -> JobRecord:
+        rec = self.status(job_id)
+        if not rec.state.is_terminal():
+            self.scheduler(rec.cluster).cancel(rec)
+        return rec
+
+    def inject_fault(self, job_id: str, rank: int) -> dict:
+        """SIGKILL one rank's process (to rehearse recovery). Returns the rank's info
+        (node, pid). Raises JobStateError if the job or rank is not running."""
+        rec = self.status(job_id)
+        if rec.state != JobStatus.RUNNING:
+            raise JobStateError(f"job {job_id} is {rec.status}; faults can only be injected into a running job")
+        return self.scheduler(rec.cluster).inject_fault(rec, rank)
+
+
+def summarize(events: list[Event], wall_s: float | None = None) -> dict:
+    """Summary of a job from its events: steps, first/last loss, checkpoints, faults,
+    recoveries (with downtime seconds) and wall time (seconds)."""
+    steps = [e for e in events if e.kind == EventKind.STEP.value]
+    fin = [e for e in events if e.kind == EventKind.FINISHED.value]
+    downtimes = [e.data.get("downtime_s") for e in events if e.kind == EventKind.RECOVERY_COMPLETED.value]
+    out = {
+        "steps": max([e.data.get("step", -1) for e in steps], default=-1) + 1,
+        "first_loss": steps[0].data.get("loss") if steps else None,
+        "last_loss": steps[-1].data.get("loss") if steps else None,
+        "checkpoints": sum(e.kind == EventKind.CHECKPOINT_SAVED.value for e in events),
+        "restores": sum(e.kind == EventKind.CHECKPOINT_RESTORED.value for e in events),
+        "faults": sum(e.kind == EventKind.FAULT_DETECTED.value for e in events),
+        "recoveries": len(downtimes),
+        "recovery_downtime_s": downtimes,
+        "status": fin[-1].data.get("status") if fin else None,
+        "final_loss": (fin[-1].data.get("final_loss") if fin else None),
+    }
+    if wall_s is None and events:
+        wall_s = events[-1].time - events[0].time
+    out["wall_s"] = round(wall_s, 2) if wall_s is not None else None
+    return out
+

@@ -1,0 +1,184 @@
+"""Cluster profiles: where jobs go.
+
+Profiles live in one TOML file, ``$HYPERPOD_LAB_CONFIG`` or else
+``$XDG_CONFIG_HOME/hyperpod-lab/clusters.toml`` (``~/.config/hyperpod-lab/clusters.toml``)::
+
+    [clusters.local-slurm]
+    orchestrator = "slurm"            # slurm | eks | local
+    host = "127.0.0.1"                # login node
+    port = 2222
+    user = "root"
+    key_file = "/path/to/private_key"
+    known_hosts = "/path/to/known_hosts"   # host keys are verified, never auto-added
+    shared_root = "/tmp/hyperpod-lab-dev/fsx"  # FSx-style storage, same path on every node
+    python = "/opt/venv/bin/python"   # interpreter on the nodes with hyperpod-lab installed
+
+    [clusters.local-slurm.defaults]
+    partition = "dev"
+    nodes = 2
+    procs_per_node = 1
+
+A built-in profile named ``local`` (the local backend: torchrun on this machine) always exists.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from hyperpod_lab.errors import ConfigError, UnknownCluster
+
+ORCHESTRATORS = ("slurm", "eks", "local")
+LOCAL = "local"
+
+
+def config_path() -> str:
+    """Path of the cluster config file (it may not exist yet)."""
+    env = os.environ.get("HYPERPOD_LAB_CONFIG")
+    if env:
+        return os.path.abspath(os.path.expanduser(env))
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+    return os.path.join(base, "hyperpod-lab", "clusters.toml")
+
+
+def data_dir() -> str:
+    """Directory of this user's hyperpod-lab state (job records, local jobs)."""
+    env = os.environ.get("HYPERPOD_LAB_DATA_DIR")
+    if env:
+        return os.path.abspath(os.path.expanduser(env))
+    base = os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share")
+    return os.path.join(base, "hyperpod-lab")
+
+
+@dataclass
+class ClusterDefaults:
+    """Per-cluster defaults applied when a JobSpec leaves the field unset."""
+
+    partition: str | None = None
+    nodes: int = 1
+    procs_per_node: int = 1
+
+
+@dataclass
+class ClusterProfile:
+    """One cluster. See the module docstring for the file format.
+
+    Attributes:
+        name: profile name, e.g. ``local-slurm``.
+        orchestrator: ``slurm`` (over SSH), ``eks`` or ``local``.
+        host, port, user: SSH login node (slurm).
+        key_file: private key for the login (slurm).
+        known_hosts: known_hosts file holding the login node's host key (slurm).
+        shared_root: shared-storage directory, the same path on nodes and login node.
+        python: Python interpreter on the nodes that has hyperpod-lab and torch.
+        connect_timeout_s: SSH connect timeout, seconds.
+        defaults: partition / nodes / procs_per_node defaults.
+    """
+
+    name: str
+    orchestrator: str
+    host: str | None = None
+    port: int = 22
+    user: str | None = None
+    key_file: str | None = None
+    known_hosts: str | None = None
+    shared_root: str | None = None
+    python: str = "python3"
+    connect_timeout_s: float = 10.0
+    defaults: ClusterDefaults = field(default_factory=ClusterDefaults)
+
+    def validate(self) -> "ClusterProfile":
+        where = f"cluster profile '{self.name}' in {config_path()}"
+        if self.orchestrator not in ORCHESTRATORS:
+            raise ConfigError(f"{where}: orchestrator must be one of {', '.join(ORCHESTRATORS)}, got {self.orchestrator!r}")
+        if self.orchestrator == "slurm":
+            for key in ("host", "user", "key_file", "known_hosts", "shared_root"):
+                if not getattr(self, key):
+                    raise ConfigError(f"{where}: '{key}' is required for a slurm cluster")
+            if not isinstance(self.port, int) or not 0 < self.port < 65536:
+                raise ConfigError(f"{where}: port must be 1-65535, got {self.port!r}")
+        return self
+
+    def to_toml_table(self) -> dict[str, Any]:
+        d = {k: v for k, v in asdict(self).items() if k != "name" and v is not None}
+        d["defaults"] = {k: v for k, v in d["defaults"].items() if v is not None}
+        return d
+
+    @classmethod
+    def from_toml_table(cls, name: str, table: dict[str, Any]) -> "ClusterProfile":
+        if not isinstance(table, dict):
+            raise ConfigError(f"[clusters.{name}] in {config_path()} must be a table")
+        known = {f.name for f in fields(cls)} - {"name"}
+        unknown = set(table) - known
+        if unknown:
+            raise ConfigError(f"[clusters.{name}] in {config_path()}: unknown keys {sorted(unknown)}; known keys are {sorted(known)}")
+        table = dict(table)
+        dft = table.pop("defaults", {}) or {}
+        dknown = {f.name for f in fields(ClusterDefaults)}
+        if not isinstance(dft, dict) or set(dft) - dknown:
+            raise ConfigError(f"[clusters.{name}.defaults] in {config_path()}: known keys are {sorted(dknown)}")
+        if "orchestrator" not in table:
+            raise ConfigError(f"[clusters.{name}] in {config_path()}: 'orchestrator' is required (slurm | eks | local)")
+        return cls(name=name, defaults=ClusterDefaults(**dft), **table).validate()
+
+
+def builtin_local() -> ClusterProfile:
+    """The always-present ``local`` profile: torchrun on this machine."""
+    return ClusterProfile(name=LOCAL, orchestrator="local", python=sys.executable,
+                          shared_root=os.path.join(data_dir(), "local"))
+
+
+def _read_file(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except FileNotFoundError:
+        return {}
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path} is not valid TOML ({e}); fix the file or move it away") from None
+    clusters = doc.get("clusters", {})
+    if not isinstance(clusters, dict):
+        raise ConfigError(f"{path}: 'clusters' must be a table of [clusters.NAME] tables")
+    return doc
+
+
+def load_profiles() -> dict[str, ClusterProfile]:
+    """All profiles: ``local`` plus those in the config file. Raises ConfigError."""
+    profiles = {LOCAL: builtin_local()}
+    for name, table in _read_file(config_path()).get("clusters", {}).items():
+        profiles[name] = ClusterProfile.from_toml_table(name, table)
+    return profiles
+
+
+def get_profile(name: str) -> ClusterProfile:
+    """The profile called ``name``. Raises UnknownCluster listing the known names."""
+    profiles = load_profiles()
+    if name not in profiles:
+        raise UnknownCluster(
+            f"unknown cluster '{name}'; known clusters: {', '.join(sorted(profiles))}. "
+            f"Add it to {config_path()} or run 'hyperpod-lab dev-cluster up' for 'local-slurm'.")
+    return profiles[name]
+
+
+def save_profile(profile: ClusterProfile) -> str:
+    """Add or replace ``profile`` in the config file (atomically); keep the other entries.
+
+    Returns the config file path. Raises ConfigError if the file exists but is malformed.
+    """
+    import tomli_w
+
+    if profile.name == LOCAL:
+        raise ConfigError("'local' is built in and cannot be overwritten; choose another name")
+    profile.validate()
+    path = config_path()
+    doc = _read_file(path)
+    doc.setdefault("clusters", {})[profile.name] = profile.to_toml_table()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        tomli_w.dump(doc, f)
+    os.replace(tmp, path)
+    return path

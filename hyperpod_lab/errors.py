@@ -1,0 +1,66 @@
+"""Domain errors of hyperpod-lab.
+
+Every error a user can cause names the problem and the fix in its message. The CLI prints
+``str(error)`` and exits 2; the magics print it; the server (issue 6) maps each class to one
+HTTP status in one place.
+"""
+
+from __future__ import annotations
+
+
+class HyperPodLabError(Exception):
+    """Base class of every error hyperpod-lab raises on purpose."""
+
+
+class SpecError(HyperPodLabError, ValueError):
+    """A JobSpec (or a CLI flag that builds one) is invalid.
+
+    Attributes:
+        field: dotted name of the offending field, e.g. ``"elastic.min_nodes"``.
+    """
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+class ConfigError(HyperPodLabError):
+    """The cluster config file is malformed or a profile is incomplete."""
+
+
+class UnknownCluster(HyperPodLabError, KeyError):
+    """No cluster profile has that name; the message lists the known ones."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+class ClusterUnreachable(HyperPodLabError):
+    """The login node did not answer (connection refused, timeout, DNS)."""
+
+
+class HostKeyError(HyperPodLabError):
+    """The login node's SSH host key is unknown or does not match known_hosts."""
+
+
+class RemoteCommandError(HyperPodLabError):
+    """A command on the cluster exited non-zero.
+
+    Attributes:
+        argv: the command as an argv list; exit_status: its exit code; stderr: its error text.
+    """
+
+    def __init__(self, argv: list[str], exit_status: int, stderr: str):
+        self.argv, self.exit_status, self.stderr = list(argv), exit_status, stderr
+        super().__init__(f"`{argv[0]}` failed with exit status {exit_status}: {stderr.strip()[-2000:]}")
+
+
+class UnknownJob(HyperPodLabError, KeyError):
+    """No job record has that id; the message lists recent ones."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class JobStateError(HyperPodLabError):
+    """The operation does not fit the job's state (e.g. inject a fault into a finished job)."""

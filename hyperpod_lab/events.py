@@ -1,0 +1,256 @@
+"""Event schema v1, its writer and its cursor-based reader.
+
+Everything that happens to a job is an :class:`Event`. The schema is defined here once and
+shared by the in-job runtime (which writes), the CLI, magics, widgets and server (which read);
+the TypeScript types in ``src/`` mirror it.
+
+Storage layout: each writer (a rank, a node's launch agent, the submitting client) appends JSON
+lines to its own file ``<job_dir>/events/<writer>.jsonl``, so no two processes share a file.
+A reader keeps a byte-offset cursor per file and only consumes complete lines, so a dropped
+connection or a restarted reader resumes with no loss and no duplicates.
+
+This module imports only the standard library (the runtime and the server both use it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Iterable, Iterator, Protocol
+
+SCHEMA_VERSION = 1
+EVENTS_DIRNAME = "events"
+
+
+class EventKind(str, Enum):
+    """The kinds of schema v1. Data fields each kind carries are listed in ``docs/events.md``."""
+
+    SUBMITTED = "submitted"
+    STARTED = "started"
+    STEP = "step"
+    CHECKPOINT_SAVED = "checkpoint.saved"
+    CHECKPOINT_RESTORED = "checkpoint.restored"
+    CHECKPOINT_CORRUPT = "checkpoint.corrupt"
+    FAULT_DETECTED = "fault.detected"
+    RECOVERY_STARTED = "recovery.started"
+    RECOVERY_COMPLETED = "recovery.completed"
+    ELASTIC_SCALED = "elastic.scaled"
+    FINISHED = "finished"
+
+
+class EventSchemaError(ValueError):
+    """A line is not a schema-v1 event (malformed JSON, newer version, unknown kind)."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """One thing that happened to a job.
+
+    Attributes:
+        kind: an :class:`EventKind` value, e.g. ``"checkpoint.saved"``.
+        job_id: hyperpod-lab job id.
+        time: wall-clock time, seconds since the epoch (float).
+        writer: name of the writing process's file, e.g. ``"rank-0"``, ``"agent-n1"``.
+        seq: 0-based position in that writer's file (with ``writer``, a unique key).
+        data: kind-specific fields (step, loss, tier, bytes, rank, node, downtime_s, ...).
+        v: schema version (1).
+    """
+
+    kind: str
+    job_id: str
+    time: float
+    writer: str
+    seq: int
+    data: dict[str, Any] = field(default_factory=dict)
+    v: int = SCHEMA_VERSION
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.writer, self.seq)
+
+    def to_json(self) -> str:
+        return json.dumps({"v": self.v, "kind": self.kind, "job_id": self.job_id, "time": self.time,
+                           "writer": self.writer, "seq": self.seq, "data": self.data},
+                          separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, line: str | bytes) -> "Event":
+        """Parse one line. Raises EventSchemaError for anything but a v1 event."""
+        try:
+            d = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise EventSchemaError(f"not a JSON event line: {e}") from None
+        if not isinstance(d, dict):
+            raise EventSchemaError("an event line must be a JSON object")
+        if d.get("v") != SCHEMA_VERSION:
+            raise EventSchemaError(f"event schema version {d.get('v')!r} is not {SCHEMA_VERSION}; upgrade hyperpod-lab")
+        try:
+            kind = EventKind(d["kind"]).value
+            return cls(kind=kind, job_id=str(d["job_id"]), time=float(d["time"]), writer=str(d["writer"]),
+                       seq=int(d["seq"]), data=dict(d.get("data") or {}))
+        except (KeyError, ValueError, TypeError) as e:
+            raise EventSchemaError(f"bad event fields: {e}") from None
+
+    def describe(self) -> str:
+        """One human line, as the CLI prints it."""
+        t = time.strftime("%H:%M:%S", time.localtime(self.time))
+        items = " ".join(f"{k}={_fmt(v)}" for k, v in sorted(self.data.items()))
+        return f"{t} {self.kind:<20} {self.writer:<10} {items}".rstrip()
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def events_dir(job_dir: str) -> str:
+    return os.path.join(job_dir, EVENTS_DIRNAME)
+
+
+_WRITER_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
+
+
+class EventWriter:
+    """Appends events of one writer to ``<job_dir>/events/<writer>.jsonl``.
+
+    Each event is one ``write()`` of one complete line on an ``O_APPEND`` descriptor followed by
+    ``fsync`` (so a reader never sees half a line from a live writer, and a SIGKILL loses at most
+    the event being written). A restarted writer continues the sequence numbers of its file.
+
+    Args:
+        job_dir: the job's directory on shared storage.
+        writer: file name stem, ``[A-Za-z0-9_.-]``, unique per process (``rank-3``, ``agent-n1``).
+        job_id: hyperpod-lab job id stamped on every event.
+        clock: seconds since the epoch (tests inject one).
+    """
+
+    def __init__(self, job_dir: str, writer: str, job_id: str, clock=time.time):
+        if not _WRITER_RE.match(writer):
+            raise ValueError(f"writer name {writer!r} must match {_WRITER_RE.pattern}")
+        self.path = os.path.join(events_dir(job_dir), writer + ".jsonl")
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self.writer, self.job_id, self._clock = writer, job_id, clock
+        self._seq = _count_complete_lines(self.path)
+
+    def emit(self, kind: EventKind | str, **data: Any) -> Event:
+        """Write one event and return it. Raises ValueError for a kind outside schema v1."""
+        ev = Event(kind=EventKind(kind).value, job_id=self.job_id, time=self._clock(), writer=self.writer,
+                   seq=self._seq, data=data)
+        line = (ev.to_json() + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._seq += 1
+        return ev
+
+
+def _count_complete_lines(path: str) -> int:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return 0
+    if data and not data.endswith(b"\n"):
+        # a torn last line (writer killed mid-write): terminate it so the next event starts clean;
+        # readers skip it as malformed.
+        with open(path, "ab") as f:
+            f.write(b"\n")
+        data += b"\n"
+    return data.count(b"\n")
+
+
+class FileAccess(Protocol):
+    """What the reader needs of storage: local files, or SFTP (``schedulers.remote``)."""
+
+    def listdir(self, path: str) -> list[str]: ...  # names; [] if the directory is missing
+
+    def read_from(self, path: str, offset: int) -> bytes: ...  # bytes from offset to EOF
+
+
+class LocalFiles:
+    """FileAccess over this machine's file system."""
+
+    def listdir(self, path: str) -> list[str]:
+        try:
+            return os.listdir(path)
+        except FileNotFoundError:
+            return []
+
+    def read_from(self, path: str, offset: int) -> bytes:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read()
+
+
+class EventReader:
+    """Streams a job's events from every writer file, with a cursor, without loss or duplicates.
+
+    ``poll()`` returns the events that appeared since the last poll, ordered by time. The cursor
+    (``{file name: byte offset of the first unread byte}``) only advances past complete lines;
+    save it (``cursor``) and pass it back to resume elsewhere.
+
+    Args:
+        job_dir: the job's directory on shared storage, as ``files`` sees it.
+        files: a FileAccess (default: local files).
+        cursor: a cursor from an earlier reader, or None to start at the beginning.
+    """
+
+    def __init__(self, job_dir: str, files: FileAccess | None = None, cursor: dict[str, int] | None = None):
+        self.dir = events_dir(job_dir)
+        self.files = files or LocalFiles()
+        self.cursor: dict[str, int] = dict(cursor or {})
+        self.skipped: list[tuple[str, str]] = []  # (file, reason) of malformed lines
+
+    def poll(self) -> list[Event]:
+        out: list[Event] = []
+        for name in sorted(self.files.listdir(self.dir)):
+            if not name.endswith(".jsonl"):
+                continue
+            off = self.cursor.get(name, 0)
+            chunk = self.files.read_from(f"{self.dir}/{name}", off)
+            end = chunk.rfind(b"\n")
+            if end < 0:
+                continue
+            for line in chunk[: end + 1].splitlines():
+                if not line.strip():
+                    continue
+                try:
+                    out.append(Event.from_json(line))
+                except EventSchemaError as e:
+                    self.skipped.append((name, str(e)))
+            self.cursor[name] = off + end + 1
+        out.sort(key=lambda e: (e.time, e.writer, e.seq))
+        return out
+
+    def follow(self, interval_s: float = 0.5, until: Iterable[str] = (EventKind.FINISHED.value,),
+               timeout_s: float | None = None, stop=None) -> Iterator[Event]:
+        """Yield events as they arrive until one of kind in ``until`` is seen, ``stop()`` is
+        true, or ``timeout_s`` seconds pass (then TimeoutError). Polls every ``interval_s`` s."""
+        until = set(until)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            done = False
+            for ev in self.poll():
+                yield ev
+                if ev.kind in until:
+                    done = True
+            if done or (stop is not None and stop()):
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"no '{'|'.join(sorted(until))}' event within {timeout_s} s")
+            time.sleep(interval_s)
+
+
+def default_writer_name(prefix: str) -> str:
+    """``prefix-hostname`` made safe for a writer name."""
+    host = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())[:60]
+    return f"{prefix}-{host}"

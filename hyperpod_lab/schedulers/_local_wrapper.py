@@ -1,0 +1,25 @@
+"""``python -m hyperpod_lab.schedulers._local_wrapper JOB_DIR -- ARGV...``: run ARGV, then write
+its exit code to ``JOB_DIR/exit_code`` atomically. SIGTERM is passed on to ARGV."""
+
+import os
+import signal
+import subprocess
+import sys
+
+
+def main() -> int:
+    job_dir, sep, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
+    assert sep == "--" and argv, "usage: _local_wrapper JOB_DIR -- ARGV..."
+    p = subprocess.Popen(argv)
+    signal.signal(signal.SIGTERM, lambda *_: p.send_signal(signal.SIGTERM))
+    code = p.wait()
+    code = 128 - code if code < 0 else code
+    tmp = os.path.join(job_dir, f"exit_code.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(f"{code}\n")
+    os.replace(tmp, os.path.join(job_dir, "exit_code"))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""The scheduler interface every backend (slurm, local, later eks) implements.
+
+A backend renders its submission from a JobSpec (a pure function), submits it, polls the
+state of many jobs in one batched call, cancels, fetches logs and injects faults. Staging
+the job directory on shared storage is common to all and lives here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+from abc import ABC, abstractmethod
+
+from hyperpod_lab.clusters import ClusterProfile
+from hyperpod_lab.errors import HyperPodLabError, JobStateError
+from hyperpod_lab.jobs import JobRecord, JobStatus
+from hyperpod_lab.schedulers.remote import Remote
+from hyperpod_lab.spec import JobSpec
+
+JOBS_SUBDIR = "hyperpod-lab/jobs"
+
+
+class Scheduler(ABC):
+    """One cluster's backend. Construct through :func:`hyperpod_lab.schedulers.for_profile`."""
+
+    def __init__(self, profile: ClusterProfile, remote: Remote):
+        self.profile, self.remote = profile, remote
+
+    # ---- common ------------------------------------------------------------------
+    def job_dir(self, job_id: str) -> str:
+        """The job's directory on shared storage."""
+        return posixpath.join(self.profile.shared_root, JOBS_SUBDIR, job_id)
+
+    def staged_script(self, spec: JobSpec, job_id: str) -> str:
+        return posixpath.join(self.job_dir(job_id), "script", os.path.basename(spec.script))
+
+    def stage(self, spec: JobSpec, job_id: str, script_bytes: bytes) -> str:
+        """Create the job directory and write the script and ``spec.json`` there (SFTP for
+        remote clusters). Returns the job directory."""
+        d = self.job_dir(job_id)
+        for sub in ("events", "logs", "ranks", "checkpoints", "script"):
+            self.remote.makedirs(posixpath.join(d, sub))
+        self.remote.write_bytes(self.staged_script(spec, job_id), script_bytes, mode=0o644)
+        self.remote.write_bytes(posixpath.join(d, "spec.json"), spec.to_json().encode())
+        return d
+
+    def rank_info(self, rec: JobRecord, rank: int) -> dict:
+        """The ``ranks/rank-R.json`` the runtime wrote. Raises JobStateError if absent."""
+        path = posixpath.join(rec.job_dir, "ranks", f"rank-{int(rank)}.json")
+        try:
+            return json.loads(self.remote.read_from(path))
+        except FileNotFoundError:
+            world = self._known_ranks(rec)
+            raise JobStateError(f"rank {rank} of job {rec.job_id} has not started (known ranks: "
+                                f"{world or 'none yet'}); wait for the 'started' event") from None
+
+    def _known_ranks(self, rec: JobRecord) -> list[int]:
+        names = self.remote.listdir(posixpath.join(rec.job_dir, "ranks"))
+        return sorted(int(n[5:-5]) for n in names if n.startswith("rank-") and n.endswith(".json"))
+
+    def rank_log(self, rec: JobRecord, rank: int) -> str:
+        info = self.rank_info(rec, rank)
+        if not info.get("log_file"):
+            raise HyperPodLabError(f"rank {rank} of job {rec.job_id} has no log file recorded")
+        try:
+            return self.remote.read_from(info["log_file"]).decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    # ---- per backend -------------------------------------------------------------
+    @abstractmethod
+    def render(self, spec: JobSpec, job_id: str) -> str:
+        """The submission as text (sbatch script, command line); what --dry-run prints."""
+
+    @abstractmethod
+    def submit(self, spec: JobSpec, job_id: str, script_bytes: bytes) -> str:
+        """Stage and submit; return the scheduler's native job id."""
+
+    @abstractmethod
+    def poll(self, records: list[JobRecord]) -> dict[str, tuple[JobStatus, int | None, str | None]]:
+        """State of many jobs in one batched query: ``{job_id: (status, exit_code, reason)}``."""
+
+    @abstractmethod
+    def cancel(self, rec: JobRecord) -> None:
+        """Stop the job."""
+
+    @abstractmethod
+    def logs(self, rec: JobRecord, rank: int | None = None) -> str:
+        """The job's output (the whole job, or one rank's)."""
+
+    @abstractmethod
+    def inject_fault(self, rec: JobRecord, rank: int) -> dict:
+        """SIGKILL rank ``rank``'s process to rehearse recovery; return its rank info."""

@@ -1,0 +1,111 @@
+"""Local backend: the same JobSpec as a torchrun job on this machine.
+
+A scientist prototypes with ``--cluster local --procs-per-node 2`` and later submits the same
+spec, unchanged, to a Slurm cluster. The job runs under ``hyperpod_lab.runtime.launch``
+(torchrun plus our events) in its own session, wrapped by :mod:`._local_wrapper` which records
+the exit code in ``<job_dir>/exit_code`` so state survives this process.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import shlex
+import signal
+import subprocess
+import sys
+
+from hyperpod_lab.errors import JobStateError
+from hyperpod_lab.jobs import JobStatus
+from hyperpod_lab.schedulers.base import Scheduler
+from hyperpod_lab.spec import JobSpec
+
+
+def launch_argv(spec: JobSpec, job_dir: str, python: str, script: str) -> list[str]:
+    """torchrun (via our launcher) for a single-node run of ``spec`` (pure)."""
+    return [python, "-m", "hyperpod_lab.runtime.launch", "--standalone", "--nnodes=1",
+            f"--nproc-per-node={spec.world_size}",
+            f"--max-restarts={spec.resiliency.max_retries if spec.resiliency.auto_resume else 0}",
+            f"--log-dir={posixpath.join(job_dir, 'logs', 'torchrun')}", "--redirects=3", "--tee=3",
+            script, *spec.args]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError, ProcessLookupError):
+        return False
+
+
+class LocalScheduler(Scheduler):
+    """Runs jobs as local processes; ``nodes x procs_per_node`` ranks on this machine."""
+
+    def _argv(self, spec, job_id):
+        return launch_argv(spec, self.job_dir(job_id), self.profile.python or sys.executable,
+                           self.staged_script(spec, job_id))
+
+    def _env(self, spec, job_id):
+        env = dict(os.environ)
+        d = self.job_dir(job_id)
+        env.update(spec.env)
+        env.update({"HYPERPOD_LAB_JOB_ID": job_id, "HYPERPOD_LAB_JOB_DIR": d,
+                    "HYPERPOD_LAB_SPEC": posixpath.join(d, "spec.json"),
+                    "HYPERPOD_LAB_SHARED_ROOT": self.profile.shared_root})
+        env.setdefault("OMP_NUM_THREADS", "1")
+        return env
+
+    def render(self, spec, job_id):
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(spec.env.items()))
+        return (env + " " if env else "") + shlex.join(self._argv(spec, job_id)) + "\n"
+
+    def submit(self, spec, job_id, script_bytes):
+        d = self.stage(spec, job_id, script_bytes)
+        out = open(os.path.join(d, "logs", "launcher.log"), "ab")
+        p = subprocess.Popen([sys.executable, "-m", "hyperpod_lab.schedulers._local_wrapper", d, "--",
+                              *self._argv(spec, job_id)],
+                             env=self._env(spec, job_id), cwd=d, stdin=subprocess.DEVNULL, stdout=out,
+                             stderr=subprocess.STDOUT, start_new_session=True)
+        out.close()
+        return str(p.pid)
+
+    def poll(self, records):
+        out = {}
+        for rec in records:
+            try:
+                code = int(open(os.path.join(rec.job_dir, "exit_code")).read().strip())
+            except (FileNotFoundError, ValueError):
+                code = None
+            if code is not None:
+                if os.path.exists(os.path.join(rec.job_dir, "cancelled")):
+                    out[rec.job_id] = (JobStatus.CANCELLED, code, "cancelled")
+                else:
+                    out[rec.job_id] = (JobStatus.COMPLETED if code == 0 else JobStatus.FAILED, code, None)
+            elif _alive(int(rec.native_id)):
+                out[rec.job_id] = (JobStatus.RUNNING, None, None)
+            else:
+                out[rec.job_id] = (JobStatus.FAILED, None, "launcher exited without recording an exit code")
+        return out
+
+    def cancel(self, rec):
+        open(os.path.join(rec.job_dir, "cancelled"), "w").close()
+        try:
+            os.killpg(int(rec.native_id), signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    def logs(self, rec, rank=None):
+        if rank is not None:
+            return self.rank_log(rec, rank)
+        try:
+            return open(os.path.join(rec.job_dir, "logs", "launcher.log"), errors="replace").read()
+        except FileNotFoundError:
+            return ""
+
+    def inject_fault(self, rec, rank):
+        info = self.rank_info(rec, rank)
+        try:
+            os.kill(int(info["pid"]), signal.SIGKILL)
+        except ProcessLookupError:
+            raise JobStateError(f"rank {rank} (pid {info['pid']}) of job {rec.job_id} is not running") from None
+        return info

@@ -1,0 +1,297 @@
+"""The one seam through which hyperpod-lab runs commands and touches files on a cluster.
+
+Every command is an argv list. Over SSH it is joined with :func:`quote_argv` (``shlex.quote``
+on each word), so nothing a user types is ever interpreted by the remote shell; locally it is
+run with ``subprocess`` and no shell at all. Files go over SFTP on the same connection.
+
+Connections are reused: :func:`connect` keeps one open ``SSHRemote`` per cluster profile.
+Host keys are verified against the profile's known_hosts file with paramiko's RejectPolicy;
+an unknown or changed key is an error, never silently accepted.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import posixpath
+import shlex
+import socket
+import stat
+import subprocess
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from hyperpod_lab.clusters import ClusterProfile
+from hyperpod_lab.errors import ClusterUnreachable, HostKeyError, RemoteCommandError
+
+
+def quote_argv(argv: list[str]) -> str:
+    """Join an argv list into one POSIX shell command line, each word quoted.
+
+    Raises ValueError for an empty argv, a non-string word, or a NUL byte (which no shell
+    word can carry).
+    """
+    if not isinstance(argv, (list, tuple)) or not argv:
+        raise ValueError("argv must be a non-empty list of strings")
+    for word in argv:
+        if not isinstance(word, str):
+            raise ValueError(f"argv words must be strings, got {type(word).__name__}: {word!r}")
+        if "\x00" in word:
+            raise ValueError("argv words cannot contain NUL bytes")
+    return shlex.join(argv)
+
+
+@dataclass
+class CommandResult:
+    """Outcome of one command: exit status, stdout and stderr as text."""
+
+    exit_status: int
+    stdout: str
+    stderr: str
+
+
+class Remote(ABC):
+    """Runs argv lists and reads/writes files where the cluster's tools and storage are."""
+
+    @abstractmethod
+    def run(self, argv: list[str], check: bool = True, timeout_s: float | None = 60.0) -> CommandResult:
+        """Run ``argv``; raise RemoteCommandError on a non-zero exit when ``check``."""
+
+    @abstractmethod
+    def read_from(self, path: str, offset: int = 0) -> bytes:
+        """Bytes of ``path`` from ``offset`` to its end. Raises FileNotFoundError."""
+
+    @abstractmethod
+    def listdir(self, path: str) -> list[str]:
+        """Names in ``path``; [] if it does not exist."""
+
+    @abstractmethod
+    def write_bytes(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        """Write ``data`` to ``path`` atomically (temporary name, then rename)."""
+
+    @abstractmethod
+    def append_bytes(self, path: str, data: bytes) -> None:
+        """Append ``data`` to ``path`` (created if missing)."""
+
+    @abstractmethod
+    def makedirs(self, path: str) -> None:
+        """``mkdir -p``."""
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.read_from(path, 0)
+            return True
+        except (FileNotFoundError, IsADirectoryError):
+            return False
+
+    def close(self) -> None:
+        pass
+
+
+class LocalRemote(Remote):
+    """This machine: subprocess without a shell, and the local file system."""
+
+    def run(self, argv, check=True, timeout_s=60.0):
+        quote_argv(argv)  # same validation as over SSH
+        try:
+            p = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s)
+        except FileNotFoundError:
+            raise RemoteCommandError(list(argv), 127, f"{argv[0]}: command not found") from None
+        res = CommandResult(p.returncode, p.stdout, p.stderr)
+        if check and res.exit_status != 0:
+            raise RemoteCommandError(list(argv), res.exit_status, res.stderr or res.stdout)
+        return res
+
+    def read_from(self, path, offset=0):
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read()
+
+    def listdir(self, path):
+        try:
+            return os.listdir(path)
+        except FileNotFoundError:
+            return []
+
+    def write_bytes(self, path, data, mode=0o644):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+
+    def append_bytes(self, path, data):
+        with open(path, "ab") as f:
+            f.write(data)
+
+    def makedirs(self, path):
+        os.makedirs(path, exist_ok=True)
+
+
+class SSHRemote(Remote):
+    """A cluster's login node over SSH (paramiko) with SFTP on the same transport.
+
+    Args:
+        profile: a slurm cluster profile (host, port, user, key_file, known_hosts).
+
+    Raises:
+        ClusterUnreachable: the login node did not answer within ``profile.connect_timeout_s``
+            (the message names host and port).
+        HostKeyError: the host key is not in, or differs from, ``profile.known_hosts``.
+    """
+
+    def __init__(self, profile: ClusterProfile):
+        import paramiko
+
+        self.profile = profile
+        self._lock = threading.Lock()
+        where = f"{profile.user}@{profile.host}:{profile.port}"
+        client = paramiko.SSHClient()
+        if not profile.known_hosts or not os.path.exists(os.path.expanduser(profile.known_hosts)):
+            raise HostKeyError(f"known_hosts file {profile.known_hosts!r} of cluster '{profile.name}' is missing; "
+                               f"add the login node's host key there (ssh-keyscan -p {profile.port} {profile.host} "
+                               f"and check its fingerprint), or rerun 'hyperpod-lab dev-cluster up' for local-slurm")
+        client.load_host_keys(os.path.expanduser(profile.known_hosts))
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        t = float(profile.connect_timeout_s)
+        try:
+            client.connect(profile.host, port=int(profile.port), username=profile.user,
+                           key_filename=os.path.expanduser(profile.key_file) if profile.key_file else None,
+                           allow_agent=False, look_for_keys=False, timeout=t, banner_timeout=t, auth_timeout=t)
+        except paramiko.BadHostKeyException as e:
+            client.close()
+            raise HostKeyError(f"host key of {profile.host}:{profile.port} does not match {profile.known_hosts} "
+                               f"(got {e.key.get_name()} {e.key.get_base64()[:24]}...): possible man-in-the-middle, "
+                               f"or the node was rebuilt; verify the new key before replacing the entry") from None
+        except paramiko.AuthenticationException as e:
+            client.close()
+            raise ClusterUnreachable(f"{where} refused the key {profile.key_file}: {e}; check user and key_file "
+                                     f"of cluster '{profile.name}'") from None
+        except paramiko.SSHException as e:
+            client.close()
+            if "not found in known_hosts" in str(e):
+                raise HostKeyError(f"host key of {profile.host}:{profile.port} is unknown: it is not in {profile.known_hosts}; "
+                                   f"verify the node's key fingerprint and add it there (hyperpod-lab never trusts "
+                                   f"an unknown key on first use)") from None
+            raise ClusterUnreachable(f"cannot reach login node {profile.host}:{profile.port} of cluster "
+                                     f"'{profile.name}': SSH handshake failed ({e}); is sshd running there?") from None
+        except (socket.timeout, TimeoutError) as e:
+            client.close()
+            raise ClusterUnreachable(f"cannot reach login node {profile.host}:{profile.port} of cluster "
+                                     f"'{profile.name}': no answer within {t:g} s; check host, port and "
+                                     f"network/VPN") from None
+        except (OSError, paramiko.ssh_exception.NoValidConnectionsError) as e:
+            client.close()
+            reason = getattr(e, "strerror", None) or str(e)
+            raise ClusterUnreachable(f"cannot reach login node {profile.host}:{profile.port} of cluster "
+                                     f"'{profile.name}': {reason}; check host and port, or start it "
+                                     f"('hyperpod-lab dev-cluster up' for local-slurm)") from None
+        self.client = client
+        self._sftp = None
+
+    @property
+    def sftp(self):
+        with self._lock:
+            if self._sftp is None:
+                self._sftp = self.client.open_sftp()
+            return self._sftp
+
+    @property
+    def alive(self) -> bool:
+        t = self.client.get_transport()
+        return bool(t and t.is_active())
+
+    def run(self, argv, check=True, timeout_s=60.0):
+        line = quote_argv(argv)
+        chan = self.client.get_transport().open_session(timeout=self.profile.connect_timeout_s)
+        chan.settimeout(timeout_s)
+        chan.exec_command(line)
+        out, err = chan.makefile("rb"), chan.makefile_stderr("rb")
+        try:
+            stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
+            status = chan.recv_exit_status()
+        except socket.timeout:
+            chan.close()
+            raise RemoteCommandError(list(argv), -1, f"no result within {timeout_s} s") from None
+        chan.close()
+        res = CommandResult(status, stdout, stderr)
+        if check and status != 0:
+            raise RemoteCommandError(list(argv), status, stderr or stdout)
+        return res
+
+    def read_from(self, path, offset=0):
+        try:
+            with self.sftp.open(path, "rb") as f:
+                if offset:
+                    f.seek(offset)
+                f.prefetch()
+                return f.read()
+        except IOError as e:
+            if getattr(e, "errno", None) == errno.ENOENT:
+                raise FileNotFoundError(path) from None
+            raise
+
+    def listdir(self, path):
+        try:
+            return self.sftp.listdir(path)
+        except IOError as e:
+            if getattr(e, "errno", None) == errno.ENOENT:
+                return []
+            raise
+
+    def write_bytes(self, path, data, mode=0o644):
+        self.makedirs(posixpath.dirname(path))
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with self.sftp.open(tmp, "wb") as f:
+            f.write(data)
+        self.sftp.chmod(tmp, mode)
+        self.sftp.posix_rename(tmp, path)
+
+    def append_bytes(self, path, data):
+        with self.sftp.open(path, "ab") as f:
+            f.write(data)
+
+    def makedirs(self, path):
+        parts, cur = [p for p in path.split("/") if p], "/" if path.startswith("/") else ""
+        for p in parts:
+            cur = posixpath.join(cur, p) if cur else p
+            try:
+                if stat.S_ISDIR(self.sftp.stat(cur).st_mode):
+                    continue
+            except IOError:
+                self.sftp.mkdir(cur)
+
+    def close(self):
+        if self._sftp is not None:
+            self._sftp.close()
+        self.client.close()
+
+
+_CONNECTIONS: dict[str, SSHRemote] = {}
+_CONN_LOCK = threading.Lock()
+
+
+def connect(profile: ClusterProfile) -> Remote:
+    """The Remote of a profile: one reused SSH connection per slurm cluster, or LocalRemote."""
+    if profile.orchestrator == "local":
+        return LocalRemote()
+    key = f"{profile.name}|{profile.host}|{profile.port}|{profile.user}"
+    with _CONN_LOCK:
+        conn = _CONNECTIONS.get(key)
+        if conn is not None and conn.alive:
+            return conn
+        conn = SSHRemote(profile)
+        _CONNECTIONS[key] = conn
+        return conn
+
+
+def close_all() -> None:
+    """Close every cached connection (tests; interpreter exit)."""
+    with _CONN_LOCK:
+        for conn in _CONNECTIONS.values():
+            conn.close()
+        _CONNECTIONS.clear()

@@ -1,0 +1,260 @@
+"""Slurm backend, reached over SSH.
+
+The backend only renders (``render_sbatch``, pure), builds argv lists and parses outputs
+(``parse_*``, pure); the job lifecycle belongs to ``hyperpod_lab.client``. Every command goes
+through :mod:`hyperpod_lab.schedulers.remote` as an argv list.
+
+Resiliency: inside the allocation, torchrun's elastic agent (wrapped by
+``hyperpod_lab.runtime.launch``) restarts failed workers up to ``max_retries`` times and the
+runtime resumes from the newest complete checkpoint. On HyperPod nodes (the login node has
+``/opt/sagemaker_cluster``) the step runs under ``srun --auto-resume=1`` so HyperPod replaces a
+faulty node and re-runs the step; elsewhere the job is submitted with ``--requeue`` so Slurm
+requeues it after a node failure, and the runtime again resumes from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import shlex
+
+from hyperpod_lab import __version__
+from hyperpod_lab.errors import HyperPodLabError, JobStateError, RemoteCommandError
+from hyperpod_lab.jobs import JobRecord, JobStatus
+from hyperpod_lab.schedulers.base import Scheduler
+from hyperpod_lab.spec import JobSpec
+
+HYPERPOD_MARKER = "/opt/sagemaker_cluster"
+RDZV_PORT_BASE = 29500  # + (SLURM_JOB_ID % 20000)
+
+_q = shlex.quote
+
+
+def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_root: str,
+                  partition: str | None = None, hyperpod: bool = False) -> str:
+    """Render the batch script of ``spec`` (pure; golden-file tested).
+
+    Args:
+        spec: a validated JobSpec.
+        job_id: hyperpod-lab job id; job_dir: its directory on shared storage.
+        python: interpreter on the nodes (with hyperpod-lab and torch installed).
+        shared_root: the cluster's shared-storage root (exported to the job).
+        partition: Slurm partition, or None for the cluster default.
+        hyperpod: render for HyperPod nodes (``srun --auto-resume=1``) instead of ``--requeue``.
+
+    Returns:
+        The sbatch script text. Every user-supplied value appears shell-quoted. The job name
+        is not in the script: it is passed to ``sbatch --job-name`` as an argv word.
+    """
+    script = posixpath.join(job_dir, "script", posixpath.basename(spec.script))
+    el = spec.elastic
+    nnodes = f"{el.min_nodes}:{el.max_nodes}" if el.enabled else str(spec.nodes)
+    lines = [
+        "#!/bin/bash",
+        f"# Rendered by hyperpod-lab {__version__} for job {job_id}. Resubmit instead of editing.",
+        f"#SBATCH --nodes={spec.nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --cpus-per-task={spec.procs_per_node}",
+        f"#SBATCH --output={job_dir}/logs/slurm-%j.out",
+        "#SBATCH --open-mode=append",
+    ]
+    if partition:
+        lines.append(f"#SBATCH --partition={partition}")
+    if spec.time_limit_min:
+        lines.append(f"#SBATCH --time={spec.time_limit_min}")
+    if spec.resiliency.auto_resume and not hyperpod:
+        lines.append("#SBATCH --requeue")
+    else:
+        lines.append("#SBATCH --no-requeue")
+    lines += [
+        "set -uo pipefail",
+        f"JOB_DIR={_q(job_dir)}",
+        f"export HYPERPOD_LAB_JOB_ID={_q(job_id)}",
+        'export HYPERPOD_LAB_JOB_DIR="$JOB_DIR"',
+        'export HYPERPOD_LAB_SPEC="$JOB_DIR/spec.json"',
+        f"export HYPERPOD_LAB_SHARED_ROOT={_q(shared_root)}",
+        "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}",
+        # torch 2.13: agents joining a c10d rendezvous hang unless each runs its own store
+        "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
+    ]
+    for key in sorted(spec.env):
+        lines.append(f"export {key}={_q(spec.env[key])}")
+    lines += [
+        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        'head_addr=$(scontrol show node "$head_node" | sed -n \'s/.*NodeAddr=\\([^ ]*\\).*/\\1/p\')',
+        ': "${head_addr:=$head_node}"',
+        f"rdzv_port=$(( {RDZV_PORT_BASE} + SLURM_JOB_ID % 20000 ))",
+        'echo "hyperpod-lab: job $HYPERPOD_LAB_JOB_ID slurm $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} '
+        'nodes $SLURM_JOB_NODELIST rendezvous $head_addr:$rdzv_port"',
+    ]
+    srun = ["srun", "--nodes=$SLURM_JOB_NUM_NODES", "--ntasks-per-node=1", "--kill-on-bad-exit=0"]
+    if hyperpod and spec.resiliency.auto_resume:
+        srun.append("--auto-resume=1")
+    launch = [_q(python), "-m", "hyperpod_lab.runtime.launch",
+              f"--nnodes={nnodes}", f"--nproc-per-node={spec.procs_per_node}",
+              "--rdzv-backend=c10d", '--rdzv-endpoint="$head_addr:$rdzv_port"', '--rdzv-id="$SLURM_JOB_ID"',
+              f"--max-restarts={spec.resiliency.max_retries if spec.resiliency.auto_resume else 0}",
+              '--log-dir="$JOB_DIR/logs/torchrun"', "--redirects=3", "--tee=3",
+              _q(script)] + [_q(a) for a in spec.args]
+    lines.append(" ".join(srun) + " \\\n    " + " ".join(launch))
+    lines.append("rc=$?")
+    lines.append('echo "hyperpod-lab: step exited with $rc"')
+    lines.append("exit $rc")
+    return "\n".join(lines) + "\n"
+
+
+def sbatch_argv(name: str, job_dir: str) -> list[str]:
+    """The sbatch command for a staged job (the name travels as one argv word)."""
+    return ["sbatch", "--parsable", f"--job-name={name}", f"--chdir={job_dir}",
+            posixpath.join(job_dir, "job.sbatch")]
+
+
+def parse_sbatch(stdout: str) -> str:
+    """Job id from ``sbatch --parsable`` output (``"123"`` or ``"123;cluster"``).
+
+    Raises HyperPodLabError if there is none.
+    """
+    for line in stdout.strip().splitlines()[::-1]:
+        m = re.fullmatch(r"\s*(\d+)(?:;\S+)?\s*", line)
+        if m:
+            return m.group(1)
+    raise HyperPodLabError(f"sbatch printed no job id: {stdout.strip()[:500]!r}")
+
+
+_SLURM_TO_STATUS = {
+    "PENDING": JobStatus.PENDING, "CONFIGURING": JobStatus.PENDING, "REQUEUED": JobStatus.PENDING,
+    "REQUEUE_HOLD": JobStatus.PENDING, "REQUEUE_FED": JobStatus.PENDING, "RESV_DEL_HOLD": JobStatus.PENDING,
+    "SUSPENDED": JobStatus.RUNNING, "RUNNING": JobStatus.RUNNING, "COMPLETING": JobStatus.RUNNING,
+    "STAGE_OUT": JobStatus.RUNNING, "SIGNALING": JobStatus.RUNNING, "RESIZING": JobStatus.RUNNING,
+    "STOPPED": JobStatus.RUNNING,
+    "COMPLETED": JobStatus.COMPLETED, "CANCELLED": JobStatus.CANCELLED,
+    "FAILED": JobStatus.FAILED, "TIMEOUT": JobStatus.FAILED, "NODE_FAIL": JobStatus.FAILED,
+    "OUT_OF_MEMORY": JobStatus.FAILED, "BOOT_FAIL": JobStatus.FAILED, "DEADLINE": JobStatus.FAILED,
+    "PREEMPTED": JobStatus.FAILED, "REVOKED": JobStatus.FAILED, "SPECIAL_EXIT": JobStatus.FAILED,
+}
+
+
+def slurm_state(text: str) -> JobStatus:
+    """Map a Slurm state (``"CANCELLED by 0"``, ``"RUNNING"``, ``"CD"`` is not accepted) to JobStatus."""
+    word = (text or "").strip().split(" ")[0].rstrip("+").upper()
+    return _SLURM_TO_STATUS.get(word, JobStatus.UNKNOWN)
+
+
+def _base_id(jobid: str) -> str:
+    return re.split(r"[_+.]", jobid.strip(), maxsplit=1)[0]
+
+
+def parse_squeue(stdout: str) -> dict[str, tuple[JobStatus, str]]:
+    """Parse ``squeue -h -o '%i|%T|%r'`` into ``{job id: (status, reason)}``."""
+    out: dict[str, tuple[JobStatus, str]] = {}
+    for line in stdout.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) < 2 or not parts[0]:
+            continue
+        reason = parts[2] if len(parts) > 2 and parts[2] not in ("None", "") else ""
+        out[_base_id(parts[0])] = (slurm_state(parts[1]), reason)
+    return out
+
+
+def parse_exit_code(text: str) -> int | None:
+    """sacct's ``EXIT:SIGNAL`` into one code (a signal N becomes 128+N, as shells report it)."""
+    m = re.fullmatch(r"\s*(\d+):(\d+)\s*", text or "")
+    if not m:
+        return None
+    code, sig = int(m.group(1)), int(m.group(2))
+    return 128 + sig if sig else code
+
+
+def parse_sacct(stdout: str) -> dict[str, tuple[JobStatus, int | None, str]]:
+    """Parse ``sacct -n -P -X -o JobID,State,ExitCode`` into ``{job id: (status, exit, state)}``.
+
+    With several rows for one job (requeues), the last row wins.
+    """
+    out: dict[str, tuple[JobStatus, int | None, str]] = {}
+    for line in stdout.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) < 3 or not parts[0] or not parts[0][0].isdigit():
+            continue
+        jid = parts[0].strip()
+        if _base_id(jid) != jid:
+            continue
+        out[jid] = (slurm_state(parts[1]), parse_exit_code(parts[2]), parts[1].strip())
+    return out
+
+
+class SlurmScheduler(Scheduler):
+    """Slurm over SSH (or over LocalRemote in tests of the login node itself)."""
+
+    _hyperpod: bool | None = None
+
+    def is_hyperpod(self) -> bool:
+        """Whether the login node is a HyperPod node (``/opt/sagemaker_cluster`` exists)."""
+        if self._hyperpod is None:
+            self._hyperpod = self.remote.run(["test", "-d", HYPERPOD_MARKER], check=False).exit_status == 0
+        return self._hyperpod
+
+    def _render(self, spec: JobSpec, job_id: str, hyperpod: bool) -> str:
+        return render_sbatch(spec, job_id, self.job_dir(job_id), self.profile.python, self.profile.shared_root,
+                             partition=spec.partition or self.profile.defaults.partition, hyperpod=hyperpod)
+
+    def render(self, spec, job_id):
+        text = self._render(spec, job_id, self.is_hyperpod())
+        cmd = shlex.join(sbatch_argv(spec.name, self.job_dir(job_id)))
+        return f"# submit with: {cmd}\n{text}"
+
+    def submit(self, spec, job_id, script_bytes):
+        job_dir = self.stage(spec, job_id, script_bytes)
+        self.remote.write_bytes(posixpath.join(job_dir, "job.sbatch"),
+                                self._render(spec, job_id, self.is_hyperpod()).encode(), mode=0o755)
+        res = self.remote.run(sbatch_argv(spec.name, job_dir), timeout_s=60)
+        return parse_sbatch(res.stdout)
+
+    def poll(self, records):
+        ids = [r.native_id for r in records]
+        if not ids:
+            return {}
+        joined = ",".join(ids)
+        sq = self.remote.run(["squeue", "-h", "--states=all", "-o", "%i|%T|%r", "-j", joined], check=False)
+        live = parse_squeue(sq.stdout) if sq.exit_status == 0 else {}
+        need = [i for i in ids if i not in live or live[i][0].is_terminal()]
+        acct: dict[str, tuple[JobStatus, int | None, str]] = {}
+        if need:
+            sa = self.remote.run(["sacct", "-n", "-P", "-X", "-o", "JobID,State,ExitCode", "-j", ",".join(need)],
+                                 check=False)
+            if sa.exit_status == 0:
+                acct = parse_sacct(sa.stdout)
+        out = {}
+        for rec in records:
+            nid = rec.native_id
+            if nid in acct and (nid not in live or live[nid][0].is_terminal()):
+                st, code, raw = acct[nid]
+                out[rec.job_id] = (st, code, raw)
+            elif nid in live:
+                st, reason = live[nid]
+                out[rec.job_id] = (st, None, reason or None)
+            else:
+                out[rec.job_id] = (JobStatus.UNKNOWN, None, "not in squeue or sacct")
+        return out
+
+    def cancel(self, rec):
+        self.remote.run(["scancel", rec.native_id])
+
+    def logs(self, rec, rank=None):
+        if rank is not None:
+            return self.rank_log(rec, rank)
+        path = posixpath.join(rec.job_dir, "logs", f"slurm-{rec.native_id}.out")
+        try:
+            return self.remote.read_from(path).decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def inject_fault(self, rec, rank):
+        info = self.rank_info(rec, rank)
+        argv = ["srun", f"--jobid={rec.native_id}", "--overlap", "--nodes=1", "--ntasks=1",
+                f"--nodelist={info['node']}", "kill", "-KILL", str(int(info["pid"]))]
+        try:
+            self.remote.run(argv, timeout_s=30)
+        except RemoteCommandError as e:
+            raise JobStateError(f"could not kill rank {rank} (pid {info['pid']} on {info['node']}) of job "
+                                f"{rec.job_id}: {e.stderr.strip()[-500:]}") from None
+        return info

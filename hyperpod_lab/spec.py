@@ -1,0 +1,244 @@
+"""JobSpec: the one description of a training job, and its three policies.
+
+A JobSpec is built once (from the CLI, a magic, the sidebar or Python), validated once, and
+serialised to JSON. Each scheduler backend renders it into its own form (an sbatch script, a
+torchrun command line, later a HyperPodPyTorchJob custom resource), and the in-job runtime
+reads it back from ``$HYPERPOD_LAB_SPEC`` to learn its checkpoint and elastic policies.
+
+This module imports nothing beyond the standard library, so the in-job runtime can use it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from hyperpod_lab.errors import SpecError
+
+SPEC_VERSION = 1
+LR_RULES = ("none", "linear", "sqrt")
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _positive_int(name: str, value: Any, fix: str, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError(name, f"must be a whole number >= 1, got {value!r}; {fix}")
+
+
+@dataclass
+class ResiliencyPolicy:
+    """What happens when a rank or node fails.
+
+    Attributes:
+        auto_resume: restart the job after a failure and resume from the newest complete
+            checkpoint (torchrun restarts inside the allocation; on HyperPod nodes
+            ``srun --auto-resume=1`` as well, elsewhere Slurm's ``--requeue``).
+        max_retries: restarts allowed before the job is declared failed (torchrun
+            ``--max-restarts``; HyperPod ``runPolicy.jobMaxRetryCount``).
+        health_checks: run the runtime's node health checks before training starts.
+    """
+
+    auto_resume: bool = True
+    max_retries: int = 3
+    health_checks: bool = True
+
+    def validate(self) -> None:
+        if not isinstance(self.auto_resume, bool):
+            raise SpecError("resiliency.auto_resume", "must be true or false")
+        if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) or self.max_retries < 0:
+            raise SpecError("resiliency.max_retries",
+                            f"must be a whole number >= 0, got {self.max_retries!r}; use --max-retries 3")
+
+
+@dataclass
+class CheckpointPolicy:
+    """When and where the runtime checkpoints.
+
+    Attributes:
+        every_steps: persistent-tier interval in optimizer steps (DCP to shared storage).
+        keep_last: complete persistent checkpoints to keep; older ones are deleted.
+        memory_every_steps: CPU-memory tier interval in steps (tiered checkpointing);
+            ``None`` disables the memory tier.
+        s3_uri: ``s3://bucket/prefix`` of the S3 tier, or ``None``.
+        s3_every_steps: S3-tier interval in steps; required when ``s3_uri`` is set.
+    """
+
+    every_steps: int = 20
+    keep_last: int = 2
+    memory_every_steps: int | None = None
+    s3_uri: str | None = None
+    s3_every_steps: int | None = None
+
+    def validate(self) -> None:
+        _positive_int("checkpoint.every_steps", self.every_steps, "use --checkpoint-every 20")
+        _positive_int("checkpoint.keep_last", self.keep_last, "use --checkpoint-keep 2")
+        _positive_int("checkpoint.memory_every_steps", self.memory_every_steps,
+                      "use --checkpoint-memory-every 5, or leave it unset", allow_none=True)
+        _positive_int("checkpoint.s3_every_steps", self.s3_every_steps,
+                      "use --checkpoint-s3-every 100", allow_none=True)
+        if self.s3_uri is not None:
+            if not isinstance(self.s3_uri, str) or not re.match(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$", self.s3_uri):
+                raise SpecError("checkpoint.s3_uri", f"must look like s3://bucket/prefix, got {self.s3_uri!r}")
+            if self.s3_every_steps is None:
+                raise SpecError("checkpoint.s3_every_steps", "is required with checkpoint.s3_uri; use --checkpoint-s3-every 100")
+
+
+@dataclass
+class ElasticPolicy:
+    """Elastic data parallelism: replicas (nodes) may join and leave.
+
+    Attributes:
+        min_nodes, max_nodes: bounds of the node count (torchrun ``--nnodes MIN:MAX``).
+            Both ``None`` means a fixed-size job.
+        global_batch_size: samples per optimizer step across all data-parallel replicas,
+            kept through gradient accumulation as the world size changes; ``None`` lets the
+            training script decide.
+        lr_rule: how the learning rate follows the effective batch when the global batch
+            size cannot be kept: ``none``, ``linear`` or ``sqrt``.
+    """
+
+    min_nodes: int | None = None
+    max_nodes: int | None = None
+    global_batch_size: int | None = None
+    lr_rule: str = "linear"
+
+    @property
+    def enabled(self) -> bool:
+        return self.min_nodes is not None
+
+    def validate(self) -> None:
+        if (self.min_nodes is None) != (self.max_nodes is None):
+            raise SpecError("elastic", "give both bounds, e.g. --elastic 1:2")
+        _positive_int("elastic.min_nodes", self.min_nodes, "use --elastic MIN:MAX with MIN >= 1", allow_none=True)
+        _positive_int("elastic.max_nodes", self.max_nodes, "use --elastic MIN:MAX with MAX >= MIN", allow_none=True)
+        if self.min_nodes is not None and self.min_nodes > self.max_nodes:
+            raise SpecError("elastic", f"min_nodes {self.min_nodes} is greater than max_nodes {self.max_nodes}; "
+                                       f"write --elastic {self.max_nodes}:{self.min_nodes}")
+        _positive_int("elastic.global_batch_size", self.global_batch_size, "use --global-batch-size 64", allow_none=True)
+        if self.lr_rule not in LR_RULES:
+            raise SpecError("elastic.lr_rule", f"must be one of {', '.join(LR_RULES)}, got {self.lr_rule!r}")
+
+
+def parse_elastic(text: str) -> tuple[int, int]:
+    """Parse ``"MIN:MAX"`` (node counts). Raises SpecError naming ``elastic``."""
+    m = re.fullmatch(r"\s*(-?\d+)\s*:\s*(-?\d+)\s*", text or "")
+    if not m:
+        raise SpecError("elastic", f"expected MIN:MAX node counts such as 1:2, got {text!r}")
+    lo, hi = int(m.group(1)), int(m.group(2))
+    ElasticPolicy(lo, hi).validate()
+    return lo, hi
+
+
+@dataclass
+class JobSpec:
+    """A training job, independent of where it runs.
+
+    Attributes:
+        script: path of the training script on the submitting machine.
+        name: job name; any printable text (it is passed to the scheduler as data).
+        cluster: cluster profile name (see ``hyperpod_lab.clusters``).
+        nodes: nodes to allocate (the initial size of an elastic job).
+        procs_per_node: training processes (ranks) per node.
+        args: arguments passed to the script, verbatim.
+        env: extra environment variables for the ranks.
+        partition: Slurm partition, or ``None`` for the profile's default.
+        time_limit_min: wall-clock limit in minutes, or ``None``.
+        resiliency, checkpoint, elastic: the three policies.
+    """
+
+    script: str
+    name: str = "train"
+    cluster: str = "local"
+    nodes: int = 1
+    procs_per_node: int = 1
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    partition: str | None = None
+    time_limit_min: int | None = None
+    resiliency: ResiliencyPolicy = field(default_factory=ResiliencyPolicy)
+    checkpoint: CheckpointPolicy = field(default_factory=CheckpointPolicy)
+    elastic: ElasticPolicy = field(default_factory=ElasticPolicy)
+    version: int = SPEC_VERSION
+
+    @property
+    def world_size(self) -> int:
+        """Ranks at the initial size: nodes x procs_per_node."""
+        return self.nodes * self.procs_per_node
+
+    def validate(self) -> "JobSpec":
+        """Check every field; return self. Raises SpecError naming the field and the fix."""
+        if self.version != SPEC_VERSION:
+            raise SpecError("version", f"this hyperpod-lab reads JobSpec version {SPEC_VERSION}, got {self.version!r}; upgrade hyperpod-lab")
+        if not isinstance(self.script, str) or not self.script.strip():
+            raise SpecError("script", "give the path of the training script, e.g. examples/train_lm.py")
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise SpecError("name", "must not be empty; use --name my-run")
+        if len(self.name) > 128 or _CONTROL_CHARS.search(self.name):
+            raise SpecError("name", "must be at most 128 printable characters with no newlines or control characters")
+        if not isinstance(self.cluster, str) or not self.cluster:
+            raise SpecError("cluster", "give a cluster profile name, e.g. --cluster local-slurm")
+        _positive_int("nodes", self.nodes, "use --nodes 1 or more")
+        _positive_int("procs_per_node", self.procs_per_node, "use --procs-per-node 1 or more")
+        _positive_int("time_limit_min", self.time_limit_min, "give minutes, e.g. 60", allow_none=True)
+        if not isinstance(self.args, list) or not all(isinstance(a, str) for a in self.args):
+            raise SpecError("args", "must be a list of strings")
+        if not isinstance(self.env, dict) or not all(
+                isinstance(k, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) and isinstance(v, str)
+                for k, v in self.env.items()):
+            raise SpecError("env", "keys must be variable names ([A-Za-z_][A-Za-z0-9_]*) and values strings")
+        if self.partition is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", str(self.partition)):
+            raise SpecError("partition", f"{self.partition!r} is not a Slurm partition name")
+        self.resiliency.validate()
+        self.checkpoint.validate()
+        self.elastic.validate()
+        if self.elastic.enabled and not (self.elastic.min_nodes <= self.nodes <= self.elastic.max_nodes):
+            raise SpecError("nodes", f"{self.nodes} is outside --elastic {self.elastic.min_nodes}:{self.elastic.max_nodes}")
+        gbs = self.elastic.global_batch_size
+        if gbs is not None and gbs % self.world_size:
+            raise SpecError("elastic.global_batch_size",
+                            f"{gbs} is not divisible by the world size {self.world_size}; pick a multiple of {self.world_size}")
+        return self
+
+    # ---- JSON round trip -------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "JobSpec":
+        """Build and validate. Unknown keys raise SpecError naming them."""
+        if not isinstance(data, dict):
+            raise SpecError("spec", "must be a JSON object")
+        data = dict(data)
+        policies = {"resiliency": ResiliencyPolicy, "checkpoint": CheckpointPolicy, "elastic": ElasticPolicy}
+        for key, pcls in policies.items():
+            sub = data.get(key, {}) or {}
+            if not isinstance(sub, dict):
+                raise SpecError(key, "must be an object")
+            _reject_unknown(pcls, sub, prefix=key + ".")
+            data[key] = pcls(**sub)
+        _reject_unknown(cls, data)
+        if "script" not in data:
+            raise SpecError("script", "is required")
+        return cls(**data).validate()
+
+    @classmethod
+    def from_json(cls, text: str) -> "JobSpec":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise SpecError("spec", f"is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+        return cls.from_dict(data)
+
+
+def _reject_unknown(cls: type, data: dict[str, Any], prefix: str = "") -> None:
+    known = {f.name for f in fields(cls)}
+    for key in data:
+        if key not in known:
+            raise SpecError(prefix + str(key), f"unknown field; known fields are {', '.join(sorted(known))}")

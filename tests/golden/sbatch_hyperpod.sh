@@ -1,0 +1,28 @@
+#!/bin/bash
+# Rendered by hyperpod-lab 0.1.0 for job quick-start-20261123-010203-abcd. Resubmit instead of editing.
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=1
+#SBATCH --output=/fsx/hyperpod-lab/jobs/quick-start-20261123-010203-abcd/logs/slurm-%j.out
+#SBATCH --open-mode=append
+#SBATCH --no-requeue
+set -uo pipefail
+JOB_DIR=/fsx/hyperpod-lab/jobs/quick-start-20261123-010203-abcd
+export HYPERPOD_LAB_JOB_ID=quick-start-20261123-010203-abcd
+export HYPERPOD_LAB_JOB_DIR="$JOB_DIR"
+export HYPERPOD_LAB_SPEC="$JOB_DIR/spec.json"
+export HYPERPOD_LAB_SHARED_ROOT=/fsx
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+export WANDB_MODE=off
+head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+head_addr=$(scontrol show node "$head_node" | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')
+: "${head_addr:=$head_node}"
+rdzv_port=$(( 29500 + SLURM_JOB_ID % 20000 ))
+echo "hyperpod-lab: job $HYPERPOD_LAB_JOB_ID slurm $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} nodes $SLURM_JOB_NODELIST rendezvous $head_addr:$rdzv_port"
+srun --nodes=$SLURM_JOB_NUM_NODES --ntasks-per-node=1 --kill-on-bad-exit=0 --auto-resume=1 \
+    /opt/venv/bin/python -m hyperpod_lab.runtime.launch --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint="$head_addr:$rdzv_port" --rdzv-id="$SLURM_JOB_ID" --max-restarts=3 --log-dir="$JOB_DIR/logs/torchrun" --redirects=3 --tee=3 /fsx/hyperpod-lab/jobs/quick-start-20261123-010203-abcd/script/train_lm.py --steps 40 ''"'"'; touch /tmp/x; '"'"'' '$(id)' 'a
+b'
+rc=$?
+echo "hyperpod-lab: step exited with $rc"
+exit $rc

@@ -1,0 +1,69 @@
+import json
+import os
+
+import pytest
+
+from hyperpod_lab.events import Event, EventKind, EventReader, EventSchemaError, EventWriter
+
+
+def test_writer_reader_round_trip_and_cursor(tmp_path):
+    job = str(tmp_path)
+    clock = iter(range(100)).__next__
+    a = EventWriter(job, "rank-0", "j1", clock=lambda: float(clock()))
+    b = EventWriter(job, "agent-n1", "j1", clock=lambda: float(clock()))
+    a.emit("started", world_size=2)
+    b.emit(EventKind.FAULT_DETECTED, rank=1, signal="SIGKILL")
+    reader = EventReader(job)
+    first = reader.poll()
+    assert [e.kind for e in first] == ["started", "fault.detected"]
+    assert reader.poll() == []  # nothing new: no duplicates
+    a.emit("finished", status="succeeded")
+    assert [e.kind for e in reader.poll()] == ["finished"]
+    # a reader resumed from the saved cursor sees nothing old
+    resumed = EventReader(job, cursor=reader.cursor)
+    a.emit("step", step=3, loss=1.5)
+    assert [(e.kind, e.data["step"]) for e in resumed.poll()] == [("step", 3)]
+
+
+def test_partial_line_is_not_consumed_until_complete(tmp_path):
+    job = str(tmp_path)
+    w = EventWriter(job, "rank-0", "j1")
+    w.emit("started")
+    line = Event("step", "j1", 5.0, "rank-0", 1, {"step": 0}).to_json()
+    with open(w.path, "ab") as f:
+        f.write(line[:10].encode())  # a writer mid-write
+    r = EventReader(job)
+    assert [e.kind for e in r.poll()] == ["started"]
+    with open(w.path, "ab") as f:
+        f.write((line[10:] + "\n").encode())
+    assert [e.kind for e in r.poll()] == ["step"]
+
+
+def test_restarted_writer_continues_sequence_and_heals_torn_line(tmp_path):
+    job = str(tmp_path)
+    w = EventWriter(job, "rank-0", "j1")
+    w.emit("started")
+    with open(w.path, "ab") as f:
+        f.write(b'{"v":1,"kind":"st')  # killed mid-write
+    w2 = EventWriter(job, "rank-0", "j1")
+    ev = w2.emit("step", step=1)
+    assert ev.seq == 2
+    r = EventReader(job)
+    assert [e.kind for e in r.poll()] == ["started", "step"]
+    assert len(r.skipped) == 1
+
+
+def test_schema_rejects_other_versions_and_kinds():
+    good = json.loads(Event("step", "j", 1.0, "rank-0", 0, {}).to_json())
+    with pytest.raises(EventSchemaError, match="version"):
+        Event.from_json(json.dumps({**good, "v": 2}))
+    with pytest.raises(EventSchemaError):
+        Event.from_json(json.dumps({**good, "kind": "exploded"}))
+    with pytest.raises(ValueError):
+        EventWriter("/tmp", "../evil", "j")
+
+
+def test_all_schema_kinds_listed():
+    assert {k.value for k in EventKind} >= {"submitted", "started", "step", "checkpoint.saved",
+                                            "checkpoint.restored", "fault.detected", "recovery.started",
+                                            "recovery.completed", "elastic.scaled", "finished"}

@@ -1,0 +1,96 @@
+"""Pure parts of the Slurm backend: the sbatch renderer (golden files) and the parsers of
+sbatch / squeue / sacct output (literal text captured from Slurm 22.05)."""
+
+import os
+import subprocess
+
+import pytest
+
+from hyperpod_lab.jobs import JobStatus
+from hyperpod_lab.schedulers.slurm import (parse_exit_code, parse_sacct, parse_sbatch, parse_squeue,
+                                           render_sbatch, sbatch_argv)
+from hyperpod_lab.spec import ElasticPolicy, JobSpec, ResiliencyPolicy
+
+GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
+
+
+def spec():
+    return JobSpec(script="/home/me/train_lm.py", name="quick'start", cluster="local-slurm", nodes=2,
+                   procs_per_node=1, args=["--steps", "40", "'; touch /tmp/x; '", "$(id)", "a\nb"],
+                   env={"WANDB_MODE": "off"}, resiliency=ResiliencyPolicy(max_retries=3)).validate()
+
+
+@pytest.mark.parametrize("name, kwargs", [
+    ("sbatch_requeue.sh", dict(hyperpod=False, partition="dev")),
+    ("sbatch_hyperpod.sh", dict(hyperpod=True, partition=None)),
+])
+def test_render_matches_golden(name, kwargs):
+    text = render_sbatch(spec(), "quick-start-20261123-010203-abcd", "/fsx/hyperpod-lab/jobs/quick-start-20261123-010203-abcd",
+                         "/opt/venv/bin/python", "/fsx", **kwargs)
+    path = os.path.join(GOLDEN, name)
+    if os.environ.get("UPDATE_GOLDEN"):
+        with open(path, "w") as f:
+            f.write(text)
+    with open(path) as f:
+        assert text == f.read(), f"rendered sbatch differs from {path}; UPDATE_GOLDEN=1 rewrites it after review"
+
+
+def test_hyperpod_uses_auto_resume_and_elsewhere_requeue():
+    hp = render_sbatch(spec(), "j", "/fsx/j", "python3", "/fsx", hyperpod=True)
+    plain = render_sbatch(spec(), "j", "/fsx/j", "python3", "/fsx", hyperpod=False)
+    assert "--auto-resume=1" in hp and "#SBATCH --requeue" not in hp
+    assert "--auto-resume=1" not in plain and "#SBATCH --requeue" in plain
+    el = JobSpec(script="t.py", nodes=1, elastic=ElasticPolicy(1, 2)).validate()
+    assert "--nnodes=1:2" in render_sbatch(el, "j", "/fsx/j", "python3", "/fsx")
+
+
+def test_rendered_script_is_valid_bash_and_passes_args_verbatim(tmp_path):
+    text = render_sbatch(spec(), "j", str(tmp_path), "python3", "/fsx")
+    subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+    # evaluate the launch line's argument words with a stub srun that prints its argv
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "srun").write_text('#!/bin/bash\nfor a in "$@"; do printf "%s\\0" "$a"; done\n')
+    (stub / "scontrol").write_text("#!/bin/bash\necho n1\n")
+    for f in stub.iterdir():
+        f.chmod(0o755)
+    env = {"PATH": f"{stub}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1",
+           "SLURM_JOB_NUM_NODES": "2"}
+    out = subprocess.run(["bash", "-c", text], env=env, capture_output=True, check=True).stdout
+    words = out.split(b"\0")
+    assert words[-4:-1] == [b"'; touch /tmp/x; '", b"$(id)", b"a\nb"]
+    assert not os.path.exists("/tmp/x")
+
+
+def test_sbatch_argv_keeps_name_as_one_word():
+    argv = sbatch_argv("'; touch /tmp/x; '", "/fsx/j")
+    assert argv[2] == "--job-name='; touch /tmp/x; '"
+
+
+def test_parse_sbatch():
+    assert parse_sbatch("1234\n") == "1234"
+    assert parse_sbatch("warning: something\n99;hyperpod-dev\n") == "99"
+    with pytest.raises(Exception, match="no job id"):
+        parse_sbatch("sbatch: error: Batch job submission failed\n")
+
+
+def test_parse_squeue_literal():
+    text = "12|RUNNING|None\n13|PENDING|Resources\n14_2|COMPLETING|None\n15|COMPLETED|None\n"
+    got = parse_squeue(text)
+    assert got["12"] == (JobStatus.RUNNING, "")
+    assert got["13"] == (JobStatus.PENDING, "Resources")
+    assert got["14"][0] == JobStatus.RUNNING
+    assert got["15"][0] == JobStatus.COMPLETED
+
+
+def test_parse_sacct_literal():
+    text = ("21|COMPLETED|0:0\n22|FAILED|1:0\n23|CANCELLED by 0|0:15\n24|NODE_FAIL|0:0\n"
+            "25|REQUEUED|0:0\n25|RUNNING|0:0\n26.batch|COMPLETED|0:0\n")
+    got = parse_sacct(text)
+    assert got["21"] == (JobStatus.COMPLETED, 0, "COMPLETED")
+    assert got["22"][:2] == (JobStatus.FAILED, 1)
+    assert got["23"][:2] == (JobStatus.CANCELLED, 128 + 15)
+    assert got["24"][0] == JobStatus.FAILED
+    assert got["25"][0] == JobStatus.RUNNING  # the last row of a requeued job wins
+    assert "26.batch" not in got
+    assert parse_exit_code("garbage") is None
