@@ -1,0 +1,103 @@
+"""Submission overhead: notebook ``submit`` -> ``squeue`` shows the job, over SSH with
+connection reuse, against Slurm's own scheduling measured in the same run.
+
+Baseline: ``sbatch`` run directly on the login node (no SSH, no staging), then ``squeue`` polled
+locally until the job appears. Ours: ``Client.submit`` (SFTP staging of script + spec, the
+rendered sbatch, ``sbatch`` over SSH, the ``submitted`` event), then ``squeue`` over the same SSH
+connection until the job appears. Target: median overhead under 1 s beyond the baseline.
+
+Usage: .venv/bin/python benchmarks/submit_overhead.py [--reps 7] [--out benchmarks/results/submit_overhead.json]
+Needs the dev cluster (it runs ``dev-cluster up``) and root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+TARGET_OVERHEAD_S = 1.0
+
+
+def wait_in_squeue(run, job_id: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if run(["squeue", "-h", "-o", "%i", "-j", job_id]).strip() == job_id:
+            return
+        time.sleep(0.005)
+    raise TimeoutError(f"job {job_id} not in squeue after {timeout_s} s")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "submit_overhead.json"))
+    a = ap.parse_args()
+
+    from hyperpod_lab import devcluster
+    from hyperpod_lab.client import Client
+    from hyperpod_lab.jobs import JobStore
+    from hyperpod_lab.spec import JobSpec
+
+    devcluster.up(quiet=True)
+    tmp = tempfile.mkdtemp(prefix="hp-bench-")
+    script = os.path.join(tmp, "sleep.py")
+    with open(script, "w") as f:
+        f.write("import time\ntime.sleep(600)\n")
+
+    local = lambda argv: subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    base, ours, cold, cancel = [], [], None, []
+
+    for _ in range(a.reps):
+        t0 = time.perf_counter()
+        jid = local(["sbatch", "--parsable", "--partition=dev", "--nodes=1", "--output=/dev/null",
+                     "--wrap", "sleep 600"]).strip()
+        wait_in_squeue(local, jid)
+        base.append(time.perf_counter() - t0)
+        cancel.append(jid)
+        local(["scancel", jid])
+
+    client = Client(JobStore(os.path.join(tmp, "jobs")))
+    for i in range(a.reps + 1):
+        spec = JobSpec(script=script, name=f"bench{i}", cluster="local-slurm", nodes=1)
+        t0 = time.perf_counter()
+        rec = client.submit(spec)
+        sched = client.scheduler("local-slurm")
+        wait_in_squeue(lambda argv: sched.remote.run(argv).stdout, rec.native_id)
+        dt = time.perf_counter() - t0
+        if i == 0:
+            cold = dt  # includes the SSH connect and HyperPod detection
+        else:
+            ours.append(dt)
+        client.cancel(rec.job_id)
+
+    mb, mo = statistics.median(base), statistics.median(ours)
+    result = {
+        "benchmark": "submit_overhead",
+        "reps": a.reps,
+        "baseline_sbatch_to_squeue_s": {"median": mb, "all": base},
+        "ours_submit_to_squeue_ssh_warm_s": {"median": mo, "all": ours},
+        "ours_first_submit_incl_ssh_connect_s": cold,
+        "overhead_s": mo - mb,
+        "ratio_ours_over_baseline": mo / mb if mb else None,
+        "target_overhead_s": TARGET_OVERHEAD_S,
+        "target_met": (mo - mb) < TARGET_OVERHEAD_S,
+    }
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"baseline (sbatch -> squeue, on the login node): median {mb*1000:.0f} ms")
+    print(f"ours (notebook submit -> squeue, SSH reused):   median {mo*1000:.0f} ms; first (with connect) {cold*1000:.0f} ms")
+    print(f"overhead {1000*(mo-mb):.0f} ms (target < {TARGET_OVERHEAD_S*1000:.0f} ms): "
+          f"{'MET' if result['target_met'] else 'MISSED'}; ratio ours/baseline {result['ratio_ours_over_baseline']:.2f}x")
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
