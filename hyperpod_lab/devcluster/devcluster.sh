@@ -1,0 +1,474 @@
+#!/usr/bin/env bash
+# hyperpod-lab local dev cluster: Slurm 22.05 with two slurmd "nodes" (n1, n2) on this host,
+# MariaDB + slurmdbd (so sacct works), munge, and a private sshd on 127.0.0.1 acting as the
+# login node. Everything lives under $HYPERPOD_LAB_DEV_DIR (default /var/tmp/hyperpod-lab-dev).
+#
+# Usage: devcluster.sh up|down|status        (up/down need root; all are idempotent)
+#
+# Environment:
+#   HYPERPOD_LAB_DEV_DIR       base directory            (/var/tmp/hyperpod-lab-dev)
+#   HYPERPOD_LAB_DEV_SSH_PORT  sshd port on 127.0.0.1    (up: 2222; status: the port up used)
+#   HYPERPOD_LAB_DEV_DB_PORT   MariaDB port on 127.0.0.1 (3307; our own instance, not the system one)
+#
+# Layout of the base directory:
+#   fsx/            shared storage (same path for the nodes and the notebook)
+#   ssh/            host key, client key (id_ed25519), authorized_keys, known_hosts, sshd_config
+#   slurm/state     slurmctld StateSaveLocation      } wipe both or neither: wiping only the
+#   db/data         MariaDB datadir (slurm_acct_db)  } state restarts JobIDs at 1 -> duplicates
+#   slurm/spool/N   per-node slurmd spool; run/ pid files; log/ daemon logs
+#
+# Exit status: 0 ok; 1 failure; 2 usage; 3 not root. `status` exits 1 if anything is down.
+set -euo pipefail
+
+BASE=${HYPERPOD_LAB_DEV_DIR:-/var/tmp/hyperpod-lab-dev}
+SSH_PORT=${HYPERPOD_LAB_DEV_SSH_PORT:-}
+if [ -z "$SSH_PORT" ] && [ "${1:-}" != up ]; then   # status/down: the port the last `up` used
+  SSH_PORT=$(awk '$1=="Port"{print $2; exit}' "$BASE/ssh/sshd_config" 2>/dev/null || true)
+fi
+SSH_PORT=${SSH_PORT:-2222}
+DB_PORT=${HYPERPOD_LAB_DEV_DB_PORT:-3307}
+CLUSTER=hyperpod-dev
+PARTITION=dev
+NODES=(n1 n2)
+CTLD_PORT=6817
+DBD_PORT=6819
+declare -A NODE_PORT=([n1]=6818 [n2]=6820)
+CONF=/etc/slurm/slurm.conf          # default path compiled into the binaries: ssh commands find it
+DBD_CONF=/etc/slurm/slurmdbd.conf
+RUN=$BASE/run
+LOG=$BASE/log
+SSH_DIR=$BASE/ssh
+DB_DIR=$BASE/db
+DB_SOCK=$DB_DIR/mysqld.sock
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH
+
+say() { echo "[dev-cluster] $*"; }
+die() { echo "[dev-cluster] ERROR: $*" >&2; exit 1; }
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.2f", b-a}'; }
+
+# A pid is alive if /proc has it, it is not a zombie (PID 1 here reaps orphans lazily, so
+# `kill -0` on a killed daemon still succeeds) and, if given, its command name matches
+# (guards against a stale pid file whose pid was reused).
+alive_pid() {  # PID [COMM]
+  local pid=$1 comm=${2:-}
+  [[ $pid =~ ^[0-9]+$ ]] && [ -r "/proc/$pid/stat" ] || return 1
+  awk '{exit ($3=="Z")?0:1}' "/proc/$pid/stat" 2>/dev/null && return 1
+  [ -z "$comm" ] || [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$comm" ]
+}
+pidof_file() { cat "$1" 2>/dev/null | tr -dc '0-9' || true; }
+alive_file() { local p; p=$(pidof_file "$1"); [ -n "$p" ] && alive_pid "$p" "${2:-}"; }
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+wait_for() {  # TIMEOUT_S DESCRIPTION COMMAND...
+  local t=$1 what=$2; shift 2
+  local end; end=$(awk -v n="$(now)" -v t="$t" 'BEGIN{printf "%.2f", n+t}')
+  until "$@"; do
+    awk -v n="$(now)" -v e="$end" 'BEGIN{exit !(n>e)}' && return 1
+    sleep 0.1
+  done
+}
+stop_pid() {  # PID COMM NAME : SIGTERM, wait up to 15 s, then SIGKILL
+  local pid=$1 comm=$2 name=$3 i
+  alive_pid "$pid" "$comm" || return 0
+  kill "$pid" 2>/dev/null || true
+  for i in $(seq 150); do alive_pid "$pid" "$comm" || { say "$name: stopped (pid $pid)"; return 0; }; sleep 0.1; done
+  kill -9 "$pid" 2>/dev/null || true
+  for i in $(seq 50); do alive_pid "$pid" "$comm" || break; sleep 0.1; done
+  say "$name: killed (pid $pid)"
+}
+
+# ---------------------------------------------------------------- packages
+ensure_packages() {
+  local -A need=() ; local missing=()
+  command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sinfo >/dev/null \
+    || need[slurm-wlm]=1
+  command -v munged >/dev/null || need[munge]=1
+  command -v slurmdbd >/dev/null || need[slurmdbd]=1
+  { command -v mariadbd && command -v mariadb-install-db && command -v mariadb; } >/dev/null || need[mariadb-server]=1
+  { [ -x /usr/sbin/sshd ] && command -v ssh-keygen && command -v ssh; } >/dev/null || need[openssh-server]=1
+  missing=("${!need[@]}")
+  [ ${#missing[@]} -eq 0 ] && return 0
+  command -v apt-get >/dev/null || die "missing ${missing[*]} and no apt-get to install them"
+  say "installing ${missing[*]} (apt)"
+  local t0; t0=$(now)
+  # keep package scripts from starting system daemons (munge, mariadb, sshd on :22) that we
+  # would neither use nor stop: deny service starts while apt runs, unless a policy exists
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
+  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >"$LOG/apt.log" 2>&1; then
+    say "apt-get install failed; running apt-get update and retrying"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >>"$LOG/apt.log" 2>&1 || true
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >>"$LOG/apt.log" 2>&1 \
+      || { tail -n 20 "$LOG/apt.log" >&2; die "apt-get install ${missing[*]} failed (see $LOG/apt.log)"; }
+  fi
+  say "packages installed in $(since "$t0") s"
+  if [ "$(trap -p EXIT)" ]; then rm -f /usr/sbin/policy-rc.d; trap - EXIT; fi
+}
+
+# ---------------------------------------------------------------- munge (system daemon, shared)
+start_munge() {
+  if alive_file /run/munge/munged.pid munged; then
+    if [ "$(pidof_file "$RUN/munged.ours")" = "$(pidof_file /run/munge/munged.pid)" ]; then
+      say "munged: running (pid $(pidof_file /run/munge/munged.pid))"
+    else
+      say "munged: running, not started by us (pid $(pidof_file /run/munge/munged.pid)); using it"
+    fi
+  else
+    [ -s /etc/munge/munge.key ] || { mungekey --create --keyfile=/etc/munge/munge.key 2>/dev/null \
+      || dd if=/dev/urandom bs=1 count=1024 of=/etc/munge/munge.key 2>/dev/null; }
+    chown munge:munge /etc/munge/munge.key; chmod 400 /etc/munge/munge.key
+    install -d -o munge -g munge -m 0755 /run/munge      # /run is tmpfs; no systemd creates it
+    install -d -o munge -g munge -m 0700 /var/lib/munge /var/log/munge
+    rm -f /run/munge/munged.pid
+    runuser -u munge -- /usr/sbin/munged </dev/null >>"$LOG/munged.out" 2>&1 9>&-
+    wait_for 5 munged alive_file /run/munge/munged.pid munged || die "munged did not start (see /var/log/munge/munged.log)"
+    pidof_file /run/munge/munged.pid >"$RUN/munged.ours"
+    say "munged: started (pid $(pidof_file /run/munge/munged.pid))"
+  fi
+  munge_ok() { munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; }
+  wait_for 5 munge munge_ok || die "munge does not answer (munge -n | unmunge fails)"
+}
+
+# ---------------------------------------------------------------- MariaDB (own instance) + slurmdbd
+db() { mariadb --no-defaults --protocol=socket --socket="$DB_SOCK" -uroot "$@"; }
+start_mariadb() {
+  local pidf=$DB_DIR/mysqld.pid
+  if alive_file "$pidf" mariadbd; then say "mariadb: running (pid $(pidof_file "$pidf"))"; return 0; fi
+  install -d -o mysql -g mysql -m 0755 "$DB_DIR"   # mariadbd writes its socket and pid file here
+  if [ ! -d "$DB_DIR/data/mysql" ]; then
+    local t0; t0=$(now)
+    install -d -o mysql -g mysql -m 0750 "$DB_DIR/data"
+    mariadb-install-db --no-defaults --user=mysql --datadir="$DB_DIR/data" --skip-test-db \
+      --auth-root-authentication-method=socket >"$LOG/mariadb-install.log" 2>&1 \
+      || { tail -n 20 "$LOG/mariadb-install.log" >&2; die "mariadb-install-db failed"; }
+    say "mariadb: datadir initialised in $(since "$t0") s"
+  fi
+  chown -R mysql:mysql "$DB_DIR/data"
+  [ -S "$DB_SOCK" ] && ! alive_file "$pidf" mariadbd && rm -f "$DB_SOCK"
+  # --no-defaults: ignore /etc/mysql (system socket/port); our own socket, port and pid file
+  setsid /usr/sbin/mariadbd --no-defaults --user=mysql --datadir="$DB_DIR/data" \
+    --socket="$DB_SOCK" --pid-file="$pidf" --port="$DB_PORT" --bind-address=127.0.0.1 \
+    --skip-name-resolve --log-error="$LOG/mariadb.log" --innodb-buffer-pool-size=64M \
+    --max-connections=50 </dev/null >>"$LOG/mariadb.log" 2>&1 9>&- &
+  wait_for 20 mariadb eval 'db -e "select 1" >/dev/null 2>&1' \
+    || { tail -n 20 "$LOG/mariadb.log" >&2; die "mariadb did not start (see $LOG/mariadb.log)"; }
+  say "mariadb: started on 127.0.0.1:$DB_PORT (pid $(pidof_file "$pidf"))"
+}
+
+write_dbd_conf() {
+  [ -s "$DB_DIR/slurm.pw" ] || { (umask 077; head -c 18 /dev/urandom | base64 | tr -dc 'A-Za-z0-9' >"$DB_DIR/slurm.pw"); }
+  local pw; pw=$(cat "$DB_DIR/slurm.pw")
+  db -e "CREATE DATABASE IF NOT EXISTS slurm_acct_db;
+    CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '$pw';
+    ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '$pw';
+    GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; FLUSH PRIVILEGES;"
+  (umask 077; cat >"$DBD_CONF.new" <<EOF
+# written by hyperpod-lab devcluster.sh -- do not edit (regenerated by 'dev-cluster up')
+AuthType=auth/munge
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort=$DBD_PORT
+SlurmUser=root
+LogFile=$LOG/slurmdbd.log
+PidFile=$RUN/slurmdbd.pid
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=$DB_PORT
+StorageUser=slurm
+StoragePass=$pw
+StorageLoc=slurm_acct_db
+EOF
+  )
+  chmod 600 "$DBD_CONF.new"          # slurmdbd refuses a group/world-readable conf
+  if cmp -s "$DBD_CONF.new" "$DBD_CONF"; then rm -f "$DBD_CONF.new"; return 1; fi
+  mv "$DBD_CONF.new" "$DBD_CONF"; return 0
+}
+
+start_slurmdbd() {
+  local changed=$1
+  if alive_file "$RUN/slurmdbd.pid" slurmdbd && [ "$changed" = 1 ]; then
+    stop_pid "$(pidof_file "$RUN/slurmdbd.pid")" slurmdbd "slurmdbd (config changed)"
+  fi
+  if alive_file "$RUN/slurmdbd.pid" slurmdbd; then
+    say "slurmdbd: running (pid $(pidof_file "$RUN/slurmdbd.pid"))"
+  else
+    port_open "$DBD_PORT" && die "port $DBD_PORT is taken by a slurmdbd we did not start; stop it first"
+    slurmdbd </dev/null >>"$LOG/slurmdbd.log" 2>&1 9>&- || { tail -n 20 "$LOG/slurmdbd.log" >&2; die "slurmdbd failed to start"; }
+    wait_for 20 slurmdbd port_open "$DBD_PORT" \
+      || { tail -n 20 "$LOG/slurmdbd.log" >&2; die "slurmdbd does not listen on $DBD_PORT (see $LOG/slurmdbd.log)"; }
+    say "slurmdbd: started (pid $(pidof_file "$RUN/slurmdbd.pid"))"
+  fi
+}
+
+# ---------------------------------------------------------------- slurm.conf
+write_slurm_conf() {
+  local ncpu mem_total mem_node defmem
+  ncpu=$(nproc)
+  mem_total=$(awk '/MemTotal/{print int($2/1024)}' /proc/meminfo)
+  # both slurmd share this host's memory; give each half (minus 1 GiB slack), at least 256 MB
+  mem_node=$(( (mem_total - 1024) / 2 )); [ "$mem_node" -ge 256 ] || mem_node=256
+  # DefMemPerCPU is required with CR_CPU_Memory, else every job takes the whole node's memory
+  defmem=$(( mem_node / ncpu )); [ "$defmem" -le 1024 ] || defmem=1024
+  mkdir -p "$(dirname "$CONF")"
+  cat >"$CONF.new" <<EOF
+# written by hyperpod-lab devcluster.sh -- do not edit (regenerated by 'dev-cluster up')
+ClusterName=$CLUSTER
+SlurmctldHost=localhost(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+SlurmctldPort=$CTLD_PORT
+AuthType=auth/munge
+StateSaveLocation=$BASE/slurm/state
+SlurmdSpoolDir=$BASE/slurm/spool/%n
+SlurmctldPidFile=$RUN/slurmctld.pid
+SlurmdPidFile=$RUN/slurmd-%n.pid
+SlurmctldLogFile=$LOG/slurmctld.log
+SlurmdLogFile=$LOG/slurmd-%n.log
+# two slurmd on one host: no cgroups, no CPU binding (task/affinity would pin the tasks of
+# n1 and n2 to the same core, since each node allocates "its" CPU 0)
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU_Memory
+DefMemPerCPU=$defmem
+MpiDefault=none
+MailProg=/bin/true
+SchedulerType=sched/backfill
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStoragePort=$DBD_PORT
+JobAcctGatherType=jobacct_gather/linux
+JobCompType=jobcomp/none
+# keep finished jobs visible to scontrol/squeue -t all for an hour
+MinJobAge=3600
+ReturnToService=2
+JobRequeue=1
+KillWait=10
+SlurmdTimeout=30
+SlurmctldTimeout=30
+MessageTimeout=10
+InactiveLimit=0
+NodeName=n1 NodeAddr=127.0.0.1 Port=${NODE_PORT[n1]} CPUs=$ncpu RealMemory=$mem_node State=UNKNOWN
+NodeName=n2 NodeAddr=127.0.0.1 Port=${NODE_PORT[n2]} CPUs=$ncpu RealMemory=$mem_node State=UNKNOWN
+PartitionName=$PARTITION Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+EOF
+  if cmp -s "$CONF.new" "$CONF"; then rm -f "$CONF.new"; return 1; fi
+  mv "$CONF.new" "$CONF"; return 0
+}
+
+start_slurm() {
+  local changed=$1 n
+  if [ "$changed" = 1 ]; then   # plugin/node changes need restarts, not `scontrol reconfigure`
+    for n in "${NODES[@]}"; do
+      alive_file "$RUN/slurmd-$n.pid" slurmd && stop_pid "$(pidof_file "$RUN/slurmd-$n.pid")" slurmd "slurmd $n (config changed)"
+    done
+    alive_file "$RUN/slurmctld.pid" slurmctld && stop_pid "$(pidof_file "$RUN/slurmctld.pid")" slurmctld "slurmctld (config changed)"
+  fi
+  if alive_file "$RUN/slurmctld.pid" slurmctld; then
+    say "slurmctld: running (pid $(pidof_file "$RUN/slurmctld.pid"))"
+  else
+    port_open "$CTLD_PORT" && die "port $CTLD_PORT is taken by a slurmctld we did not start (another Slurm on this host?); stop it first"
+    slurmctld </dev/null >>"$LOG/slurmctld.log" 2>&1 9>&- || { tail -n 20 "$LOG/slurmctld.log" >&2; die "slurmctld failed to start"; }
+    wait_for 20 slurmctld eval 'scontrol ping 2>/dev/null | grep -q UP' \
+      || { tail -n 20 "$LOG/slurmctld.log" >&2; die "slurmctld does not answer (see $LOG/slurmctld.log)"; }
+    say "slurmctld: started (pid $(pidof_file "$RUN/slurmctld.pid"))"
+  fi
+  for n in "${NODES[@]}"; do
+    if alive_file "$RUN/slurmd-$n.pid" slurmd; then
+      say "slurmd $n: running (pid $(pidof_file "$RUN/slurmd-$n.pid"))"
+    else
+      port_open "${NODE_PORT[$n]}" && die "port ${NODE_PORT[$n]} (slurmd $n) is taken by a process we did not start; stop it first"
+      mkdir -p "$BASE/slurm/spool/$n"
+      slurmd -N "$n" </dev/null >>"$LOG/slurmd-$n.log" 2>&1 9>&- || { tail -n 20 "$LOG/slurmd-$n.log" >&2; die "slurmd $n failed to start"; }
+      wait_for 10 "slurmd $n" alive_file "$RUN/slurmd-$n.pid" slurmd \
+        || { tail -n 20 "$LOG/slurmd-$n.log" >&2; die "slurmd $n did not start (see $LOG/slurmd-$n.log)"; }
+      say "slurmd $n: started (pid $(pidof_file "$RUN/slurmd-$n.pid"))"
+    fi
+  done
+}
+
+node_state() { sinfo -h -N -n "$1" -o '%T' 2>/dev/null | head -n1 || true; }
+node_ready() { case "$1" in idle|mixed|allocated|completing) return 0;; esac; return 1; }
+nodes_ready() {
+  local n st ok=0
+  for n in "${NODES[@]}"; do
+    st=$(node_state "$n")
+    node_ready "$st" && continue
+    ok=1
+    case "$st" in   # a node left down/drained by an earlier crash: bring it back
+      down|drained|drain|idle+drain|down\*|drained\*) scontrol update NodeName="$n" State=RESUME >/dev/null 2>&1 || true;;
+    esac
+  done
+  return $ok
+}
+
+# ---------------------------------------------------------------- sshd (login node)
+write_sshd_conf() {
+  install -d -m 0700 "$SSH_DIR"
+  install -d -m 0755 /run/sshd        # privilege-separation dir; sshd refuses to start without it
+  [ -s "$SSH_DIR/ssh_host_ed25519_key" ] || ssh-keygen -q -t ed25519 -N '' -C hyperpod-dev-host -f "$SSH_DIR/ssh_host_ed25519_key"
+  [ -s "$SSH_DIR/id_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -C hyperpod-lab-dev-client -f "$SSH_DIR/id_ed25519"
+  install -m 0600 "$SSH_DIR/id_ed25519.pub" "$SSH_DIR/authorized_keys"
+  # known_hosts of ours: the login node's host key, for strict verification by clients
+  echo "[127.0.0.1]:$SSH_PORT $(cut -d' ' -f1,2 "$SSH_DIR/ssh_host_ed25519_key.pub")" >"$SSH_DIR/known_hosts.new"
+  if cmp -s "$SSH_DIR/known_hosts.new" "$SSH_DIR/known_hosts"; then rm -f "$SSH_DIR/known_hosts.new"
+  else mv "$SSH_DIR/known_hosts.new" "$SSH_DIR/known_hosts"; fi
+  chmod 644 "$SSH_DIR/known_hosts"
+  cat >"$SSH_DIR/sshd_config.new" <<EOF
+# written by hyperpod-lab devcluster.sh -- do not edit (regenerated by 'dev-cluster up')
+Port $SSH_PORT
+ListenAddress 127.0.0.1
+HostKey $SSH_DIR/ssh_host_ed25519_key
+PidFile $RUN/sshd.pid
+AuthorizedKeysFile $SSH_DIR/authorized_keys
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+PermitUserEnvironment no
+X11Forwarding no
+MaxStartups 50:30:100
+MaxSessions 50
+ClientAliveInterval 30
+Subsystem sftp internal-sftp
+LogLevel INFO
+EOF
+  /usr/sbin/sshd -t -f "$SSH_DIR/sshd_config.new" || die "sshd rejects its config ($SSH_DIR/sshd_config.new)"
+  if cmp -s "$SSH_DIR/sshd_config.new" "$SSH_DIR/sshd_config"; then rm -f "$SSH_DIR/sshd_config.new"; return 1; fi
+  mv "$SSH_DIR/sshd_config.new" "$SSH_DIR/sshd_config"; return 0
+}
+ssh_ok() {
+  ssh -q -p "$SSH_PORT" -i "$SSH_DIR/id_ed25519" -o BatchMode=yes -o IdentitiesOnly=yes \
+    -o StrictHostKeyChecking=yes -o UserKnownHostsFile="$SSH_DIR/known_hosts" \
+    -o GlobalKnownHostsFile=/dev/null -o ConnectTimeout=3 root@127.0.0.1 true </dev/null 2>/dev/null
+}
+start_sshd() {
+  local changed=$1
+  if alive_file "$RUN/sshd.pid" sshd && [ "$changed" = 1 ]; then
+    stop_pid "$(pidof_file "$RUN/sshd.pid")" sshd "sshd (config changed)"
+  fi
+  if alive_file "$RUN/sshd.pid" sshd; then
+    say "sshd: running on 127.0.0.1:$SSH_PORT (pid $(pidof_file "$RUN/sshd.pid"))"
+  else
+    port_open "$SSH_PORT" && die "port $SSH_PORT is taken by a process we did not start; set HYPERPOD_LAB_DEV_SSH_PORT"
+    # daemonizes, writes PidFile; no inherited stdout (a caller reading our pipe would hang)
+    # and no inherited lock fd 9 (the lock would outlive this script)
+    /usr/sbin/sshd -f "$SSH_DIR/sshd_config" -E "$LOG/sshd.log" </dev/null >>"$LOG/sshd.log" 2>&1 9>&-
+    wait_for 5 sshd alive_file "$RUN/sshd.pid" sshd || die "sshd did not start (see $LOG/sshd.log)"
+    say "sshd: started on 127.0.0.1:$SSH_PORT (pid $(pidof_file "$RUN/sshd.pid"))"
+  fi
+  wait_for 10 "ssh login" ssh_ok || die "ssh root@127.0.0.1 -p $SSH_PORT with $SSH_DIR/id_ed25519 fails (see $LOG/sshd.log)"
+}
+
+# ---------------------------------------------------------------- commands
+need_root() {
+  [ "$(id -u)" = 0 ] || { echo "[dev-cluster] ERROR: dev-cluster needs root to install and start Slurm; run it with sudo" >&2; exit 3; }
+}
+
+lock() {  # serialise concurrent up/down
+  mkdir -p "$BASE"
+  exec 9>"$BASE/.lock"
+  flock -w 120 9 || die "another dev-cluster up/down holds $BASE/.lock"
+}
+
+cmd_up() {
+  need_root
+  local t0 c
+  t0=$(now)
+  umask 022
+  install -d -m 0755 "$BASE" "$RUN" "$LOG" "$BASE/slurm" "$BASE/slurm/state" "$BASE/slurm/spool"
+  lock
+  install -d -m 1777 "$BASE/fsx"
+  ensure_packages
+  t0=$(now)          # readiness time is measured once packages are there
+  start_munge
+  start_mariadb
+  c=0; write_dbd_conf && c=1
+  start_slurmdbd "$c"
+  c=0; write_slurm_conf && c=1
+  [ "$c" = 1 ] && say "slurm.conf: written ($CONF)"
+  start_slurm "$c"
+  c=0; write_sshd_conf && c=1
+  start_sshd "$c"
+  if ! wait_for 30 "nodes idle" nodes_ready; then
+    sinfo -N -o '%N %T %E' >&2 || true
+    die "nodes did not become idle (see $LOG/slurmd-n1.log, $LOG/slurmd-n2.log, $LOG/slurmctld.log)"
+  fi
+  sinfo -N -o '%N %P %T %c %m' | sed 's/^/[dev-cluster]   /'
+  say "login: ssh -p $SSH_PORT -i $SSH_DIR/id_ed25519 -o UserKnownHostsFile=$SSH_DIR/known_hosts root@127.0.0.1"
+  say "shared storage: $BASE/fsx"
+  say "ready in $(since "$t0") s"
+}
+
+cmd_down() {
+  need_root
+  lock
+  local n
+  if alive_file "$RUN/slurmctld.pid" slurmctld; then
+    local jobs; jobs=$(squeue -h -o %i 2>/dev/null | tr '\n' ' ' || true)
+    if [ -n "${jobs// /}" ]; then
+      say "cancelling jobs: $jobs"
+      scancel $jobs 2>/dev/null || true
+      wait_for 20 "jobs gone" eval '[ -z "$(squeue -h -o %i 2>/dev/null)" ]' || say "some jobs still running"
+    fi
+  fi
+  alive_file "$RUN/sshd.pid" sshd && stop_pid "$(pidof_file "$RUN/sshd.pid")" sshd sshd
+  for n in "${NODES[@]}"; do
+    alive_file "$RUN/slurmd-$n.pid" slurmd && stop_pid "$(pidof_file "$RUN/slurmd-$n.pid")" slurmd "slurmd $n"
+  done
+  alive_file "$RUN/slurmctld.pid" slurmctld && stop_pid "$(pidof_file "$RUN/slurmctld.pid")" slurmctld slurmctld
+  alive_file "$RUN/slurmdbd.pid" slurmdbd && stop_pid "$(pidof_file "$RUN/slurmdbd.pid")" slurmdbd slurmdbd
+  alive_file "$DB_DIR/mysqld.pid" mariadbd && stop_pid "$(pidof_file "$DB_DIR/mysqld.pid")" mariadbd mariadb
+  local mp; mp=$(pidof_file "$RUN/munged.ours")
+  if [ -n "$mp" ] && [ "$mp" = "$(pidof_file /run/munge/munged.pid)" ]; then
+    stop_pid "$mp" munged munged
+  fi
+  rm -f "$RUN/munged.ours"
+  say "down (state kept in $BASE; Slurm state and accounting DB are kept together)"
+}
+
+cmd_status() {
+  local bad=0 p n st
+  row() { printf '%-12s %-8s %s\n' "$1" "$2" "$3"; }
+  daemon() {  # NAME PIDFILE COMM [EXTRA]
+    if alive_file "$2" "$3"; then row "$1" running "pid $(pidof_file "$2")${4:+ $4}"
+    else row "$1" stopped "${4:-}"; bad=1; fi
+  }
+  if alive_file /run/munge/munged.pid munged; then row munged running "pid $(pidof_file /run/munge/munged.pid)"
+  else row munged stopped ""; bad=1; fi
+  if [ -e "$DB_DIR/mysqld.pid" ] && [ ! -r "$DB_DIR/mysqld.pid" ]; then   # mode 660: not root
+    if port_open "$DB_PORT"; then row mariadb running "127.0.0.1:$DB_PORT"; else row mariadb stopped "127.0.0.1:$DB_PORT"; bad=1; fi
+  else
+    daemon mariadb "$DB_DIR/mysqld.pid" mariadbd "127.0.0.1:$DB_PORT"
+  fi
+  daemon slurmdbd "$RUN/slurmdbd.pid" slurmdbd "127.0.0.1:$DBD_PORT"
+  daemon slurmctld "$RUN/slurmctld.pid" slurmctld "127.0.0.1:$CTLD_PORT"
+  for n in "${NODES[@]}"; do daemon "slurmd@$n" "$RUN/slurmd-$n.pid" slurmd "127.0.0.1:${NODE_PORT[$n]}"; done
+  if alive_file "$RUN/sshd.pid" sshd; then
+    if [ -r "$SSH_DIR/id_ed25519" ] && ssh_ok; then row sshd running "pid $(pidof_file "$RUN/sshd.pid") 127.0.0.1:$SSH_PORT"
+    elif [ -r "$SSH_DIR/id_ed25519" ]; then row sshd failing "pid $(pidof_file "$RUN/sshd.pid") login fails"; bad=1
+    else row sshd running "pid $(pidof_file "$RUN/sshd.pid") 127.0.0.1:$SSH_PORT (login not checked: key unreadable)"; fi
+  else row sshd stopped "127.0.0.1:$SSH_PORT"; bad=1; fi
+  for n in "${NODES[@]}"; do
+    st=""
+    alive_file "$RUN/slurmctld.pid" slurmctld && st=$(node_state "$n")
+    [ -n "$st" ] || st=unknown
+    row "node:$n" "$st" ""
+    node_ready "$st" || bad=1
+  done
+  echo "--- sinfo ---"
+  if alive_file "$RUN/slurmctld.pid" slurmctld; then sinfo -N -o '%N %P %T %c %m %E' 2>&1 || true
+  else echo "(slurmctld not running)"; fi
+  return $bad
+}
+
+case "${1:-}" in
+  up) cmd_up ;;
+  down) cmd_down ;;
+  status) cmd_status ;;
+  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+esac
