@@ -16,7 +16,12 @@ def load_ipython_extension(ipython):
 
 
 def _jupyter_labextension_paths():
-    return [{"src": "labextension", "dest": "hyperpod-lab"}]
+    """The prebuilt lab extension, for ``jupyter labextension develop``.
+
+    ``src`` is relative to this package; the build writes the top-level ``labextension/``
+    folder of the source tree. Wheels install it as shared data instead.
+    """
+    return [{"src": "../labextension", "dest": "hyperpod-lab"}]
 
 
 def _jupyter_server_extension_points():

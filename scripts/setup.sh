@@ -22,7 +22,7 @@ if [ ! -x .venv/bin/python ]; then
   $PY -m venv .venv
 fi
 stamp=.venv/.hyperpod-lab-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ package.json -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ -n "$(find pyproject.toml package.json yarn.lock src style -newer "$stamp" 2>/dev/null | head -n 1)" ]; then
   echo "setup: pip install -e .[test] (torch==2.13.0 CPU wheel, jupyterlab, ...)"
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
   PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 .venv/bin/python -m pip install -q -e ".[test]"
