@@ -92,7 +92,7 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
         srun.append("--auto-resume=1")
     launch = [_q(python), "-m", "hyperpod_lab.runtime.launch",
               f"--nnodes={nnodes}", f"--nproc-per-node={spec.procs_per_node}",
-              "--rdzv-backend=c10d", '--rdzv-endpoint="$head_addr:$rdzv_port"', '--rdzv-id="$SLURM_JOB_ID"',
+              "--rdzv-backend=c10d", '--rdzv-endpoint="$head_addr:$rdzv_port"', '--rdzv-id="$SLURM_JOB_ID"', "--rdzv-conf=join_timeout=120",
               f"--max-restarts={spec.resiliency.max_retries if spec.resiliency.auto_resume else 0}",
               '--log-dir="$JOB_DIR/logs/torchrun"', "--redirects=3", "--tee=3",
               _q(script)] + [_q(a) for a in spec.args]

@@ -1,0 +1,430 @@
+"""``hp.init()`` and :class:`JobContext`: who this process is in the job, and its events.
+
+``init()`` reads the environment torchrun gives each worker (``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``TORCHELASTIC_RESTART_COUNT``,
+``MASTER_ADDR``/``MASTER_PORT``, ``TORCHELASTIC_ERROR_FILE``) and hyperpod-lab's own:
+
+==================================== ==========================================================
+``HYPERPOD_LAB_JOB_ID``              job id stamped on events (default: torchrun's run id, or
+                                     ``adhoc-<YYYYmmdd-HHMMSS>`` outside torchrun)
+``HYPERPOD_LAB_JOB_DIR``             the job directory on shared storage (default: a fresh
+                                     temporary directory; under torchrun one per run id)
+``HYPERPOD_LAB_SPEC``                path of the job's ``spec.json`` (default:
+                                     ``<job_dir>/spec.json`` when it exists, else no spec)
+``HYPERPOD_LAB_COLLECTIVE_TIMEOUT_S`` collective timeout of the default process group, seconds
+                                     (default 60, not torch's 30 minutes: a dead peer must
+                                     surface as an error quickly so the agent can restart)
+``HYPERPOD_LAB_CHECKPOINT_TIMEOUT_S`` collective timeout of the checkpoint (CPU/gloo) group,
+                                     seconds (default 600: one rank may write longer than others)
+``HYPERPOD_LAB_STEP_EVENT_INTERVAL_S`` minimum seconds between two ``step`` events (default 1.0)
+==================================== ==========================================================
+
+Outside torchrun (``python train.py``, a notebook) the job has one member: rank 0 of a world
+of 1, with a real single-member process group so code may call collectives unconditionally.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import socket
+import sys
+import tempfile
+import threading
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from hyperpod_lab.events import Event, EventKind, EventReader, EventSchemaError, EventWriter, events_dir
+from hyperpod_lab.spec import JobSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hyperpod_lab.runtime.checkpoint import Checkpointer
+
+ENV_JOB_ID = "HYPERPOD_LAB_JOB_ID"
+ENV_JOB_DIR = "HYPERPOD_LAB_JOB_DIR"
+ENV_SPEC = "HYPERPOD_LAB_SPEC"
+ENV_COLLECTIVE_TIMEOUT = "HYPERPOD_LAB_COLLECTIVE_TIMEOUT_S"
+ENV_CHECKPOINT_TIMEOUT = "HYPERPOD_LAB_CHECKPOINT_TIMEOUT_S"
+ENV_STEP_INTERVAL = "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S"
+
+DEFAULT_COLLECTIVE_TIMEOUT_S = 60.0
+DEFAULT_CHECKPOINT_TIMEOUT_S = 600.0
+DEFAULT_STEP_INTERVAL_S = 1.0
+RANKS_DIRNAME = "ranks"
+
+
+def node_name() -> str:
+    """This machine's name in the job: ``$SLURMD_NODENAME``, else the host name."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def safe_name(text: str, limit: int = 60) -> str:
+    """``text`` reduced to the characters an event writer name allows (``[A-Za-z0-9_.-]``)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:limit] or "unknown"
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+    """Write ``obj`` as JSON to ``path`` so readers see the old file or the whole new one.
+
+    Writes ``<path>.tmp-<pid>``, fsyncs it, then ``os.replace``-s it over ``path``.
+
+    Raises:
+        OSError: the directory is missing or not writable.
+    """
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"${name} must be a number of seconds, got {raw!r}") from None
+    if value <= 0:
+        raise ValueError(f"${name} must be > 0 seconds, got {raw!r}")
+    return value
+
+
+def _json_safe(value: Any) -> Any:
+    """Event data must be strict JSON: non-finite floats (NaN loss) become None; 0-d tensors
+    become Python numbers."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _has_event(job_dir: str, writer: str, kind: str) -> bool:
+    """Whether ``<job_dir>/events/<writer>.jsonl`` holds an event of ``kind``."""
+    path = os.path.join(events_dir(job_dir), writer + ".jsonl")
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                try:
+                    if Event.from_json(line).kind == kind:
+                        return True
+                except EventSchemaError:
+                    continue
+    except FileNotFoundError:
+        return False
+    return False
+
+
+class JobContext:
+    """This process's place in the job: rank, device, job directory, spec and event writer.
+
+    Build it with :func:`init`, not directly. Usable as a context manager: leaving the block
+    normally calls :meth:`finish`; leaving it with an exception records the exception in
+    torchrun's error file (so the agent's ``fault.detected`` carries its message), emits nothing,
+    and tears the process groups down without a barrier.
+
+    Attributes:
+        rank: global rank, 0 <= rank < world_size.
+        world_size: number of ranks in the job (this incarnation).
+        local_rank: rank on this node; local_world_size: ranks on this node.
+        group_rank: this node's (agent's) rank among the nodes; nodes: number of nodes.
+        node: ``$SLURMD_NODENAME`` or the host name.
+        device: ``cuda:<local_rank>`` when CUDA is available, else ``cpu``.
+        job_id, job_dir: the job's id and directory on shared storage.
+        spec: the job's :class:`~hyperpod_lab.spec.JobSpec`, or None.
+        restart_count: how many times torchrun restarted the workers, the maximum over all ranks
+            (an agent restarted only because a peer re-rendezvoused reports a lower count).
+        is_restart: True when this is not the job's first start: restart_count > 0, or rank 0's
+            event file already holds a ``started`` event (e.g. a Slurm requeue/auto-resume).
+        cpu_group: a gloo process group over all ranks, for checkpointing from a background thread
+            (never used by the training loop, so its collectives cannot interleave with DDP's).
+    """
+
+    def __init__(self, *, rank: int, world_size: int, local_rank: int, local_world_size: int,
+                 group_rank: int, nodes: int, node: str, job_id: str, job_dir: str, spec: JobSpec | None,
+                 restart_count: int, is_restart: bool, owns_default_group: bool,
+                 cpu_group: "dist.ProcessGroup | None", step_interval_s: float):
+        self.rank, self.world_size = rank, world_size
+        self.local_rank, self.local_world_size = local_rank, local_world_size
+        self.group_rank, self.nodes, self.node = group_rank, nodes, node
+        self.device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+        self.job_id, self.job_dir, self.spec = job_id, job_dir, spec
+        self.restart_count, self.is_restart = restart_count, is_restart
+        self.cpu_group = cpu_group
+        self.step_interval_s = step_interval_s
+        self.writer = EventWriter(job_dir, f"rank-{rank}", job_id)
+        self._emit_lock = threading.Lock()
+        self._owns_default_group = owns_default_group
+        self._checkpointers: list["Checkpointer"] = []
+        self._restored: dict[str, Any] | None = None  # set by Checkpointer.restore
+        self._steps_done = 0
+        self._stepped = False
+        self._last_emit: tuple[float, int] | None = None  # (monotonic time, step) of last step event
+        self._closed = False
+
+    # ---- events -------------------------------------------------------------------------
+    def emit(self, kind: EventKind | str, **data: Any) -> Event:
+        """Append one event to this rank's file ``<job_dir>/events/rank-<R>.jsonl``.
+
+        Thread-safe (the checkpoint thread emits too). Non-finite floats become null.
+
+        Raises:
+            ValueError: ``kind`` is not a schema-v1 event kind.
+        """
+        clean = {k: _json_safe(v) for k, v in data.items()}
+        with self._emit_lock:
+            return self.writer.emit(kind, **clean)
+
+    def step(self, step: int, loss: float, **metrics: Any) -> None:
+        """Report a completed optimizer step (call it on every rank after each step).
+
+        Rank 0 emits ``step`` {step, loss, steps_per_s, **metrics} at most once per
+        ``$HYPERPOD_LAB_STEP_EVENT_INTERVAL_S`` seconds (default 1.0), and always for the first
+        step after a (re)start; ``steps_per_s`` is the rate since the previous ``step`` event
+        (null on the first). On the first step after a restart rank 0 first emits
+        ``recovery.completed`` {restored_step, restart_count, downtime_s, restored_from}:
+        ``restored_step`` is the step of the checkpoint ``Checkpointer.restore`` loaded (null if
+        none), ``restored_from`` ``"persistent"`` or ``"none"``, ``downtime_s`` the seconds since
+        the first ``fault.detected`` of this outage (the earliest one newer than the newest
+        ``step`` event; several agents report one outage), else since the newest ``step`` event,
+        else null. Other ranks only count. No collectives.
+
+        Args:
+            step: 0-based index of the step just completed.
+            loss: its loss (a float or a one-element tensor).
+            **metrics: extra JSON-serialisable numbers (e.g. ``lr=3e-4``, ``tokens_per_s=...``).
+        """
+        self._steps_done = max(self._steps_done, int(step) + 1)
+        if self.rank != 0:
+            self._stepped = True
+            return
+        now = time.monotonic()
+        first = not self._stepped
+        self._stepped = True
+        if first and self.is_restart:
+            self._emit_recovery_completed()
+        if first or self._last_emit is None or now - self._last_emit[0] >= self.step_interval_s:
+            rate = None
+            if self._last_emit is not None and now > self._last_emit[0]:
+                rate = (int(step) - self._last_emit[1]) / (now - self._last_emit[0])
+            self.emit(EventKind.STEP, step=int(step), loss=_json_safe(loss), steps_per_s=rate, **metrics)
+            self._last_emit = (now, int(step))
+
+    def _emit_recovery_completed(self) -> None:
+        downtime = None
+        t0 = _incident_start_time(self.job_dir)
+        if t0 is not None:
+            downtime = max(0.0, time.time() - t0)
+        restored = self._restored or {}
+        self.emit(EventKind.RECOVERY_COMPLETED, restored_step=restored.get("step"),
+                  restart_count=self.restart_count, downtime_s=downtime,
+                  restored_from=restored.get("tier", "none"))
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    def finish(self, **data: Any) -> None:
+        """End the job cleanly on this rank (call it on every rank).
+
+        Waits for pending asynchronous checkpoints to commit, then a barrier (so ``finished`` is
+        only written once every rank got here), then rank 0 emits ``finished``
+        {status: "succeeded", steps, **data} (``steps`` = last step reported to :meth:`step` + 1),
+        then the process groups are destroyed. Idempotent.
+
+        Args:
+            **data: extra fields for the ``finished`` event (e.g. ``final_loss=0.12``).
+
+        Raises:
+            RuntimeError: a pending checkpoint failed, or a peer died before the barrier.
+        """
+        if self._closed:
+            return
+        try:
+            for ckpt in list(self._checkpointers):
+                ckpt.wait()
+            if self.cpu_group is not None and self.world_size > 1:
+                dist.barrier(group=self.cpu_group)
+            if self.rank == 0:
+                self.emit(EventKind.FINISHED, **{"status": "succeeded", "steps": self._steps_done, **data})
+        finally:
+            self._teardown()
+
+    def _teardown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for ckpt in list(self._checkpointers):
+            ckpt.close()
+        self._checkpointers.clear()
+        if dist.is_available() and dist.is_initialized():
+            try:
+                if self._owns_default_group:
+                    dist.destroy_process_group()
+                elif self.cpu_group is not None:
+                    dist.destroy_process_group(self.cpu_group)
+            except Exception:  # teardown after a peer's death must not mask the real error
+                pass
+
+    def __enter__(self) -> "JobContext":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is None:
+            self.finish()
+            return False
+        _record_exception(exc)
+        self._teardown()
+        return False
+
+    def __repr__(self) -> str:
+        return (f"JobContext(job_id={self.job_id!r}, rank={self.rank}, world_size={self.world_size}, "
+                f"node={self.node!r}, device={self.device}, restart_count={self.restart_count})")
+
+
+def _record_exception(exc: BaseException) -> None:
+    """Write the exception to ``$TORCHELASTIC_ERROR_FILE`` (what ``@record`` does), if set."""
+    if not os.environ.get("TORCHELASTIC_ERROR_FILE") or isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        return
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+        ErrorHandler().record_exception(exc)
+    except Exception:
+        pass
+
+
+def _incident_start_time(job_dir: str) -> float | None:
+    """Epoch seconds at which the current outage began, for ``recovery.completed.downtime_s``.
+
+    The earliest ``fault.detected`` event newer than the newest ``step`` event (the first
+    detection of this incident; several agents may report the same incident); if every fault is
+    older than the newest step, the newest fault; with no fault events, the newest ``step``
+    event; with neither, None.
+    """
+    events = EventReader(job_dir).poll()
+    faults = [e.time for e in events if e.kind == EventKind.FAULT_DETECTED.value]
+    steps = [e.time for e in events if e.kind == EventKind.STEP.value]
+    last_step = max(steps) if steps else None
+    if faults:
+        incident = [t for t in faults if last_step is None or t >= last_step]
+        return min(incident) if incident else max(faults)
+    return last_step
+
+
+def _default_job_id(in_torchrun: bool) -> str:
+    if os.environ.get(ENV_JOB_ID):
+        return os.environ[ENV_JOB_ID]
+    if in_torchrun and os.environ.get("TORCHELASTIC_RUN_ID"):
+        return os.environ["TORCHELASTIC_RUN_ID"]
+    return "adhoc-" + time.strftime("%Y%m%d-%H%M%S")
+
+
+def _default_job_dir(job_id: str, in_torchrun: bool) -> str:
+    if os.environ.get(ENV_JOB_DIR):
+        return os.environ[ENV_JOB_DIR]
+    if in_torchrun:  # every local rank must agree on it without talking: derive it from the id
+        return os.path.join(tempfile.gettempdir(), "hyperpod-lab", safe_name(job_id, 100))
+    return tempfile.mkdtemp(prefix=f"hyperpod-lab-{safe_name(job_id)}-")
+
+
+def _load_spec(job_dir: str) -> JobSpec | None:
+    path = os.environ.get(ENV_SPEC) or os.path.join(job_dir, "spec.json")
+    if not os.environ.get(ENV_SPEC) and not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return JobSpec.from_json(f.read())
+
+
+def init() -> JobContext:
+    """Join the job: process groups, rank file, event writer and the ``started`` event.
+
+    Call it once per process, on every rank, before building the model. It
+
+    1. reads the torchrun and hyperpod-lab environment (see the module docstring);
+    2. initialises the default process group if none exists: backend ``"cpu:gloo,cuda:nccl"``
+       when CUDA is available, else ``"gloo"``, collective timeout
+       ``$HYPERPOD_LAB_COLLECTIVE_TIMEOUT_S`` (default 60 s); outside torchrun a single-member
+       group over an in-memory store; then a gloo ``cpu_group`` for checkpointing;
+    3. agrees on ``restart_count`` / ``is_restart`` with one all-reduce;
+    4. writes ``<job_dir>/ranks/rank-<R>.json`` atomically: {rank, local_rank, world_size, node,
+       host, pid, restart_count, log_file, time}, where ``log_file`` is
+       ``dirname($TORCHELASTIC_ERROR_FILE)/stdout.log`` when that variable is set, else null
+       (the file exists when the launcher runs with ``--redirects``/``--tee``);
+    5. on rank 0, emits ``started`` {world_size, nodes, script, restart_count} on the job's first
+       start only.
+
+    Returns:
+        The :class:`JobContext` of this process.
+
+    Raises:
+        ValueError: a ``HYPERPOD_LAB_*_S`` variable is not a positive number.
+        hyperpod_lab.errors.SpecError: the spec file is not a valid JobSpec.
+        OSError: the job directory cannot be created or written, or ``$HYPERPOD_LAB_SPEC`` names
+            a file that cannot be read.
+        torch.distributed.DistStoreError / RuntimeError: the process group could not form
+            within the collective timeout (a peer never arrived).
+    """
+    env = os.environ
+    in_torchrun = all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+    collective_timeout = _env_float(ENV_COLLECTIVE_TIMEOUT, DEFAULT_COLLECTIVE_TIMEOUT_S)
+    checkpoint_timeout = _env_float(ENV_CHECKPOINT_TIMEOUT, DEFAULT_CHECKPOINT_TIMEOUT_S)
+    step_interval = _env_float(ENV_STEP_INTERVAL, DEFAULT_STEP_INTERVAL_S)
+
+    job_id = _default_job_id(in_torchrun)
+    job_dir = os.path.abspath(_default_job_dir(job_id, in_torchrun))
+    os.makedirs(os.path.join(job_dir, RANKS_DIRNAME), exist_ok=True)
+    spec = _load_spec(job_dir)
+
+    local_rank = int(env.get("LOCAL_RANK", 0)) if in_torchrun else 0
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+
+    owns = False
+    if not dist.is_initialized():
+        backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+        timeout = timedelta(seconds=collective_timeout)
+        if in_torchrun:
+            dist.init_process_group(backend, init_method="env://", timeout=timeout)
+        else:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        owns = True
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    local_world_size = int(env.get("LOCAL_WORLD_SIZE", 1)) if in_torchrun else 1
+    group_rank = int(env.get("GROUP_RANK", 0)) if in_torchrun else 0
+    nodes = int(env.get("GROUP_WORLD_SIZE", 0)) or max(1, world_size // max(1, local_world_size))
+    cpu_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=checkpoint_timeout))
+
+    # one all-reduce(MAX): restart count across ranks, and whether rank 0 already started once
+    env_restarts = int(env.get("TORCHELASTIC_RESTART_COUNT", 0) or 0) if in_torchrun else 0
+    started_before = rank == 0 and _has_event(job_dir, "rank-0", EventKind.STARTED.value)
+    agreed = torch.tensor([env_restarts, int(started_before)], dtype=torch.int64)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=cpu_group)
+    restart_count, started_before = int(agreed[0]), bool(agreed[1])
+
+    node = node_name()
+    err = env.get("TORCHELASTIC_ERROR_FILE")
+    write_json_atomic(os.path.join(job_dir, RANKS_DIRNAME, f"rank-{rank}.json"), {
+        "rank": rank, "local_rank": local_rank, "world_size": world_size, "node": node,
+        "host": socket.gethostname(), "pid": os.getpid(), "restart_count": restart_count,
+        "log_file": os.path.join(os.path.dirname(err), "stdout.log") if err else None,
+        "time": time.time(),
+    })
+
+    ctx = JobContext(rank=rank, world_size=world_size, local_rank=local_rank, local_world_size=local_world_size,
+                     group_rank=group_rank, nodes=nodes, node=node, job_id=job_id, job_dir=job_dir, spec=spec,
+                     restart_count=restart_count, is_restart=restart_count > 0 or started_before,
+                     owns_default_group=owns, cpu_group=cpu_group, step_interval_s=step_interval)
+    if rank == 0 and not ctx.is_restart:
+        script = spec.script if spec is not None else (sys.argv[0] if sys.argv and sys.argv[0] else "<interactive>")
+        ctx.emit(EventKind.STARTED, world_size=world_size, nodes=nodes, script=script, restart_count=restart_count)
+    return ctx

@@ -1,0 +1,259 @@
+"""``python -m hyperpod_lab.runtime.launch``: torchrun, plus fault and recovery events.
+
+Usage is exactly torchrun's (same parser, same behaviour, same exit codes)::
+
+    python -m hyperpod_lab.runtime.launch --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d \\
+        --rdzv-endpoint HOST:PORT --rdzv-id JOB --max-restarts 3 train.py --lr 3e-4
+
+When ``$HYPERPOD_LAB_JOB_DIR`` is set, this node's elastic agent also appends events to
+``<job_dir>/events/agent-<node>.jsonl`` (node = ``$SLURMD_NODENAME`` or the host name,
+sanitised; if another live agent on the same node already writes that file, ``-2``, ``-3``...
+is appended, decided with an ``flock`` on ``<job_dir>/agents/<name>.lock``):
+
+* ``fault.detected`` {rank, local_rank, node, exitcode, signal, reason, pid, root_cause} for each
+  local worker that failed (``signal`` is e.g. ``"SIGKILL"`` for a worker killed by a signal,
+  else null; ``reason`` is the last line of the worker's recorded exception when it recorded one
+  (``hp.init()``'s context manager and torch's ``@record`` do), else a description of the exit;
+  ``root_cause`` is false for local siblings the agent itself SIGTERMed because of the failure);
+* ``recovery.started`` {restart_count, reason, node} whenever the agent restarts its workers:
+  ``reason`` is ``"local worker failed"`` (a restart counted against ``--max-restarts``) or
+  ``"peer re-rendezvous"`` (another node re-joined the rendezvous; torchrun does not count it).
+
+Without ``$HYPERPOD_LAB_JOB_DIR`` it is plain torchrun, with one deliberate difference that holds
+in both cases: ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE`` defaults to ``1`` (set it to ``0`` to get
+torch's default back). With torch's default (workers bootstrap their process group on the
+rendezvous agent's long-lived TCPStore) every worker restart fails in torch 2.13: the restarted
+workers read the previous attempt's keys (gloo: ``connectFullMesh failed ... Connection
+refused``, then a hang; NCCL: a stale unique id), pytorch/pytorch#135712. Measured here with
+plain ``torchrun --standalone --max-restarts 1`` and one failing worker: fails with ``0``,
+recovers with ``1``.
+
+Verified invocation (two agents started concurrently on one host, one worker each, gloo; a
+worker SIGKILLed after the first checkpoint; both agents restart their workers, which resume
+from the newest complete checkpoint; tests/test_runtime.py runs it without ``--rdzv-conf``)::
+
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 HYPERPOD_LAB_JOB_ID=J HYPERPOD_LAB_JOB_DIR=/shared/jobs/J \
+    python -m hyperpod_lab.runtime.launch --nnodes 2 --nproc-per-node 1 \
+        --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:PORT --rdzv-id J --max-restarts 3 \
+        --monitor-interval 0.1 --rdzv-conf join_timeout=120 \
+        --log-dir /shared/jobs/J/logs --tee 3 train.py ...
+
+With a fixed ``--nnodes`` the rendezvous completes as soon as all nodes joined
+(``last_call_timeout`` only matters for ``MIN:MAX``); ``join_timeout`` bounds how long a surviving
+agent waits for a lost node before it exits non-zero (torch's default is 600 s). When several
+agents on one host are given the same loopback endpoint, the first to bind hosts the c10d store
+and the others fall back to clients (torch retries with ``is_master=False``); if the hosting
+agent dies, the rendezvous is gone and the job must be restarted from outside (Slurm).
+
+If ``$HYPERPOD_LAB_JOB_ID`` is unset, the launcher sets it (to ``--rdzv-id``, or
+``adhoc-<time>`` for ``--standalone``) so that the agent's and the workers' events agree.
+
+How it hooks into torch (2.13), and why this hook: the restart logic lives in
+``SimpleElasticAgent._invoke_run`` (torch/distributed/elastic/agent/server/api.py): every
+``monitor_interval`` it calls ``_monitor_workers``; on FAILED/UNHEALTHY with restarts left, and on
+HEALTHY with nodes waiting at the rendezvous, it calls ``_restart_workers`` (stop, re-rendezvous,
+start). Overriding those two methods in a ``LocalElasticAgent`` subclass observes exactly the two
+transitions we report, without copying any control flow. The subclass must then be the agent
+torchrun builds: ``torch.distributed.launcher.api.launch_agent`` constructs
+``LocalElasticAgent(...)`` by its module-global name, so we rebind that one name before calling
+``torch.distributed.run.run``. The alternatives were worse: re-implementing ``launch_agent``
+(~150 lines: rendezvous parameters, health-check server, metrics, torchelastic events, error
+propagation) would copy code that changes between torch releases, and wrapping
+``_invoke_run`` would re-implement the restart loop. If a future torch stops building the agent
+through that name, :func:`install` notices (it checks ``launch_agent``'s code names), warns,
+and the launcher degrades to plain torchrun instead of failing the job.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import torch.distributed.launcher.api as _launcher_api
+import torch.distributed.run as _torchrun
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from hyperpod_lab.events import EventKind, EventWriter
+from hyperpod_lab.runtime.context import ENV_JOB_DIR, ENV_JOB_ID, node_name, safe_name
+
+log = logging.getLogger(__name__)
+
+_FAILED_STATES = {WorkerState.FAILED, WorkerState.UNHEALTHY}
+
+
+class AgentEvents:
+    """The event side of one node's agent: a claimed writer name and the two emitters.
+
+    Args:
+        job_dir: the job's directory on shared storage.
+        job_id: job id stamped on events.
+        node: this node's name (unsanitised; it is reported as is).
+    """
+
+    def __init__(self, job_dir: str, job_id: str, node: str | None = None):
+        self.node = node or node_name()
+        self.job_dir, self.job_id = job_dir, job_id
+        self._lock_fd: int | None = None
+        self.writer = EventWriter(job_dir, self._claim_name(f"agent-{safe_name(self.node)}"), job_id)
+
+    def _claim_name(self, base: str) -> str:
+        """``base``, or ``base-2``, ``base-3``... if a live agent on this file system holds it."""
+        lock_dir = os.path.join(self.job_dir, "agents")
+        os.makedirs(lock_dir, exist_ok=True)
+        for i in range(1, 65):
+            name = base if i == 1 else f"{base}-{i}"
+            fd = os.open(os.path.join(lock_dir, name + ".lock"), os.O_CREAT | os.O_RDWR, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                os.close(fd)
+                if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    continue
+                return f"{base}-{os.getpid()}"  # no flock on this file system: a name no one else has
+            self._lock_fd = fd  # held (open) for the agent's lifetime; the kernel releases it on death
+            return name
+        return f"{base}-{os.getpid()}"
+
+    def worker_failed(self, worker_group: WorkerGroup, result: RunResult) -> None:
+        """Emit ``fault.detected`` for each failed local worker in ``result`` (keyed by global rank).
+
+        The root cause comes first and carries ``root_cause: true``: a worker killed by a signal
+        other than SIGTERM (OOM killer, ``inject-fault``), else the worker whose recorded error is
+        oldest (error-file mtime), else the lowest rank; SIGTERMed workers come last (the agent
+        SIGTERMs a failed worker's local siblings, which then show up as failures too).
+        """
+        if not result.failures:
+            self._emit(EventKind.FAULT_DETECTED, rank=None, local_rank=None, node=self.node, exitcode=None,
+                       signal=None, reason=f"worker group {result.state.name.lower()}", pid=None, root_cause=True)
+            return
+        items = sorted(result.failures.items(), key=lambda kv: _root_cause_key(kv[0], kv[1]))
+        for i, (global_rank, failure) in enumerate(items):
+            sig = failure.signal_name() if failure.exitcode < 0 else None
+            self._emit(EventKind.FAULT_DETECTED, rank=global_rank, local_rank=failure.local_rank, node=self.node,
+                       exitcode=failure.exitcode, signal=sig, reason=_failure_reason(failure, sig),
+                       pid=failure.pid, root_cause=i == 0)
+
+    def restarting(self, restart_count: int, reason: str) -> None:
+        """Emit ``recovery.started``."""
+        self._emit(EventKind.RECOVERY_STARTED, restart_count=restart_count, reason=reason, node=self.node)
+
+    def _emit(self, kind: EventKind, **data: Any) -> None:
+        try:
+            self.writer.emit(kind, **data)
+        except OSError as e:  # the job's storage hiccuped: never take the agent down for an event
+            log.warning("hyperpod-lab: could not write %s event: %s", kind.value, e)
+
+
+def _root_cause_key(global_rank: int, failure: Any) -> tuple:
+    if failure.exitcode == -signal.SIGTERM:
+        category = 2
+    elif failure.exitcode < 0:
+        category = 0
+    else:
+        category = 1
+    try:
+        when = os.path.getmtime(failure.error_file)  # ns resolution; the recorded timestamp has 1 s
+    except (OSError, TypeError):
+        when = float(getattr(failure, "timestamp", 0) or 0)
+    return (category, when, global_rank)
+
+
+def _failure_reason(failure: Any, sig: str | None) -> str:
+    """A one-line reason for a ``ProcessFailure``: the recorded exception's last line if any."""
+    msg = failure.message
+    if isinstance(msg, dict):
+        msg = msg.get("message", "")
+    lines = [ln.strip() for ln in str(msg or "").splitlines() if ln.strip()]
+    if lines and failure.error_file_data and "To enable traceback" not in lines[-1]:
+        return lines[-1][:500]
+    if sig:
+        return f"worker killed by {sig}"
+    return f"worker exited with code {failure.exitcode}"
+
+
+_EVENTS: AgentEvents | None = None
+
+
+class EventingElasticAgent(LocalElasticAgent):
+    """torchrun's ``LocalElasticAgent`` that reports worker failures and restarts as events.
+
+    Behaviour is unchanged: both overrides call the base implementation. The events go to the
+    module's :class:`AgentEvents` (set by :func:`install`); without it this is a plain agent.
+    """
+
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        result = super()._monitor_workers(worker_group)
+        if _EVENTS is not None and result.state in _FAILED_STATES:
+            _EVENTS.worker_failed(worker_group, result)
+        return result
+
+    def _restart_workers(self, worker_group: WorkerGroup) -> None:
+        if _EVENTS is not None:
+            # _invoke_run set worker_group.state to the monitor result before calling us, and it
+            # already decremented _remaining_restarts for a failure: this is the count the new
+            # workers get as TORCHELASTIC_RESTART_COUNT.
+            reason = "local worker failed" if worker_group.state in _FAILED_STATES else "peer re-rendezvous"
+            max_restarts = worker_group.spec.max_restarts
+            restart_count = max_restarts - getattr(self, "_remaining_restarts", max_restarts)
+            _EVENTS.restarting(restart_count, reason)
+        super()._restart_workers(worker_group)
+
+
+def install(job_dir: str, job_id: str) -> bool:
+    """Make torchrun build :class:`EventingElasticAgent` and route its events to ``job_dir``.
+
+    Returns:
+        True when installed; False (with a warning on stderr) when this torch's ``launch_agent``
+        no longer constructs ``LocalElasticAgent`` by name, in which case torchrun runs unchanged.
+
+    Raises:
+        OSError: ``job_dir`` cannot be created or written.
+    """
+    global _EVENTS
+    if "LocalElasticAgent" not in _launcher_api.launch_agent.__code__.co_names:
+        print("hyperpod-lab: this torch's launch_agent does not build LocalElasticAgent by name; "
+              "running plain torchrun without fault/recovery events", file=sys.stderr)
+        return False
+    _EVENTS = AgentEvents(job_dir, job_id)
+    _launcher_api.LocalElasticAgent = EventingElasticAgent
+    return True
+
+
+@record
+def main(argv: list[str] | None = None) -> None:
+    """Parse torchrun's arguments and run it, with events when ``$HYPERPOD_LAB_JOB_DIR`` is set.
+
+    Args:
+        argv: torchrun arguments (default ``sys.argv[1:]``).
+
+    Raises:
+        torch.distributed.elastic.multiprocessing.errors.ChildFailedError: the workers failed
+            after the allowed restarts (torchrun's behaviour: exit status 1 and a summary).
+    """
+    args = _torchrun.parse_args(argv if argv is not None else sys.argv[1:])
+    # torch 2.13's default (workers share the rendezvous agent's TCPStore) breaks every worker
+    # restart: the store outlives the attempt and the restarted workers' process-group bootstrap
+    # reads the previous attempt's keys (gloo: "connectFullMesh failed ... Connection refused";
+    # NCCL: stale unique id), see pytorch/pytorch#135712. Restarts are this launcher's purpose.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    job_dir = os.environ.get(ENV_JOB_DIR)
+    if job_dir:
+        job_id = os.environ.get(ENV_JOB_ID)
+        if not job_id:  # one id for the agent's events and the workers' (they inherit os.environ)
+            job_id = args.rdzv_id if (args.rdzv_id and args.rdzv_id != "none" and not args.standalone) \
+                else "adhoc-" + time.strftime("%Y%m%d-%H%M%S")
+            os.environ[ENV_JOB_ID] = job_id
+        install(job_dir, job_id)
+    _torchrun.run(args)
+
+
+if __name__ == "__main__":
+    main()
