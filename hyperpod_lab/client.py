@@ -207,7 +207,8 @@ def summarize(events: list[Event], wall_s: float | None = None) -> dict:
     fin = [e for e in events if e.kind == EventKind.FINISHED.value]
     downtimes = [e.data.get("downtime_s") for e in events if e.kind == EventKind.RECOVERY_COMPLETED.value]
     out = {
-        "steps": max([e.data.get("step", -1) for e in steps], default=-1) + 1,
+        "steps": (fin[-1].data["steps"] if fin and isinstance(fin[-1].data.get("steps"), int)
+                  else max([e.data.get("step", -1) for e in steps], default=-1) + 1),
         "first_loss": steps[0].data.get("loss") if steps else None,
         "last_loss": steps[-1].data.get("loss") if steps else None,
         "checkpoints": sum(e.kind == EventKind.CHECKPOINT_SAVED.value for e in events),

@@ -74,7 +74,10 @@ def run_demo(notebook: str, say: Callable[[str], None], timeout_s: float = 900.0
     ok = "error" not in result
     say("== summary")
     for jid, evs in events.items():
-        rec = client.status(jid)
+        try:  # the runtime's 'finished' comes moments before the scheduler's own end state
+            rec = client.wait(jid, timeout_s=120)
+        except TimeoutError:
+            rec = client.status(jid)
         s = summarize(evs)
         ok = ok and rec.status == "completed"
         say(f"{jid}: {rec.status}; " + json.dumps(s))

@@ -67,3 +67,16 @@ def test_all_schema_kinds_listed():
     assert {k.value for k in EventKind} >= {"submitted", "started", "step", "checkpoint.saved",
                                             "checkpoint.restored", "fault.detected", "recovery.started",
                                             "recovery.completed", "elastic.scaled", "finished"}
+
+
+def test_summary_counts_from_events():
+    from hyperpod_lab.client import summarize
+
+    mk = lambda i, kind, t, **d: Event(kind, "j", t, "rank-0", i, d)
+    evs = [mk(0, "submitted", 0.0), mk(1, "step", 1.0, step=0, loss=5.0), mk(2, "checkpoint.saved", 2.0, step=9),
+           mk(3, "fault.detected", 3.0, rank=1), mk(4, "recovery.completed", 9.0, downtime_s=6.0),
+           mk(5, "step", 10.0, step=12, loss=3.0), mk(6, "finished", 12.0, status="succeeded", steps=20, final_loss=2.9)]
+    s = summarize(evs)
+    assert s["steps"] == 20 and s["checkpoints"] == 1 and s["faults"] == 1 and s["recoveries"] == 1
+    assert s["recovery_downtime_s"] == [6.0] and s["first_loss"] == 5.0 and s["final_loss"] == 2.9
+    assert s["wall_s"] == 12.0 and s["status"] == "succeeded"
