@@ -36,6 +36,7 @@ class EventKind(str, Enum):
     CHECKPOINT_SAVED = "checkpoint.saved"
     CHECKPOINT_RESTORED = "checkpoint.restored"
     CHECKPOINT_CORRUPT = "checkpoint.corrupt"
+    CHECKPOINT_FAILED = "checkpoint.failed"
     FAULT_DETECTED = "fault.detected"
     RECOVERY_STARTED = "recovery.started"
     RECOVERY_COMPLETED = "recovery.completed"

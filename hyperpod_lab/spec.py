@@ -85,6 +85,10 @@ class CheckpointPolicy:
                 raise SpecError("checkpoint.s3_uri", f"must look like s3://bucket/prefix, got {self.s3_uri!r}")
             if self.s3_every_steps is None:
                 raise SpecError("checkpoint.s3_every_steps", "is required with checkpoint.s3_uri; use --checkpoint-s3-every 100")
+            if self.s3_every_steps % self.every_steps:
+                raise SpecError("checkpoint.s3_every_steps",
+                                f"{self.s3_every_steps} must be a multiple of checkpoint.every_steps ({self.every_steps}): "
+                                f"the S3 tier uploads persistent checkpoints")
 
 
 @dataclass

@@ -19,6 +19,7 @@ export const EVENT_KINDS = [
   'checkpoint.saved',
   'checkpoint.restored',
   'checkpoint.corrupt',
+  'checkpoint.failed',
   'fault.detected',
   'recovery.started',
   'recovery.completed',

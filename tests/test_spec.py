@@ -32,6 +32,7 @@ def test_json_round_trip_is_exact():
     (lambda s: setattr(s.resiliency, "max_retries", -1), "resiliency.max_retries", "--max-retries"),
     (lambda s: setattr(s.checkpoint, "every_steps", 0), "checkpoint.every_steps", "--checkpoint-every"),
     (lambda s: setattr(s.checkpoint, "s3_uri", "http://x"), "checkpoint.s3_uri", "s3://bucket"),
+    (lambda s: setattr(s.checkpoint, "s3_every_steps", 15), "checkpoint.s3_every_steps", "multiple of"),
     (lambda s: setattr(s.elastic, "lr_rule", "cubic"), "elastic.lr_rule", "none, linear, sqrt"),
     (lambda s: setattr(s.elastic, "global_batch_size", 63), "elastic.global_batch_size", "multiple of 4"),
     (lambda s: setattr(s, "env", {"1BAD": "x"}), "env", "variable names"),
