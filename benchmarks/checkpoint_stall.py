@@ -166,12 +166,14 @@ def _dcp_async(fast_stager: bool):
 def m_ours(state, tmp, overlap: bool = False):
     from hyperpod_lab.runtime.memory_tier import MemoryTier
 
-    tier = MemoryTier(os.path.join(tmp, "shm"), state, keep_last=2)
+    shm = os.environ.get("HYPERPOD_LAB_SHM_DIR", "/dev/shm/hyperpod-lab")
+    tier = MemoryTier(os.path.join(shm, "bench", os.path.basename(tmp)), keep_last=2, pin_memory=False)
+    wrapped = {"state": state}
 
     def ck(step):
-        tier.snapshot(step, wait=not overlap)
-    before = tier.wait if overlap else None
-    return ck, before, tier.wait, tier.close
+        tier.snapshot(step, wrapped, overlap=overlap)
+    before = tier.wait_copy if overlap else None
+    return ck, before, tier.wait, lambda: (tier.wait(), tier.close(remove=True))
 
 
 METHODS = {
