@@ -308,7 +308,7 @@ def test_incomplete_and_corrupt_checkpoints_are_skipped(resumed_run):
     assert resumed_run["rc"] == 0, _logs(resumed_run["logs"])
     newest = resumed_run["newest_before"]
     corrupt = _kinds(ev, "checkpoint.corrupt")
-    assert [os.path.basename(e["data"]["path"]) for e in corrupt] == [
+    assert [os.path.basename(os.path.dirname(e["data"]["path"])) for e in corrupt] == [
         "step-00000045", "step-00000042", f"step-{newest:08d}"]
     assert "commit marker" in corrupt[0]["data"]["reason"] and "commit marker" in corrupt[2]["data"]["reason"]
     assert "commit marker" not in corrupt[1]["data"]["reason"]
