@@ -23,5 +23,6 @@ This package never imports Jupyter, IPython or paramiko; it imports torch.
 
 from hyperpod_lab.runtime.checkpoint import COMMIT_MARKER, Checkpointer
 from hyperpod_lab.runtime.context import JobContext, init
+from hyperpod_lab.runtime.tiered import TieredCheckpointer
 
-__all__ = ["init", "JobContext", "Checkpointer", "COMMIT_MARKER"]
+__all__ = ["init", "JobContext", "Checkpointer", "COMMIT_MARKER", "TieredCheckpointer"]
