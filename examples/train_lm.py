@@ -359,9 +359,10 @@ def train(ctx, hp, args: argparse.Namespace) -> None:
     log(f"train_lm: {count_params(model):,} params, corpus {len(train_data) + len(heldout):,} bytes "
         f"({len(heldout):,} held out), world {world}, threads/rank {threads}, device {device}")
 
-    # The checkpoint holds the unwrapped model, so it restores at any world size.
-    ckpt = hp.Checkpointer(ctx)
-    start = ckpt.restore({"model": model, "optimizer": opt})
+    # Tiered checkpointing (memory -> peer replica -> shared storage -> S3, intervals from the
+    # job's spec). The checkpoint holds the unwrapped model, so it restores at any world size.
+    ckpt = hp.TieredCheckpointer(ctx, {"model": model, "optimizer": opt})
+    start = ckpt.restore()
     if start:
         log(f"resumed at step {start} (restart {ctx.restart_count})")
     ddp = nn.parallel.DistributedDataParallel(
@@ -389,7 +390,7 @@ def train(ctx, hp, args: argparse.Namespace) -> None:
         tok_s = tokens_per_step / max(time.perf_counter() - t0, 1e-9)
         log(f"step {step} loss {final_loss:.4f} tok/s {tok_s:.0f}")
         ctx.step(step, loss=final_loss, tokens_per_s=tok_s, lr=lr)
-        ckpt.maybe_save(step, {"model": model, "optimizer": opt})
+        ckpt.maybe_save(step)
         if args.eval_every > 0 and (step + 1) % args.eval_every == 0 and step + 1 < args.steps:
             log(f"eval step {step} eval_loss {evaluate(model, heldout, args, rank, world, device):.4f}")
         if args.step_sleep > 0:
