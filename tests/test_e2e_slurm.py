@@ -52,7 +52,7 @@ def test_example_survives_a_killed_rank(dev_cluster, client):
         if e.data["tier"] == "memory":
             mem.setdefault(e.data["step"], set()).add(e.writer)
     complete |= {step for step, writers in mem.items() if len(writers) == 2}  # in memory on every rank
-    saved_before_kill = max(complete)
+    saved_before_kill = max(complete, default=-1)
     assert restored and restored[-1].data["step"] >= saved_before_kill  # the newest complete checkpoint
     assert restored[-1].data["tier"] in ("memory", "peer", "persistent")
     rec_done = events[first(events, "recovery.completed")]
