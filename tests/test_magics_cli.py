@@ -76,3 +76,13 @@ def test_line_magic_errors_are_messages_not_tracebacks(shell, capsys):
     assert "unknown cluster 'nowhere'" in capsys.readouterr().err
     assert shell.run_cell_magic("hyperpod", "run --nproc 2", CELL) is None
     assert "add --local" in capsys.readouterr().err
+
+
+def test_checkpoint_flags_reach_the_spec():
+    from hyperpod_lab.cli import build_parser, spec_from_args
+
+    a = build_parser().parse_args(["submit", EXAMPLE, "--cluster", "local", "--checkpoint-memory-every", "2",
+                                   "--checkpoint-every", "10", "--checkpoint-s3", "s3://bkt/ckpt",
+                                   "--checkpoint-s3-every", "20", "--checkpoint-keep", "3"])
+    c = spec_from_args(a, []).checkpoint
+    assert (c.memory_every_steps, c.every_steps, c.s3_uri, c.s3_every_steps, c.keep_last) == (2, 10, "s3://bkt/ckpt", 20, 3)
