@@ -78,6 +78,8 @@ from typing import Any, Callable
 
 import torch
 
+from hyperpod_lab.runtime.checkpoint import _copy_into
+
 ENV_SHM_DIR = "HYPERPOD_LAB_SHM_DIR"
 DEFAULT_SHM_ROOT = "/dev/shm/hyperpod-lab"
 FORMAT = 1
@@ -348,20 +350,6 @@ def compatible(meta: dict[str, Any], state: dict[str, Any]) -> str | None:
     if kinds != meta.get("kinds"):
         return f"the snapshot holds {meta.get('kinds')}, the state is {kinds}"
     return None
-
-
-def _copy_into(dst: dict, src: dict) -> None:
-    """Update a plain dict in place: tensors of the same shape are ``copy_``-ed (references the
-    caller holds stay valid), dicts recursively, everything else replaced."""
-    for k, v in src.items():
-        cur = dst.get(k)
-        if isinstance(cur, torch.Tensor) and isinstance(v, torch.Tensor) and cur.shape == v.shape:
-            with torch.no_grad():
-                cur.copy_(v)
-        elif isinstance(cur, dict) and isinstance(v, dict):
-            _copy_into(cur, v)
-        else:
-            dst[k] = v
 
 
 def apply(state: dict[str, Any], tree: dict[str, Any]) -> None:
