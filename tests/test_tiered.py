@@ -36,7 +36,7 @@ import uuid
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch  # noqa: E402  (a hard dependency: missing torch fails, never skips)
 
 from hyperpod_lab.runtime import memory_tier  # noqa: E402
 from hyperpod_lab.runtime.memory_tier import MemoryTier  # noqa: E402
