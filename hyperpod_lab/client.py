@@ -213,7 +213,12 @@ def summarize(events: list[Event], wall_s: float | None = None) -> dict:
         "last_loss": steps[-1].data.get("loss") if steps else None,
         "checkpoints": sum(e.kind == EventKind.CHECKPOINT_SAVED.value for e in events),
         "restores": sum(e.kind == EventKind.CHECKPOINT_RESTORED.value for e in events),
-        "faults": sum(e.kind == EventKind.FAULT_DETECTED.value for e in events),
+        # one fault can make several agents report (the survivors' workers die of the broken
+        # collective): count restart rounds caused by failed workers, else the raw events
+        "faults": len({e.data.get("restart_count") for e in events if e.kind == EventKind.RECOVERY_STARTED.value
+                       and e.data.get("reason") == "local worker failed"})
+                  or sum(e.kind == EventKind.FAULT_DETECTED.value for e in events),
+        "fault_events": sum(e.kind == EventKind.FAULT_DETECTED.value for e in events),
         "recoveries": len(downtimes),
         "recovery_downtime_s": downtimes,
         "status": fin[-1].data.get("status") if fin else None,

@@ -80,3 +80,10 @@ def test_summary_counts_from_events():
     assert s["steps"] == 20 and s["checkpoints"] == 1 and s["faults"] == 1 and s["recoveries"] == 1
     assert s["recovery_downtime_s"] == [6.0] and s["first_loss"] == 5.0 and s["final_loss"] == 2.9
     assert s["wall_s"] == 12.0 and s["status"] == "succeeded"
+    # two agents reporting the same restart round count as one fault
+    agents = [Event("fault.detected", "j", 3.0, "agent-n1", 0, {"rank": 1}),
+              Event("recovery.started", "j", 3.1, "agent-n1", 1, {"restart_count": 1, "reason": "local worker failed"}),
+              Event("fault.detected", "j", 3.2, "agent-n2", 0, {"rank": 0}),
+              Event("recovery.started", "j", 3.3, "agent-n2", 1, {"restart_count": 1, "reason": "local worker failed"})]
+    s2 = summarize(evs[:3] + agents + evs[4:])
+    assert s2["faults"] == 1 and s2["fault_events"] == 2
