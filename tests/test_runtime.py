@@ -29,6 +29,8 @@ import pytest
 
 import torch  # noqa: E402  (a hard dependency: missing torch fails, never skips)
 
+from agents import assert_same, free_port, is_our_worker, kinds, read_events, stop_launchers  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "tiny_train.py")
 STEPS, EVERY, KEEP = 40, 5, 2
@@ -36,11 +38,6 @@ STEP_INTERVAL_S = 0.5
 
 
 # ---- helpers ------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _env(job_dir: str, job_id: str, node: str | None) -> dict[str, str]:
     env = dict(os.environ)
@@ -59,52 +56,8 @@ def _env(job_dir: str, job_id: str, node: str | None) -> dict[str, str]:
     return env
 
 
-def _events(job_dir: str) -> list[dict]:
-    out = []
-    edir = os.path.join(job_dir, "events")
-    for name in sorted(os.listdir(edir)) if os.path.isdir(edir) else []:
-        if name.endswith(".jsonl"):
-            with open(os.path.join(edir, name)) as f:
-                for line in f:
-                    if line.strip():
-                        ev = json.loads(line)
-                        assert ev["v"] == 1
-                        out.append(ev)
-    return sorted(out, key=lambda e: e["time"])
 
 
-def _kinds(events: list[dict], kind: str) -> list[dict]:
-    return [e for e in events if e["kind"] == kind]
-
-
-def _is_our_worker(pid: int, job_dir: str) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmd = f.read()
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read()
-    except OSError:
-        return False
-    return b"tiny_train.py" in cmd and f"HYPERPOD_LAB_JOB_DIR={job_dir}".encode() in env
-
-
-def _stop(procs: list[subprocess.Popen], job_dir: str) -> None:
-    """Stop launchers we started (SIGTERM lets the agent stop its workers), then stray workers."""
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-    rdir = os.path.join(job_dir, "ranks")
-    for name in os.listdir(rdir) if os.path.isdir(rdir) else []:
-        with open(os.path.join(rdir, name)) as f:
-            pid = json.load(f)["pid"]
-        if _is_our_worker(pid, job_dir):
-            os.kill(pid, signal.SIGKILL)
 
 
 def _logs(paths: list[str]) -> str:
@@ -121,20 +74,6 @@ def _complete_steps(job_dir: str) -> list[int]:
                   if n.startswith("step-") and os.path.exists(os.path.join(root, n, "COMMITTED")))
 
 
-def _assert_same(a, b, where: str = "") -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and torch.equal(a, b), f"tensors differ at {where}"
-    elif isinstance(a, dict):
-        assert set(a) == set(b), f"keys differ at {where}: {sorted(a)} vs {sorted(b)}"
-        for k in a:
-            _assert_same(a[k], b[k], f"{where}/{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), f"lengths differ at {where}"
-        for i, (x, y) in enumerate(zip(a, b)):
-            _assert_same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, f"{a!r} != {b!r} at {where}"
-
 
 def _dump(job_dir: str, name: str) -> dict:
     return torch.load(os.path.join(job_dir, "dumps", name), weights_only=False)
@@ -146,7 +85,7 @@ def killed_run(tmp_path_factory):
     base = tmp_path_factory.mktemp("killed")
     job_dir = str(base / "job")
     os.makedirs(job_dir)
-    port = _free_port()
+    port = free_port()
     procs, logs = [], []
     for node in ("n1", "n2"):
         log = str(base / f"agent-{node}.log")
@@ -162,21 +101,21 @@ def killed_run(tmp_path_factory):
                 cwd=ROOT, env=_env(job_dir, "killed-run", node), stdout=out, stderr=subprocess.STDOUT))
     try:
         deadline = time.monotonic() + 90
-        while not _kinds(_events(job_dir), "checkpoint.saved"):
+        while not kinds(read_events(job_dir), "checkpoint.saved"):
             assert time.monotonic() < deadline, "no checkpoint within 90 s" + _logs(logs)
             assert all(p.poll() is None for p in procs), "a launcher exited early" + _logs(logs)
             time.sleep(0.05)
         with open(os.path.join(job_dir, "ranks", "rank-1.json")) as f:
             victim = json.load(f)
-        assert _is_our_worker(victim["pid"], job_dir), victim
+        assert is_our_worker(victim["pid"], job_dir, "tiny_train.py"), victim
         os.kill(victim["pid"], signal.SIGKILL)
         t_kill = time.time()
         rcs = [p.wait(timeout=120) for p in procs]
     except BaseException:
-        _stop(procs, job_dir)
+        stop_launchers(procs, job_dir, "tiny_train.py")
         raise
     return {"job_dir": job_dir, "rcs": rcs, "victim": victim, "t_kill": t_kill, "logs": logs,
-            "events": _events(job_dir)}
+            "events": read_events(job_dir)}
 
 
 @pytest.fixture(scope="module")
@@ -205,19 +144,19 @@ def resumed_run(killed_run, tmp_path_factory):
     try:
         rc = p.wait(timeout=90)
     except BaseException:
-        _stop([p], job_dir)
+        stop_launchers([p], job_dir, "tiny_train.py")
         raise
-    return {"job_dir": job_dir, "rc": rc, "newest_before": newest, "logs": [log], "events": _events(job_dir)}
+    return {"job_dir": job_dir, "rc": rc, "newest_before": newest, "logs": [log], "events": read_events(job_dir)}
 
 
 # ---- the kill-a-worker scenario ----------------------------------------------------------------
 def test_killed_worker_job_recovers_and_finishes(killed_run):
     ev = killed_run["events"]
     assert killed_run["rcs"] == [0, 0], _logs(killed_run["logs"])
-    finished = _kinds(ev, "finished")
+    finished = kinds(ev, "finished")
     assert len(finished) == 1 and finished[0]["data"]["status"] == "succeeded"
     assert finished[0]["data"]["steps"] == STEPS
-    assert len(_kinds(ev, "started")) == 1
+    assert len(kinds(ev, "started")) == 1
 
 
 def test_recovery_events_in_order(killed_run):
@@ -240,7 +179,7 @@ def test_recovery_events_in_order(killed_run):
     assert other["time"] < restored["time"]
 
     # resumed from the newest checkpoint committed before the fault
-    saved_before = [e["data"]["step"] for e in _kinds(ev, "checkpoint.saved") if e["time"] < fault["time"]]
+    saved_before = [e["data"]["step"] for e in kinds(ev, "checkpoint.saved") if e["time"] < fault["time"]]
     assert restored["data"]["step"] == max(saved_before)
     assert restored["data"]["tier"] == "persistent" and restored["data"]["bytes"] > 0
     assert completed["data"]["restored_step"] == restored["data"]["step"]
@@ -249,7 +188,7 @@ def test_recovery_events_in_order(killed_run):
     assert 0 < completed["data"]["downtime_s"] < 60
     # the downtime is measured from the first detection of this incident
     assert completed["time"] - completed["data"]["downtime_s"] == pytest.approx(fault["time"], abs=0.5)
-    first_after = next(e for e in _kinds(ev, "step") if e["time"] > completed["time"])
+    first_after = next(e for e in kinds(ev, "step") if e["time"] > completed["time"])
     assert first_after["data"]["step"] == restored["data"]["step"] + 1
 
 
@@ -271,7 +210,7 @@ def test_rank_files_describe_the_restarted_workers(killed_run):
 
 def test_checkpoints_saved_committed_and_retained(killed_run):
     ev = killed_run["events"]
-    saved = _kinds(ev, "checkpoint.saved")
+    saved = kinds(ev, "checkpoint.saved")
     assert {e["data"]["step"] for e in saved} == set(range(EVERY - 1, STEPS, EVERY))
     for e in saved:
         d = e["data"]
@@ -289,7 +228,7 @@ def test_checkpoints_saved_committed_and_retained(killed_run):
 
 def test_step_events_are_rate_limited(killed_run):
     ev = killed_run["events"]
-    steps = _kinds(ev, "step")
+    steps = kinds(ev, "step")
     assert all(e["writer"] == "rank-0" for e in steps)
     assert 2 <= len(steps) < STEPS / 2
     restored_at = next(e["time"] for e in ev if e["kind"] == "recovery.completed")
@@ -307,15 +246,15 @@ def test_incomplete_and_corrupt_checkpoints_are_skipped(resumed_run):
     ev = resumed_run["events"]
     assert resumed_run["rc"] == 0, _logs(resumed_run["logs"])
     newest = resumed_run["newest_before"]
-    corrupt = _kinds(ev, "checkpoint.corrupt")
+    corrupt = kinds(ev, "checkpoint.corrupt")
     assert [os.path.basename(os.path.dirname(e["data"]["path"])) for e in corrupt] == [
         "step-00000045", "step-00000042", f"step-{newest:08d}"]
     assert "commit marker" in corrupt[0]["data"]["reason"] and "commit marker" in corrupt[2]["data"]["reason"]
     assert "commit marker" not in corrupt[1]["data"]["reason"]
-    restored = _kinds(ev, "checkpoint.restored")
+    restored = kinds(ev, "checkpoint.restored")
     assert len(restored) == 1 and restored[0]["data"]["step"] == newest - EVERY
     assert all(e["time"] < restored[0]["time"] for e in corrupt)
-    finished = _kinds(ev, "finished")
+    finished = kinds(ev, "finished")
     assert finished and finished[0]["data"]["steps"] == STEPS
     # incomplete dirs were removed, the committed-but-unloadable one set aside, retention re-applied
     names = sorted(os.listdir(os.path.join(resumed_run["job_dir"], "checkpoints")))
@@ -332,9 +271,9 @@ def test_restore_round_trip_is_exact(killed_run, resumed_run):
         saved = _dump(killed_run["job_dir"], f"step-{step}-rank-{rank}.pt")
         restored = _dump(resumed_run["job_dir"], f"restored-rank-{rank}.pt")
         assert restored["rank"] == rank
-        _assert_same(saved["model"], restored["model"], "model")
-        _assert_same(saved["optim"], restored["optim"], "optim")
-        _assert_same(saved["local"], restored["local"], "local")
+        assert_same(saved["model"], restored["model"], "model")
+        assert_same(saved["optim"], restored["optim"], "optim")
+        assert_same(saved["local"], restored["local"], "local")
         assert int(restored["local"]["samples_seen"]) == 32 * (step + 1)
         assert int(restored["optim"]["state"][0]["step"]) == step + 1
 
@@ -345,9 +284,9 @@ def test_resumed_training_is_bit_exact(killed_run, resumed_run):
     for rank in (0, 1):
         a = _dump(killed_run["job_dir"], f"final-rank-{rank}.pt")
         b = _dump(resumed_run["job_dir"], f"final-rank-{rank}.pt")
-        _assert_same(a["model"], b["model"], "model")
-        _assert_same(a["optim"], b["optim"], "optim")
-        _assert_same(a["local"], b["local"], "local")
+        assert_same(a["model"], b["model"], "model")
+        assert_same(a["optim"], b["optim"], "optim")
+        assert_same(a["local"], b["local"], "local")
 
 
 # ---- outside torchrun ---------------------------------------------------------------------------
@@ -365,11 +304,11 @@ def test_plain_python_is_a_single_member_job(tmp_path):
     job_dir = fields["job_dir"]
     try:
         assert line.startswith("rank 0/1 ") and fields["job_id"].startswith("adhoc-")
-        ev = _events(job_dir)
+        ev = read_events(job_dir)
         assert [e["kind"] for e in ev if e["kind"] != "step"] == [
             "started", "checkpoint.saved", "checkpoint.saved", "finished"]
         assert ev[0]["data"]["world_size"] == 1 and ev[0]["job_id"] == fields["job_id"]
-        assert _kinds(ev, "step")[0]["data"]["step"] == 0
+        assert kinds(ev, "step")[0]["data"]["step"] == 0
         assert _complete_steps(job_dir) == [4, 9]
         with open(os.path.join(job_dir, "ranks", "rank-0.json")) as f:
             info = json.load(f)

@@ -38,6 +38,7 @@ import pytest
 
 import torch  # noqa: E402  (a hard dependency: missing torch fails, never skips)
 
+from agents import assert_same, free_port, kinds, read_events, stop_launchers  # noqa: E402
 from hyperpod_lab.runtime import memory_tier  # noqa: E402
 from hyperpod_lab.runtime.memory_tier import MemoryTier  # noqa: E402
 from hyperpod_lab.runtime.peer import partner_map, sources_of  # noqa: E402
@@ -48,11 +49,6 @@ KILL_STEP = 14
 
 
 # ---- helpers ------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _env(job_dir: str, job_id: str, node: str, shm: str, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
@@ -92,18 +88,6 @@ def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
     raise AssertionError("the first agent never listened")
 
 
-def _events(job_dir: str) -> list[dict]:
-    out = []
-    edir = os.path.join(job_dir, "events")
-    for name in sorted(os.listdir(edir)) if os.path.isdir(edir) else []:
-        if name.endswith(".jsonl"):
-            with open(os.path.join(edir, name)) as f:
-                out += [json.loads(line) for line in f if line.strip()]
-    return sorted(out, key=lambda e: e["time"])
-
-
-def _kinds(events: list[dict], kind: str, **match) -> list[dict]:
-    return [e for e in events if e["kind"] == kind and all(e["data"].get(k) == v for k, v in match.items())]
 
 
 def _logs(base) -> str:
@@ -122,51 +106,15 @@ def _worker_pid(job_dir: str, rank: int, node: str) -> int:
     return info["pid"]
 
 
-def _stop(procs: list[subprocess.Popen], job_dir: str) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-    rdir = os.path.join(job_dir, "ranks")
-    for name in os.listdir(rdir) if os.path.isdir(rdir) else []:
-        with open(os.path.join(rdir, name)) as f:
-            pid = json.load(f)["pid"]
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                ours = b"tiered_train.py" in f.read()
-        except OSError:
-            ours = False
-        if ours:
-            os.kill(pid, signal.SIGKILL)
-
 
 def _load(job_dir: str, name: str) -> dict:
     return torch.load(os.path.join(job_dir, "dumps", name), weights_only=False)
 
 
-def _assert_same(a, b, where: str = "") -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), f"tensors differ at {where}"
-    elif isinstance(a, dict):
-        assert set(a) == set(b), f"keys differ at {where}: {sorted(a)} vs {sorted(b)}"
-        for k in a:
-            _assert_same(a[k], b[k], f"{where}/{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), f"lengths differ at {where}"
-        for i, (x, y) in enumerate(zip(a, b)):
-            _assert_same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, f"{a!r} != {b!r} at {where}"
-
 
 def _assert_state_equal(a: dict, b: dict) -> None:
     for part in ("model", "optim", "local"):
-        _assert_same(a[part], b[part], part)
+        assert_same(a[part], b[part], part)
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +133,7 @@ def node_loss_run(tmp_path_factory, shm_dir):
     base = tmp_path_factory.mktemp("nodeloss")
     job_dir, job_id = str(base / "job"), "tiered-nodeloss"
     os.makedirs(job_dir)
-    port = _free_port()
+    port = free_port()
     args = ["--steps", "40", "--memory-every", "5", "--every", "20", "--sleep", "0.1", "--dump"]
     fault = {"TIERED_KILL_RANK": "1", "TIERED_KILL_AT_STEP": str(KILL_STEP)}
     procs = [_agent(job_dir, job_id, "n1", port, shm_dir, str(base / "agent-n1.log"), args, **fault)]
@@ -196,10 +144,10 @@ def node_loss_run(tmp_path_factory, shm_dir):
         # incarnation 1 (after the self-kill) restored; wait until rank 1's replica of a step >= 19
         # is committed on n1
         while True:
-            ev = _events(job_dir)
-            restored = _kinds(ev, "checkpoint.restored")
+            ev = read_events(job_dir)
+            restored = kinds(ev, "checkpoint.restored")
             t_r = max((e["time"] for e in restored), default=None)
-            held = [e["data"]["step"] for e in _kinds(ev, "checkpoint.saved", tier="peer", node="n1", of_rank=1)
+            held = [e["data"]["step"] for e in kinds(ev, "checkpoint.saved", tier="peer", node="n1", of_rank=1)
                     if len(restored) >= 2 and e["time"] > t_r and e["data"]["step"] >= 19]
             # ... and the script dumped both ranks' state at that step (to compare with later)
             if held and all(os.path.exists(os.path.join(job_dir, "dumps", f"inc1-step-{max(held)}-rank-{r}.pt"))
@@ -218,9 +166,9 @@ def node_loss_run(tmp_path_factory, shm_dir):
         procs.append(_agent(job_dir, job_id, "n2", port, shm_dir, str(base / "agent-n2-new.log"), args))
         rcs = [procs[0].wait(timeout=120), procs[2].wait(timeout=60)]
     except BaseException:
-        _stop(procs, job_dir)
+        stop_launchers(procs, job_dir, "tiered_train.py")
         raise
-    return {"job_dir": job_dir, "base": base, "rcs": rcs, "t_kill": t_kill, "events": _events(job_dir),
+    return {"job_dir": job_dir, "base": base, "rcs": rcs, "t_kill": t_kill, "events": read_events(job_dir),
             "shm": os.path.join(shm_dir, job_id)}
 
 
@@ -229,7 +177,7 @@ def fallback_run(tmp_path_factory, shm_dir):
     base = tmp_path_factory.mktemp("fallback")
     job_dir, job_id = str(base / "job"), "tiered-fallback"
     os.makedirs(job_dir)
-    port = _free_port()
+    port = free_port()
     args = ["--steps", "30", "--memory-every", "5", "--every", "10", "--sleep", "0.02", "--overlap", "--dump"]
     fault = {"TIERED_WIPE_AT_STEP": str(KILL_STEP), "TIERED_SLOW_COPY_S": "0.02"}
     procs = [_agent(job_dir, job_id, "n1", port, shm_dir, str(base / "agent-n1.log"), args, **fault)]
@@ -238,9 +186,9 @@ def fallback_run(tmp_path_factory, shm_dir):
         procs.append(_agent(job_dir, job_id, "n2", port, shm_dir, str(base / "agent-n2.log"), args, **fault))
         rcs = [p.wait(timeout=120) for p in procs]
     except BaseException:
-        _stop(procs, job_dir)
+        stop_launchers(procs, job_dir, "tiered_train.py")
         raise
-    return {"job_dir": job_dir, "base": base, "rcs": rcs, "events": _events(job_dir),
+    return {"job_dir": job_dir, "base": base, "rcs": rcs, "events": read_events(job_dir),
             "shm": os.path.join(shm_dir, job_id)}
 
 
@@ -248,13 +196,13 @@ def fallback_run(tmp_path_factory, shm_dir):
 def test_node_loss_run_finishes(node_loss_run):
     ev = node_loss_run["events"]
     assert node_loss_run["rcs"] == [0, 0], _logs(node_loss_run["base"])
-    finished = _kinds(ev, "finished")
+    finished = kinds(ev, "finished")
     assert len(finished) == 1 and finished[0]["data"]["steps"] == 40
     a, b = (_load(node_loss_run["job_dir"], f"final-rank-{r}.pt") for r in (0, 1))
     # the DDP replicas' parameters agree after mixed-tier restores (BatchNorm running stats are
     # per rank: each rank's last forward updated them with its own batch)
     params = [k for k in a["model"] if "running_" not in k and "num_batches" not in k]
-    _assert_same({k: a["model"][k] for k in params}, {k: b["model"][k] for k in params}, "model")
+    assert_same({k: a["model"][k] for k in params}, {k: b["model"][k] for k in params}, "model")
     assert int(a["local"]["samples_seen"]) == int(b["local"]["samples_seen"]) == 32 * 40
     # a normal end releases the shared memory
     assert not os.path.exists(node_loss_run["shm"]) or not any(
@@ -267,8 +215,8 @@ def test_kill_during_memory_save_resumes_from_newest_complete_step(node_loss_run
     assert fault["writer"] == "agent-n2" and fault["data"]["signal"] == "SIGKILL"
     before = [e for e in ev if e["time"] < fault["time"]]
     # rank 1 died copying step 14: its step-14 slot was never committed; rank 0's may have been
-    assert {e["data"]["step"] for e in _kinds(before, "checkpoint.saved", tier="memory", rank=1)} == {4, 9}
-    first = sorted(_kinds(ev, "checkpoint.restored"), key=lambda e: e["time"])[:2]
+    assert {e["data"]["step"] for e in kinds(before, "checkpoint.saved", tier="memory", rank=1)} == {4, 9}
+    first = sorted(kinds(ev, "checkpoint.restored"), key=lambda e: e["time"])[:2]
     assert sorted((e["data"]["rank"], e["data"]["tier"], e["data"]["step"]) for e in first) == [
         (0, "memory", 9), (1, "memory", 9)]
     for e in first:
@@ -277,25 +225,25 @@ def test_kill_during_memory_save_resumes_from_newest_complete_step(node_loss_run
         restored = _load(job_dir, f"inc1-restored-rank-{rank}.pt")
         assert restored["start"] == 10
         _assert_state_equal(_load(job_dir, f"inc0-step-9-rank-{rank}.pt"), restored)
-    completed = _kinds(ev, "recovery.completed")[0]
+    completed = kinds(ev, "recovery.completed")[0]
     assert completed["data"]["restored_from"] == "memory" and completed["data"]["restored_step"] == 9
 
 
 def test_node_loss_restores_from_peer_without_storage(node_loss_run):
     ev, job_dir, t_kill = node_loss_run["events"], node_loss_run["job_dir"], node_loss_run["t_kill"]
     # the newest step of rank 1 whose replica n1 held when n2 was lost
-    held = max(e["data"]["step"] for e in _kinds(ev, "checkpoint.saved", tier="peer", node="n1", of_rank=1)
+    held = max(e["data"]["step"] for e in kinds(ev, "checkpoint.saved", tier="peer", node="n1", of_rank=1)
                if e["time"] < t_kill)
-    after = [e for e in _kinds(ev, "checkpoint.restored") if e["time"] > t_kill]
+    after = [e for e in kinds(ev, "checkpoint.restored") if e["time"] > t_kill]
     by_node = {e["data"]["node"]: e["data"] for e in after}
     assert len(after) == 2 and set(by_node) == {"n1", "n2"}, after
     assert by_node["n1"]["tier"] == "memory" and by_node["n2"]["tier"] == "peer"
     assert by_node["n1"]["step"] == by_node["n2"]["step"] == held
     assert by_node["n2"]["from_node"] == "n1" and by_node["n2"]["bytes"] > 0
     # no storage read: the persistent tier restored nothing in the whole run
-    assert not _kinds(ev, "checkpoint.restored", tier="persistent")
-    assert all(e["data"]["tier"] in ("memory", "peer") for e in _kinds(ev, "checkpoint.restored"))
-    completed = [e for e in _kinds(ev, "recovery.completed") if e["time"] > t_kill]
+    assert not kinds(ev, "checkpoint.restored", tier="persistent")
+    assert all(e["data"]["tier"] in ("memory", "peer") for e in kinds(ev, "checkpoint.restored"))
+    completed = [e for e in kinds(ev, "recovery.completed") if e["time"] > t_kill]
     assert completed and completed[0]["data"]["restored_from"] == "peer"
     assert completed[0]["data"]["restored_step"] == held
     for rank in (0, 1):
@@ -306,16 +254,16 @@ def test_node_loss_restores_from_peer_without_storage(node_loss_run):
 
 def test_saved_events_report_bytes_and_times(node_loss_run):
     ev = node_loss_run["events"]
-    mem = _kinds(ev, "checkpoint.saved", tier="memory")
+    mem = kinds(ev, "checkpoint.saved", tier="memory")
     assert {e["writer"] for e in mem} == {"rank-0", "rank-1"}
     for e in mem:
         d = e["data"]
         assert d["bytes"] > 0 and 0 <= d["blocked_s"] <= d["total_s"] and (d["step"] + 1) % 5 == 0
         # bounded: keep_last (2) own slots + 2 replica slots, page-rounded
         assert 0 < d["memory_bytes"] <= 4 * ((d["bytes"] + 4095) // 4096 * 4096)
-    peer = _kinds(ev, "checkpoint.saved", tier="peer")
+    peer = kinds(ev, "checkpoint.saved", tier="peer")
     assert peer and all(e["data"]["of_rank"] != e["data"]["rank"] and e["data"]["bytes"] > 0 for e in peer)
-    persistent = _kinds(ev, "checkpoint.saved", tier="persistent")
+    persistent = kinds(ev, "checkpoint.saved", tier="persistent")
     assert {e["data"]["step"] for e in persistent} >= {39}
 
 
@@ -323,10 +271,10 @@ def test_saved_events_report_bytes_and_times(node_loss_run):
 def test_losing_both_copies_falls_back_to_persistent(fallback_run):
     ev, job_dir = fallback_run["events"], fallback_run["job_dir"]
     assert fallback_run["rcs"] == [0, 0], _logs(fallback_run["base"])
-    assert _kinds(ev, "finished")[0]["data"]["steps"] == 30
-    restored = _kinds(ev, "checkpoint.restored")
+    assert kinds(ev, "finished")[0]["data"]["steps"] == 30
+    restored = kinds(ev, "checkpoint.restored")
     assert [(e["data"]["tier"], e["data"]["step"]) for e in restored] == [("persistent", 9)], restored
-    assert _kinds(ev, "recovery.completed")[0]["data"]["restored_from"] == "persistent"
+    assert kinds(ev, "recovery.completed")[0]["data"]["restored_from"] == "persistent"
     want = [_load(job_dir, f"inc0-step-9-rank-{rank}.pt") for rank in (0, 1)]
     got = [_load(job_dir, f"inc1-restored-rank-{rank}.pt") for rank in (0, 1)]
     buffers = [k for k in want[0]["model"] if "running_" in k or "num_batches" in k]
@@ -350,7 +298,7 @@ def test_overlap_snapshots_equal_the_state_at_their_step(fallback_run):
         inc, _snap, step, _rank, rank = os.path.basename(path)[:-3].split("-")
         _assert_state_equal(_load(job_dir, f"{inc}-step-{step}-rank-{rank}.pt"), torch.load(path, weights_only=False))
     # the copies really overlapped the next step: the optimizer pre-hook had to wait for them
-    mem = _kinds(fallback_run["events"], "checkpoint.saved", tier="memory")
+    mem = kinds(fallback_run["events"], "checkpoint.saved", tier="memory")
     assert mem and max(e["data"]["blocked_s"] for e in mem) > 0.05
 
 
@@ -367,7 +315,7 @@ def test_single_process_resumes_from_its_own_memory(tmp_path, shm_dir):
     assert first.returncode == -signal.SIGKILL, first.stdout + first.stderr
     second = subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert second.returncode == 0, second.stdout + second.stderr
-    restored = _kinds(_events(job_dir), "checkpoint.restored")
+    restored = kinds(read_events(job_dir), "checkpoint.restored")
     assert [(e["data"]["tier"], e["data"]["step"]) for e in restored] == [("memory", 9)]
     got = _load(job_dir, "inc0-restored-rank-0.pt")
     assert got["start"] == 10
@@ -440,9 +388,9 @@ def test_memory_tier_round_trip_ring_and_torn_slots(tmp_path, monkeypatch):
     again = MemoryTier(str(tmp_path / "rank-0"), keep_last=2)
     assert again.restore(fresh) == 1
     got = _export(fresh)
-    _assert_same(at1["model"], got["model"], "model")
-    _assert_same(at1["optim"], got["optim"], "optim")
-    _assert_same(at1["local"], got["local"], "extra")
+    assert_same(at1["model"], got["model"], "model")
+    assert_same(at1["optim"], got["optim"], "optim")
+    assert_same(at1["local"], got["local"], "extra")
     assert at0["local"]["pos"] + 1 == got["local"]["pos"]
 
     # a flipped byte fails the CRC: that slot is skipped

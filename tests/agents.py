@@ -1,0 +1,86 @@
+"""Test helpers shared by the multi-process runtime tests (tests only): free loopback ports,
+reading a job's events, and stopping the launch agents a test started plus any stray worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+
+import torch
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_events(job_dir: str) -> list[dict]:
+    """Every schema-v1 event of the job (all writer files), ordered by time."""
+    out = []
+    edir = os.path.join(job_dir, "events")
+    for name in sorted(os.listdir(edir)) if os.path.isdir(edir) else []:
+        if name.endswith(".jsonl"):
+            with open(os.path.join(edir, name)) as f:
+                for line in f:
+                    if line.strip():
+                        ev = json.loads(line)
+                        assert ev["v"] == 1
+                        out.append(ev)
+    return sorted(out, key=lambda e: e["time"])
+
+
+def kinds(events: list[dict], kind: str, **match) -> list[dict]:
+    """The events of ``kind`` whose data has every ``key=value`` in ``match``."""
+    return [e for e in events if e["kind"] == kind and all(e["data"].get(k) == v for k, v in match.items())]
+
+
+def is_our_worker(pid: int, job_dir: str, script: str) -> bool:
+    """Whether ``pid`` runs ``script`` for ``job_dir`` (so a recycled pid is never killed)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read()
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read()
+    except OSError:
+        return False
+    return script.encode() in cmd and f"HYPERPOD_LAB_JOB_DIR={job_dir}".encode() in env
+
+
+def stop_launchers(procs: list[subprocess.Popen], job_dir: str, script: str) -> None:
+    """Stop launchers we started (SIGTERM lets the agent stop its workers), then stray workers."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    rdir = os.path.join(job_dir, "ranks")
+    for name in os.listdir(rdir) if os.path.isdir(rdir) else []:
+        with open(os.path.join(rdir, name)) as f:
+            pid = json.load(f)["pid"]
+        if is_our_worker(pid, job_dir, script):
+            os.kill(pid, signal.SIGKILL)
+
+
+def assert_same(a, b, where: str = "") -> None:
+    """Bit-equality of nested tensors/dicts/lists (dtype included), naming the first difference."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), f"tensors differ at {where}"
+    elif isinstance(a, dict):
+        assert set(a) == set(b), f"keys differ at {where}: {sorted(a)} vs {sorted(b)}"
+        for k in a:
+            assert_same(a[k], b[k], f"{where}/{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), f"lengths differ at {where}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{a!r} != {b!r} at {where}"
