@@ -86,7 +86,12 @@ def write_json_atomic(path: str, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def _env_float(name: str, default: float) -> float:
+def env_seconds(name: str, default: float) -> float:
+    """Seconds from environment variable ``name`` (``default`` when unset or blank).
+
+    Raises:
+        ValueError: not a number, or not > 0.
+    """
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
@@ -376,9 +381,9 @@ def init() -> JobContext:
     """
     env = os.environ
     in_torchrun = all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
-    collective_timeout = _env_float(ENV_COLLECTIVE_TIMEOUT, DEFAULT_COLLECTIVE_TIMEOUT_S)
-    checkpoint_timeout = _env_float(ENV_CHECKPOINT_TIMEOUT, DEFAULT_CHECKPOINT_TIMEOUT_S)
-    step_interval = _env_float(ENV_STEP_INTERVAL, DEFAULT_STEP_INTERVAL_S)
+    collective_timeout = env_seconds(ENV_COLLECTIVE_TIMEOUT, DEFAULT_COLLECTIVE_TIMEOUT_S)
+    checkpoint_timeout = env_seconds(ENV_CHECKPOINT_TIMEOUT, DEFAULT_CHECKPOINT_TIMEOUT_S)
+    step_interval = env_seconds(ENV_STEP_INTERVAL, DEFAULT_STEP_INTERVAL_S)
 
     job_id = _default_job_id(in_torchrun)
     job_dir = os.path.abspath(_default_job_dir(job_id, in_torchrun))

@@ -89,7 +89,7 @@ import torch.distributed as dist
 
 from hyperpod_lab.events import EventKind
 from hyperpod_lab.runtime.checkpoint import Checkpointer, list_checkpoints
-from hyperpod_lab.runtime.context import safe_name
+from hyperpod_lab.runtime.context import env_seconds, safe_name
 from hyperpod_lab.runtime.memory_tier import (
     MemoryTier,
     Slot,
@@ -127,16 +127,7 @@ _TIER_ORDER = {TIER_MEMORY: 0, TIER_PEER: 1, "persistent": 2, "s3": 3}
 
 
 def _peer_timeout() -> timedelta:
-    raw = os.environ.get(ENV_PEER_TIMEOUT, "").strip()
-    if not raw:
-        return timedelta(seconds=DEFAULT_PEER_TIMEOUT_S)
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"${ENV_PEER_TIMEOUT} must be a number of seconds, got {raw!r}") from None
-    if value <= 0:
-        raise ValueError(f"${ENV_PEER_TIMEOUT} must be > 0 seconds, got {raw!r}")
-    return timedelta(seconds=value)
+    return timedelta(seconds=env_seconds(ENV_PEER_TIMEOUT, DEFAULT_PEER_TIMEOUT_S))
 
 
 def _key(h: dict[str, Any]) -> tuple:
@@ -384,7 +375,6 @@ class TieredCheckpointer:
         """
         t0 = time.monotonic()
         self.wait()
-        W = self.world_size
         holdings = self._scan_node() if self.rank == self._reporter else []
         newest_persistent = None
         if self.rank == 0:
