@@ -189,7 +189,7 @@ def run(argv: list[str], out: TextIO | None = None, client=None) -> Any:
             say(f"(config: {config_path()})")
         return None
 
-    from hyperpod_lab.client import Client, summarize
+    from hyperpod_lab.client import Client
 
     client = client or Client()
 
@@ -267,7 +267,6 @@ def run(argv: list[str], out: TextIO | None = None, client=None) -> Any:
 def _follow(client, job_id, say, json_lines: bool, timeout_s) -> list:
     from hyperpod_lab.client import summarize
 
-    t0 = time.time()
     events = []
     for ev in client.follow(job_id, timeout_s=timeout_s):
         events.append(ev)

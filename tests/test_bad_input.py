@@ -3,12 +3,11 @@
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 from hyperpod_lab import cli
-from hyperpod_lab.errors import HyperPodLabError, SpecError, UnknownCluster
+from hyperpod_lab.errors import HyperPodLabError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(REPO, "examples", "train_lm.py")

@@ -179,7 +179,7 @@ class SSHRemote(Remote):
                                    f"an unknown key on first use)") from None
             raise ClusterUnreachable(f"cannot reach login node {profile.host}:{profile.port} of cluster "
                                      f"'{profile.name}': SSH handshake failed ({e}); is sshd running there?") from None
-        except (socket.timeout, TimeoutError) as e:
+        except (socket.timeout, TimeoutError):
             client.close()
             raise ClusterUnreachable(f"cannot reach login node {profile.host}:{profile.port} of cluster "
                                      f"'{profile.name}': no answer within {t:g} s; check host, port and "

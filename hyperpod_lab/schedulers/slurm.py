@@ -20,7 +20,7 @@ import shlex
 
 from hyperpod_lab import __version__
 from hyperpod_lab.errors import HyperPodLabError, JobStateError, RemoteCommandError
-from hyperpod_lab.jobs import JobRecord, JobStatus
+from hyperpod_lab.jobs import JobStatus
 from hyperpod_lab.schedulers.base import Scheduler
 from hyperpod_lab.spec import JobSpec
 
