@@ -52,6 +52,7 @@ ENV_SPEC = "HYPERPOD_LAB_SPEC"
 ENV_COLLECTIVE_TIMEOUT = "HYPERPOD_LAB_COLLECTIVE_TIMEOUT_S"
 ENV_CHECKPOINT_TIMEOUT = "HYPERPOD_LAB_CHECKPOINT_TIMEOUT_S"
 ENV_STEP_INTERVAL = "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S"
+ENV_REPLICA_GROUP = "HYPERPOD_LAB_REPLICA_GROUP"
 
 DEFAULT_COLLECTIVE_TIMEOUT_S = 60.0
 DEFAULT_CHECKPOINT_TIMEOUT_S = 600.0
@@ -155,13 +156,26 @@ class JobContext:
             event file already holds a ``started`` event (e.g. a Slurm requeue/auto-resume).
         cpu_group: a gloo process group over all ranks, for checkpointing from a background thread
             (never used by the training loop, so its collectives cannot interleave with DDP's).
+        replica_group: in checkpointless mode (``$HYPERPOD_LAB_REPLICA_GROUP`` set; see
+            :mod:`hyperpod_lab.runtime.ft`), this process's data-parallel replica group; the
+            process group, ``rank`` and ``world_size`` then span that replica group only.
+            None otherwise.
+        global_rank: ``replica_group * local_world_size + rank`` in checkpointless mode, else
+            ``rank``; names this process's event file (``rank-<global_rank>``) and rank file.
+        is_leader: whether this process writes the job-level events (``step``, ``finished``):
+            rank 0, or in checkpointless mode the first rank of the first participating replica
+            (updated every step by :class:`~hyperpod_lab.runtime.ft.Checkpointless`).
     """
 
     def __init__(self, *, rank: int, world_size: int, local_rank: int, local_world_size: int,
                  group_rank: int, nodes: int, node: str, job_id: str, job_dir: str, spec: JobSpec | None,
                  restart_count: int, is_restart: bool, owns_default_group: bool,
-                 cpu_group: "dist.ProcessGroup | None", step_interval_s: float):
+                 cpu_group: "dist.ProcessGroup | None", step_interval_s: float,
+                 replica_group: int | None = None):
         self.rank, self.world_size = rank, world_size
+        self.replica_group = replica_group
+        self.global_rank = rank if replica_group is None else replica_group * local_world_size + rank
+        self.is_leader = self.global_rank == 0
         self.local_rank, self.local_world_size = local_rank, local_world_size
         self.group_rank, self.nodes, self.node = group_rank, nodes, node
         self.device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
@@ -169,7 +183,7 @@ class JobContext:
         self.restart_count, self.is_restart = restart_count, is_restart
         self.cpu_group = cpu_group
         self.step_interval_s = step_interval_s
-        self.writer = EventWriter(job_dir, f"rank-{rank}", job_id)
+        self.writer = EventWriter(job_dir, f"rank-{self.global_rank}", job_id)
         self._emit_lock = threading.Lock()
         self._owns_default_group = owns_default_group
         self._checkpointers: list["Checkpointer"] = []
@@ -212,13 +226,13 @@ class JobContext:
             **metrics: extra JSON-serialisable numbers (e.g. ``lr=3e-4``, ``tokens_per_s=...``).
         """
         self._steps_done = max(self._steps_done, int(step) + 1)
-        if self.rank != 0:
+        if not self.is_leader:
             self._stepped = True
             return
         now = time.monotonic()
         first = not self._stepped
         self._stepped = True
-        if first and self.is_restart:
+        if first and self.is_restart and self.replica_group is None:  # checkpointless: ft.py reports
             self._emit_recovery_completed()
         if first or self._last_emit is None or now - self._last_emit[0] >= self.step_interval_s:
             rate = None
@@ -259,7 +273,7 @@ class JobContext:
                 ckpt.wait()
             if self.cpu_group is not None and self.world_size > 1:
                 dist.barrier(group=self.cpu_group)
-            if self.rank == 0:
+            if self.is_leader:
                 self.emit(EventKind.FINISHED, **{"status": "succeeded", "steps": self._steps_done, **data})
         finally:
             self._teardown()
@@ -350,6 +364,24 @@ def _load_spec(job_dir: str) -> JobSpec | None:
         return JobSpec.from_json(f.read())
 
 
+def _replica_group(env) -> int | None:
+    """``$HYPERPOD_LAB_REPLICA_GROUP`` as an int in [0, 1024), or None when unset.
+
+    Raises:
+        ValueError: set but not such an integer.
+    """
+    text = env.get(ENV_REPLICA_GROUP)
+    if text is None or text == "":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value < 1024:
+        raise ValueError(f"${ENV_REPLICA_GROUP} must be an integer in [0, 1024), got {text!r}")
+    return value
+
+
 def init() -> JobContext:
     """Join the job: process groups, rank file, event writer and the ``started`` event.
 
@@ -411,15 +443,18 @@ def init() -> JobContext:
 
     # one all-reduce(MAX): restart count across ranks, and whether rank 0 already started once
     env_restarts = int(env.get("TORCHELASTIC_RESTART_COUNT", 0) or 0) if in_torchrun else 0
-    started_before = rank == 0 and _has_event(job_dir, "rank-0", EventKind.STARTED.value)
+    replica_group = _replica_group(env)
+    global_rank = rank if replica_group is None else replica_group * local_world_size + rank
+    started_before = global_rank == 0 and _has_event(job_dir, "rank-0", EventKind.STARTED.value)
     agreed = torch.tensor([env_restarts, int(started_before)], dtype=torch.int64)
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=cpu_group)
     restart_count, started_before = int(agreed[0]), bool(agreed[1])
 
     node = node_name()
     err = env.get("TORCHELASTIC_ERROR_FILE")
-    write_json_atomic(os.path.join(job_dir, RANKS_DIRNAME, f"rank-{rank}.json"), {
-        "rank": rank, "local_rank": local_rank, "world_size": world_size, "node": node,
+    write_json_atomic(os.path.join(job_dir, RANKS_DIRNAME, f"rank-{global_rank}.json"), {
+        "rank": global_rank, "local_rank": local_rank, "world_size": world_size, "node": node,
+        "replica_group": replica_group,
         "host": socket.gethostname(), "pid": os.getpid(), "restart_count": restart_count,
         "log_file": os.path.join(os.path.dirname(err), "stdout.log") if err else None,
         "time": time.time(),
@@ -428,8 +463,9 @@ def init() -> JobContext:
     ctx = JobContext(rank=rank, world_size=world_size, local_rank=local_rank, local_world_size=local_world_size,
                      group_rank=group_rank, nodes=nodes, node=node, job_id=job_id, job_dir=job_dir, spec=spec,
                      restart_count=restart_count, is_restart=restart_count > 0 or started_before,
-                     owns_default_group=owns, cpu_group=cpu_group, step_interval_s=step_interval)
-    if rank == 0 and not ctx.is_restart:
+                     owns_default_group=owns, cpu_group=cpu_group, step_interval_s=step_interval,
+                     replica_group=replica_group)
+    if global_rank == 0 and not ctx.is_restart:
         script = spec.script if spec is not None else (sys.argv[0] if sys.argv and sys.argv[0] else "<interactive>")
         ctx.emit(EventKind.STARTED, world_size=world_size, nodes=nodes, script=script, restart_count=restart_count)
     return ctx

@@ -82,7 +82,7 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from hyperpod_lab.events import EventKind, EventWriter
-from hyperpod_lab.runtime.context import ENV_JOB_DIR, ENV_JOB_ID, node_name, safe_name
+from hyperpod_lab.runtime.context import ENV_JOB_DIR, ENV_JOB_ID, ENV_REPLICA_GROUP, node_name, safe_name
 
 log = logging.getLogger(__name__)
 
@@ -135,11 +135,15 @@ class AgentEvents:
                        signal=None, reason=f"worker group {result.state.name.lower()}", pid=None, root_cause=True)
             return
         items = sorted(result.failures.items(), key=lambda kv: _root_cause_key(kv[0], kv[1]))
+        group = os.environ.get(ENV_REPLICA_GROUP)  # checkpointless: ranks are numbered per replica group
+        extra = {} if not group else {"replica_group": int(group)}
         for i, (global_rank, failure) in enumerate(items):
             sig = failure.signal_name() if failure.exitcode < 0 else None
+            if group:
+                global_rank = int(group) * worker_group.spec.local_world_size + global_rank
             self._emit(EventKind.FAULT_DETECTED, rank=global_rank, local_rank=failure.local_rank, node=self.node,
                        exitcode=failure.exitcode, signal=sig, reason=_failure_reason(failure, sig),
-                       pid=failure.pid, root_cause=i == 0)
+                       pid=failure.pid, root_cause=i == 0, **extra)
 
     def restarting(self, restart_count: int, reason: str) -> None:
         """Emit ``recovery.started``."""

@@ -195,6 +195,11 @@ class TieredCheckpointer:
 
             s3 = S3Tier(ctx, policy.s3_uri, policy.s3_every_steps, keep_last=policy.keep_last)
         extra = {"s3": s3} if s3 is not None else {}
+        # checkpointless mode: each data-parallel replica group keeps its own fallback copies
+        group = getattr(ctx, "replica_group", None)
+        group_dir = None if group is None else f"replica-group-{group}"
+        if group_dir is not None:
+            extra["root"] = os.path.join(ctx.job_dir, "checkpoints", group_dir)
         self.persistent = Checkpointer(ctx, every_steps=policy.every_steps, keep_last=policy.keep_last, **extra)
 
         # process groups: gloo for headers, layouts and agreement; the data group moves bytes
@@ -224,6 +229,8 @@ class TieredCheckpointer:
 
         self.job_root = os.path.join(shm_root(), safe_name(ctx.job_id, 100))
         self.node_dir = os.path.join(self.job_root, safe_name(ctx.node))
+        if group_dir is not None:
+            self.node_dir = os.path.join(self.node_dir, group_dir)
         self.memory = MemoryTier(os.path.join(self.node_dir, own_dirname(self.rank)), self.keep_last,
                                  rank=self.rank, world_size=self.world_size, job_id=ctx.job_id,
                                  pin_memory=ctx.device.type == "cuda")

@@ -1,0 +1,123 @@
+"""The torchft Lighthouse of a checkpointless job: start it, publish its address, find it.
+
+One Lighthouse per job forms the quorum of live data-parallel replica groups before every
+step (see :mod:`hyperpod_lab.runtime.ft`). ``python -m hyperpod_lab.runtime.lighthouse
+--job-dir DIR --min-replicas N`` runs torchft's ``torchft_lighthouse`` on a free port and writes
+``<job_dir>/lighthouse.json`` ``{"address": "http://HOST:PORT", "pid", "node", "time"}`` so that
+every replica group — including ones that join later from another allocation — can find it
+through the shared file system.
+
+Timeouts (milliseconds): ``--heartbeat-ms`` (default 1000): a replica group silent this long
+is dropped from the next quorum — the fast fault detector of a hung or lost node;
+``--join-timeout-ms`` (default 5000): how long a quorum waits for heartbeating stragglers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from hyperpod_lab.runtime.context import node_name, write_json_atomic
+
+LIGHTHOUSE_FILE = "lighthouse.json"
+DEFAULT_HEARTBEAT_MS = 1000
+DEFAULT_JOIN_TIMEOUT_MS = 5000
+
+
+def lighthouse_binary() -> str:
+    """Path of ``torchft_lighthouse`` (installed with torchft). Raises FileNotFoundError."""
+    here = os.path.join(os.path.dirname(sys.executable), "torchft_lighthouse")
+    found = here if os.path.exists(here) else shutil.which("torchft_lighthouse")
+    if not found:
+        raise FileNotFoundError("torchft_lighthouse not found: pip install 'torchft==0.2.0' "
+                                "(hyperpod-lab depends on it)")
+    return found
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def read_address(job_dir: str, timeout_s: float = 60.0) -> str:
+    """The Lighthouse address of the job, waiting up to ``timeout_s`` seconds for it.
+
+    Raises:
+        TimeoutError: no ``lighthouse.json`` appeared in time (the lighthouse did not start).
+    """
+    path = os.path.join(job_dir, LIGHTHOUSE_FILE)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with open(path) as f:
+                return json.load(f)["address"]
+        except (OSError, ValueError, KeyError):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no lighthouse address in {path} after {timeout_s} s: was the job's "
+                                   "lighthouse started (python -m hyperpod_lab.runtime.lighthouse)?") from None
+            time.sleep(0.1)
+
+
+def start(job_dir: str, min_replicas: int, *, host: str | None = None, heartbeat_ms: int = DEFAULT_HEARTBEAT_MS,
+          join_timeout_ms: int = DEFAULT_JOIN_TIMEOUT_MS, quorum_tick_ms: int = 100,
+          log=None) -> subprocess.Popen:
+    """Start the Lighthouse as a child process and publish its address; returns the process.
+
+    Args:
+        job_dir: the job's directory on shared storage.
+        min_replicas: replica groups a quorum needs (the job's ``elastic.min_nodes``).
+        host: address the replica groups reach this host by (default: this host's address,
+            ``$HYPERPOD_LAB_LIGHTHOUSE_HOST`` overrides).
+
+    Raises:
+        FileNotFoundError: torchft is not installed.
+        ValueError: ``min_replicas`` < 1.
+    """
+    if min_replicas < 1:
+        raise ValueError(f"min_replicas must be >= 1, got {min_replicas}")
+    host = host or os.environ.get("HYPERPOD_LAB_LIGHTHOUSE_HOST") or socket.gethostbyname(socket.gethostname())
+    port = _free_port("")
+    argv = [lighthouse_binary(), "--min_replicas", str(min_replicas), "--bind", f"[::]:{port}",
+            "--heartbeat_timeout_ms", str(heartbeat_ms), "--join_timeout_ms", str(join_timeout_ms),
+            "--quorum_tick_ms", str(quorum_tick_ms)]
+    proc = subprocess.Popen(argv, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 10
+    while True:  # published only once it accepts connections
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"torchft_lighthouse did not start on port {port} (exit {proc.poll()})")
+            time.sleep(0.05)
+    write_json_atomic(os.path.join(job_dir, LIGHTHOUSE_FILE), {
+        "address": f"http://{host}:{port}", "pid": proc.pid, "node": node_name(), "time": time.time(),
+        "min_replicas": min_replicas, "heartbeat_ms": heartbeat_ms, "join_timeout_ms": join_timeout_ms})
+    return proc
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hyperpod_lab.runtime.lighthouse", description=__doc__.split("\n")[0])
+    p.add_argument("--job-dir", required=True)
+    p.add_argument("--min-replicas", type=int, default=1)
+    p.add_argument("--host")
+    p.add_argument("--heartbeat-ms", type=int, default=DEFAULT_HEARTBEAT_MS)
+    p.add_argument("--join-timeout-ms", type=int, default=DEFAULT_JOIN_TIMEOUT_MS)
+    a = p.parse_args(argv)
+    proc = start(a.job_dir, a.min_replicas, host=a.host, heartbeat_ms=a.heartbeat_ms,
+                 join_timeout_ms=a.join_timeout_ms, log=sys.stdout)
+    signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
+    return proc.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

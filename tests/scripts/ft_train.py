@@ -1,0 +1,67 @@
+"""A small deterministic data-parallel job for the checkpointless / elastic tests (tests only).
+
+Regression on a fixed synthetic dataset with an MLP and Adam, through
+``hyperpod_lab.runtime.ft.Checkpointless``: every committed step reports its loss (set
+``HYPERPOD_LAB_STEP_EVENT_INTERVAL_S`` small for one ``step`` event per step); the final parameters
+of each replica group go to ``<job_dir>/final-group-<G>.pt``.
+"""
+
+import argparse
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+import hyperpod_lab.runtime as hp
+from hyperpod_lab.runtime.elastic import ElasticBatches
+from hyperpod_lab.runtime.ft import Checkpointless
+from hyperpod_lab.spec import CheckpointPolicy
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--global-batch", type=int, default=32)
+    p.add_argument("--micro-batch", type=int, default=4)
+    p.add_argument("--max-accumulation", type=int, default=None)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--lr-rule", default="linear")
+    p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--samples", type=int, default=1024)
+    p.add_argument("--width", type=int, default=64)
+    p.add_argument("--no-checkpoint", action="store_true")
+    a = p.parse_args()
+
+    g = torch.Generator().manual_seed(1234)
+    X = torch.randn(a.samples, 16, generator=g)
+    Y = torch.sin(X @ torch.randn(16, 1, generator=g)) + 0.05 * torch.randn(a.samples, 1, generator=g)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, a.width), torch.nn.Tanh(), torch.nn.Linear(a.width, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=a.lr)
+
+    with hp.init() as ctx:
+        batches = ElasticBatches(a.samples, a.global_batch, a.micro_batch, seed=7, base_lr=a.lr,
+                                 lr_rule=a.lr_rule, max_accumulation_steps=a.max_accumulation)
+        policy = False if a.no_checkpoint else CheckpointPolicy(every_steps=10, keep_last=2, memory_every_steps=1)
+        ft = Checkpointless(ctx, model, opt, batches, checkpoint=policy)
+        while ft.step < a.steps:
+            plan = ft.begin_step()
+            loss_sum = 0.0
+            for mb in plan.micro_batches:
+                idx = torch.tensor(mb, dtype=torch.long)
+                loss = F.mse_loss(model(X[idx]), Y[idx]) * plan.weight(len(mb))
+                loss.backward()
+                loss_sum += loss.item()
+            if a.step_sleep:
+                time.sleep(a.step_sleep)
+            if ft.end_step(loss_sum):
+                ctx.step(ft.step - 1, ft.loss, replicas=plan.replicas, lr=plan.lr,
+                         accumulation_steps=plan.accumulation_steps)
+        torch.save({k: v.clone() for k, v in model.state_dict().items()},
+                   os.path.join(ctx.job_dir, f"final-group-{ctx.replica_group}.pt"))
+        ft.close()
+
+
+if __name__ == "__main__":
+    main()

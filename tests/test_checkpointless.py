@@ -1,0 +1,209 @@
+"""Checkpointless recovery and elastic training with real processes (torchft Lighthouse and
+Managers, torchrun launch agents, gloo), on this host.
+
+Each data-parallel replica group is one launch agent (``--standalone``, one worker) with its own
+``HYPERPOD_LAB_REPLICA_GROUP``; the agents share one torchft Lighthouse. The job is
+``tests/scripts/ft_train.py`` (deterministic regression, Adam, global batch 32 kept by gradient
+accumulation). The multi-node version of the same on the dev cluster is in
+``tests/test_checkpointless_slurm.py``.
+
+What "equal to the run without a fault" means here: the same samples, weights and optimizer
+steps, summed in a different order (one replica sums 32 sample gradients; two replicas each sum
+16 and all-reduce), so the final parameters differ only by float reduction order: we assert
+they agree within 1e-5 (relative) and that both replicas end bit-identical to each other.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import torch  # a hard dependency: missing torch fails, never skips
+
+from agents import kinds, read_events, stop_launchers
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "ft_train.py")
+STEPS = 60
+
+
+class Job:
+    """A checkpointless job on this host: one Lighthouse and one launch agent per replica group."""
+
+    def __init__(self, tmp_path, groups: int, args: list[str], min_replicas: int = 1):
+        self.job_id = "ft-" + uuid.uuid4().hex[:8]
+        self.job_dir = str(tmp_path / self.job_id)
+        os.makedirs(self.job_dir)
+        self.shm = str(tmp_path / "shm")
+        self.args, self.groups = args, groups
+        self.lighthouse = subprocess.Popen(
+            [sys.executable, "-m", "hyperpod_lab.runtime.lighthouse", "--job-dir", self.job_dir,
+             "--min-replicas", str(min_replicas), "--host", "127.0.0.1"],
+            stdout=open(os.path.join(self.job_dir, "lighthouse.log"), "wb"), stderr=subprocess.STDOUT)
+        from hyperpod_lab.runtime.lighthouse import read_address
+
+        self.address = read_address(self.job_dir, timeout_s=30)
+        self.agents: dict[int, subprocess.Popen] = {}
+        for g in range(groups):
+            self.start_group(g)
+
+    def env(self, group: int) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env.update({"HYPERPOD_LAB_JOB_DIR": self.job_dir, "HYPERPOD_LAB_JOB_ID": self.job_id,
+                    "HYPERPOD_LAB_SHM_DIR": self.shm, "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S": "0.001",
+                    "HYPERPOD_LAB_REPLICA_GROUP": str(group), "HYPERPOD_LAB_REPLICA_GROUPS": str(self.groups),
+                    "TORCHFT_LIGHTHOUSE": self.address, "OMP_NUM_THREADS": "1", "SLURMD_NODENAME": f"n{group + 1}",
+                    "RUST_LOG": "warn"})
+        return env
+
+    def start_group(self, group: int) -> None:
+        log = open(os.path.join(self.job_dir, f"agent-{group}.log"), "ab")
+        self.agents[group] = subprocess.Popen(
+            [sys.executable, "-m", "hyperpod_lab.runtime.launch", "--standalone", "--nnodes=1",
+             "--nproc-per-node=1", "--max-restarts=3", "--monitor-interval=0.1", SCRIPT, "--steps", str(STEPS),
+             *self.args], env=self.env(group), stdout=log, stderr=subprocess.STDOUT)
+
+    def events(self) -> list[dict]:
+        return read_events(self.job_dir)
+
+    def last_step(self) -> int:
+        steps = [e["data"]["step"] for e in kinds(self.events(), "step")]
+        return max(steps, default=-1)
+
+    def wait_step(self, step: int, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while self.last_step() < step:
+            assert time.monotonic() < deadline, f"job did not reach step {step}: {self.logs()}"
+            assert all(a.poll() is None for a in self.agents.values()), f"an agent exited early: {self.logs()}"
+            time.sleep(0.05)
+
+    def worker_pid(self, group: int) -> int:
+        import json
+
+        with open(os.path.join(self.job_dir, "ranks", f"rank-{group}.json")) as f:
+            return json.load(f)["pid"]
+
+    def wait(self, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        for g, a in self.agents.items():
+            if a.poll() is None and a.returncode is None:
+                try:
+                    a.wait(timeout=max(1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    raise AssertionError(f"group {g} did not finish: {self.logs()}")
+
+    def logs(self) -> str:
+        out = []
+        for name in sorted(os.listdir(self.job_dir)):
+            if name.endswith(".log"):
+                with open(os.path.join(self.job_dir, name), errors="replace") as f:
+                    out.append(f"--- {name}\n" + f.read()[-3000:])
+        return "\n".join(out)
+
+    def final(self, group: int) -> dict[str, torch.Tensor]:
+        return torch.load(os.path.join(self.job_dir, f"final-group-{group}.pt"))
+
+    def stop(self) -> None:
+        stop_launchers(list(self.agents.values()), self.job_dir, SCRIPT)
+        self.lighthouse.terminate()
+        try:
+            self.lighthouse.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.lighthouse.kill()
+
+
+def _close(a: dict, b: dict, rtol: float = 1e-5) -> float:
+    worst = 0.0
+    for k in a:
+        d = ((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-12)).item()
+        worst = max(worst, d)
+    assert worst <= rtol, f"parameters differ by {worst:.2e} (relative) > {rtol}"
+    return worst
+
+
+def _storage_restores(events: list[dict]) -> list[dict]:
+    return [e for e in kinds(events, "checkpoint.restored") if e["data"]["tier"] != "replica"]
+
+
+def _run_clean(tmp_path, args=()) -> tuple[dict, list[dict]]:
+    job = Job(tmp_path, 2, list(args))
+    try:
+        job.wait()
+        assert all(a.returncode == 0 for a in job.agents.values()), job.logs()
+        return job.final(0), job.events()
+    finally:
+        job.stop()
+
+
+def test_killed_rank_recovers_from_live_peer_without_storage(tmp_path):
+    """Kill rank 1 at step S: the survivor redoes step S alone within seconds, the restarted rank
+    heals from the survivor's live state (tier "replica"), nothing is read from storage, and the
+    final parameters equal the fault-free run's up to float reduction order."""
+    clean, clean_events = _run_clean(tmp_path / "clean", ["--step-sleep", "0.3"])
+    assert not _storage_restores(clean_events)
+
+    job = Job(tmp_path / "fault", 2, ["--step-sleep", "0.3"])
+    try:
+        job.wait_step(9)
+        s = job.last_step() + 1  # the step in flight when the fault hits
+        t_fault = time.time()
+        os.kill(job.worker_pid(1), signal.SIGKILL)
+        job.wait()
+        ev = job.events()
+        assert all(a.returncode == 0 for a in job.agents.values()), job.logs()
+    finally:
+        job.stop()
+
+    faults = [e for e in kinds(ev, "fault.detected") if e["time"] >= t_fault]
+    assert any(e["data"].get("signal") == "SIGKILL" and e["data"].get("rank") == 1 for e in faults), faults
+    survivor = [e for e in faults if e["data"].get("replica_group") == 1 and e["data"].get("detected_by") == 0]
+    assert survivor and survivor[0]["data"]["node"] == "n2", faults
+    rec = kinds(ev, "recovery.completed", mode="checkpointless")
+    assert rec, "the survivor reported no recovery"
+    assert rec[0]["data"]["resumed_step"] in (s, s - 1), (rec[0]["data"], s)
+    assert rec[0]["data"]["downtime_s"] < 5.0, rec[0]["data"]
+    healed = [e for e in kinds(ev, "checkpoint.restored", tier="replica") if e["time"] > t_fault]
+    assert healed and healed[0]["data"]["replica_group"] == 1, "the restarted rank did not heal from its peer"
+    assert not _storage_restores(ev), f"read from storage: {_storage_restores(ev)}"
+    assert not kinds(ev, "recovery.fallback")
+    fin = kinds(ev, "finished")
+    assert fin and fin[-1]["data"]["steps"] == STEPS
+    # no step lost or repeated in the record: every step committed once
+    assert sorted({e["data"]["step"] for e in kinds(ev, "step")}) == list(range(STEPS))
+    a0, a1 = job.final(0), job.final(1)
+    for k in a0:
+        assert torch.equal(a0[k], a1[k]), f"replicas diverged at {k}"
+    _close(a0, clean)
+
+
+def test_losing_every_replica_falls_back_to_the_tiered_checkpoint(tmp_path):
+    """Both replica groups die at once: no live replica holds the state, so each restores its
+    tiered checkpoint (memory tier, saved every step) with a recovery.fallback event."""
+    job = Job(tmp_path, 2, ["--step-sleep", "0.3"])
+    try:
+        job.wait_step(9)
+        reached = job.last_step()
+        for g in (0, 1):
+            os.kill(job.worker_pid(g), signal.SIGKILL)
+        job.wait()
+        ev = job.events()
+        assert all(a.returncode == 0 for a in job.agents.values()), job.logs()
+    finally:
+        job.stop()
+    fb = kinds(ev, "recovery.fallback")
+    assert fb, "no recovery.fallback event"
+    assert all(e["data"]["tier"] == "memory" and e["data"]["step"] >= reached for e in fb), (fb, reached)
+    assert "no live replica" in fb[0]["data"]["reason"]
+    # each group restored its own tier, or healed from a group that had (whichever came first)
+    healed = {e["data"]["replica_group"] for e in kinds(ev, "checkpoint.restored", tier="replica")
+              if e["time"] >= fb[0]["time"]}
+    assert {e["data"]["replica_group"] for e in fb} | healed == {0, 1}, (fb, healed)
+    assert kinds(ev, "finished")[-1]["data"]["steps"] == STEPS
+    a0, a1 = job.final(0), job.final(1)
+    for k in a0:
+        assert torch.equal(a0[k], a1[k]), f"replicas diverged at {k}"
