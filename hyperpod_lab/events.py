@@ -40,6 +40,7 @@ class EventKind(str, Enum):
     FAULT_DETECTED = "fault.detected"
     RECOVERY_STARTED = "recovery.started"
     RECOVERY_COMPLETED = "recovery.completed"
+    RECOVERY_FALLBACK = "recovery.fallback"
     ELASTIC_SCALED = "elastic.scaled"
     FINISHED = "finished"
 
