@@ -207,3 +207,54 @@ def test_losing_every_replica_falls_back_to_the_tiered_checkpoint(tmp_path):
     a0, a1 = job.final(0), job.final(1)
     for k in a0:
         assert torch.equal(a0[k], a1[k]), f"replicas diverged at {k}"
+
+
+def _losses(events: list[dict]) -> dict[int, float]:
+    return {e["data"]["step"]: e["data"]["loss"] for e in kinds(events, "step")}
+
+
+def test_elastic_shrink_and_grow_with_tiered_checkpointing_keeps_the_loss_curve(tmp_path):
+    """Checkpointless + tiered checkpointing (memory every step, persistent every 10) + elastic in
+    one job: 2 replica groups -> group 1's node is lost (agent and worker SIGKILLed, nothing
+    restarts it) -> group 0 goes on alone with twice the gradient accumulation (global batch kept,
+    learning rate unchanged) -> a new group joins and heals from group 0 -> 2 groups again. The
+    loss curve stays within 2 % of a fixed 2-group run with the same global batch."""
+    _, fixed_events = _run_clean(tmp_path / "fixed", ["--step-sleep", "0.2"])
+    fixed = _losses(fixed_events)
+    assert sorted(fixed) == list(range(STEPS))
+
+    job = Job(tmp_path / "elastic", 2, ["--step-sleep", "0.2"])
+    try:
+        job.wait_step(14)
+        pid = job.worker_pid(1)
+        job.agents[1].kill()  # the node is gone: agent and worker
+        os.kill(pid, signal.SIGKILL)
+        job.agents[1].wait()
+        job.wait_step(job.last_step() + 8)  # group 0 trains alone for a while
+        job.start_group(2)
+        job.wait()
+        ev = job.events()
+        assert job.agents[0].returncode == 0 and job.agents[2].returncode == 0, job.logs()
+    finally:
+        job.stop()
+
+    scaled = kinds(ev, "elastic.scaled")
+    down = [e["data"] for e in scaled if e["data"]["new_replicas"] < e["data"]["old_replicas"]]
+    up = [e["data"] for e in scaled if e["data"]["new_replicas"] > e["data"]["old_replicas"]]
+    assert down and down[0]["old_world_size"] == 2 and down[0]["new_world_size"] == 1, scaled
+    assert down[0]["accumulation_steps"] == 2 * down[0]["old_accumulation_steps"]
+    assert down[0]["effective_batch"] == down[0]["global_batch_size"] == 32 and down[0]["lr"] == down[0]["old_lr"]
+    assert up and up[-1]["new_replicas"] == 2, scaled
+    assert kinds(ev, "checkpoint.restored", tier="replica", replica_group=2), "the new group did not heal from a peer"
+    assert not _storage_restores(ev)
+    assert kinds(ev, "checkpoint.saved", tier="memory") and kinds(ev, "checkpoint.saved", tier="persistent")
+    replicas = {e["data"]["step"]: e["data"]["replicas"] for e in kinds(ev, "step")}
+    assert 1 in replicas.values() and replicas[STEPS - 1] == 2, replicas
+
+    losses = _losses(ev)
+    assert sorted(losses) == list(range(STEPS)), "a step was lost or repeated"
+    worst = max(abs(losses[s] - fixed[s]) / abs(fixed[s]) for s in range(STEPS))
+    assert worst <= 0.02, f"loss curve differs by {worst:.2%} from the fixed 2-group run"
+    a0, a2 = job.final(0), job.final(2)
+    for k in a0:
+        assert torch.equal(a0[k], a2[k]), f"replicas diverged at {k}"
