@@ -29,6 +29,9 @@ def _positive_int(name: str, value: Any, fix: str, allow_none: bool = False) -> 
         raise SpecError(name, f"must be a whole number >= 1, got {value!r}; {fix}")
 
 
+RECOVERY_MODES = ("restart", "checkpointless")
+
+
 @dataclass
 class ResiliencyPolicy:
     """What happens when a rank or node fails.
@@ -40,11 +43,16 @@ class ResiliencyPolicy:
         max_retries: restarts allowed before the job is declared failed (torchrun
             ``--max-restarts``; HyperPod ``runPolicy.jobMaxRetryCount``).
         health_checks: run the runtime's node health checks before training starts.
+        recovery: ``restart`` (a failure restarts every rank, which resume from the newest
+            checkpoint tier) or ``checkpointless`` (each node is a data-parallel replica group
+            under a torchft Lighthouse; survivors go on, a replacement heals from a live peer, the
+            tiered checkpoint is only the fallback; see ``hyperpod_lab.runtime.ft``).
     """
 
     auto_resume: bool = True
     max_retries: int = 3
     health_checks: bool = True
+    recovery: str = "restart"
 
     def validate(self) -> None:
         if not isinstance(self.auto_resume, bool):
@@ -52,6 +60,8 @@ class ResiliencyPolicy:
         if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) or self.max_retries < 0:
             raise SpecError("resiliency.max_retries",
                             f"must be a whole number >= 0, got {self.max_retries!r}; use --max-retries 3")
+        if self.recovery not in RECOVERY_MODES:
+            raise SpecError("resiliency.recovery", f"must be one of {', '.join(RECOVERY_MODES)}, got {self.recovery!r}")
 
 
 @dataclass

@@ -94,7 +94,8 @@ class Checkpointless:
 
     Raises:
         ValueError: the context is not a checkpointless one.
-        KeyError: ``$TORCHFT_LIGHTHOUSE`` is unset.
+        TimeoutError: ``$TORCHFT_LIGHTHOUSE`` is unset and the job's ``lighthouse.json`` did not
+            appear within 60 s.
     """
 
     def __init__(self, ctx: "JobContext", model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -107,9 +108,10 @@ class Checkpointless:
             raise ValueError("Checkpointless needs a replica group: launch each node with "
                              "$HYPERPOD_LAB_REPLICA_GROUP and $TORCHFT_LIGHTHOUSE (the Slurm and local backends do "
                              "this when the job's resiliency.recovery is 'checkpointless')")
-        if ENV_LIGHTHOUSE not in os.environ:
-            raise KeyError(f"${ENV_LIGHTHOUSE} is not set: start a lighthouse "
-                           "(python -m hyperpod_lab.runtime.lighthouse) and export its address")
+        if not os.environ.get(ENV_LIGHTHOUSE):  # the job's lighthouse publishes its address on shared storage
+            from hyperpod_lab.runtime.lighthouse import read_address
+
+            os.environ[ENV_LIGHTHOUSE] = read_address(ctx.job_dir, timeout_s=60)
         if min_replicas is None:
             el = ctx.spec.elastic if ctx.spec is not None else None
             min_replicas = (el.min_nodes if el is not None and el.min_nodes else 1)
@@ -129,17 +131,22 @@ class Checkpointless:
         self.timeout = timedelta(seconds=env_seconds(ENV_TIMEOUT, DEFAULT_TIMEOUT_S))
         quorum_timeout = timedelta(seconds=env_seconds(ENV_QUORUM_TIMEOUT, DEFAULT_QUORUM_TIMEOUT_S))
         self._healed: dict[str, Any] | None = None
+        if _job_finished(ctx.job_dir):  # a group that joins (or restarts) after the job ended
+            raise JobAlreadyFinished(0)
         # an initial group on the job's first start: its first-quorum "heal" is torchft's initial
         # weight sync (init_sync), not a recovery
-        self._initial = self._register() and ctx.replica_group < int(os.environ.get(ENV_INITIAL_GROUPS, "0") or 0)
-        if self._initial:
-            self._await_initial_groups()
+        registry = os.path.join(ctx.job_dir, REPLICAS_DIRNAME, f"group-{ctx.replica_group}.json")
+        self._initial = (not os.path.exists(registry) and not ctx.is_restart
+                         and ctx.replica_group < int(os.environ.get(ENV_INITIAL_GROUPS, "0") or 0))
         self.manager = Manager(
             pg=ProcessGroupGloo(timeout=self.timeout), load_state_dict=self._load_state,
             state_dict=self._state, min_replica_size=self.min_replicas, use_async_quorum=False,
             timeout=self.timeout, quorum_timeout=quorum_timeout, connect_timeout=self.timeout,
             rank=ctx.rank, world_size=ctx.world_size, replica_id=f"hyperpod_lab_group_{ctx.replica_group}",
             heartbeat_interval=timedelta(milliseconds=100), init_sync=True)
+        self._register()  # after the Manager exists: a registered group is heartbeating
+        if self._initial:
+            self._await_initial_groups()
         self.plan: StepPlan | None = None
         self._members: set[int] | None = None       # replica groups of the last committed step
         self._last_commit_time: float | None = None
@@ -309,15 +316,14 @@ class Checkpointless:
         return True
 
     # ---- replica registry -----------------------------------------------------------------
-    def _register(self) -> bool:
-        """Write ``<job_dir>/replicas/group-<G>.json`` (node, pid); True on the group's first start."""
+    def _register(self) -> None:
+        """Write ``<job_dir>/replicas/group-<G>.json`` (node, pid): names the group in others'
+        ``fault.detected`` and tells the initial groups that this one is up."""
         path = os.path.join(self.ctx.job_dir, REPLICAS_DIRNAME, f"group-{self.ctx.replica_group}.json")
-        first = not os.path.exists(path)
         if self.ctx.rank == 0:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             write_json_atomic(path, {"replica_group": self.ctx.replica_group, "node": self.ctx.node,
                                      "pid": os.getpid(), "ranks": self.ctx.world_size, "time": time.time()})
-        return first and not self.ctx.is_restart
 
     def _await_initial_groups(self) -> None:
         """On the job's first start, wait (up to the quorum timeout) until the initial replica
@@ -344,6 +350,17 @@ class Checkpointless:
     def close(self) -> None:
         """Leave the quorum (shuts the torchft manager down)."""
         self.manager.shutdown(wait=False)
+
+
+class JobAlreadyFinished(SystemExit):
+    """Raised (exit status 0) by a replica group that starts after the job's ``finished`` event:
+    there is nothing left to train, and no state to heal from."""
+
+
+def _job_finished(job_dir: str) -> bool:
+    from hyperpod_lab.events import EventReader
+
+    return any(e.kind == EventKind.FINISHED.value for e in EventReader(job_dir).poll())
 
 
 def _nbytes(obj: Any) -> int:

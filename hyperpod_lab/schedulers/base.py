@@ -89,6 +89,11 @@ class Scheduler(ABC):
     def logs(self, rec: JobRecord, rank: int | None = None) -> str:
         """The job's output (the whole job, or one rank's)."""
 
+    def scale(self, rec: JobRecord, add_nodes: int) -> dict:
+        """Add ``add_nodes`` nodes to a running checkpointless job (elastic scale-up); returns the
+        new allocation's info. Raises JobStateError where the backend cannot."""
+        raise JobStateError(f"the {type(self).__name__} backend cannot add nodes to a running job")
+
     @abstractmethod
     def inject_fault(self, rec: JobRecord, rank: int) -> dict:
         """SIGKILL rank ``rank``'s process to rehearse recovery; return its rank info."""

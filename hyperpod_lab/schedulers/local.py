@@ -8,6 +8,7 @@ the exit code in ``<job_dir>/exit_code`` so state survives this process.
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 import shlex
@@ -22,7 +23,14 @@ from hyperpod_lab.spec import JobSpec
 
 
 def launch_argv(spec: JobSpec, job_dir: str, python: str, script: str) -> list[str]:
-    """torchrun (via our launcher) for a single-node run of ``spec`` (pure)."""
+    """torchrun (via our launcher) for a single-node run of ``spec`` (pure). A checkpointless
+    spec runs one replica group per node under a Lighthouse (:mod:`hyperpod_lab.runtime.ft_local`)."""
+    restarts = spec.resiliency.max_retries if spec.resiliency.auto_resume else 0
+    if spec.resiliency.recovery == "checkpointless":
+        min_replicas = spec.elastic.min_nodes if spec.elastic.enabled else 1
+        return [python, "-m", "hyperpod_lab.runtime.ft_local", f"--groups={spec.nodes}",
+                f"--nproc-per-node={spec.procs_per_node}", f"--max-restarts={restarts}",
+                f"--min-replicas={min_replicas}", script, *spec.args]
     return [python, "-m", "hyperpod_lab.runtime.launch", "--standalone", "--nnodes=1",
             f"--nproc-per-node={spec.world_size}",
             f"--max-restarts={spec.resiliency.max_retries if spec.resiliency.auto_resume else 0}",
@@ -101,6 +109,32 @@ class LocalScheduler(Scheduler):
             return open(os.path.join(rec.job_dir, "logs", "launcher.log"), errors="replace").read()
         except FileNotFoundError:
             return ""
+
+    def scale(self, rec, add_nodes):
+        """Start ``add_nodes`` more replica-group agents that join the job's Lighthouse."""
+        from hyperpod_lab.runtime.ft_local import agent_argv, group_env
+
+        spec = JobSpec.from_dict(rec.spec)
+        path = os.path.join(rec.job_dir, "joins.json")
+        joins = json.load(open(path)) if os.path.exists(path) else []
+        offset = spec.nodes + sum(j["nodes"] for j in joins)
+        pids = []
+        for g in range(offset, offset + add_nodes):
+            env = {**self._env(spec, rec.job_id), **group_env(g, spec.nodes)}
+            out = open(os.path.join(rec.job_dir, "logs", f"join-group-{g}.log"), "ab")
+            p = subprocess.Popen(agent_argv(self.profile.python or sys.executable, spec.procs_per_node,
+                                            spec.resiliency.max_retries,
+                                            os.path.join(rec.job_dir, "logs", "torchrun", f"group-{g}"),
+                                            self.staged_script(spec, rec.job_id), spec.args),
+                                 env=env, cwd=rec.job_dir, stdin=subprocess.DEVNULL, stdout=out,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+            out.close()
+            pids.append(p.pid)
+        join = {"native_id": ",".join(map(str, pids)), "offset": offset, "nodes": add_nodes}
+        with open(path + ".tmp", "w") as f:
+            json.dump(joins + [join], f)
+        os.replace(path + ".tmp", path)
+        return join
 
     def inject_fault(self, rec, rank):
         info = self.rank_info(rec, rank)

@@ -14,12 +14,13 @@ requeues it after a node failure, and the runtime again resumes from its checkpo
 
 from __future__ import annotations
 
+import json
 import posixpath
 import re
 import shlex
 
 from hyperpod_lab import __version__
-from hyperpod_lab.errors import HyperPodLabError, JobStateError, RemoteCommandError
+from hyperpod_lab.errors import HyperPodLabError, JobStateError, RemoteCommandError, SpecError
 from hyperpod_lab.jobs import JobStatus
 from hyperpod_lab.schedulers.base import Scheduler
 from hyperpod_lab.spec import JobSpec
@@ -31,7 +32,8 @@ _q = shlex.quote
 
 
 def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_root: str,
-                  partition: str | None = None, hyperpod: bool = False) -> str:
+                  partition: str | None = None, hyperpod: bool = False, join_offset: int | None = None,
+                  join_nodes: int = 1) -> str:
     """Render the batch script of ``spec`` (pure; golden-file tested).
 
     Args:
@@ -41,6 +43,9 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
         shared_root: the cluster's shared-storage root (exported to the job).
         partition: Slurm partition, or None for the cluster default.
         hyperpod: render for HyperPod nodes (``srun --auto-resume=1``) instead of ``--requeue``.
+        join_offset: checkpointless jobs only: render a second allocation of ``join_nodes``
+            nodes that joins the running job as replica groups ``join_offset``,
+            ``join_offset + 1``, ... (elastic scale-up); None renders the job itself.
 
     Returns:
         The sbatch script text. Every user-supplied value appears shell-quoted. The job name
@@ -49,20 +54,28 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
     script = posixpath.join(job_dir, "script", posixpath.basename(spec.script))
     el = spec.elastic
     nnodes = f"{el.min_nodes}:{el.max_nodes}" if el.enabled else str(spec.nodes)
+    joining = join_offset is not None
+    if joining and spec.resiliency.recovery != "checkpointless":
+        raise SpecError("resiliency.recovery", "only a checkpointless job can take new nodes while it runs; "
+                        "submit it with --recovery checkpointless")
     lines = [
         "#!/bin/bash",
-        f"# Rendered by hyperpod-lab {__version__} for job {job_id}. Resubmit instead of editing.",
-        f"#SBATCH --nodes={spec.nodes}",
+        f"# Rendered by hyperpod-lab {__version__} for job {job_id}"
+        + (f" (nodes joining as replica groups from {join_offset})" if joining else "")
+        + ". Resubmit instead of editing.",
+        f"#SBATCH --nodes={join_nodes if joining else spec.nodes}",
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --cpus-per-task={spec.procs_per_node}",
-        f"#SBATCH --output={job_dir}/logs/slurm-%j.out",
+        f"#SBATCH --output={job_dir}/logs/slurm-{'join-' if joining else ''}%j.out",
         "#SBATCH --open-mode=append",
     ]
     if partition:
         lines.append(f"#SBATCH --partition={partition}")
     if spec.time_limit_min:
         lines.append(f"#SBATCH --time={spec.time_limit_min}")
-    if spec.resiliency.auto_resume and not hyperpod:
+    if spec.resiliency.recovery == "checkpointless":
+        lines.append("#SBATCH --no-kill")  # a lost node does not end the allocation: the others go on
+    if spec.resiliency.auto_resume and not hyperpod and not joining:
         lines.append("#SBATCH --requeue")
     else:
         lines.append("#SBATCH --no-requeue")
@@ -90,14 +103,36 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
     srun = ["srun", "--nodes=$SLURM_JOB_NUM_NODES", "--ntasks-per-node=1", "--kill-on-bad-exit=0"]
     if hyperpod and spec.resiliency.auto_resume:
         srun.append("--auto-resume=1")
-    launch = [_q(python), "-m", "hyperpod_lab.runtime.launch",
-              f"--nnodes={nnodes}", f"--nproc-per-node={spec.procs_per_node}",
-              "--rdzv-backend=c10d", '--rdzv-endpoint="$head_addr:$rdzv_port"', '--rdzv-id="$SLURM_JOB_ID"', "--rdzv-conf=join_timeout=120",
-              f"--max-restarts={spec.resiliency.max_retries if spec.resiliency.auto_resume else 0}",
-              '--log-dir="$JOB_DIR/logs/torchrun"', "--redirects=3", "--tee=3",
-              _q(script)] + [_q(a) for a in spec.args]
+    restarts = f"--max-restarts={spec.resiliency.max_retries if spec.resiliency.auto_resume else 0}"
+    logs = ['--log-dir="$JOB_DIR/logs/torchrun"', "--redirects=3", "--tee=3"]
+    if spec.resiliency.recovery == "checkpointless":
+        # one data-parallel replica group per node (its own torchrun), one torchft Lighthouse per job
+        min_replicas = el.min_nodes if el.enabled else 1
+        if join_offset is None:
+            lines += [
+                f"{_q(python)} -m hyperpod_lab.runtime.lighthouse --job-dir \"$JOB_DIR\" "
+                f"--min-replicas={min_replicas} --host \"$head_addr\" >> \"$JOB_DIR/logs/lighthouse.log\" 2>&1 &",
+                "lighthouse_pid=$!",
+                "export HYPERPOD_LAB_REPLICA_GROUPS=$SLURM_JOB_NUM_NODES",
+            ]
+        lines += ["export HYPERPOD_LAB_REPLICA_GROUP=slurm",
+                  f"export HYPERPOD_LAB_REPLICA_GROUP_OFFSET={int(join_offset or 0)}"]
+        launch = [_q(python), "-m", "hyperpod_lab.runtime.launch", "--standalone", "--nnodes=1",
+                  f"--nproc-per-node={spec.procs_per_node}", restarts, "--monitor-interval=0.1", *logs,
+                  _q(script)] + [_q(a) for a in spec.args]
+    else:
+        launch = [_q(python), "-m", "hyperpod_lab.runtime.launch",
+                  f"--nnodes={nnodes}", f"--nproc-per-node={spec.procs_per_node}",
+                  "--rdzv-backend=c10d", '--rdzv-endpoint="$head_addr:$rdzv_port"', '--rdzv-id="$SLURM_JOB_ID"',
+                  "--rdzv-conf=join_timeout=120", restarts, *logs,
+                  _q(script)] + [_q(a) for a in spec.args]
     lines.append(" ".join(srun) + " \\\n    " + " ".join(launch))
     lines.append("rc=$?")
+    if spec.resiliency.recovery == "checkpointless" and join_offset is None:
+        lines.append('kill "$lighthouse_pid" 2>/dev/null')
+        # elastic: a node lost on the way fails its srun task, but the job succeeded if training finished
+        lines.append('if [ "$rc" != 0 ] && grep -qs \'"kind":"finished"\' "$JOB_DIR"/events/rank-*.jsonl; then '
+                     'echo "hyperpod-lab: training finished (some nodes were lost on the way)"; rc=0; fi')
     lines.append('echo "hyperpod-lab: step exited with $rc"')
     lines.append("exit $rc")
     return "\n".join(lines) + "\n"
@@ -182,6 +217,9 @@ def parse_sacct(stdout: str) -> dict[str, tuple[JobStatus, int | None, str]]:
     return out
 
 
+JOINS_FILE = "joins.json"
+
+
 class SlurmScheduler(Scheduler):
     """Slurm over SSH (or over LocalRemote in tests of the login node itself)."""
 
@@ -237,7 +275,33 @@ class SlurmScheduler(Scheduler):
         return out
 
     def cancel(self, rec):
-        self.remote.run(["scancel", rec.native_id])
+        self.remote.run(["scancel", rec.native_id, *[j["native_id"] for j in self._joins(rec)]])
+
+    def _joins(self, rec) -> list[dict]:
+        try:
+            return json.loads(self.remote.read_from(posixpath.join(rec.job_dir, JOINS_FILE)))
+        except FileNotFoundError:
+            return []
+
+    def scale(self, rec, add_nodes: int) -> dict:
+        """Elastic scale-up of a running checkpointless job: a second allocation of ``add_nodes``
+        nodes whose replica groups join the job's Lighthouse (numbered after every earlier group).
+        Returns ``{"native_id", "offset", "nodes"}``; joins are recorded in ``<job_dir>/joins.json``
+        and cancelled with the job. Raises SpecError (not checkpointless), RemoteCommandError."""
+        spec = JobSpec.from_dict(rec.spec)
+        joins = self._joins(rec)
+        offset = spec.nodes + sum(j["nodes"] for j in joins)
+        text = render_sbatch(spec, rec.job_id, rec.job_dir, self.profile.python, self.profile.shared_root,
+                             partition=spec.partition or self.profile.defaults.partition,
+                             hyperpod=self.is_hyperpod(), join_offset=offset, join_nodes=add_nodes)
+        path = posixpath.join(rec.job_dir, f"join-{len(joins) + 1}.sbatch")
+        self.remote.write_bytes(path, text.encode(), mode=0o755)
+        argv = sbatch_argv(spec.name, rec.job_dir)
+        argv[-1] = path
+        native = parse_sbatch(self.remote.run(argv, timeout_s=60).stdout)
+        join = {"native_id": native, "offset": offset, "nodes": add_nodes}
+        self.remote.write_bytes(posixpath.join(rec.job_dir, JOINS_FILE), json.dumps(joins + [join]).encode())
+        return join
 
     def logs(self, rec, rank=None):
         if rank is not None:

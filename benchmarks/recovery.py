@@ -1,0 +1,252 @@
+"""Downtime per failure and goodput: checkpoint-restart versus checkpointless recovery.
+
+Both modes run 2 data-parallel ranks on this host (gloo, CPU) with the same step time
+(``--step-sleep``), and a rank is SIGKILLed mid-run:
+
+* ``checkpoint_restart`` (the baseline): one torchrun agent (``tests/scripts/tiny_train.py``,
+  DDP); a fault restarts every rank, which reload the newest persistent (DCP) checkpoint. The
+  checkpoint interval is the Young/Daly interval sqrt(2 C MTBF) for the save cost C measured in
+  this run's warm-up and an MTBF of ``--mtbf`` seconds (a fair baseline: the interval that
+  minimises its expected loss).
+* ``checkpointless``: one replica group per rank under a torchft Lighthouse
+  (``tests/scripts/ft_train.py``); the survivor goes on, the restarted rank heals from it.
+
+Downtime per failure = wall seconds from the kill until the job is back at the step it had
+reached when the fault hit (detection + restart + restore + recomputing lost steps); steps lost
+= reached - first step after the fault. ``--goodput-s`` runs the checkpointless job that long
+with a rank killed every ``--mtbf`` seconds: goodput = committed steps x fault-free step time /
+wall time. JSON to ``benchmarks/results/recovery.json``.
+
+    .venv/bin/python benchmarks/recovery.py --faults 3 --goodput-s 600
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+TINY = os.path.join(ROOT, "tests", "scripts", "tiny_train.py")
+FT = os.path.join(ROOT, "tests", "scripts", "ft_train.py")
+
+
+def _events(job_dir: str) -> list[dict]:
+    out = []
+    edir = os.path.join(job_dir, "events")
+    for name in os.listdir(edir) if os.path.isdir(edir) else []:
+        with open(os.path.join(edir, name)) as f:
+            for line in f:
+                if line.endswith("\n"):
+                    out.append(json.loads(line))
+    return sorted(out, key=lambda e: e["time"])
+
+
+def _steps(job_dir: str) -> list[tuple[float, int]]:
+    return [(e["time"], e["data"]["step"]) for e in _events(job_dir) if e["kind"] == "step"]
+
+
+def _env(job_dir: str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update({"HYPERPOD_LAB_JOB_DIR": job_dir, "HYPERPOD_LAB_JOB_ID": os.path.basename(job_dir),
+                "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S": "0.001", "OMP_NUM_THREADS": "1", "RUST_LOG": "warn",
+                "HYPERPOD_LAB_SHM_DIR": os.path.join(job_dir, "shm"), **extra})
+    return env
+
+
+def _wait_step(job_dir: str, step: int, procs, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while max((s for _, s in _steps(job_dir)), default=-1) < step:
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            raise RuntimeError(f"job in {job_dir} did not reach step {step}")
+        time.sleep(0.02)
+
+
+def _pid(job_dir: str, rank: int) -> int:
+    with open(os.path.join(job_dir, "ranks", f"rank-{rank}.json")) as f:
+        return json.load(f)["pid"]
+
+
+def _fault_figures(job_dir: str, t_kill: float, reached: int) -> dict:
+    after = [(t, s) for t, s in _steps(job_dir) if t > t_kill]
+    back = next((t for t, s in after if s >= reached), None)
+    first = after[0][1] if after else None
+    return {"downtime_s": None if back is None else round(back - t_kill, 3),
+            "steps_lost": None if first is None else max(0, reached - first + 1)}
+
+
+def _stop(procs) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def checkpoint_restart(tmp: str, faults: int, step_sleep: float, mtbf_s: float) -> dict:
+    """The baseline. Warm-up measures the save cost C and the step time; then runs with the
+    Young/Daly interval and kills rank 1 ``faults`` times."""
+    from hyperpod_lab.goodput import young_daly_interval
+
+    warm = os.path.join(tmp, "restart-warmup")
+    os.makedirs(warm)
+    subprocess.run([sys.executable, "-m", "hyperpod_lab.runtime.launch", "--standalone", "--nnodes=1",
+                    "--nproc-per-node=2", TINY, "--steps", "30", "--every", "5", "--sleep", str(step_sleep)],
+                   env=_env(warm), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    saves = [e["data"]["blocked_s"] for e in _events(warm) if e["kind"] == "checkpoint.saved"]
+    st = _steps(warm)
+    step_s = (st[-1][0] - st[5][0]) / (st[-1][1] - st[5][1])
+    cost = statistics.median(saves)
+    interval_s = young_daly_interval(cost, mtbf_s)
+    every = max(1, round(interval_s / step_s))
+
+    job = os.path.join(tmp, "restart")
+    os.makedirs(job)
+    steps = 60 + faults * 60
+    agent = subprocess.Popen([sys.executable, "-m", "hyperpod_lab.runtime.launch", "--standalone", "--nnodes=1",
+                              "--nproc-per-node=2", f"--max-restarts={faults + 2}", "--monitor-interval=0.1", TINY,
+                              "--steps", str(steps), "--every", str(every), "--sleep", str(step_sleep)],
+                             env=_env(job), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out = []
+    try:
+        target = 12
+        for _ in range(faults):
+            _wait_step(job, target, [agent])
+            reached = max(s for _, s in _steps(job))
+            t_kill = time.time()
+            os.kill(_pid(job, 1), signal.SIGKILL)
+            _wait_step(job, reached + 1, [agent])
+            out.append(_fault_figures(job, t_kill, reached))
+            target = reached + every + 7  # next fault at another phase of the interval
+    finally:
+        _stop([agent])
+    return {"save_cost_s": round(cost, 4), "step_s": round(step_s, 4), "mtbf_s": mtbf_s,
+            "young_daly_interval_s": round(interval_s, 2), "checkpoint_every_steps": every, "faults": out}
+
+
+class FtJob:
+    def __init__(self, tmp: str, name: str, steps: int, step_sleep: float):
+        from hyperpod_lab.runtime.lighthouse import read_address
+
+        self.dir = os.path.join(tmp, name)
+        os.makedirs(self.dir)
+        self.lh = subprocess.Popen([sys.executable, "-m", "hyperpod_lab.runtime.lighthouse", "--job-dir", self.dir,
+                                    "--min-replicas", "1", "--host", "127.0.0.1"], stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+        self.addr = read_address(self.dir, 30)
+        self.args = ["--steps", str(steps), "--step-sleep", str(step_sleep), "--global-batch", "32",
+                     "--micro-batch", "4"]
+        self.agents = [self._agent(g) for g in (0, 1)]
+
+    def _agent(self, g: int) -> subprocess.Popen:
+        env = _env(self.dir, HYPERPOD_LAB_REPLICA_GROUP=str(g), HYPERPOD_LAB_REPLICA_GROUPS="2",
+                   TORCHFT_LIGHTHOUSE=self.addr, SLURMD_NODENAME=f"n{g + 1}")
+        return subprocess.Popen([sys.executable, "-m", "hyperpod_lab.runtime.launch", "--standalone", "--nnodes=1",
+                                 "--nproc-per-node=1", "--max-restarts=100", "--monitor-interval=0.1", FT, *self.args],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop(self) -> None:
+        _stop(self.agents + [self.lh])
+
+
+def checkpointless(tmp: str, faults: int, step_sleep: float) -> dict:
+    job = FtJob(tmp, "checkpointless", 60 + faults * 60, step_sleep)
+    out = []
+    try:
+        target = 12
+        for _ in range(faults):
+            _wait_step(job.dir, target, job.agents)
+            reached = max(s for _, s in _steps(job.dir))
+            t_kill = time.time()
+            os.kill(_pid(job.dir, 1), signal.SIGKILL)
+            _wait_step(job.dir, reached + 1, job.agents)
+            out.append(_fault_figures(job.dir, t_kill, reached))
+            # wait until the restarted rank has healed before the next fault
+            deadline = time.monotonic() + 120
+            while not [e for e in _events(job.dir) if e["kind"] == "checkpoint.restored" and e["time"] > t_kill
+                       and e["data"].get("tier") == "replica"] and time.monotonic() < deadline:
+                time.sleep(0.1)
+            target = max(s for _, s in _steps(job.dir)) + 10
+    finally:
+        job.stop()
+    st = _steps(job.dir)
+    return {"faults": out, "storage_restores": sum(1 for e in _events(job.dir) if e["kind"] == "checkpoint.restored"
+                                                   and e["data"].get("tier") != "replica"),
+            "step_s": round((st[10][0] - st[2][0]) / (st[10][1] - st[2][1]), 4)}
+
+
+def goodput_run(tmp: str, duration_s: float, every_s: float, step_sleep: float) -> dict:
+    job = FtJob(tmp, "goodput", 10 ** 6, step_sleep)
+    kills = 0
+    try:
+        _wait_step(job.dir, 5, job.agents)
+        t0 = time.time()
+        next_kill = t0 + every_s
+        while time.time() < t0 + duration_s:
+            if time.time() >= next_kill:
+                try:
+                    os.kill(_pid(job.dir, 1), signal.SIGKILL)
+                    kills += 1
+                except ProcessLookupError:
+                    pass
+                next_kill += every_s
+            time.sleep(0.05)
+        t1 = time.time()
+    finally:
+        job.stop()
+    st = _steps(job.dir)
+    clean = [b[0] - a[0] for a, b in zip(st, st[1:]) if a[0] < t0 and b[1] == a[1] + 1]
+    step_s = statistics.median(clean)
+    done = len({s for t, s in st if t0 <= t <= t1})
+    return {"duration_s": round(t1 - t0, 1), "faults": kills, "fault_every_s": every_s, "steps": done,
+            "fault_free_step_s": round(step_s, 4), "goodput": round(done * step_s / (t1 - t0), 4)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--faults", type=int, default=3)
+    p.add_argument("--step-sleep", type=float, default=0.2)
+    p.add_argument("--mtbf", type=float, default=60.0, help="seconds between faults (Young/Daly and goodput)")
+    p.add_argument("--goodput-s", type=float, default=600.0, help="0 skips the goodput run")
+    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "recovery.json"))
+    a = p.parse_args()
+    tmp = tempfile.mkdtemp(prefix="hp-recovery-" + uuid.uuid4().hex[:6] + "-")
+    base = checkpoint_restart(tmp, a.faults, a.step_sleep, a.mtbf)
+    ours = checkpointless(tmp, a.faults, a.step_sleep)
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    d_base = mean([f["downtime_s"] for f in base["faults"]])
+    d_ours = mean([f["downtime_s"] for f in ours["faults"]])
+    res = {"checkpoint_restart": base, "checkpointless": ours,
+           "mean_downtime_s": {"checkpoint_restart": round(d_base, 3), "checkpointless": round(d_ours, 3)},
+           "mean_steps_lost": {"checkpoint_restart": mean([f["steps_lost"] for f in base["faults"]]),
+                               "checkpointless": mean([f["steps_lost"] for f in ours["faults"]])},
+           "downtime_reduction": round(1 - d_ours / d_base, 4), "target_downtime_reduction": 0.9,
+           "host": {"cpus": os.cpu_count()}}
+    print(f"downtime per failure: checkpoint-restart {d_base:.2f} s, checkpointless {d_ours:.2f} s "
+          f"-> reduction {res['downtime_reduction']:.1%} (target >= 90 %); steps lost "
+          f"{res['mean_steps_lost']['checkpoint_restart']:.1f} vs {res['mean_steps_lost']['checkpointless']:.1f}")
+    if a.goodput_s > 0:
+        res["goodput"] = goodput_run(tmp, a.goodput_s, a.mtbf, a.step_sleep)
+        g = res["goodput"]
+        print(f"goodput: {g['goodput']:.1%} over {g['duration_s']} s with {g['faults']} faults (target >= 90 %)")
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(res, f, indent=2)
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""Checkpointless recovery, tiered checkpointing and elastic training together, on the real 2-node
+dev cluster (Slurm over SSH): one replica group per node under the job's torchft Lighthouse.
+
+1. rank 1's process is SIGKILLed (``inject-fault``): torchrun on n2 restarts it, it heals from
+   n1's live state (tier ``replica``) while n1 goes on;
+2. node n2's processes are all killed (agent and worker: the node is gone): n1 trains alone, the
+   global batch kept by accumulation (``elastic.scaled`` 2 -> 1);
+3. ``hyperpod-lab scale --add-nodes 1``: a second allocation joins the same Lighthouse as replica
+   group 2 and heals from n1 (``elastic.scaled`` 1 -> 2);
+4. the job completes (sacct COMPLETED) and nothing was ever read from storage.
+"""
+
+import os
+import signal
+import time
+
+from hyperpod_lab import cli
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(REPO, "tests", "scripts", "ft_train.py")
+STEPS = 90
+
+
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line.split()[1] for line in f if line.startswith("PPid:")))
+
+
+def test_checkpointless_elastic_job_on_slurm(dev_cluster, client):
+    job_id = cli.run(["submit", SCRIPT, "--cluster", "local-slurm", "--nodes", "2", "--procs-per-node", "1",
+                      "--recovery", "checkpointless", "--elastic", "1:3", "--name", "ft-elastic",
+                      "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001", "--env", "RUST_LOG=warn",
+                      "--", "--steps", str(STEPS), "--step-sleep", "0.25"], client=client)
+    reader = client.event_reader(job_id)
+    events: list = []
+
+    def until(pred, what, timeout=240):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            events.extend(reader.poll())
+            if pred():
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}: {[e.kind for e in events][-30:]}\n"
+                             f"{client.logs(job_id)[-4000:]}")
+
+    def step():
+        return max([e.data["step"] for e in events if e.kind == "step"], default=-1)
+
+    def kinds(kind, **match):
+        return [e for e in events if e.kind == kind and all(e.data.get(k) == v for k, v in match.items())]
+
+    # 1. a rank's process dies; it is restarted and heals from its live peer
+    until(lambda: step() >= 8, "step 8")
+    t1 = time.time()
+    info = client.inject_fault(job_id, 1)
+    until(lambda: [e for e in kinds("checkpoint.restored", tier="replica", replica_group=1) if e.time > t1],
+          "rank 1 healing from its peer")
+    rec1 = [e for e in kinds("recovery.completed", mode="checkpointless") if e.time > t1]
+    assert rec1 and rec1[0].data["downtime_s"] < 10, rec1
+    assert [e for e in kinds("fault.detected") if e.time > t1 and e.data.get("node") == "n2"], kinds("fault.detected")
+
+    # 2. node n2 is lost: its agent and worker die, nothing restarts them
+    target = step() + 3
+    until(lambda: step() >= target, "progress after healing")
+    worker = client.scheduler("local-slurm").rank_info(client.get(job_id), 1)["pid"]
+    agent = _ppid(worker)
+    t2 = time.time()
+    for pid in (agent, worker):
+        os.kill(pid, signal.SIGKILL)
+    until(lambda: [e for e in kinds("elastic.scaled") if e.time > t2 and e.data["new_replicas"] == 1],
+          "scale-down to one replica")
+    down = [e for e in kinds("elastic.scaled") if e.time > t2][0].data
+    assert down["accumulation_steps"] == 2 * down["old_accumulation_steps"] and down["lr"] == down["old_lr"]
+
+    # 3. a new node joins from a second allocation
+    join = cli.run(["scale", job_id, "--add-nodes", "1"], client=client)
+    assert join["offset"] == 2
+    until(lambda: kinds("checkpoint.restored", tier="replica", replica_group=2), "the new node healing")
+    until(lambda: [e for e in kinds("elastic.scaled") if e.time > t2 and e.data["new_replicas"] == 2],
+          "scale-up to two replicas")
+
+    # 4. completion, with no storage read at any point
+    until(lambda: kinds("finished"), "finished", timeout=300)
+    assert client.wait(job_id, timeout_s=120).status == "completed", client.logs(job_id)[-3000:]
+    assert kinds("finished")[-1].data["steps"] == STEPS
+    assert not [e for e in kinds("checkpoint.restored") if e.data["tier"] != "replica"]
+    assert kinds("checkpoint.saved", tier="memory") and kinds("checkpoint.saved", tier="persistent")
+    assert info["node"] == "n2"
