@@ -263,3 +263,47 @@ def test_elastic_shrink_and_grow_with_tiered_checkpointing_keeps_the_loss_curve(
     a0, a2 = job.final(0), job.final(2)
     for k in a0:
         assert torch.equal(a0[k], a2[k]), f"replicas diverged at {k}"
+
+
+def test_local_backend_runs_the_spec_checkpointless_and_scales(client, tmp_path):
+    """The JobSpec drives it on the local backend: ``--recovery checkpointless --nodes 2`` runs two
+    replica groups under a Lighthouse; a rank killed through the client heals from its peer;
+    ``scale --add-nodes 1`` starts a third group that joins; the job completes."""
+    from hyperpod_lab import cli
+
+    job_id = cli.run(["submit", SCRIPT, "--cluster", "local", "--nodes", "2", "--procs-per-node", "1",
+                      "--recovery", "checkpointless", "--elastic", "1:3", "--name", "ft-local",
+                      "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001", "--env", "RUST_LOG=warn",
+                      "--", "--steps", "80", "--step-sleep", "0.3", "--no-checkpoint"], client=client)
+    rec = client.get(job_id)
+    assert "hyperpod_lab.runtime.ft_local" in client.render(_spec_of(rec))
+
+    def wait_for(pred, what, timeout=180):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ev = read_events(rec.job_dir)
+            if pred(ev):
+                return ev
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}: {client.logs(job_id)[-3000:]}")
+
+    wait_for(lambda ev: max([e["data"]["step"] for e in kinds(ev, "step")], default=-1) >= 8, "step 8")
+    t = time.time()
+    client.inject_fault(job_id, 1)
+    wait_for(lambda ev: [e for e in kinds(ev, "checkpoint.restored", tier="replica", replica_group=1)
+                         if e["time"] > t], "rank 1 healing")
+    join = cli.run(["scale", job_id, "--add-nodes", "1"], client=client)
+    assert join["offset"] == 2
+    wait_for(lambda ev: kinds(ev, "checkpoint.restored", tier="replica", replica_group=2), "group 2 joining")
+    final = client.wait(job_id, timeout_s=240)
+    ev = read_events(rec.job_dir)
+    assert final.status == "completed", client.logs(job_id)[-3000:]
+    assert kinds(ev, "finished")[-1]["data"]["steps"] == 80
+    assert [e for e in kinds(ev, "elastic.scaled") if e["data"]["new_replicas"] == 3]
+    assert not _storage_restores(ev)
+
+
+def _spec_of(rec):
+    from hyperpod_lab.spec import JobSpec
+
+    return JobSpec.from_dict(rec.spec)
