@@ -6,6 +6,7 @@ import subprocess
 
 import pytest
 
+from hyperpod_lab.errors import SpecError
 from hyperpod_lab.jobs import JobStatus
 from hyperpod_lab.schedulers.slurm import (parse_exit_code, parse_sacct, parse_sbatch, parse_squeue,
                                            render_sbatch, sbatch_argv)
@@ -20,12 +21,21 @@ def spec():
                    env={"WANDB_MODE": "off"}, resiliency=ResiliencyPolicy(max_retries=3)).validate()
 
 
-@pytest.mark.parametrize("name, kwargs", [
-    ("sbatch_requeue.sh", dict(hyperpod=False, partition="dev")),
-    ("sbatch_hyperpod.sh", dict(hyperpod=True, partition=None)),
+def ft_spec():
+    s = spec()
+    s.resiliency.recovery = "checkpointless"
+    s.elastic = ElasticPolicy(min_nodes=1, max_nodes=4)
+    return s.validate()
+
+
+@pytest.mark.parametrize("name, kwargs, make", [
+    ("sbatch_requeue.sh", dict(hyperpod=False, partition="dev"), spec),
+    ("sbatch_hyperpod.sh", dict(hyperpod=True, partition=None), spec),
+    ("sbatch_checkpointless.sh", dict(hyperpod=False, partition="dev"), ft_spec),
+    ("sbatch_checkpointless_join.sh", dict(hyperpod=False, partition="dev", join_offset=2, join_nodes=1), ft_spec),
 ])
-def test_render_matches_golden(name, kwargs):
-    text = render_sbatch(spec(), "quick-start-20261123-010203-abcd", "/fsx/hyperpod-lab/jobs/quick-start-20261123-010203-abcd",
+def test_render_matches_golden(name, kwargs, make):
+    text = render_sbatch(make(), "quick-start-20261123-010203-abcd", "/fsx/hyperpod-lab/jobs/quick-start-20261123-010203-abcd",
                          "/opt/venv/bin/python", "/fsx", **kwargs)
     path = os.path.join(GOLDEN, name)
     if os.environ.get("UPDATE_GOLDEN"):
@@ -33,6 +43,21 @@ def test_render_matches_golden(name, kwargs):
             f.write(text)
     with open(path) as f:
         assert text == f.read(), f"rendered sbatch differs from {path}; UPDATE_GOLDEN=1 rewrites it after review"
+
+
+def test_checkpointless_renders_replica_groups_under_a_lighthouse():
+    job = render_sbatch(ft_spec(), "j", "/fsx/j", "python3", "/fsx")
+    join = render_sbatch(ft_spec(), "j", "/fsx/j", "python3", "/fsx", join_offset=2)
+    for text in (job, join):
+        subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+        assert "#SBATCH --no-kill" in text and "--standalone --nnodes=1" in text and "--rdzv-backend" not in text
+        assert "HYPERPOD_LAB_REPLICA_GROUP=slurm" in text
+    assert "hyperpod_lab.runtime.lighthouse" in job and "--min-replicas=1" in job and "OFFSET=0" in job
+    assert "hyperpod_lab.runtime.lighthouse" not in join and "OFFSET=2" in join and "#SBATCH --requeue" not in join
+    with pytest.raises(SpecError, match="resiliency.recovery"):
+        render_sbatch(spec(), "j", "/fsx/j", "python3", "/fsx", join_offset=2)
+    with pytest.raises(SpecError, match="resiliency.recovery"):
+        JobSpec(script="t.py", resiliency=ResiliencyPolicy(recovery="magic")).validate()
 
 
 def test_hyperpod_uses_auto_resume_and_elsewhere_requeue():

@@ -1,0 +1,37 @@
+#!/bin/bash
+# Rendered by hyperpod-lab 0.1.0 for job quick-start-20261123-010203-abcd. Resubmit instead of editing.
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=1
+#SBATCH --output=/fsx/hyperpod-lab/jobs/quick-start-20261123-010203-abcd/logs/slurm-%j.out
+#SBATCH --open-mode=append
+#SBATCH --partition=dev
+#SBATCH --no-kill
+#SBATCH --requeue
+set -uo pipefail
+JOB_DIR=/fsx/hyperpod-lab/jobs/quick-start-20261123-010203-abcd
+export HYPERPOD_LAB_JOB_ID=quick-start-20261123-010203-abcd
+export HYPERPOD_LAB_JOB_DIR="$JOB_DIR"
+export HYPERPOD_LAB_SPEC="$JOB_DIR/spec.json"
+export HYPERPOD_LAB_SHARED_ROOT=/fsx
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+export WANDB_MODE=off
+head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+head_addr=$(scontrol show node "$head_node" | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')
+: "${head_addr:=$head_node}"
+rdzv_port=$(( 29500 + SLURM_JOB_ID % 20000 ))
+echo "hyperpod-lab: job $HYPERPOD_LAB_JOB_ID slurm $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} nodes $SLURM_JOB_NODELIST rendezvous $head_addr:$rdzv_port"
+/opt/venv/bin/python -m hyperpod_lab.runtime.lighthouse --job-dir "$JOB_DIR" --min-replicas=1 --host "$head_addr" >> "$JOB_DIR/logs/lighthouse.log" 2>&1 &
+lighthouse_pid=$!
+export HYPERPOD_LAB_REPLICA_GROUPS=$SLURM_JOB_NUM_NODES
+export HYPERPOD_LAB_REPLICA_GROUP=slurm
+export HYPERPOD_LAB_REPLICA_GROUP_OFFSET=0
+srun --nodes=$SLURM_JOB_NUM_NODES --ntasks-per-node=1 --kill-on-bad-exit=0 \
+    /opt/venv/bin/python -m hyperpod_lab.runtime.launch --standalone --nnodes=1 --nproc-per-node=1 --max-restarts=3 --monitor-interval=0.1 --log-dir="$JOB_DIR/logs/torchrun" --redirects=3 --tee=3 /fsx/hyperpod-lab/jobs/quick-start-20261123-010203-abcd/script/train_lm.py --steps 40 ''"'"'; touch /tmp/x; '"'"'' '$(id)' 'a
+b'
+rc=$?
+kill "$lighthouse_pid" 2>/dev/null
+if [ "$rc" != 0 ] && grep -qs '"kind":"finished"' "$JOB_DIR"/events/rank-*.jsonl; then echo "hyperpod-lab: training finished (some nodes were lost on the way)"; rc=0; fi
+echo "hyperpod-lab: step exited with $rc"
+exit $rc
