@@ -18,7 +18,22 @@ Profiles live in one TOML file, ``$HYPERPOD_LAB_CONFIG`` or else
     nodes = 2
     procs_per_node = 1
 
+An EKS-orchestrated HyperPod cluster (see ``docs/eks.md``)::
+
+    [clusters.hp-eks]
+    orchestrator = "eks"
+    eks_cluster = "my-eks"            # EKS cluster name (token made with boto3), or:
+    kube_context = "arn:aws:eks:..."  # a context of ~/.kube/config (or of `kubeconfig`)
+    region = "us-west-2"
+    namespace = "default"
+    operator = "hyperpod"             # hyperpod (HyperPodPyTorchJob) | kubeflow (PyTorchJob)
+    image = "123456789012.dkr.ecr.us-west-2.amazonaws.com/train:latest"
+    pvc = "fsx-claim"                 # FSx for Lustre persistent volume claim
+    shared_mount = "/fsx"             # where the pods mount it
+
 A built-in profile named ``local`` (the local backend: torchrun on this machine) always exists.
+A value starting with :data:`PLACEHOLDER` (written by ``clusters discover`` for what the
+SageMaker API cannot know, such as a Slurm login node) must be filled in before submitting.
 """
 
 from __future__ import annotations
@@ -32,7 +47,9 @@ from typing import Any
 from hyperpod_lab.errors import ConfigError, UnknownCluster
 
 ORCHESTRATORS = ("slurm", "eks", "local")
+OPERATORS = ("hyperpod", "kubeflow")
 LOCAL = "local"
+PLACEHOLDER = "FILL-IN"
 
 
 def config_path() -> str:
@@ -76,6 +93,20 @@ class ClusterProfile:
         python: Python interpreter on the nodes that has hyperpod-lab and torch.
         connect_timeout_s: SSH connect timeout, seconds.
         defaults: partition / nodes / procs_per_node defaults.
+        kube_context, kubeconfig: (eks) a kubeconfig context, and the kubeconfig file
+            (default ``$KUBECONFIG`` or ``~/.kube/config``).
+        eks_cluster, region, aws_profile: (eks) without ``kube_context``, the EKS cluster
+            whose endpoint/CA come from ``eks.describe_cluster`` and whose bearer token is made
+            with boto3 (what ``aws eks get-token`` does).
+        api_server: (eks) API server URL overriding the one ``describe_cluster`` returns.
+        cluster_arn: (eks, slurm) the HyperPod cluster's ARN (written by discovery).
+        namespace: (eks) Kubernetes namespace of the jobs (default ``default``).
+        operator: (eks) ``hyperpod`` (HyperPodPyTorchJob, default) or ``kubeflow`` (PyTorchJob).
+        image: (eks) container image with torch and hyperpod-lab (and, for ``hyperpod``,
+            ``hyperpodrun`` from the hyperpod-elastic-agent package).
+        pvc: (eks) persistent volume claim of the FSx for Lustre file system.
+        shared_mount: (eks) its mount path inside the pods (default ``/fsx``).
+        gpus_per_node: (eks) GPUs each pod requests (``nvidia.com/gpu``); unset requests none.
     """
 
     name: str
@@ -89,6 +120,24 @@ class ClusterProfile:
     python: str = "python3"
     connect_timeout_s: float = 10.0
     defaults: ClusterDefaults = field(default_factory=ClusterDefaults)
+    kube_context: str | None = None
+    kubeconfig: str | None = None
+    eks_cluster: str | None = None
+    region: str | None = None
+    aws_profile: str | None = None
+    api_server: str | None = None
+    cluster_arn: str | None = None
+    namespace: str | None = None
+    operator: str | None = None
+    image: str | None = None
+    pvc: str | None = None
+    shared_mount: str | None = None
+    gpus_per_node: int | None = None
+
+    def unfilled(self) -> list[str]:
+        """Names of the fields still holding a :data:`PLACEHOLDER` (to be filled in by hand)."""
+        return [f.name for f in fields(self) if isinstance(getattr(self, f.name), str)
+                and getattr(self, f.name).startswith(PLACEHOLDER)]
 
     def validate(self) -> "ClusterProfile":
         where = f"cluster profile '{self.name}' in {config_path()}"
@@ -100,6 +149,19 @@ class ClusterProfile:
                     raise ConfigError(f"{where}: '{key}' is required for a slurm cluster")
             if not isinstance(self.port, int) or not 0 < self.port < 65536:
                 raise ConfigError(f"{where}: port must be 1-65535, got {self.port!r}")
+        if self.orchestrator == "eks":
+            if not (self.kube_context or self.kubeconfig or self.eks_cluster):
+                raise ConfigError(f"{where}: an eks cluster needs 'kube_context' (a context of your kubeconfig) "
+                                  f"or 'eks_cluster' and 'region' (token made with boto3)")
+            if self.eks_cluster and not self.kube_context and not self.kubeconfig and not self.region:
+                raise ConfigError(f"{where}: 'region' is required with 'eks_cluster', e.g. region = \"us-west-2\"")
+            if self.operator is not None and self.operator not in OPERATORS:
+                raise ConfigError(f"{where}: operator must be one of {', '.join(OPERATORS)}, got {self.operator!r}")
+            if self.gpus_per_node is not None and (isinstance(self.gpus_per_node, bool)
+                                                   or not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 0):
+                raise ConfigError(f"{where}: gpus_per_node must be a whole number >= 0, got {self.gpus_per_node!r}")
+            if self.shared_mount is not None and not str(self.shared_mount).startswith("/"):
+                raise ConfigError(f"{where}: shared_mount must be an absolute path such as /fsx, got {self.shared_mount!r}")
         return self
 
     def to_toml_table(self) -> dict[str, Any]:

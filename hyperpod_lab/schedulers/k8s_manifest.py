@@ -1,0 +1,304 @@
+"""Kubernetes manifests of a JobSpec (pure renderers, golden-file tested).
+
+Two custom resources run the same JobSpec on an EKS cluster:
+
+* ``HyperPodPyTorchJob`` (``sagemaker.amazonaws.com/v1``) for clusters with the SageMaker
+  HyperPod training operator. The pods run ``hyperpodrun`` (the HyperPod elastic agent, a
+  torchrun superset; it listens on container port 8080 for the operator).
+* ``PyTorchJob`` (``kubeflow.org/v1``) for EKS clusters without it. The pods run our
+  launcher (``python -m hyperpod_lab.runtime.launch``, torchrun plus fault/recovery events);
+  the Kubeflow operator passes the rendezvous settings as ``PET_*`` environment variables,
+  which torchrun's parser reads.
+
+Where the script goes, and why a ConfigMap: the training script and ``spec.json`` travel in a
+ConfigMap (rendered by :func:`render_job_configmap`) mounted read-only at :data:`JOB_MOUNT`.
+Creating it needs only the Kubernetes API the job itself needs; writing to the FSx volume
+instead would need the notebook host to mount that file system (or a helper pod), which
+notebooks usually do not. The cost: a ConfigMap holds at most 1 MiB, so larger scripts are
+refused with an error (put them on the shared file system and keep a small entry script).
+
+Field names follow the ``sagemaker-hyperpod`` SDK's pydantic model of the resource
+(``sagemaker.hyperpod.training.config.hyperpod_pytorch_job_unified_config``); the tests
+validate every rendered resource against it.
+"""
+
+from __future__ import annotations
+
+import copy
+import posixpath
+import re
+from typing import Any
+
+from hyperpod_lab import __version__
+from hyperpod_lab.clusters import ClusterProfile
+from hyperpod_lab.errors import ConfigError, SpecError
+from hyperpod_lab.spec import JobSpec
+
+HYPERPOD_GROUP, HYPERPOD_VERSION, HYPERPOD_KIND, HYPERPOD_PLURAL = (
+    "sagemaker.amazonaws.com", "v1", "HyperPodPyTorchJob", "hyperpodpytorchjobs")
+KUBEFLOW_GROUP, KUBEFLOW_VERSION, KUBEFLOW_KIND, KUBEFLOW_PLURAL = (
+    "kubeflow.org", "v1", "PyTorchJob", "pytorchjobs")
+
+JOB_MOUNT = "/opt/hyperpod-lab/job"  # the ConfigMap (script + spec.json), read-only
+DEFAULT_SHARED_MOUNT = "/fsx"
+DEFAULT_NAMESPACE = "default"
+DEEP_HEALTH_CHECK_LABEL = "sagemaker.amazonaws.com/deep-health-check-status"
+JOB_ID_LABEL = "hyperpod-lab.io/job-id"
+AGENT_PORT = 8080  # the HyperPod elastic agent's port
+CONFIGMAP_MAX_BYTES = 1024 * 1024
+SPEC_KEY = "spec.json"
+
+# Hang detection. The pattern matches a step line ``step <N> loss <X>`` (the example's rank-0
+# log line, ``step 3 loss 2.1234 tok/s 5120``); the runtime's step events themselves go to the
+# events file, not stdout. The job counts as hung when no step line arrives for
+# HANG_AFTER_S seconds, and as failed to start when none arrives within START_CUTOFF_S.
+STEP_LOG_PATTERN = r".*\bstep (\d+) loss .*"
+START_CUTOFF_S = 900
+HANG_AFTER_S = 600
+RESTART_EVAL_PERIOD_S = 3600
+GRACEFUL_SHUTDOWN_S = 120
+
+
+def resource_name(job_id: str) -> str:
+    """The Kubernetes name of a job's resources: ``job_id`` as a DNS-1123 label (<= 53 chars,
+    leaving room for the operator's pod suffixes)."""
+    name = re.sub(r"[^a-z0-9-]+", "-", job_id.lower()).strip("-")[:53].rstrip("-")
+    return name or "job"
+
+
+def configmap_name(job_id: str) -> str:
+    return resource_name(job_id) + "-job"
+
+
+def pod_job_dir(job_id: str, shared_mount: str = DEFAULT_SHARED_MOUNT) -> str:
+    """The job directory inside the pods (on the FSx volume), where the runtime writes events."""
+    return posixpath.join(shared_mount, "hyperpod-lab", "jobs", job_id)
+
+
+def k8s_literal(text: str) -> str:
+    """``text`` escaped so the kubelet passes it verbatim: it expands ``$(VAR)`` in a container's
+    command, args and env values and reduces ``$$`` to ``$``, so every ``$`` is doubled."""
+    return text.replace("$", "$$")
+
+
+def _require(profile: ClusterProfile, key: str, example: str) -> str:
+    value = getattr(profile, key)
+    if not value:
+        raise ConfigError(f"cluster profile '{profile.name}': set '{key}' to render EKS jobs, e.g. {key} = {example}")
+    return value
+
+
+def job_env(spec: JobSpec, job_id: str, shared_mount: str) -> list[dict[str, str]]:
+    """The container environment: the same ``HYPERPOD_LAB_*`` variables ``render_sbatch``
+    exports (job id, job dir, spec path, shared root), then the spec's own ``env``."""
+    env = {
+        "HYPERPOD_LAB_JOB_ID": job_id,
+        "HYPERPOD_LAB_JOB_DIR": pod_job_dir(job_id, shared_mount),
+        "HYPERPOD_LAB_SPEC": posixpath.join(JOB_MOUNT, SPEC_KEY),
+        "HYPERPOD_LAB_SHARED_ROOT": shared_mount,
+        "OMP_NUM_THREADS": "1",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+    }
+    env.update(spec.env)
+    return [{"name": k, "value": k8s_literal(v)} for k, v in env.items()]
+
+
+def _script_path(spec: JobSpec) -> str:
+    return posixpath.join(JOB_MOUNT, posixpath.basename(spec.script))
+
+
+def _pod_template(spec: JobSpec, job_id: str, profile: ClusterProfile, command: list[str],
+                  container: str, port: int | None, deep_health_check: bool) -> dict[str, Any]:
+    image = _require(profile, "image", '"123456789012.dkr.ecr.us-west-2.amazonaws.com/train:latest"')
+    pvc = _require(profile, "pvc", '"fsx-claim"')
+    mount = profile.shared_mount or DEFAULT_SHARED_MOUNT
+    c: dict[str, Any] = {
+        "name": container,
+        "image": image,
+        "command": command,
+        "env": job_env(spec, job_id, mount),
+        "volumeMounts": [{"name": "fsx", "mountPath": mount},
+                         {"name": "job", "mountPath": JOB_MOUNT, "readOnly": True}],
+    }
+    if port is not None:
+        c["ports"] = [{"containerPort": port}]
+    if profile.gpus_per_node:
+        gpus = {"nvidia.com/gpu": int(profile.gpus_per_node)}
+        c["resources"] = {"limits": dict(gpus), "requests": dict(gpus)}
+    pod: dict[str, Any] = {
+        "containers": [c],
+        "volumes": [{"name": "fsx", "persistentVolumeClaim": {"claimName": pvc}},
+                    {"name": "job", "configMap": {"name": configmap_name(job_id)}}],
+    }
+    if deep_health_check:
+        pod["nodeSelector"] = {DEEP_HEALTH_CHECK_LABEL: "Passed"}
+    return {"metadata": {"labels": {JOB_ID_LABEL: resource_name(job_id)}}, "spec": pod}
+
+
+def _check_supported(spec: JobSpec) -> None:
+    if getattr(spec.resiliency, "recovery", "restart") != "restart":
+        raise SpecError("resiliency.recovery", f"{spec.resiliency.recovery!r} recovery is not available on EKS yet "
+                                               f"(only 'restart'); submit with --recovery restart, or to a Slurm cluster")
+
+
+def _metadata(spec: JobSpec, job_id: str, profile: ClusterProfile) -> dict[str, Any]:
+    return {"name": resource_name(job_id), "namespace": profile.namespace or DEFAULT_NAMESPACE,
+            "labels": {JOB_ID_LABEL: resource_name(job_id), "app.kubernetes.io/managed-by": "hyperpod-lab"},
+            "annotations": {"hyperpod-lab.io/job-name": spec.name, "hyperpod-lab.io/version": __version__}}
+
+
+def render_hyperpod_pytorch_job(spec: JobSpec, job_id: str, profile: ClusterProfile) -> dict[str, Any]:
+    """``spec`` as a ``HyperPodPyTorchJob`` (pure).
+
+    Mapping: ``nodes`` -> ``replicaSpecs[0].replicas`` (``maxReplicas`` = elastic max);
+    ``procs_per_node`` -> ``nprocPerNode``; resiliency -> ``runPolicy.jobMaxRetryCount``
+    (``max_retries``, 0 without ``auto_resume``) and ``runPolicy.restartPolicy`` (process-level
+    restarts first, then full-job restarts; the pods run
+    ``hyperpodrun --rdzv-backend=hyperpod``); hang detection -> ``runPolicy.logMonitoringConfiguration``
+    on :data:`STEP_LOG_PATTERN`; ``health_checks`` -> the deep-health-check node selector;
+    elastic -> ``elasticPolicy`` (min/max replicas, increment step 1); the checkpoint policy
+    reaches the runtime through ``$HYPERPOD_LAB_SPEC`` (the ConfigMap's ``spec.json``).
+
+    Args:
+        spec: a validated JobSpec.
+        job_id: hyperpod-lab job id.
+        profile: the eks cluster profile (``image``, ``pvc``, ``shared_mount``, ``namespace``).
+
+    Returns:
+        The custom resource as a dict (``apiVersion``, ``kind``, ``metadata``, ``spec``).
+
+    Raises:
+        ConfigError: the profile lacks ``image`` or ``pvc``.
+        SpecError: ``resiliency.recovery`` is not ``restart`` (checkpointless runs on Slurm only).
+    """
+    _check_supported(spec)
+    el, res = spec.elastic, spec.resiliency
+    max_nodes = el.max_nodes if el.enabled else spec.nodes
+    retries = res.max_retries if res.auto_resume else 0
+    mount = profile.shared_mount or DEFAULT_SHARED_MOUNT
+    # the operator coordinates the rendezvous (--rdzv-backend hyperpod). No --inprocess-restart:
+    # that mode needs the script to handle restarts in process; ours restarts the processes and
+    # the runtime resumes from its newest checkpoint tier.
+    command = ["hyperpodrun", f"--nnodes={el.min_nodes}:{el.max_nodes}" if el.enabled else f"--nnodes={spec.nodes}",
+               f"--nproc-per-node={spec.procs_per_node}", "--rdzv-backend=hyperpod", "--tee=3",
+               f"--log-dir={posixpath.join(pod_job_dir(job_id, mount), 'logs', 'hyperpodrun')}"]
+    command += [k8s_literal(_script_path(spec)), *map(k8s_literal, spec.args)]
+    replica: dict[str, Any] = {
+        "name": "workers", "replicas": spec.nodes,
+        "template": _pod_template(spec, job_id, profile, command, "pytorch", AGENT_PORT, res.health_checks),
+    }
+    if el.enabled:
+        replica["maxReplicas"] = max_nodes
+    run_policy: dict[str, Any] = {
+        "cleanPodPolicy": "All",
+        "jobMaxRetryCount": retries,
+        "logMonitoringConfiguration": [
+            {"name": "JobStart", "logPattern": STEP_LOG_PATTERN, "expectedStartCutOffInSeconds": START_CUTOFF_S},
+            {"name": "JobHangingDetection", "logPattern": STEP_LOG_PATTERN,
+             "expectedRecurringFrequencyInSeconds": HANG_AFTER_S},
+        ],
+    }
+    if retries:
+        run_policy["restartPolicy"] = {"evalPeriodSeconds": RESTART_EVAL_PERIOD_S,
+                                       "numRestartBeforeFullJobRestart": retries,
+                                       "maxFullJobRestarts": 1}
+    if spec.time_limit_min:
+        run_policy["activeDeadlineSeconds"] = spec.time_limit_min * 60
+    body: dict[str, Any] = {"nprocPerNode": str(spec.procs_per_node), "replicaSpecs": [replica],
+                            "runPolicy": run_policy}
+    if el.enabled:
+        body["elasticPolicy"] = {"minReplicas": el.min_nodes, "maxReplicas": el.max_nodes,
+                                 "replicaIncrementStep": 1,
+                                 "gracefulShutdownTimeoutInSeconds": GRACEFUL_SHUTDOWN_S}
+    return {"apiVersion": f"{HYPERPOD_GROUP}/{HYPERPOD_VERSION}", "kind": HYPERPOD_KIND,
+            "metadata": _metadata(spec, job_id, profile), "spec": body}
+
+
+def render_kubeflow_pytorch_job(spec: JobSpec, job_id: str, profile: ClusterProfile) -> dict[str, Any]:
+    """``spec`` as a Kubeflow ``PyTorchJob`` (``kubeflow.org/v1``; pure).
+
+    One ``Master`` replica and ``nodes - 1`` ``Worker`` replicas (elastic: ``nodes`` ``Worker``
+    replicas only, the kind the operator scales), ``nprocPerNode`` = ``procs_per_node``;
+    elastic -> ``elasticPolicy`` {rdzvBackend: c10d, minReplicas, maxReplicas, maxRestarts};
+    ``runPolicy.backoffLimit`` = ``max_retries``. Same environment,
+    volumes and node selector as :func:`render_hyperpod_pytorch_job`.
+
+    Raises:
+        ConfigError: the profile lacks ``image`` or ``pvc``.
+        SpecError: ``resiliency.recovery`` is not ``restart`` (checkpointless runs on Slurm only).
+    """
+    _check_supported(spec)
+    el, res = spec.elastic, spec.resiliency
+    retries = res.max_retries if res.auto_resume else 0
+    mount = profile.shared_mount or DEFAULT_SHARED_MOUNT
+    command = ["python", "-m", "hyperpod_lab.runtime.launch", f"--nproc-per-node={spec.procs_per_node}",
+               f"--max-restarts={retries}", "--tee=3",
+               f"--log-dir={posixpath.join(pod_job_dir(job_id, mount), 'logs', 'torchrun')}",
+               k8s_literal(_script_path(spec)), *map(k8s_literal, spec.args)]
+    restart = "OnFailure" if retries else "Never"
+    tmpl = _pod_template(spec, job_id, profile, command, "pytorch", None, res.health_checks)
+    if el.enabled:  # an elastic job scales its Worker replicas; a Master cannot scale
+        replicas: dict[str, Any] = {"Worker": {"replicas": spec.nodes, "restartPolicy": restart, "template": tmpl}}
+    else:
+        replicas = {"Master": {"replicas": 1, "restartPolicy": restart, "template": tmpl}}
+        if spec.nodes > 1:
+            replicas["Worker"] = {"replicas": spec.nodes - 1, "restartPolicy": restart,
+                                  "template": copy.deepcopy(tmpl)}  # no YAML anchors in the output
+    body: dict[str, Any] = {"nprocPerNode": str(spec.procs_per_node), "pytorchReplicaSpecs": replicas,
+                            "runPolicy": {"cleanPodPolicy": "All", "backoffLimit": retries}}
+    if spec.time_limit_min:
+        body["runPolicy"]["activeDeadlineSeconds"] = spec.time_limit_min * 60
+    if el.enabled:
+        body["elasticPolicy"] = {"rdzvBackend": "c10d", "minReplicas": el.min_nodes, "maxReplicas": el.max_nodes,
+                                 "maxRestarts": retries}
+    return {"apiVersion": f"{KUBEFLOW_GROUP}/{KUBEFLOW_VERSION}", "kind": KUBEFLOW_KIND,
+            "metadata": _metadata(spec, job_id, profile), "spec": body}
+
+
+def render_job_configmap(spec: JobSpec, job_id: str, profile: ClusterProfile, script_bytes: bytes) -> dict[str, Any]:
+    """The ConfigMap holding the training script and ``spec.json``, mounted at :data:`JOB_MOUNT`.
+
+    Raises:
+        SpecError: the script's file name is not a valid ConfigMap key, it is not UTF-8 text, or
+            it is larger than 1 MiB (a ConfigMap's limit).
+    """
+    key = posixpath.basename(spec.script)
+    if not re.fullmatch(r"[-._a-zA-Z0-9]+", key) or key in (SPEC_KEY, ".", ".."):
+        raise SpecError("script", f"the file name {key!r} cannot be a ConfigMap key; rename the script to "
+                                  f"letters, digits, '-', '_' and '.' (e.g. train.py)")
+    try:
+        text = script_bytes.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SpecError("script", f"{spec.script} is not UTF-8 text; EKS jobs ship the script in a ConfigMap") from None
+    spec_json = spec.to_json()
+    if len(script_bytes) + len(spec_json) > CONFIGMAP_MAX_BYTES - 4096:
+        raise SpecError("script", f"{spec.script} is {len(script_bytes)} bytes; a ConfigMap holds at most 1 MiB. "
+                                  f"Put large code on the FSx volume ({profile.shared_mount or DEFAULT_SHARED_MOUNT}) "
+                                  f"and submit a small entry script")
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": configmap_name(job_id), "namespace": profile.namespace or DEFAULT_NAMESPACE,
+                         "labels": {JOB_ID_LABEL: resource_name(job_id), "app.kubernetes.io/managed-by": "hyperpod-lab"}},
+            "data": {key: text, SPEC_KEY: spec_json}}
+
+
+def render_job(spec: JobSpec, job_id: str, profile: ClusterProfile) -> dict[str, Any]:
+    """The profile's operator's resource: HyperPodPyTorchJob (default) or Kubeflow PyTorchJob."""
+    if (profile.operator or "hyperpod") == "kubeflow":
+        return render_kubeflow_pytorch_job(spec, job_id, profile)
+    return render_hyperpod_pytorch_job(spec, job_id, profile)
+
+
+def to_yaml(*resources: dict[str, Any]) -> str:
+    """Resources as one multi-document YAML text (keys in rendering order; multi-line strings
+    such as the script as literal ``|`` blocks), as ``--dry-run`` prints."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def text(dumper, value: str):
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+    Dumper.add_representer(str, text)
+    return "".join("---\n" + yaml.dump(r, Dumper=Dumper, sort_keys=False, default_flow_style=False, width=1000)
+                   for r in resources)

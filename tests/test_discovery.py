@@ -1,0 +1,184 @@
+"""Cluster discovery through the SageMaker API against a real moto server on loopback
+(``tests/moto_server.py``): list/describe clusters, nodes and health, profiles written with
+placeholders, missing credentials, wrong region, and throttling retried with backoff (a small
+HTTP proxy in front of moto answers the first requests with the API's real ThrottlingException
+response, which botocore's retry handler parses).
+
+moto 5.2.5 limits, stated rather than faked: it drops ``Orchestrator`` (every moto cluster reads
+as Slurm), so the EKS profile is built from a ``DiscoveredCluster`` as the real API describes
+one; it lacks ``list_cluster_events`` (a 500), which discovery reports as unavailable."""
+
+from __future__ import annotations
+
+import http.client
+import io
+import json
+import os
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from hyperpod_lab import cli
+from hyperpod_lab.clusters import get_profile
+from hyperpod_lab.discovery import DiscoveredCluster, discover_clusters, profile_for, write_profiles
+from hyperpod_lab.errors import ClusterUnreachable, ConfigError
+from hyperpod_lab.schedulers import for_profile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from moto_server import CREDENTIALS, MotoServer  # noqa: E402
+
+IG = [{"InstanceGroupName": "workers", "InstanceType": "ml.c5.xlarge", "InstanceCount": 2, "ThreadsPerCore": 1,
+       "LifeCycleConfig": {"SourceS3Uri": "s3://sagemaker-lifecycle-bkt/lc/", "OnCreate": "on_create.sh"},
+       "ExecutionRole": "arn:aws:iam::123456789012:role/SageMakerRole"}]
+
+
+@pytest.fixture(scope="module")
+def moto(tmp_path_factory):
+    srv = MotoServer(str(tmp_path_factory.mktemp("moto") / "moto.log")).start()
+    import boto3
+
+    sm = boto3.client("sagemaker", endpoint_url=srv.url, region_name="us-east-1", aws_access_key_id="testing",
+                      aws_secret_access_key="testing")
+    sm.create_cluster(ClusterName="disc-slurm", InstanceGroups=IG)
+    sm.create_cluster(ClusterName="disc-two", InstanceGroups=IG,
+                      Orchestrator={"Eks": {"ClusterArn": "arn:aws:eks:us-east-1:123456789012:cluster/ml-eks"}})
+    yield srv
+    srv.kill()
+
+
+@pytest.fixture
+def creds(monkeypatch):
+    for k, v in CREDENTIALS.items():
+        monkeypatch.setenv(k, v)
+
+
+def test_discover_describes_clusters_nodes_and_health(moto, creds):
+    found = {c.name: c for c in discover_clusters(region="us-east-1", endpoint_url=moto.url)}
+    assert set(found) == {"disc-slurm", "disc-two"}
+    c = found["disc-slurm"]
+    assert (c.status, c.region, c.orchestrator) == ("InService", "us-east-1", "slurm")
+    assert c.arn.endswith(":cluster/disc-slurm")
+    assert c.instance_groups == [{"name": "workers", "instance_type": "ml.c5.xlarge", "current_count": 2,
+                                  "target_count": 2}]
+    assert [n["instance_id"] for n in c.nodes] == ["workers-0", "workers-1"] and c.node_health == {"Running": 2}
+    assert c.events is None and "list_cluster_events unavailable" in c.events_note
+
+
+def test_write_profiles_with_placeholders_and_the_cli(moto, creds):
+    out = io.StringIO()
+    cli.run(["clusters", "discover", "--region", "us-east-1", "--endpoint-url", moto.url, "--write"], out=out)
+    text = out.getvalue()
+    assert "disc-slurm" in text and "workers:ml.c5.xlarge 2/2" in text and "Running 2" in text
+    assert "profile 'disc-slurm': written; fill in host, user, key_file, known_hosts" in text
+    prof = get_profile("disc-slurm")
+    assert prof.orchestrator == "slurm" and prof.shared_root == "/fsx" and prof.cluster_arn.endswith("disc-slurm")
+    with pytest.raises(ConfigError, match="fill in host, user, key_file, known_hosts"):
+        for_profile(prof)  # before any SSH attempt
+    again = write_profiles(discover_clusters(region="us-east-1", endpoint_url=moto.url))
+    assert dict(again)["disc-slurm"] == "kept"  # what the user filled in is never overwritten
+
+
+def test_eks_profile_from_a_described_eks_cluster(tmp_path):
+    c = DiscoveredCluster(name="hp eks", arn="arn:aws:sagemaker:us-west-2:1:cluster/abc", status="InService",
+                          region="us-west-2", orchestrator="eks",
+                          eks_cluster_arn="arn:aws:eks:us-west-2:1:cluster/ml-eks")
+    (name, what), = write_profiles([c])
+    prof = get_profile(name)
+    assert (name, what) == ("hp-eks", "written")
+    assert (prof.orchestrator, prof.eks_cluster, prof.region, prof.operator) == ("eks", "ml-eks", "us-west-2", "hyperpod")
+    with pytest.raises(ConfigError, match="fill in image, pvc"):
+        for_profile(prof)
+    assert profile_for(c, name="x").cluster_arn == c.arn
+
+
+def test_missing_credentials(moto, monkeypatch, tmp_path):
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(ConfigError, match="aws configure.*AWS_PROFILE"):
+        discover_clusters(region="us-east-1", endpoint_url=moto.url)
+    with pytest.raises(ConfigError, match="AWS profile 'nosuch' is not configured"):
+        discover_clusters(region="us-east-1", profile="nosuch", endpoint_url=moto.url)
+
+
+def test_wrong_region(moto, creds, monkeypatch):
+    assert discover_clusters(region="us-west-2", endpoint_url=moto.url) == []  # clusters are regional
+    out = io.StringIO()
+    cli.run(["clusters", "discover", "--region", "eu-west-1", "--endpoint-url", moto.url], out=out)
+    assert "no HyperPod clusters in region eu-west-1" in out.getvalue() and "try --region" in out.getvalue()
+    with pytest.raises(ConfigError, match="not an AWS region name"):
+        discover_clusters(region="us east 1", endpoint_url=moto.url)
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    with pytest.raises(ConfigError, match="no AWS region; pass --region"):
+        discover_clusters(endpoint_url=moto.url)
+
+
+class ThrottlingProxy:
+    """HTTP proxy to moto that answers the first ``throttle`` requests as the SageMaker API does
+    when it throttles (HTTP 400, ``x-amz-json-1.1`` body with ``__type: ThrottlingException``)."""
+
+    def __init__(self, target_port: int, throttle: int):
+        self.throttle, self.throttled, self.forwarded = throttle, 0, 0
+        self.times: list[float] = []
+        proxy = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                proxy.times.append(time.monotonic())
+                if proxy.throttled < proxy.throttle:
+                    proxy.throttled += 1
+                    data = json.dumps({"__type": "ThrottlingException", "message": "Rate exceeded"}).encode()
+                    self.send_response(400)
+                    self.send_header("Content-Type", "application/x-amz-json-1.1")
+                    self.send_header("x-amzn-RequestId", f"throttle-{proxy.throttled}")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
+                proxy.forwarded += 1
+                conn = http.client.HTTPConnection("127.0.0.1", target_port, timeout=30)
+                conn.request("POST", self.path, body, {k: v for k, v in self.headers.items() if k.lower() != "host"})
+                res = conn.getresponse()
+                data = res.read()
+                self.send_response(res.status)
+                for k, v in res.getheaders():
+                    if k.lower() not in ("content-length", "transfer-encoding", "connection", "date", "server"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_throttling_is_retried_with_backoff(moto, creds):
+    proxy = ThrottlingProxy(moto.port, throttle=2)
+    try:
+        found = discover_clusters(region="us-east-1", endpoint_url=proxy.url)
+        assert {c.name for c in found} == {"disc-slurm", "disc-two"}
+        assert proxy.throttled == 2 and proxy.forwarded >= 5
+        gaps = [b - a for a, b in zip(proxy.times, proxy.times[1:3])]
+        assert all(g > 0.0 for g in gaps)  # the retries waited (jittered exponential backoff)
+        proxy.throttle, proxy.throttled = 10**6, 0
+        with pytest.raises(ClusterUnreachable, match="throttled list_clusters in us-east-1 2 times"):
+            discover_clusters(region="us-east-1", endpoint_url=proxy.url, max_attempts=2)
+        assert proxy.throttled == 2  # max_attempts calls in all, then our error
+    finally:
+        proxy.close()
