@@ -191,6 +191,7 @@ class JobContext:
         self._steps_done = 0
         self._stepped = False
         self._last_emit: tuple[float, int] | None = None  # (monotonic time, step) of last step event
+        self._last_print: float | None = None  # monotonic time of the last stdout step line
         self._closed = False
 
     # ---- events -------------------------------------------------------------------------
@@ -209,6 +210,8 @@ class JobContext:
     def step(self, step: int, loss: float, **metrics: Any) -> None:
         """Report a completed optimizer step (call it on every rank after each step).
 
+        Every rank prints ``hyperpod-lab: rank R step S loss L`` to stdout at most once per
+        ``$HYPERPOD_LAB_STEP_EVENT_INTERVAL_S`` (the line log-based hang detection watches).
         Rank 0 emits ``step`` {step, loss, steps_per_s, **metrics} at most once per
         ``$HYPERPOD_LAB_STEP_EVENT_INTERVAL_S`` seconds (default 1.0), and always for the first
         step after a (re)start; ``steps_per_s`` is the rate since the previous ``step`` event
@@ -226,10 +229,15 @@ class JobContext:
             **metrics: extra JSON-serialisable numbers (e.g. ``lr=3e-4``, ``tokens_per_s=...``).
         """
         self._steps_done = max(self._steps_done, int(step) + 1)
+        now = time.monotonic()
+        if self._last_print is None or now - self._last_print >= self.step_interval_s:
+            # a heartbeat line on every rank's stdout: what log-based hang detection watches (the
+            # HyperPod operator's logMonitoringConfiguration, see schedulers/k8s_manifest.py)
+            print(f"hyperpod-lab: rank {self.global_rank} step {int(step)} loss {_json_safe(loss)}", flush=True)
+            self._last_print = now
         if not self.is_leader:
             self._stepped = True
             return
-        now = time.monotonic()
         first = not self._stepped
         self._stepped = True
         if first and self.is_restart and self.replica_group is None:  # checkpointless: ft.py reports

@@ -48,9 +48,9 @@ AGENT_PORT = 8080  # the HyperPod elastic agent's port
 CONFIGMAP_MAX_BYTES = 1024 * 1024
 SPEC_KEY = "spec.json"
 
-# Hang detection. The pattern matches a step line ``step <N> loss <X>`` (the example's rank-0
-# log line, ``step 3 loss 2.1234 tok/s 5120``); the runtime's step events themselves go to the
-# events file, not stdout. The job counts as hung when no step line arrives for
+# Hang detection. The pattern matches the step line every rank prints through the runtime's
+# ``JobContext.step`` (``hyperpod-lab: rank 0 step 3 loss 2.1234``, at most once per
+# ``$HYPERPOD_LAB_STEP_EVENT_INTERVAL_S``) and the example's own ``step 3 loss 2.1234 tok/s 5120``. The job counts as hung when no step line arrives for
 # HANG_AFTER_S seconds, and as failed to start when none arrives within START_CUTOFF_S.
 STEP_LOG_PATTERN = r".*\bstep (\d+) loss .*"
 START_CUTOFF_S = 900
