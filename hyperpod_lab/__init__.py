@@ -29,5 +29,7 @@ def _jupyter_server_extension_points():
 
 
 def _load_jupyter_server_extension(server_app):
-    """The REST/WebSocket API arrives with the sidebar issue; the extension loads cleanly now."""
-    server_app.log.info("hyperpod_lab server extension loaded")
+    """Register the REST/WebSocket API under ``<base_url>hyperpod/`` (``hyperpod_lab.server``)."""
+    from hyperpod_lab.server import setup
+
+    setup(server_app)

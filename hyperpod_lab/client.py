@@ -9,17 +9,37 @@ from __future__ import annotations
 
 import os
 import posixpath
+import socket
 import time
 from typing import Callable, Iterator
 
 from hyperpod_lab.clusters import ClusterProfile, get_profile
-from hyperpod_lab.errors import JobStateError, SpecError
+from hyperpod_lab.errors import ClusterUnreachable, HostKeyError, JobStateError, RemoteCommandError, SpecError
 from hyperpod_lab.events import Event, EventKind, EventReader, events_dir
 from hyperpod_lab.jobs import JobRecord, JobStatus, JobStore, new_job_id
 from hyperpod_lab.schedulers import Scheduler, for_profile
 from hyperpod_lab.spec import JobSpec
 
 CLIENT_WRITER = "client"
+SINFO_ARGV = ["sinfo", "-N", "-h", "-o", "%N|%t|%c|%P"]
+
+
+def parse_sinfo(stdout: str) -> list[dict]:
+    """Parse ``sinfo -N -h -o '%N|%t|%c|%P'`` (one line per node and partition) into
+    ``[{"name", "state", "cpus", "partitions"}]``, one entry per node; the default
+    partition's ``*`` is dropped and a state's flag suffix (``*``, ``~``, ``#``...) kept."""
+    nodes: dict[str, dict] = {}
+    for line in stdout.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 4:
+            continue
+        name, state, cpus, part = parts
+        node = nodes.setdefault(name, {"name": name, "state": state,
+                                       "cpus": int(cpus) if cpus.isdigit() else None, "partitions": []})
+        part = part.rstrip("*")
+        if part and part not in node["partitions"]:
+            node["partitions"].append(part)
+    return list(nodes.values())
 
 
 class Client:
@@ -42,6 +62,28 @@ class Client:
             sched = for_profile(get_profile(cluster))
             self._schedulers[cluster] = sched
         return sched
+
+    def cluster_health(self, cluster: str) -> dict:
+        """A cluster's reachability and nodes (Slurm: one ``sinfo -N`` over the remote seam).
+
+        Returns:
+            ``{"state": "up" | "unreachable" | "unknown", "error": str | None, "nodes": [{"name",
+            "state", "cpus", "partitions"}]}`` ("unknown": an orchestrator whose nodes are not read, EKS). An unreachable login node or refused host key is reported
+            in ``error``, not raised. Raises UnknownCluster, ConfigError.
+        """
+        profile = get_profile(cluster)
+        if profile.orchestrator == "local":
+            return {"state": "up", "error": None, "nodes": [
+                {"name": socket.gethostname(), "state": "idle", "cpus": os.cpu_count() or 1, "partitions": []}]}
+        if profile.orchestrator != "slurm":
+            return {"state": "unknown", "error": f"node health is not read from {profile.orchestrator} clusters yet",
+                    "nodes": []}
+        try:
+            res = self.scheduler(cluster).remote.run(SINFO_ARGV, check=True, timeout_s=30)
+        except (ClusterUnreachable, HostKeyError, RemoteCommandError) as e:
+            self._schedulers.pop(cluster, None)
+            return {"state": "unreachable", "error": str(e), "nodes": []}
+        return {"state": "up", "error": None, "nodes": parse_sinfo(res.stdout)}
 
     # ---- submit ------------------------------------------------------------------
     def prepare(self, spec: JobSpec) -> tuple[JobSpec, ClusterProfile, bytes]:
@@ -190,6 +232,20 @@ class Client:
         if not rec.state.is_terminal():
             self.scheduler(rec.cluster).cancel(rec)
         return rec
+
+    def scale(self, job_id: str, add_nodes: int) -> dict:
+        """Add ``add_nodes`` nodes to a running checkpointless job; they join as new data-parallel
+        replica groups and heal from a live peer. Raises SpecError (add_nodes < 1, job not
+        checkpointless), JobStateError (job not running, or the backend cannot)."""
+        if isinstance(add_nodes, bool) or not isinstance(add_nodes, int) or add_nodes < 1:
+            raise SpecError("add_nodes", f"must be a whole number >= 1, got {add_nodes!r}")
+        rec = self.status(job_id)
+        if rec.state != JobStatus.RUNNING:
+            raise JobStateError(f"job {job_id} is {rec.status}; nodes can only join a running job")
+        if (rec.spec.get("resiliency") or {}).get("recovery") != "checkpointless":
+            raise SpecError("resiliency.recovery", f"job {job_id} was not submitted with --recovery checkpointless; "
+                                                   "only such a job takes new nodes while it runs")
+        return self.scheduler(rec.cluster).scale(rec, add_nodes)
 
     def inject_fault(self, job_id: str, rank: int) -> dict:
         """SIGKILL one rank's process (to rehearse recovery). Returns the rank's info

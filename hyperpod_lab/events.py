@@ -14,6 +14,7 @@ This module imports only the standard library (the runtime and the server both u
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 import re
@@ -213,7 +214,16 @@ class EventReader:
         self.skipped: list[tuple[str, str]] = []  # (file, reason) of malformed lines
 
     def poll(self) -> list[Event]:
-        out: list[Event] = []
+        """The events that appeared since the last poll, ordered by time; advances the cursor."""
+        return [ev for ev, _, _ in self.poll_located()]
+
+    def poll_located(self) -> list[tuple[Event, str, int]]:
+        """Like :meth:`poll`, with each event's file name and the byte offset just past its line.
+
+        The order is by time, and within one file always by position (a merge of the files), so
+        a cursor advanced event by event (``cursor[file] = offset``) never skips an event.
+        """
+        per_file: list[list[tuple[Event, str, int]]] = []
         for name in sorted(self.files.listdir(self.dir)):
             if not name.endswith(".jsonl"):
                 continue
@@ -222,16 +232,18 @@ class EventReader:
             end = chunk.rfind(b"\n")
             if end < 0:
                 continue
-            for line in chunk[: end + 1].splitlines():
+            located, pos = [], off
+            for line in chunk[: end + 1].split(b"\n")[:-1]:
+                pos += len(line) + 1
                 if not line.strip():
                     continue
                 try:
-                    out.append(Event.from_json(line))
+                    located.append((Event.from_json(line), name, pos))
                 except EventSchemaError as e:
                     self.skipped.append((name, str(e)))
+            per_file.append(located)
             self.cursor[name] = off + end + 1
-        out.sort(key=lambda e: (e.time, e.writer, e.seq))
-        return out
+        return list(heapq.merge(*per_file, key=lambda x: (x[0].time, x[0].writer, x[0].seq)))
 
     def follow(self, interval_s: float = 0.5, until: Iterable[str] = (EventKind.FINISHED.value,),
                timeout_s: float | None = None, stop=None) -> Iterator[Event]:

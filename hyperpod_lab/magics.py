@@ -1,7 +1,9 @@
 """``%hyperpod`` and ``%%hyperpod``: the CLI's surface inside IPython.
 
 * ``%hyperpod <subcommand> ...`` runs ``hyperpod-lab <subcommand> ...``; ``job = %hyperpod submit ...``
-  captures the job id.
+  captures the job as a :class:`hyperpod_lab.handle.Job` (a ``str`` of the id with ``.monitor()``,
+  ``.status()``, ``.wait()``, ``.events()``).
+* ``%hyperpod watch JOB``: a live monitor widget (state, steps, loss, events, faults/recoveries).
 * ``%%hyperpod submit [options] [-- ARGS]``: the cell body is the training script.
 * ``%%hyperpod run --local --nproc 2 [-- ARGS]``: run the cell body here with torchrun (the
   ``local`` cluster) and stream its events until it finishes.
@@ -19,6 +21,7 @@ import sys
 
 from hyperpod_lab.cli import run
 from hyperpod_lab.errors import HyperPodLabError, SpecError
+from hyperpod_lab.handle import Job
 
 
 def _cell_script(body: str) -> str:
@@ -53,13 +56,25 @@ def _run_cell(line: str, cell: str):
                 "--name", known.name, "--follow", *unknown, *extra])
 
 
+def _watch(argv: list[str]):
+    """``%hyperpod watch JOB``: a live :class:`hyperpod_lab.widgets.JobMonitor` as the cell's output."""
+    if len(argv) != 1:
+        raise SpecError("%hyperpod watch", "give one job id: %hyperpod watch JOB (list them with %hyperpod jobs)")
+    return Job(argv[0]).monitor()
+
+
 def register(ipython) -> None:
     """Register the magics on an IPython shell (``%load_ext hyperpod_lab`` calls this)."""
     def hyperpod(line, cell=None):
         try:
             if cell is None:
-                return run(shlex.split(line))
-            return _run_cell(line, cell)
+                argv = shlex.split(line)
+                if argv[:1] == ["watch"]:
+                    return _watch(argv[1:])
+                res = run(argv)
+                return Job(res) if argv[:1] == ["submit"] and isinstance(res, str) else res
+            res = _run_cell(line, cell)
+            return Job(res) if isinstance(res, str) else res
         except (HyperPodLabError, TimeoutError) as e:
             print(f"error: {e}", file=sys.stderr)
             return None

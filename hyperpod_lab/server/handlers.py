@@ -1,0 +1,218 @@
+"""REST handlers under ``<base_url>hyperpod/`` (contract: ``docs/openapi.yaml``).
+
+Thin: each handler parses its input, calls the core (``Client``) or the :class:`Watcher` and
+writes JSON. Every method is ``@tornado.web.authenticated`` and ``@authorized`` on the
+``hyperpod`` auth resource; POSTs need jupyter-server's XSRF token. Domain errors become HTTP
+statuses in one place, :meth:`HyperPodHandler.write_error`, with the body
+``{"error": {"type", "message", "field"?}}``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Any
+
+import tornado.web
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+
+from hyperpod_lab.clusters import load_profiles, get_profile
+from hyperpod_lab.errors import (ClusterUnreachable, ConfigError, HostKeyError, HyperPodLabError, JobStateError,
+                                 RemoteCommandError, SpecError, UnknownCluster, UnknownJob)
+from hyperpod_lab.server.notebook_script import spec_from_request
+from hyperpod_lab.server.watcher import decode_cursor, encode_cursor
+
+AUTH_RESOURCE = "hyperpod"
+MAX_EVENTS = 10000
+
+#: domain error -> HTTP status (the one mapping; the first matching class wins)
+STATUS_OF: list[tuple[type, int]] = [
+    (SpecError, 400), (ConfigError, 400),
+    (UnknownCluster, 404), (UnknownJob, 404),
+    (JobStateError, 409),
+    (ClusterUnreachable, 502), (HostKeyError, 502), (RemoteCommandError, 502),
+    (TimeoutError, 504),
+    (HyperPodLabError, 500),
+]
+
+
+def status_of(error: BaseException) -> int | None:
+    for cls, code in STATUS_OF:
+        if isinstance(error, cls):
+            return code
+    return None
+
+
+def error_body(error: BaseException) -> dict[str, Any]:
+    body: dict[str, Any] = {"type": type(error).__name__, "message": str(error)}
+    if isinstance(error, SpecError):
+        body["field"] = error.field
+    return {"error": body}
+
+
+class HyperPodHandler(APIHandler):
+    """Base of every REST handler: the shared objects, JSON I/O and the error mapping."""
+
+    auth_resource = AUTH_RESOURCE
+
+    @property
+    def hp(self):
+        """The :class:`hyperpod_lab.server.HyperPodApp` built at extension load."""
+        return self.settings["hyperpod_lab"]
+
+    def json_body(self) -> Any:
+        """The request body as JSON. Raises SpecError("body") when it is not JSON."""
+        try:
+            return json.loads(self.request.body or b"{}")
+        except (ValueError, UnicodeDecodeError) as e:
+            raise SpecError("body", f"is not valid JSON ({e})") from None
+
+    def int_arg(self, name: str, default: int | None = None, low: int = 0, high: int | None = None) -> int | None:
+        raw = self.get_query_argument(name, None)
+        if raw is None or raw == "":
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise SpecError(name, f"must be a whole number, got {raw!r}") from None
+        if value < low or (high is not None and value > high):
+            raise SpecError(name, f"must be between {low} and {high if high is not None else 'any'}, got {value}")
+        return value
+
+    def reply(self, payload: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(payload, default=str))
+
+    def log_exception(self, typ, value, tb):
+        if value is not None and status_of(value) is not None and status_of(value) < 500:
+            self.log.info("hyperpod_lab: %s %s -> %s: %s", self.request.method, self.request.uri,
+                          status_of(value), value)
+            return
+        super().log_exception(typ, value, tb)
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        code = status_of(exc) if exc is not None else None
+        if code is None:
+            return super().write_error(status_code, **kwargs)
+        self.set_status(code)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(error_body(exc)))
+
+
+class ClustersHandler(HyperPodHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self):
+        profs = load_profiles()
+        self.reply({"clusters": [_profile(p) for p in profs.values()]})
+
+
+class ClusterHandler(HyperPodHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self, name: str):
+        prof = get_profile(name)
+        health = await self.hp.watcher.run(self.hp.client.cluster_health, name)
+        self.reply({"cluster": _profile(prof), **health})
+
+
+class JobsHandler(HyperPodHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self):
+        self.reply({"jobs": self.hp.watcher.jobs()})
+
+    @tornado.web.authenticated
+    @authorized
+    async def post(self):
+        spec = spec_from_request(self.json_body(), self.hp.root_dir)
+        rec = await self.hp.watcher.run(self.hp.client.submit, spec)
+        self.hp.watcher.track(rec)
+        self.reply({"job": self.hp.watcher.view(rec)}, status=201)
+
+
+class JobHandler(HyperPodHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self, job_id: str):
+        self.reply({"job": self.hp.watcher.view(self.hp.client.get(job_id))})
+
+
+class CancelHandler(HyperPodHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def post(self, job_id: str):
+        rec = await self.hp.watcher.run(self.hp.client.cancel, job_id)
+        self.hp.watcher.track(rec)
+        self.reply({"job": self.hp.watcher.view(rec)})
+
+
+class FaultsHandler(HyperPodHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def post(self, job_id: str):
+        body = self.json_body()
+        rank = body.get("rank") if isinstance(body, dict) else None
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            raise SpecError("rank", f'send {{"rank": R}} with R a rank >= 0, got {rank!r}')
+        info = await self.hp.watcher.run(self.hp.client.inject_fault, job_id, rank)
+        self.reply({"rank": rank, **info})
+
+
+class LogsHandler(HyperPodHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self, job_id: str):
+        rank = self.int_arg("rank")
+        text = await self.hp.watcher.run(self.hp.client.logs, job_id, rank)
+        self.reply({"text": text, "rank": rank})
+
+
+class EventsHandler(HyperPodHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self, job_id: str):
+        cursor = decode_cursor(self.get_query_argument("cursor", None))
+        limit = self.int_arg("limit", MAX_EVENTS, low=1, high=MAX_EVENTS)
+        events, new_cursor = await self.hp.watcher.run(read_events, self.hp.client, job_id, cursor, limit)
+        self.reply({"events": events, "cursor": encode_cursor(new_cursor)})
+
+
+def read_events(client, job_id: str, cursor: dict[str, int], limit: int) -> tuple[list[dict], dict[str, int]]:
+    """Up to ``limit`` events after ``cursor`` and the cursor just past the last one returned."""
+    reader = client.event_reader(job_id, cursor)
+    located = reader.poll_located()
+    if len(located) <= limit:
+        return [json.loads(ev.to_json()) for ev, _, _ in located], reader.cursor
+    out, cur = [], dict(cursor)
+    for ev, fname, end in located[:limit]:  # a prefix per file (poll_located keeps file order)
+        out.append(json.loads(ev.to_json()))
+        cur[fname] = end
+    return out, cur
+
+
+def _profile(p) -> dict[str, Any]:
+    d = asdict(p)
+    d["partition"] = p.defaults.partition
+    return d
+
+
+def handlers() -> list[tuple[str, type]]:
+    """``(path relative to <base_url>, handler)``; the WebSocket comes from ``stream``."""
+    from hyperpod_lab.server.stream import StreamHandler
+
+    job = r"hyperpod/jobs/(?P<job_id>[^/]+)"
+    return [
+        (r"hyperpod/clusters", ClustersHandler),
+        (r"hyperpod/clusters/(?P<name>[^/]+)", ClusterHandler),
+        (r"hyperpod/jobs", JobsHandler),
+        (job, JobHandler),
+        (job + r"/cancel", CancelHandler),
+        (job + r"/faults", FaultsHandler),
+        (job + r"/logs", LogsHandler),
+        (job + r"/events", EventsHandler),
+        (job + r"/stream", StreamHandler),
+    ]

@@ -1,0 +1,400 @@
+"""The server's one view of every job: a batched status watcher and one event tailer per job.
+
+* **Status**: one loop refreshes all non-terminal jobs through ``Client.refresh`` (one
+  ``squeue``/``sacct`` per cluster per tick, never one poll per job or per browser tab), every
+  ``min_interval_s`` while something changes or someone watches, backing off to
+  ``max_interval_s`` when nothing does, and after a cluster error.
+* **Events**: one :class:`Tailer` per job reads its event files (``EventReader`` over the
+  cluster's remote seam) and fans the events out to every subscriber (WebSocket, any number of
+  tabs). Watched jobs are read every ``stream_interval_s``; unwatched running jobs (for the jobs
+  list's progress) back off to ``idle_max_interval_s``.
+* Each tailer's cursor and progress summary are saved in the JobStore, so a restarted server
+  resumes where it was.
+
+Everything runs on the tornado IOLoop; every blocking call (SSH, SFTP, SQLite writes) runs in
+one worker thread, so the cluster connections are never used by two threads at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import logging
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from typing import Any, Callable
+
+from hyperpod_lab.client import Client
+from hyperpod_lab.errors import HyperPodLabError, SpecError
+from hyperpod_lab.events import Event, EventKind
+from hyperpod_lab.jobs import JobRecord
+from hyperpod_lab.progress import Progress, event_dict as _event_dict
+
+log = logging.getLogger("hyperpod_lab.server")
+
+Message = dict[str, Any]
+
+
+# ---- cursors -----------------------------------------------------------------------------
+def encode_cursor(cursor: dict[str, int]) -> str:
+    """The opaque cursor clients see: base64url of the JSON ``{file name: byte offset}``."""
+    raw = json.dumps(cursor, sort_keys=True, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(text: str | None) -> dict[str, int]:
+    """Inverse of :func:`encode_cursor`; ``None``/``""`` is the start. Raises SpecError("cursor")."""
+    if not text:
+        return {}
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        cur = json.loads(raw)
+    except (binascii.Error, ValueError):
+        raise SpecError("cursor", "is not a cursor this server issued; omit it to start from the first event") from None
+    if not isinstance(cur, dict) or not all(
+            isinstance(k, str) and re.fullmatch(r"[A-Za-z0-9_.-]+\.jsonl", k) and isinstance(v, int)
+            and not isinstance(v, bool) and v >= 0 for k, v in cur.items()):
+        raise SpecError("cursor", "is not a cursor this server issued; omit it to start from the first event")
+    return cur
+
+
+# ---- tailers and subscribers -------------------------------------------------------------
+class Subscription:
+    """One subscriber (a WebSocket) of one job: its own cursor and a ``send(message)`` callback
+    called on the IOLoop thread. ``send`` returning False (socket gone) unsubscribes it."""
+
+    def __init__(self, job_id: str, cursor: dict[str, int], send: Callable[[Message], bool]):
+        self.job_id, self.cursor, self.send = job_id, dict(cursor), send
+        self.ended = False
+
+    def deliver(self, ev: Event, fname: str, end: int) -> bool:
+        if end <= self.cursor.get(fname, 0):
+            return True  # already seen by this subscriber
+        self.cursor[fname] = end
+        return self.send({"type": "event", "event": _event_dict(ev), "cursor": encode_cursor(self.cursor)})
+
+
+class Tailer:
+    """Reads one job's events for all its subscribers.
+
+    ``items`` holds the events read since ``base`` (a cursor); a subscriber whose cursor is
+    behind ``base`` makes the tailer reload from the first event.
+    """
+
+    def __init__(self, rec: JobRecord, base: dict[str, int] | None = None, progress: dict | None = None):
+        self.job_id = rec.job_id
+        self.base = dict(base or {})
+        self.cursor = dict(self.base)
+        self.items: list[tuple[Event, str, int]] = []
+        self.progress = Progress(rec.spec, progress if base else None)
+        self.subs: list[Subscription] = []
+        self.generation = 0
+        self.complete = False           # job terminal and every event read
+        self.terminal_seen_at: float | None = None
+        self.next_poll = 0.0
+        self.idle_interval = 1.0
+        self.dirty = False              # cursor/progress not yet saved
+        self.polled = False             # read at least once since created or reset
+        self.finished_seen = False      # a 'finished' event was read
+
+    def covers(self, cursor: dict[str, int]) -> bool:
+        return all(cursor.get(f, 0) >= off for f, off in self.base.items())
+
+    def reset(self, rec: JobRecord) -> None:
+        self.base, self.cursor, self.items = {}, {}, []
+        self.progress = Progress(rec.spec)
+        self.generation += 1
+        self.complete = self.polled = self.finished_seen = False
+
+
+class Watcher:
+    """Job state and events for the server. Construct once per server; ``start()`` on the IOLoop.
+
+    Args:
+        client: the core (store, schedulers).
+        min_interval_s: status poll interval while jobs change or are watched (s).
+        max_interval_s: status poll interval when nothing changes (s).
+        stream_interval_s: event poll interval of watched jobs (s).
+        idle_max_interval_s: longest event poll interval of unwatched running jobs (s).
+    """
+
+    def __init__(self, client: Client, min_interval_s: float = 1.0, max_interval_s: float = 10.0,
+                 stream_interval_s: float = 0.25, idle_max_interval_s: float = 10.0):
+        self.client, self.store = client, client.store
+        self.min_interval_s, self.max_interval_s = min_interval_s, max_interval_s
+        self.stream_interval_s, self.idle_max_interval_s = stream_interval_s, idle_max_interval_s
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hyperpod-lab")
+        self.tailers: dict[str, Tailer] = {}
+        self.progress: dict[str, dict] = {}
+        self.status_polls = 0  # batched refreshes done (tests and benchmarks read it)
+        self._seen: dict[str, tuple] = {}  # job id -> (status, exit_code, reason) at the last tick
+        self._tasks: list[asyncio.Task] = []
+        self._wake_status = asyncio.Event()
+        self._wake_events = asyncio.Event()
+        self._stopped = False
+        self.persist_interval_s = 1.0  # cursors and progress are saved at most this often (s)
+        self._next_persist = 0.0
+
+    # ---- lifecycle -------------------------------------------------------------------
+    def start(self) -> None:
+        """Load saved progress and start the two loops on the running event loop."""
+        for job_id, (_, prog) in self.store.cursors().items():
+            if prog is not None:
+                self.progress[job_id] = prog
+        for rec in self.store.list():
+            if not rec.state.is_terminal():
+                self._ensure_tailer(rec)
+        loop = asyncio.get_event_loop()
+        self._tasks = [loop.create_task(self._status_loop()), loop.create_task(self._events_loop())]
+
+    async def stop(self) -> None:
+        self._stopped = True
+        for t in self._tasks:
+            t.cancel()
+        await self._persist()
+        self.executor.shutdown(wait=False)
+
+    async def run(self, fn: Callable, *args, **kwargs):
+        """Run a blocking call (cluster or store I/O) in the watcher's worker thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
+
+    # ---- views -----------------------------------------------------------------------
+    def view(self, rec: JobRecord) -> dict[str, Any]:
+        """JobView: the record's fields plus ``progress`` (see :class:`Progress`)."""
+        d = asdict(rec)
+        t = self.tailers.get(rec.job_id)
+        if t is not None:
+            d["progress"] = t.progress.to_dict()
+        else:
+            d["progress"] = self.progress.get(rec.job_id) or Progress(rec.spec).to_dict()
+        return d
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """JobViews of every record, newest first (store + cache; no cluster call)."""
+        recs = self.store.list()
+        for r in recs:  # a job submitted elsewhere (CLI, kernel) gets tracked here too
+            if r.job_id not in self.tailers and (not r.state.is_terminal() or r.job_id not in self.progress):
+                self._ensure_tailer(r)
+        return [self.view(r) for r in recs]
+
+    def track(self, rec: JobRecord) -> None:
+        """A job was just submitted through this server: watch it at once."""
+        self._ensure_tailer(rec)
+        self._wake_status.set()
+        self._wake_events.set()
+
+    def _ensure_tailer(self, rec: JobRecord, full_history: bool = False) -> Tailer:
+        t = self.tailers.get(rec.job_id)
+        if t is None:
+            saved = None if full_history else self.store.get_cursor(rec.job_id)
+            t = Tailer(rec, *(saved or (None, None)))
+            self.tailers[rec.job_id] = t
+            self._wake_events.set()
+        return t
+
+    # ---- subscriptions ---------------------------------------------------------------
+    async def subscribe(self, job_id: str, cursor: dict[str, int], send: Callable[[Message], bool]) -> Subscription:
+        """Send the job's events after ``cursor`` (history first), then live ones, status
+        changes and ``end``, through ``send``. Raises UnknownJob."""
+        rec = self.store.get(job_id)
+        t = self._ensure_tailer(rec, full_history=True)
+        if not t.covers(cursor):
+            t.reset(rec)
+            await self._poll_now(t, rec)
+        elif not t.polled:
+            await self._poll_now(t, rec)
+        sub = Subscription(job_id, cursor, send)
+        if sub.send({"type": "status", "job": self.view(rec)}) is False:
+            return sub
+        for ev, fname, end in list(t.items):
+            if sub.deliver(ev, fname, end) is False:
+                return sub
+        t.subs.append(sub)
+        t.next_poll = 0.0
+        if t.complete:
+            self._end(t, sub)
+        self._wake_events.set()
+        self._wake_status.set()
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        t = self.tailers.get(sub.job_id)
+        if t is not None and sub in t.subs:
+            t.subs.remove(sub)
+
+    def _end(self, t: Tailer, sub: Subscription) -> None:
+        if not sub.ended:
+            sub.ended = True
+            sub.send({"type": "end"})
+        if sub in t.subs:
+            t.subs.remove(sub)
+
+    # ---- status loop -----------------------------------------------------------------
+    def _refresh_blocking(self) -> tuple[list[JobRecord], list[JobRecord], bool]:
+        """One batched refresh per cluster. Returns (changed records, all records, any error)."""
+        recs = self.store.list()
+        active = [r for r in recs if not r.state.is_terminal()]
+        # the state last seen here, else as read now (a change made by another process, e.g. the
+        # CLI, between two ticks counts as a change too)
+        before = {r.job_id: self._seen.get(r.job_id, (r.status, r.exit_code, r.reason)) for r in recs}
+        by_cluster: dict[str, list[JobRecord]] = {}
+        for r in active:
+            by_cluster.setdefault(r.cluster, []).append(r)
+        error = False
+        for cluster, group in by_cluster.items():
+            try:
+                self.client.refresh(group)
+            except (HyperPodLabError, OSError, EOFError) as e:
+                error = True
+                log.warning("hyperpod_lab: status of %d job(s) on %s not refreshed: %s", len(group), cluster, e)
+        changed = [r for r in recs if (r.status, r.exit_code, r.reason) != before[r.job_id]]
+        self._seen = {r.job_id: (r.status, r.exit_code, r.reason) for r in recs}
+        return changed, recs, error
+
+    async def _status_loop(self) -> None:
+        delay = self.min_interval_s
+        while not self._stopped:
+            try:
+                changed, recs, error = await self.run(self._refresh_blocking)
+                self.status_polls += 1
+            except Exception:  # never let the loop die
+                log.exception("hyperpod_lab: status refresh failed")
+                changed, recs, error = [], [], True
+            now = time.monotonic()
+            for rec in changed:
+                t = self.tailers.get(rec.job_id) or self._ensure_tailer(rec)
+                if rec.state.is_terminal() and t.terminal_seen_at is None:
+                    t.terminal_seen_at = now
+                    t.next_poll = 0.0
+                for sub in list(t.subs):
+                    if sub.send({"type": "status", "job": self.view(rec)}) is False:
+                        self.unsubscribe(sub)
+            for rec in recs:  # terminal jobs with a tailer: let it finish reading
+                t = self.tailers.get(rec.job_id)
+                if t is not None and rec.state.is_terminal() and t.terminal_seen_at is None:
+                    t.terminal_seen_at = now
+            if changed:
+                self._wake_events.set()
+            watched = any(t.subs for t in self.tailers.values())
+            active = any(not r.state.is_terminal() for r in recs)
+            if error:
+                delay = min(max(delay, self.min_interval_s) * 2, self.max_interval_s)
+            elif changed or (watched and active):
+                delay = self.min_interval_s
+            else:
+                delay = min(delay * 2, self.max_interval_s)
+            self._wake_status.clear()
+            try:
+                await asyncio.wait_for(self._wake_status.wait(), timeout=delay)
+                delay = self.min_interval_s
+            except asyncio.TimeoutError:
+                pass
+
+    # ---- events loop -----------------------------------------------------------------
+    def _poll_blocking(self, polls: list[tuple[Tailer, JobRecord, dict[str, int]]]):
+        out = []
+        for t, rec, cursor in polls:
+            try:
+                reader = self.client.event_reader(rec.job_id, cursor)
+                out.append((t, t.generation, cursor, reader.poll_located(), reader.cursor, None))
+            except (HyperPodLabError, OSError, EOFError) as e:
+                out.append((t, t.generation, cursor, [], cursor, e))
+        return out
+
+    def _apply(self, t: Tailer, generation: int, read_from: dict[str, int], located, cursor, error,
+               started_at: float) -> None:
+        if generation != t.generation or read_from != t.cursor:
+            return  # reset, or another read was applied, while this one ran: its result is stale
+        if error is not None:
+            log.warning("hyperpod_lab: events of %s not read: %s", t.job_id, error)
+            t.idle_interval = min(t.idle_interval * 2, self.idle_max_interval_s)
+            return
+        t.polled = True
+        for ev, fname, end in located:
+            t.items.append((ev, fname, end))
+            t.progress.update(ev)
+            t.finished_seen |= ev.kind == EventKind.FINISHED.value
+            for sub in list(t.subs):
+                if sub.deliver(ev, fname, end) is False:
+                    self.unsubscribe(sub)
+        if located or cursor != t.cursor:
+            t.dirty = True
+        t.cursor = dict(cursor)
+        t.idle_interval = 1.0 if located else min(t.idle_interval * 2, self.idle_max_interval_s)
+        # complete: the job is terminal, a read that began after that found nothing new, and
+        # either 'finished' was read or the terminal state is old enough for any late writer
+        if (t.terminal_seen_at is not None and started_at >= t.terminal_seen_at and not located
+                and (t.finished_seen or started_at >= t.terminal_seen_at + 3.0)):
+            t.complete = True
+            for sub in list(t.subs):
+                self._end(t, sub)
+
+    async def _poll_now(self, t: Tailer, rec: JobRecord) -> None:
+        started = time.monotonic()
+        results = await self.run(self._poll_blocking, [(t, rec, dict(t.cursor))])
+        for res in results:
+            self._apply(*res, started_at=started)
+
+    async def _persist(self) -> None:
+        dirty = [(t.job_id, dict(t.cursor), t.progress.to_dict()) for t in self.tailers.values() if t.dirty]
+        for t in self.tailers.values():
+            t.dirty = False
+        for job_id, _, prog in dirty:
+            self.progress[job_id] = prog
+        if dirty:
+            await self.run(self.store.put_cursors, dirty)
+
+    async def _events_loop(self) -> None:
+        while not self._stopped:
+            now = time.monotonic()
+            due = []
+            for t in list(self.tailers.values()):
+                if t.complete:
+                    if not t.subs:  # done and nobody watches: keep the summary, drop the history
+                        self.progress[t.job_id] = t.progress.to_dict()
+                        if not t.dirty:
+                            del self.tailers[t.job_id]
+                    continue
+                if now >= t.next_poll:
+                    due.append(t)
+            polls = []
+            for t in due:
+                try:
+                    rec = self.store.get(t.job_id)
+                except HyperPodLabError:
+                    self.tailers.pop(t.job_id, None)
+                    continue
+                if rec.state.is_terminal() and t.terminal_seen_at is None:
+                    t.terminal_seen_at = now
+                polls.append((t, rec, dict(t.cursor)))
+            if polls:
+                started = time.monotonic()
+                try:
+                    results = await self.run(self._poll_blocking, polls)
+                except Exception:
+                    log.exception("hyperpod_lab: event poll failed")
+                    results = []
+                for res in results:
+                    self._apply(*res, started_at=started)
+                done = time.monotonic()
+                for t, _, _ in polls:
+                    t.next_poll = done + (self.stream_interval_s if t.subs else t.idle_interval)
+            try:
+                if time.monotonic() >= self._next_persist:
+                    self._next_persist = time.monotonic() + self.persist_interval_s
+                    await self._persist()
+            except Exception:
+                log.exception("hyperpod_lab: saving event cursors failed")
+            waits = [t.next_poll for t in self.tailers.values() if not t.complete]
+            timeout = max(0.02, min(waits) - time.monotonic()) if waits else self.idle_max_interval_s
+            self._wake_events.clear()
+            try:
+                await asyncio.wait_for(self._wake_events.wait(), timeout=timeout)
+            except asyncio.TimeoutError:
+                pass
+

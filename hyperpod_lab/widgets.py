@@ -1,0 +1,242 @@
+"""A live job monitor for notebooks (ipywidgets): ``%hyperpod watch JOB`` or ``job.monitor()``.
+
+It shows the job's state, a progress bar of steps, a loss plot (an SVG polyline redrawn at most
+every ``plot_interval_s``), the latest events and a fault/recovery timeline (faults red,
+recoveries green with their downtime, checkpoints blue). A background thread reads the job's
+events (``Client.event_reader``, the same cursor-based reader the CLI uses) and updates the
+widgets' traits; ipykernel sends trait changes made from threads, so the monitor keeps updating
+while other cells run. The thread stops when the ``finished`` event arrives or the job is
+terminal and no more events come (or on :meth:`JobMonitor.stop`).
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+from typing import Any
+
+import ipywidgets as widgets
+
+from hyperpod_lab.events import Event, EventKind
+from hyperpod_lab.progress import Progress
+
+FINISH_GRACE_S = 30.0  # after 'finished', how long to wait for the scheduler's end state (s)
+_COLORS = {EventKind.FAULT_DETECTED.value: "#d32f2f", EventKind.RECOVERY_COMPLETED.value: "#2e7d32",
+           EventKind.RECOVERY_STARTED.value: "#ef6c00", EventKind.CHECKPOINT_SAVED.value: "#1565c0",
+           EventKind.CHECKPOINT_RESTORED.value: "#6a1b9a", EventKind.FINISHED.value: "#424242"}
+
+
+class JobMonitor:
+    """Live monitor of one job.
+
+    Args:
+        job_id: hyperpod-lab job id.
+        client: a ``hyperpod_lab.client.Client`` (default: a new one over the user's store).
+        interval_s: seconds between event reads.
+        status_interval_s: seconds between scheduler state checks (one batched poll).
+        plot_interval_s: the loss plot is redrawn at most this often (seconds).
+        table_rows: events shown in the table (the newest).
+        start: start the reader thread now.
+
+    Attributes:
+        events: every Event read so far; progress: :class:`hyperpod_lab.progress.Progress`;
+        state: last known job status (``running``...); done: set when the monitor stopped.
+        widget: the ``ipywidgets.VBox`` shown in the notebook.
+    """
+
+    def __init__(self, job_id: str, client=None, interval_s: float = 0.5, status_interval_s: float = 3.0,
+                 plot_interval_s: float = 2.0, table_rows: int = 12, start: bool = True):
+        if client is None:
+            from hyperpod_lab.client import Client
+
+            client = Client()
+        self.job_id, self.client = str(job_id), client
+        rec = client.get(self.job_id)  # UnknownJob early, in the caller's cell
+        self.interval_s, self.status_interval_s = interval_s, status_interval_s
+        self.plot_interval_s, self.table_rows = plot_interval_s, table_rows
+        self.events: list[Event] = []
+        self.progress = Progress(rec.spec)
+        self.state = rec.status
+        self.losses: list[tuple[int, float]] = []
+        self.error: str | None = None
+        self.done = threading.Event()
+        self._stop = threading.Event()
+        self._last_plot = 0.0
+        self.header = widgets.HTML()
+        self.bar = widgets.IntProgress(value=0, min=0, max=max(1, self.progress.total_steps or 1),
+                                       description="steps", bar_style="info",
+                                       layout=widgets.Layout(width="60%"))
+        self.bar_label = widgets.Label()
+        self.plot = widgets.HTML()
+        self.timeline = widgets.HTML()
+        self.table = widgets.HTML()
+        self.widget = widgets.VBox([self.header, widgets.HBox([self.bar, self.bar_label]), self.plot,
+                                    self.timeline, self.table])
+        self.widget.add_class("hyperpod-lab-monitor")
+        self._render(force_plot=True)
+        self._thread = threading.Thread(target=self._run, name=f"hyperpod-monitor-{self.job_id}", daemon=True)
+        if start:
+            self._thread.start()
+
+    # ---- display -----------------------------------------------------------------------
+    def _repr_mimebundle_(self, **kwargs):
+        return self.widget._repr_mimebundle_(**kwargs)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop reading (the widgets keep what they show)."""
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout_s)
+
+    def wait(self, timeout_s: float = 600.0) -> "JobMonitor":
+        """Block until the monitor stopped (the job ended). Raises TimeoutError."""
+        if not self.done.wait(timeout_s):
+            raise TimeoutError(f"monitor of {self.job_id} still running after {timeout_s} s")
+        return self
+
+    # ---- the reader thread -------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            reader = self.client.event_reader(self.job_id)
+            next_status, terminal_since, finished_at = 0.0, None, None
+            while not self._stop.is_set():
+                started = time.monotonic()
+                new = reader.poll()
+                for ev in new:
+                    self._on_event(ev)
+                if new:
+                    self._render()
+                if finished_at is None and any(ev.kind == EventKind.FINISHED.value for ev in new):
+                    finished_at = time.monotonic()  # training ended; wait briefly for the scheduler's end state
+                    next_status = 0.0
+                if time.monotonic() >= next_status:
+                    self.state = self._status(refresh=True) or self.state
+                    next_status = time.monotonic() + (self.interval_s if finished_at else self.status_interval_s)
+                    if terminal_since is None and self._terminal():
+                        terminal_since = time.monotonic()
+                        self._render()
+                if terminal_since is not None and not new and (finished_at is not None
+                                                               or started > terminal_since + 2 * self.interval_s):
+                    break
+                if finished_at is not None and time.monotonic() > finished_at + FINISH_GRACE_S:
+                    break
+                self._stop.wait(self.interval_s)
+        except Exception as e:  # shown in the widget, never raised into the kernel's thread
+            self.error = f"{type(e).__name__}: {e}"
+        finally:
+            self.state = self._status(refresh=False) or self.state
+            self._render(force_plot=True, final=True)
+            self.done.set()
+
+    def _terminal(self) -> bool:
+        from hyperpod_lab.jobs import JobStatus
+
+        try:
+            return JobStatus(self.state).is_terminal()
+        except ValueError:
+            return False
+
+    def _status(self, refresh: bool) -> str | None:
+        try:
+            rec = self.client.status(self.job_id) if refresh else self.client.get(self.job_id)
+            return rec.status
+        except Exception:
+            return None
+
+    def _on_event(self, ev: Event) -> None:
+        self.events.append(ev)
+        self.progress.update(ev)
+        if ev.kind == EventKind.STEP.value and isinstance(ev.data.get("loss"), (int, float)):
+            self.losses.append((int(ev.data.get("step", len(self.losses))), float(ev.data["loss"])))
+
+    # ---- rendering -----------------------------------------------------------------------
+    def _render(self, force_plot: bool = False, final: bool = False) -> None:
+        p = self.progress
+        total = p.total_steps or max(1, (p.step or 0) + 1)
+        done_steps = (p.step + 1) if p.step is not None else 0
+        self.bar.max = max(1, total)
+        self.bar.value = min(done_steps, self.bar.max)
+        self.bar.bar_style = {"completed": "success", "failed": "danger", "cancelled": "warning"}.get(self.state, "info")
+        self.bar_label.value = f"{done_steps}/{total}" + (f" · {p.steps_per_s:.2f} steps/s" if p.steps_per_s else "")
+        loss = f"{p.loss:.4g}" if isinstance(p.loss, (int, float)) else "–"
+        state = html.escape(self.state) + (" (monitor stopped)" if final else "")
+        err = f" <span style='color:#d32f2f'>{html.escape(self.error)}</span>" if self.error else ""
+        self.header.value = (f"<b>{html.escape(self.job_id)}</b> · state <b>{state}</b> · loss {loss} · "
+                             f"faults {p.faults} · recoveries {p.recoveries}{err}")
+        now = time.monotonic()
+        if force_plot or now - self._last_plot >= self.plot_interval_s:
+            self._last_plot = now
+            self.plot.value = loss_svg(self.losses)
+            self.timeline.value = timeline_html(self.events)
+        self.table.value = events_table(self.events[-self.table_rows:])
+
+
+def loss_svg(points: list[tuple[int, float]], width: int = 480, height: int = 140) -> str:
+    """An SVG line chart of ``(step, loss)`` points (empty-state text when there are none)."""
+    if not points:
+        return "<div style='color:gray'>loss: waiting for the first step</div>"
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
+    pad = 28
+    sx = (width - 2 * pad) / max(1, x1 - x0)
+    sy = (height - 2 * pad) / (y1 - y0 if y1 > y0 else 1.0)
+    pts = " ".join(f"{pad + (x - x0) * sx:.1f},{height - pad - (y - y0) * sy:.1f}" for x, y in points)
+    return (f"<svg width='{width}' height='{height}' role='img' aria-label='loss by step'>"
+            f"<polyline fill='none' stroke='#1565c0' stroke-width='2' points='{pts}'/>"
+            f"<text x='{pad}' y='14' font-size='11'>loss {y1:.3g} → {ys[-1]:.3g}</text>"
+            f"<text x='{pad}' y='{height - 6}' font-size='11'>step {x0}</text>"
+            f"<text x='{width - pad}' y='{height - 6}' font-size='11' text-anchor='end'>step {x1}</text></svg>")
+
+
+def timeline_html(events: list[Event]) -> str:
+    """Fault/recovery timeline: checkpoints, faults (red) and recoveries (green, with downtime)."""
+    marks = [e for e in events if e.kind in (EventKind.FAULT_DETECTED.value, EventKind.RECOVERY_COMPLETED.value,
+                                             EventKind.CHECKPOINT_SAVED.value, EventKind.CHECKPOINT_RESTORED.value,
+                                             EventKind.ELASTIC_SCALED.value, EventKind.FINISHED.value)]
+    if not events:
+        return ""
+    t0 = events[0].time
+    items = []
+    for e in marks:
+        if e.kind == EventKind.CHECKPOINT_SAVED.value and e.data.get("tier") == "memory":
+            continue  # frequent; the persistent tier is enough on the timeline
+        d = e.data
+        if e.kind == EventKind.FAULT_DETECTED.value:
+            text = f"fault: rank {d.get('rank')} on {d.get('node')} ({d.get('signal') or d.get('reason')})"
+        elif e.kind == EventKind.RECOVERY_COMPLETED.value:
+            text = (f"recovered in {d.get('downtime_s', 0):.1f} s from {d.get('restored_from')} "
+                    f"(step {d.get('restored_step')})")
+        elif e.kind == EventKind.CHECKPOINT_SAVED.value:
+            text = f"checkpoint {d.get('tier')} step {d.get('step')}"
+        elif e.kind == EventKind.CHECKPOINT_RESTORED.value:
+            text = f"restored {d.get('tier')} step {d.get('step')}"
+        elif e.kind == EventKind.FINISHED.value:
+            text = f"finished: {d.get('status')}"
+        else:
+            text = e.kind
+        color = _COLORS.get(e.kind, "#555")
+        items.append(f"<span class='hp-mark hp-{e.kind.replace('.', '-')}' style='display:inline-block;"
+                     f"margin:2px;padding:1px 6px;border-radius:8px;border:1px solid {color};color:{color}'>"
+                     f"+{e.time - t0:.1f}s {html.escape(text)}</span>")
+    return "<div class='hp-timeline'>" + ("".join(items[-40:]) or "<i>no checkpoints or faults yet</i>") + "</div>"
+
+
+def events_table(events: list[Event]) -> str:
+    """An HTML table of events (time, kind, writer, data)."""
+    rows = []
+    for e in events:
+        color = _COLORS.get(e.kind, "inherit")
+        data = ", ".join(f"{k}={_short(v)}" for k, v in sorted(e.data.items()) if k != "path")
+        rows.append(f"<tr><td>{time.strftime('%H:%M:%S', time.localtime(e.time))}</td>"
+                    f"<td style='color:{color}'>{html.escape(e.kind)}</td><td>{html.escape(e.writer)}</td>"
+                    f"<td>{html.escape(data)}</td></tr>")
+    return ("<table class='hp-events' style='font-size:12px'><tr><th>time</th><th>kind</th><th>writer</th>"
+            "<th>data</th></tr>" + "".join(rows) + "</table>")
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    s = str(v)
+    return s if len(s) <= 40 else s[:37] + "..."

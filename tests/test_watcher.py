@@ -1,0 +1,94 @@
+"""The server's watcher in-process, on the real local backend and real event files: one batched
+status refresh for all jobs, one event reader per job shared by every subscriber (tab), and an
+``end`` for each subscriber when the job ends. Calls are counted by wrapping the real Client
+methods (they still run)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from hyperpod_lab.client import Client
+from hyperpod_lab.events import EventWriter
+from hyperpod_lab.jobs import JobRecord, JobStore
+from hyperpod_lab.server.watcher import Watcher, decode_cursor
+
+
+def test_one_batched_refresh_and_one_reader_per_job_for_many_tabs(tmp_path):
+    client = Client(JobStore(str(tmp_path / "store")))
+    recs = []
+    for i in range(5):
+        d = tmp_path / f"job{i}"
+        (d / "events").mkdir(parents=True)
+        # native id: this test's own process, alive for the whole test -> "running"
+        rec = JobRecord(job_id=f"w-{i}", name="w", cluster="local", orchestrator="local", native_id=str(os.getpid()),
+                        job_dir=str(d), spec={"args": ["--steps", "3"]})
+        client.store.put(rec)
+        recs.append(rec)
+    calls = {"refresh": [], "reader": []}
+    refresh, event_reader = client.refresh, client.event_reader
+    client.refresh = lambda records: (calls["refresh"].append(len(records)), refresh(records))[1]
+    client.event_reader = lambda job_id, cursor=None: (calls["reader"].append(job_id), event_reader(job_id, cursor))[1]
+
+    async def scenario():
+        w = Watcher(client, min_interval_s=0.2, max_interval_s=1.0, stream_interval_s=0.1, idle_max_interval_s=2.0)
+        w.start()
+        tabs = [[] for _ in range(10)]
+        for inbox in tabs:
+            await w.subscribe("w-0", {}, lambda m, inbox=inbox: inbox.append(m) or True)
+        writer = EventWriter(recs[0].job_dir, "rank-0", "w-0")
+        for step in range(3):
+            writer.emit("step", step=step, loss=1.0 / (step + 1))
+            await asyncio.sleep(0.3)
+        t0 = time.monotonic()
+        calls["reader"].clear()
+        await asyncio.sleep(2.0)
+        reads_w0 = calls["reader"].count("w-0") / (time.monotonic() - t0)
+        writer.emit("finished", status="succeeded", steps=3, final_loss=0.33)
+        with open(os.path.join(recs[0].job_dir, "exit_code"), "w") as f:
+            f.write("0\n")
+        deadline = time.monotonic() + 20
+        while not all(inbox and inbox[-1]["type"] == "end" for inbox in tabs) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        jobs = w.jobs()
+        await w.stop()
+        return tabs, reads_w0, jobs
+
+    tabs, reads_w0, jobs = asyncio.run(scenario())
+    # status: every refresh covered all running jobs at once (never one per job)
+    assert calls["refresh"] and all(n >= 1 for n in calls["refresh"])
+    assert max(calls["refresh"]) == 5
+    # events: ~1 read of the watched job per stream interval (0.1 s), not 10 (one per tab)
+    assert reads_w0 <= 1 / 0.1 * 1.5, reads_w0
+    for inbox in tabs:
+        kinds = [m["type"] for m in inbox]
+        assert kinds[0] == "status" and kinds[-1] == "end", kinds
+        events = [m["event"] for m in inbox if m["type"] == "event"]
+        assert [e["kind"] for e in events] == ["step", "step", "step", "finished"]
+        assert [m for m in inbox if m["type"] == "status"][-1]["job"]["status"] == "completed"
+        assert decode_cursor([m for m in inbox if m["type"] == "event"][-1]["cursor"])["rank-0.jsonl"] > 0
+    view = {j["job_id"]: j for j in jobs}["w-0"]
+    assert view["progress"]["step"] == 2 and view["progress"]["total_steps"] == 3 and view["progress"]["loss"] == 0.33
+    saved = client.store.get_cursor("w-0")
+    assert saved and saved[1]["step"] == 2  # the progress survives a restart
+
+
+def test_poll_located_keeps_file_order_so_per_event_cursors_never_skip(tmp_path):
+    from hyperpod_lab.events import EventReader
+
+    clock = iter([10.0, 5.0, 12.0]).__next__  # a clock step backwards inside one writer
+    a = EventWriter(str(tmp_path), "rank-0", "j", clock=clock)
+    for step in range(3):
+        a.emit("step", step=step, loss=1.0)
+    EventWriter(str(tmp_path), "agent-n1", "j", clock=lambda: 11.0).emit("fault.detected", rank=1)
+    located = EventReader(str(tmp_path)).poll_located()
+    rank0 = [ev.seq for ev, f, _ in located if f == "rank-0.jsonl"]
+    assert rank0 == [0, 1, 2]  # file order kept despite the clock
+    # resuming after each event from its (file, offset) gives exactly the rest
+    for i, (ev, fname, end) in enumerate(located):
+        cursor = {}
+        for e2, f2, o2 in located[: i + 1]:
+            cursor[f2] = o2
+        rest = EventReader(str(tmp_path), cursor=cursor).poll()
+        assert sorted(e.key for e in rest) == sorted(e.key for e, _, _ in located[i + 1:])

@@ -1,0 +1,127 @@
+"""The notebook monitor (ipywidgets) on real jobs: its model follows the job's events, the
+progress bar advances, it stops when the job ends; ``%hyperpod watch`` and ``job.monitor()``;
+and a real kernel (the "Python 3 (HyperPod)" kernel spec) run headless through nbclient."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from hyperpod_lab.events import Event
+from hyperpod_lab.widgets import JobMonitor, timeline_html
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SCRIPT = """
+import time
+import hyperpod_lab.runtime as hp
+with hp.init() as ctx:
+    for step in range(12):
+        time.sleep(0.25)
+        ctx.step(step, loss=float(12 - step), total_steps=12)
+    ctx.finish(final_loss=1.0)
+"""
+
+
+@pytest.fixture
+def shell(tmp_path, monkeypatch):
+    from IPython.testing.globalipapp import get_ipython, start_ipython
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(SCRIPT)
+    ip = start_ipython() or get_ipython()
+    ip.run_line_magic("load_ext", "hyperpod_lab")
+    return ip
+
+
+def submit_args():
+    return "submit train.py --cluster local --nodes 1 --procs-per-node 1 --env HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.05"
+
+
+def test_job_handle_monitor_follows_a_real_job(shell):
+    from hyperpod_lab.handle import Job
+
+    job = shell.run_line_magic("hyperpod", submit_args())
+    assert isinstance(job, Job) and isinstance(job, str) and job.startswith("train-")
+    mon = job.monitor(interval_s=0.2, status_interval_s=1.0, plot_interval_s=0.5)
+    seen = []
+    mon.bar.observe(lambda ch: seen.append(ch["new"]), names="value")
+    busy_until = time.monotonic() + 3
+    while time.monotonic() < busy_until:  # the kernel's main thread is busy; the monitor goes on
+        sum(range(10000))
+    assert mon.wait(180).done.is_set()
+    assert not mon._thread.is_alive()
+    assert len(set(seen)) >= 3 and seen == sorted(seen), seen  # advanced in several updates
+    assert mon.bar.value == mon.bar.max == 12 and mon.bar.bar_style == "success"
+    assert mon.state == "completed" and mon.progress.loss == 1.0 and mon.progress.step == 11
+    kinds = [e.kind for e in mon.events]
+    assert kinds[0] == "submitted" and kinds[-1] == "finished" and kinds.count("step") >= 6
+    assert "completed" in mon.header.value and "monitor stopped" in mon.header.value
+    assert "<polyline" in mon.plot.value and "finished: succeeded" in mon.timeline.value
+    assert job.status() == "completed" and job.wait(5).exit_code == 0 and job.events()[-1].kind == "finished"
+    # %hyperpod watch on the ended job: shows the whole history, stops by itself
+    again = shell.run_line_magic("hyperpod", f"watch {job}")
+    assert isinstance(again, JobMonitor) and again.wait(30).bar.value == 12
+    assert "application/vnd.jupyter.widget-view+json" in again._repr_mimebundle_()
+
+
+def test_watch_errors_are_messages(shell, capsys):
+    assert shell.run_line_magic("hyperpod", "watch nope-1") is None
+    assert "unknown job 'nope-1'" in capsys.readouterr().err
+    assert shell.run_line_magic("hyperpod", "watch") is None
+    assert "give one job id" in capsys.readouterr().err
+
+
+def test_timeline_marks_faults_red_and_recoveries_green_with_downtime():
+    ev = [Event("started", "j", 100.0, "rank-0", 0, {}),
+          Event("fault.detected", "j", 103.0, "agent-n2", 0, {"rank": 1, "node": "n2", "signal": "SIGKILL"}),
+          Event("recovery.completed", "j", 107.5, "rank-0", 1,
+                {"downtime_s": 4.5, "restored_from": "memory", "restored_step": 9})]
+    out = timeline_html(ev)
+    fault = out[out.index("hp-fault-detected"):]
+    assert "#d32f2f" in fault.split("</span>")[0] and "rank 1 on n2 (SIGKILL)" in fault
+    rec = out[out.index("hp-recovery-completed"):]
+    assert "#2e7d32" in rec.split("</span>")[0] and "recovered in 4.5 s from memory" in rec and "+7.5s" in rec
+
+
+def test_kernel_spec_is_installed_and_loads_the_magics():
+    out = subprocess.run([sys.executable, "-m", "jupyter", "kernelspec", "list", "--json"], capture_output=True,
+                         text=True, check=True).stdout
+    spec = json.loads(out)["kernelspecs"].get("hyperpod")
+    assert spec, "kernel 'hyperpod' is not installed; run 'pip install -e .' (pyproject shared-data kernels/hyperpod)"
+    assert spec["spec"]["display_name"] == "Python 3 (HyperPod)"
+    with open(os.path.join(REPO, "kernels", "hyperpod", "kernel.json")) as f:
+        ours = json.load(f)
+    for key in ("argv", "display_name", "language"):
+        assert spec["spec"][key] == ours[key], (key, spec["spec"][key], "reinstall: pip install -e .")
+    assert "--IPKernelApp.extensions=hyperpod_lab" in ours["argv"]  # the magics load at start
+
+
+def test_monitor_in_a_real_kernel_updates_widget_state(tmp_path):
+    """nbclient runs a notebook in the "Python 3 (HyperPod)" kernel: no %load_ext needed;
+    the monitor's widget state (sent over comms from its thread) ends at the last step."""
+    (tmp_path / "train.py").write_text(SCRIPT)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(f"job = %hyperpod {submit_args()}"),
+                nbformat.v4.new_code_cell("m = job.monitor(interval_s=0.2, status_interval_s=1.0)\nm"),
+                nbformat.v4.new_code_cell("x = sum(range(10**6))  # another cell runs meanwhile\nm.wait(180).bar.value")]
+    client = NotebookClient(nb, kernel_name="hyperpod", timeout=240, resources={"metadata": {"path": str(tmp_path)}},
+                            store_widget_state=True)
+    client.execute()
+    outs = [o for c in nb.cells for o in c.outputs]
+    errors = [o for o in outs if o.output_type == "error" or (o.output_type == "stream" and o.name == "stderr"
+                                                             and "error:" in o.text)]
+    assert not errors, errors
+    view = nb.cells[1].outputs[0]["data"]["application/vnd.jupyter.widget-view+json"]
+    assert nb.cells[2].outputs[-1]["data"]["text/plain"] == "12"
+    state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    bars = [s["state"] for s in state.values() if s["model_name"] == "IntProgressModel"]
+    assert bars and bars[0]["value"] == 12 and bars[0]["max"] == 12, bars
+    assert view["model_id"] in state
