@@ -47,8 +47,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "slurmdbd, sshd, shared dir)")
     dc.add_argument("action", choices=["up", "down", "status"])
 
-    cl = sub.add_parser("clusters", help="list cluster profiles")
+    cl = sub.add_parser("clusters", help="list cluster profiles, or discover HyperPod clusters: "
+                        "clusters discover [--region R] [--profile P] [--write]")
+    cl.add_argument("action", nargs="?", choices=["list", "discover"], default="list")
     cl.add_argument("--json", action="store_true")
+    cl.add_argument("--region", help="discover: AWS region (default: $AWS_REGION / your AWS config)")
+    cl.add_argument("--profile", help="discover: AWS named profile (default: $AWS_PROFILE / default chain)")
+    cl.add_argument("--endpoint-url", help="discover: SageMaker API endpoint override")
+    cl.add_argument("--write", action="store_true", help="discover: write a cluster profile per cluster")
+    cl.add_argument("--overwrite", action="store_true", help="discover --write: replace profiles of the same name")
 
     s = sub.add_parser("submit", help="submit a training script: submit SCRIPT [options] [-- ARGS]")
     s.add_argument("script")
@@ -62,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
     s.add_argument("--max-retries", type=_int, default=ResiliencyPolicy.max_retries)
     s.add_argument("--no-auto-resume", action="store_true", help="fail on the first fault")
+    s.add_argument("--recovery", choices=["restart", "checkpointless"], default="restart",
+                   help="restart: every rank restarts from the newest checkpoint; checkpointless: each node is a "
+                        "data-parallel replica, survivors go on and a replacement heals from a live peer")
     s.add_argument("--checkpoint-every", type=_int, default=CheckpointPolicy.every_steps, metavar="STEPS")
     s.add_argument("--checkpoint-keep", type=_int, default=CheckpointPolicy.keep_last, metavar="N")
     s.add_argument("--checkpoint-memory-every", type=_int, metavar="STEPS")
@@ -94,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     cc = sub.add_parser("cancel", help="cancel a job")
     cc.add_argument("job")
 
+    sc = sub.add_parser("scale", help="add nodes to a running checkpointless job (elastic scale-up)")
+    sc.add_argument("job_id")
+    sc.add_argument("--add-nodes", type=_int, default=1)
     fi = sub.add_parser("inject-fault", help="SIGKILL one rank's process, to rehearse recovery")
     fi.add_argument("job")
     fi.add_argument("--rank", type=_int, required=True)
@@ -105,6 +118,28 @@ def build_parser() -> argparse.ArgumentParser:
                         "print its events and a summary")
     dm.add_argument("--notebook", default="examples/quickstart.ipynb")
     dm.add_argument("--timeout", type=float, default=900.0, help="seconds for the whole notebook")
+
+    gp = sub.add_parser("goodput", help="recommended checkpoint interval and projected goodput per recovery "
+                        "mode (and a job's measured goodput with --job)")
+    gp.add_argument("--instances", type=_int, required=True, help="instances (nodes) of the job")
+    gp.add_argument("--failure-rate", required=True, metavar="RATE",
+                    help="failures per instance-hour: a fraction (0.0004) or a percentage ('0.04%%')")
+    gp.add_argument("--checkpoint-cost", type=float, metavar="S", help="seconds a checkpoint blocks training "
+                    "(default with --job: measured)")
+    gp.add_argument("--step-time", type=float, metavar="S", help="seconds per step (default with --job: measured)")
+    gp.add_argument("--restart-s", type=float, help="seconds to restart the whole job (default 900)")
+    gp.add_argument("--detect-s", type=float, help="seconds to detect a failure (default 30)")
+    gp.add_argument("--heal-s", type=float, help="checkpointless: seconds peers take to heal (default 90)")
+    gp.add_argument("--restore-s", type=float, help="seconds to load a checkpoint (default: the checkpoint cost)")
+    gp.add_argument("--replicas", type=_int, help="checkpointless: data-parallel replicas of each state (default 2)")
+    gp.add_argument("--fallback-probability", type=float, help="checkpointless: probability a failure falls "
+                    "back to the checkpoint (default: from --replicas)")
+    gp.add_argument("--work-gpu-hours", type=float, help="useful GPU-hours of the run, to project training days")
+    gp.add_argument("--gpus-per-instance", type=_int, default=8)
+    gp.add_argument("--job", help="measure this job's events and project them to --instances")
+    gp.add_argument("--json", action="store_true")
+    gp.add_argument("--plot", metavar="FILE.png", help="write goodput against checkpoint interval to this file "
+                    "(in IPython, without --plot, it is shown inline)")
     return p
 
 
@@ -128,7 +163,8 @@ def spec_from_args(a: argparse.Namespace, script_args: list[str]) -> JobSpec:
         cluster=a.cluster, nodes=nodes,
         procs_per_node=a.procs_per_node if a.procs_per_node is not None else profile.defaults.procs_per_node,
         args=list(script_args), env=env, partition=a.partition, time_limit_min=a.time_limit_min,
-        resiliency=ResiliencyPolicy(auto_resume=not a.no_auto_resume, max_retries=a.max_retries),
+        resiliency=ResiliencyPolicy(auto_resume=not a.no_auto_resume, max_retries=a.max_retries,
+                                    recovery=a.recovery),
         checkpoint=CheckpointPolicy(every_steps=a.checkpoint_every, keep_last=a.checkpoint_keep,
                                     memory_every_steps=a.checkpoint_memory_every, s3_uri=a.checkpoint_s3,
                                     s3_every_steps=a.checkpoint_s3_every),
@@ -176,6 +212,9 @@ def run(argv: list[str], out: TextIO | None = None, client=None) -> Any:
                 raise HyperPodLabError("the dev cluster is not fully up; run 'hyperpod-lab dev-cluster up'")
         return None
 
+    if a.cmd == "clusters" and a.action == "discover":
+        return _discover(a, say)
+
     if a.cmd == "clusters":
         from hyperpod_lab.clusters import config_path, load_profiles
 
@@ -188,6 +227,9 @@ def run(argv: list[str], out: TextIO | None = None, client=None) -> Any:
                         for p in profs.values()], ["NAME", "ORCHESTRATOR", "LOGIN", "SHARED ROOT"]))
             say(f"(config: {config_path()})")
         return None
+
+    if a.cmd == "goodput":
+        return _goodput(a, say, client)
 
     from hyperpod_lab.client import Client
 
@@ -244,6 +286,12 @@ def run(argv: list[str], out: TextIO | None = None, client=None) -> Any:
         say(f"cancel requested for {rec.job_id} ({rec.cluster} job {rec.native_id})")
         return None
 
+    if a.cmd == "scale":
+        join = client.scale(a.job_id, a.add_nodes)
+        say(f"{a.add_nodes} node(s) joining {a.job_id} as replica groups {join['offset']}.."
+            f"{join['offset'] + join['nodes'] - 1} (allocation {join['native_id']}); watch for elastic.scaled")
+        return join
+
     if a.cmd == "inject-fault":
         if a.after_checkpoint:
             reader = client.event_reader(a.job)
@@ -262,6 +310,73 @@ def run(argv: list[str], out: TextIO | None = None, client=None) -> Any:
 
         return run_demo(a.notebook, say, timeout_s=a.timeout)
     raise AssertionError(a.cmd)
+
+
+def _goodput(a: argparse.Namespace, say, client) -> None:
+    """``goodput``: hyperpod_lab.goodput's advice (and measurement of --job) as a table, JSON, plot."""
+    from hyperpod_lab import goodput as gp
+
+    measured = projection = None
+    costs = {k: getattr(a, k) for k in ("restart_s", "detect_s", "heal_s", "restore_s", "replicas",
+                                        "fallback_probability") if getattr(a, k) is not None}
+    step_time, cost = a.step_time, a.checkpoint_cost
+    if a.job:
+        from hyperpod_lab.client import Client
+
+        measured = gp.measure_from_events((client or Client()).event_reader(a.job).poll())
+        projection = gp.project(measured, a.instances, a.failure_rate,
+                                **{k: v for k, v in costs.items() if k not in ("restore_s",)})
+        step_time = step_time if step_time is not None else measured["step_time_s"]
+        if cost is None and measured["tiers"]:
+            cost = max(t["blocked_s"] for t in measured["tiers"].values())
+    if cost is None or step_time is None:
+        raise SpecError("goodput", "give --checkpoint-cost SECONDS and --step-time SECONDS "
+                        "(or --job JOB to measure them from its events)")
+    advice = gp.advise(a.instances, a.failure_rate, cost, step_time, work_gpu_hours=a.work_gpu_hours,
+                       gpus_per_instance=a.gpus_per_instance, **costs)
+    if a.json:
+        say(json.dumps({"advice": advice, "measured": measured, "projection": projection}, indent=2))
+    else:
+        say(gp.report_text(advice, measured, projection))
+    if a.plot or not a.json:
+        fig = gp.plot_goodput_vs_interval(advice)
+        if a.plot:
+            fig.savefig(a.plot)
+            say(f"plot written to {a.plot}")
+        else:
+            ipython = sys.modules.get("IPython")
+            if ipython is not None and ipython.get_ipython() is not None:
+                from IPython.display import Image, display
+
+                display(Image(data=gp.figure_png(fig), format="png"))
+    return None
+
+
+def _discover(a: argparse.Namespace, say) -> list:
+    """``clusters discover``: HyperPod clusters of a region; with --write, their profiles."""
+    from hyperpod_lab.discovery import discover_clusters, write_profiles
+
+    found = discover_clusters(region=a.region, profile=a.profile, endpoint_url=a.endpoint_url)
+    if a.json:
+        say(json.dumps([c.to_dict() for c in found], indent=2, default=str))
+    elif not found:
+        say(f"no HyperPod clusters in region {a.region or '(default)'}; clusters are regional: try --region")
+    else:
+        say(_table([[c.name, c.orchestrator, c.status, c.region,
+                     ", ".join(f"{g['name']}:{g['instance_type']} {g['current_count']}/{g['target_count']}"
+                               for g in c.instance_groups),
+                     ", ".join(f"{k} {v}" for k, v in sorted(c.node_health.items())) or "-"] for c in found],
+                   ["NAME", "ORCHESTRATOR", "STATUS", "REGION", "INSTANCE GROUPS (current/target)", "NODES"]))
+        notes = {c.events_note for c in found if c.events_note}
+        for note in sorted(notes):
+            say(f"(cluster events: {note})")
+    if a.write:
+        from hyperpod_lab.clusters import config_path, get_profile
+
+        for name, what in write_profiles(found, overwrite=a.overwrite):
+            todo = get_profile(name).unfilled()
+            say(f"profile '{name}': {what}" + (f"; fill in {', '.join(todo)} in {config_path()}" if todo else ""))
+    return found
 
 
 def _follow(client, job_id, say, json_lines: bool, timeout_s) -> list:

@@ -24,6 +24,12 @@ class SpecError(HyperPodLabError, ValueError):
         super().__init__(f"{field}: {message}")
 
 
+class GoodputInputError(SpecError):
+    """An input of the goodput model (``hyperpod_lab.goodput``) is out of range or in the wrong
+    unit; the message names the unit expected (e.g. failure rates are fractions per
+    instance-hour, ``0.0004``, or explicit percentages, ``"0.04%"``)."""
+
+
 class ConfigError(HyperPodLabError):
     """The cluster config file is malformed or a profile is incomplete."""
 

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 
-APT_PKGS=(slurm-wlm munge openssh-server slurmdbd mariadb-server)
+APT_PKGS=(slurm-wlm munge openssh-server slurmdbd mariadb-server chromium)  # chromium: Debian's, for the Lab UI tests (never a downloaded browser)
 command -v node >/dev/null && command -v npm >/dev/null || APT_PKGS+=(nodejs npm)
 missing=()
 for p in "${APT_PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
@@ -27,5 +27,13 @@ if [ ! -f "$stamp" ] || [ -n "$(find pyproject.toml package.json yarn.lock src s
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
   PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 .venv/bin/python -m pip install -q -e ".[test]"
   touch "$stamp"
+fi
+# The sagemaker-hyperpod SDK (test-only: tests/test_eks_render.py validates rendered HyperPodPyTorchJobs
+# against its model) pins its own versions and brings pytest plugins, so it lives in its own venv.
+if [ ! -f .venv-sdk/.installed ]; then
+  echo "setup: creating .venv-sdk with sagemaker-hyperpod==3.12.0 (~2 min, ~600 MB)"
+  $PY -m venv .venv-sdk
+  .venv-sdk/bin/python -m pip install -q "sagemaker-hyperpod==3.12.0"
+  touch .venv-sdk/.installed
 fi
 echo "setup: done ($(.venv/bin/python -c 'import torch, hyperpod_lab; print("torch", torch.__version__, "hyperpod-lab", hyperpod_lab.__version__)'))"

@@ -1,0 +1,475 @@
+"""The goodput model (hyperpod_lab.goodput): closed forms against the Monte Carlo simulator,
+properties (hypothesis), the public figures of docs/goodput.md, calibration from a job's
+events, and the ``goodput`` command (CLI and %hyperpod magic)."""
+
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hyperpod_lab import goodput as gp
+from hyperpod_lab.cli import run
+from hyperpod_lab.errors import GoodputInputError, SpecError
+from hyperpod_lab.events import Event, EventWriter
+from hyperpod_lab.goodput import Scenario, Tier
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROPS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def rate_for_mtbf(instances: int, mtbf_s: float) -> float:
+    """Failure rate per instance-hour that gives a cluster of ``instances`` this MTBF (s)."""
+    return 3600.0 / (instances * mtbf_s)
+
+
+# ---- input checking -------------------------------------------------------------------------
+def test_failure_rate_units():
+    assert gp.parse_failure_rate("0.04%") == pytest.approx(0.0004)
+    assert gp.parse_failure_rate(" 0.04 % ") == pytest.approx(0.0004)
+    assert gp.parse_failure_rate(0.0004) == 0.0004
+    assert gp.parse_failure_rate("0.0004") == 0.0004
+    assert gp.parse_failure_rate(0) == 0.0
+    assert gp.parse_failure_rate(1) == 1.0
+
+
+@pytest.mark.parametrize("bad, words", [
+    (-0.0004, ["negative", "fractions per instance-hour", "'0.04%'"]),
+    ("-0.04%", ["negative", "fractions per instance-hour"]),
+    (4, ["above 1", "fractions per instance-hour", "0.0004", "did you mean '4%'"]),
+    ("0.04", None),  # fine: a fraction
+    ("150%", ["above 100 %"]),
+    ("fast", ["not a number", "fractions per instance-hour"]),
+    (float("nan"), ["not finite"]),
+    (True, ["not a failure rate"]),
+])
+def test_bad_failure_rates_name_the_unit(bad, words):
+    if words is None:
+        assert gp.parse_failure_rate(bad) == 0.04
+        return
+    with pytest.raises(GoodputInputError) as ei:
+        gp.parse_failure_rate(bad)
+    assert isinstance(ei.value, SpecError) and isinstance(ei.value, ValueError)
+    for w in words:
+        assert w in str(ei.value), str(ei.value)
+
+
+def test_bad_input_is_refused_with_its_unit():
+    tier = [Tier("persistent", 100, 10)]
+    cases = [
+        (lambda: gp.cluster_mtbf_hours(0, 0.0004), "at least 1 instance"),
+        (lambda: gp.cluster_mtbf_hours(-5, 0.0004), "at least 1 instance"),
+        (lambda: gp.cluster_mtbf_hours(2.5, 0.0004), "whole number of instances"),
+        (lambda: gp.cluster_mtbf_hours(512, 4), "fractions per instance-hour"),
+        (lambda: gp.young_interval_s(-1, 3600), "duration in seconds"),
+        (lambda: gp.advise(512, "0.04%", -30, 2.0), "checkpoint_cost_s: -30.0 s: expected a finite duration in seconds"),
+        (lambda: gp.advise(512, "0.04%", 30, 2.0, restart_s=-1), "restart_s"),
+        (lambda: gp.advise(512, 0, 30, 2.0), "no finite MTBF"),
+        (lambda: gp.advise(0, "0.04%", 30, 2.0), "at least 1 instance"),
+        (lambda: Scenario(512, "0.04%", 0, tier), "step_time_s: 0.0 s"),
+        (lambda: Scenario(512, "0.04%", 1, []), "at least one checkpoint tier"),
+        (lambda: Scenario(512, "0.04%", 1, [Tier("memory", 1, 0.1, survives_failure=0.5)]), "must survive every failure"),
+        (lambda: Scenario(512, "0.04%", 1, tier, mode="pray"), "checkpoint-restart, checkpointless"),
+        (lambda: Scenario(5, "0.04%", 1, tier, mode="checkpointless", replicas=2), "groups of 2 replicas"),
+        (lambda: Tier("persistent", 0, 10), "whole number of steps, at least 1"),
+        (lambda: Tier("s3", 10, 10, survives_failure=95), "fraction in [0, 1] (not a percentage)"),
+        (lambda: gp.training_days(6.5e6, 0, 1.0), "at least 1"),
+    ]
+    for call, words in cases:
+        with pytest.raises(GoodputInputError) as ei:
+            call()
+        assert words in str(ei.value), (words, str(ei.value))
+
+
+# ---- closed forms ---------------------------------------------------------------------------
+def test_mtbf_and_intervals():
+    assert gp.cluster_mtbf_hours(512, "0.04%") == pytest.approx(1 / (512 * 0.0004))
+    assert gp.cluster_mtbf_hours(512, 0) == math.inf
+    c, m = 60.0, 36000.0
+    assert gp.young_daly_interval(c, m, order=1) == pytest.approx(math.sqrt(2 * c * m))
+    x = c / (2 * m)
+    assert gp.young_daly_interval(c, m) == gp.young_interval_s(c, m)
+    assert gp.young_daly_interval(c, m, order=2) == pytest.approx(math.sqrt(2 * c * m) * (1 + math.sqrt(x) / 3 + x / 9) - c)
+    with pytest.raises(GoodputInputError, match="1 .Young 1974. or 2 .Daly 2006."):
+        gp.young_daly_interval(c, m, order=3)
+    assert gp.daly_interval_s(7200, 3600) == 3600  # C >= 2M: checkpoint every MTBF
+    assert gp.training_days(6.5e6, 2048, 1.0) == pytest.approx(6.5e6 / 2048 / 24)
+    assert gp.training_days(100, 1, 0.5) == pytest.approx(2 * 100 / 24)
+
+
+def test_daly_interval_maximises_the_exact_exponential_goodput():
+    c, r, m = 30.0, 600.0, 5 * 3600.0
+    taus = np.geomspace(50, 20000, 4000)
+    best = taus[np.argmax([gp.exponential_goodput(t, c, r, m) for t in taus])]
+    assert gp.daly_interval_s(c, m) == pytest.approx(best, rel=0.01)
+    assert abs(gp.young_interval_s(c, m) - best) > abs(gp.daly_interval_s(c, m) - best)
+
+
+def test_closed_form_breakdown_adds_up_and_reduces_to_young_waste():
+    sc = Scenario(512, "0.04%", 2.0, [Tier("persistent", 500, 30, restore_s=60)], detect_s=30, restart_s=900)
+    b = gp.goodput_breakdown(sc)
+    assert b["goodput"] + sum(b["lost"].values()) == pytest.approx(1.0)
+    m, tau, c = sc.mtbf_s, 1000.0, 30.0
+    assert b["cost_per_failure_s"] == pytest.approx(30 + 900 + 60 + (tau + c) / 2)
+    assert b["goodput"] == pytest.approx((1 - (990 + (tau + c) / 2) / m) / (1 + c / tau))
+    assert b["lost"]["heal"] == 0 and b["fallback_probability"] == 1.0
+    # no failures: only the checkpoint stalls cost anything
+    assert gp.expected_goodput(sc, failure_rate_per_instance_hour=0) == pytest.approx(tau / (tau + c))
+
+
+# ---- properties ----------------------------------------------------------------------------
+tiers_st = st.lists(st.tuples(st.integers(1, 5000), st.floats(0, 300), st.floats(0, 600), st.floats(0, 1)),
+                    min_size=1, max_size=3)
+
+
+def make_scenario(instances, rate, step, tiers, mode, detect, heal, extra_restart, replicas_exp, q):
+    ts = [Tier(f"t{i}", n, c, r, 1.0 if i == len(tiers) - 1 else sv) for i, (n, c, r, sv) in enumerate(tiers)]
+    replicas = 2 ** replicas_exp
+    # physically, restarting a job costs at least healing it: restart >= heal + the stalls
+    restart = heal + sum(t.blocked_s for t in ts) + extra_restart
+    return Scenario(instances * replicas, rate, step, ts, mode=mode, detect_s=detect, restart_s=restart,
+                    heal_s=heal, replicas=replicas, fallback_probability=q)
+
+
+scenario_args = dict(
+    instances=st.integers(1, 2048), rate=st.floats(0, 0.05), step=st.floats(0.01, 60), tiers=tiers_st,
+    mode=st.sampled_from(gp.RECOVERY_MODES), detect=st.floats(0, 600), heal=st.floats(0, 600),
+    extra_restart=st.floats(0, 3600), replicas_exp=st.integers(0, 2), q=st.none() | st.floats(0, 1))
+
+
+@PROPS
+@given(**scenario_args)
+def test_goodput_is_a_fraction(**kw):
+    sc = make_scenario(**kw)
+    b = gp.goodput_breakdown(sc)
+    assert 0.0 <= b["goodput"] <= 1.0
+    assert all(v >= 0 for v in b["lost"].values())
+    assert b["goodput"] + sum(b["lost"].values()) == pytest.approx(1.0)
+
+
+@PROPS
+@given(**scenario_args, factor=st.floats(1.0, 100.0))
+def test_goodput_does_not_rise_with_the_failure_rate(factor, **kw):
+    sc = make_scenario(**kw)
+    worse = sc.with_(failure_rate_per_instance_hour=min(1.0, sc.failure_rate_per_instance_hour * factor))
+    assert gp.expected_goodput(worse) <= gp.expected_goodput(sc) + 1e-12
+
+
+@PROPS
+@given(**scenario_args, factor=st.floats(1.0, 100.0), which=st.integers(0, 2))
+def test_goodput_does_not_rise_with_the_checkpoint_cost(factor, which, **kw):
+    sc = make_scenario(**kw)
+    k = which % len(sc.tiers)
+    slower = list(sc.tiers)
+    slower[k] = Tier(slower[k].name, slower[k].interval_steps, slower[k].blocked_s * factor,
+                     slower[k].restore_s, slower[k].survives_failure)
+    assert gp.expected_goodput(sc.with_(tiers=slower)) <= gp.expected_goodput(sc) + 1e-12
+
+
+@settings(max_examples=12, deadline=None)
+@given(cost=st.floats(5, 300), mtbf_per_cost=st.floats(30, 3000), downtime_per_mtbf=st.floats(0, 0.1),
+       seed=st.integers(0, 2 ** 16))
+def test_young_daly_interval_minimises_simulated_lost_time(cost, mtbf_per_cost, downtime_per_mtbf, seed):
+    """Lost time (1 - goodput) simulated on a grid of intervals around Daly's: Daly's and
+    Young's are within 5 % of the best of the grid (the same failure times for every interval)."""
+    m = cost * mtbf_per_cost
+    daly_s = gp.young_daly_interval(cost, m, order=2)
+    step = daly_s / 100
+    base = Scenario(64, rate_for_mtbf(64, m), step, [Tier("persistent", 100, cost)],
+                    detect_s=0, restart_s=downtime_per_mtbf * m)
+    young = gp.young_daly_interval(cost, m, order=1) / daly_s
+    lost = {f: 1 - gp.simulate(base.with_(tiers=[Tier("persistent", round(100 * f), cost)]),
+                               failures=1500, seed=seed)["goodput"]
+            for f in (0.4, 0.6, 0.8, 1.0, young, 1.25, 1.6, 2.5)}
+    assert lost[1.0] <= 1.05 * min(lost.values()), lost
+    assert lost[young] <= 1.05 * min(lost.values()), lost
+
+
+# ---- closed forms against the Monte Carlo simulator ---------------------------------------
+@settings(max_examples=10, deadline=None)
+@given(cost=st.floats(1, 600), mtbf_h=st.floats(0.5, 48), downtime_s=st.floats(0, 3600),
+       interval_factor=st.floats(0.3, 3), seed=st.integers(0, 2 ** 16))
+def test_simulation_matches_the_exact_exponential_form(cost, mtbf_h, downtime_s, interval_factor, seed):
+    m = mtbf_h * 3600
+    tau = max(1.0, interval_factor * gp.daly_interval_s(cost, m))
+    exact = gp.exponential_goodput(tau, cost, downtime_s, m)
+    if exact < 0.7:  # the simulation's noise grows as goodput falls (2 % at 0.5 with 4,000 failures)
+        return
+    sc = Scenario(128, rate_for_mtbf(128, m), tau / 200, [Tier("persistent", 200, cost)], detect_s=0,
+                  restart_s=downtime_s)
+    sim = gp.simulate(sc, failures=4000, seed=seed)
+    assert sim["goodput"] == pytest.approx(exact, rel=0.02)
+
+
+def test_simulation_matches_first_order_closed_form_with_several_tiers():
+    tiers = [Tier("memory", 10, 0.5, restore_s=5, survives_failure=0.9),
+             Tier("persistent", 100, 20, restore_s=60, survives_failure=0.95),
+             Tier("s3", 500, 5, restore_s=300)]
+    sc = Scenario(1024, "0.01%", 1.5, tiers, detect_s=20, restart_s=300)
+    sim = gp.simulate(sc, failures=4000, seed=3)
+    closed = gp.goodput_breakdown(sc)
+    assert sim["goodput"] == pytest.approx(closed["goodput"], rel=0.02)
+    assert set(sim["restored_from"]) == {"memory", "persistent", "s3"}  # every tier was used
+    n = sim["failures"]
+    assert sim["restored_from"]["memory"] / n == pytest.approx(0.9, abs=0.02)
+    assert sim["restored_from"]["s3"] / n == pytest.approx(0.1 * 0.05, abs=0.005)
+    for kind in ("checkpoint", "restore"):
+        assert sim["lost"][kind] == pytest.approx(closed["lost"][kind], rel=0.1)
+
+
+@pytest.mark.parametrize("q", [0.2, None])
+def test_simulation_matches_closed_form_checkpointless_with_fallback(q):
+    """Checkpointless: peers heal most failures; the rest fall back to the persistent tier —
+    either with a given probability, or when the other replica of the failed instance's state
+    also fails within the healing window (per-instance failure times in the simulation)."""
+    rate = "0.5%"  # high, so that losing both replicas within the 1 h window happens (~0.5 %)
+    tiers = [Tier("persistent", 400, 30, restore_s=120)]
+    sc = Scenario(256, rate, 2.0, tiers, mode="checkpointless", detect_s=10, restart_s=600, heal_s=60,
+                  heal_window_s=3600, replicas=2, fallback_probability=q)
+    sim = gp.simulate(sc, failures=6000, seed=11)
+    closed = gp.goodput_breakdown(sc)
+    expected_q = q if q is not None else -math.expm1(-0.005 / 3600 * 3600)
+    assert closed["fallback_probability"] == pytest.approx(expected_q)
+    n = sim["failures"]
+    assert sim["fallbacks"] / n == pytest.approx(expected_q, abs=4 * math.sqrt(expected_q * (1 - expected_q) / n))
+    assert sim["fallbacks"] > 10
+    assert sim["goodput"] == pytest.approx(closed["goodput"], rel=0.02)
+    cr = gp.simulate(sc.with_(mode="checkpoint-restart"), failures=6000, seed=11)
+    assert sim["goodput"] > cr["goodput"] + 0.05
+
+
+def test_simulation_is_seeded():
+    sc = Scenario(64, "0.1%", 1.0, [Tier("persistent", 100, 5)])
+    assert gp.simulate(sc, failures=200, seed=5) == gp.simulate(sc, failures=200, seed=5)
+    assert gp.simulate(sc, failures=200, seed=5) != gp.simulate(sc, failures=200, seed=6)
+
+
+# ---- public figures -------------------------------------------------------------------------
+def test_public_figures_are_reproduced():
+    rows = {r["key"]: r["value"] for r in gp.public_figures()}
+    assert rows["cluster_mtbf_512"]["mtbf_hours"] == pytest.approx(4.9, abs=0.05)
+    l3 = rows["llama3_interruptions"]
+    assert l3["mtbf_hours"] == pytest.approx(3.0, abs=0.1) and l3["per_day"] == pytest.approx(7.76, abs=0.005)
+    rate = rows["llama3_rate"]
+    assert rate["rate_blog"] * 100 == pytest.approx(0.0161, abs=0.00005)
+    assert rate["rate_paper"] * 100 == pytest.approx(0.0158, abs=0.00005)
+    assert rows["opt175b_rate"]["rate"] * 100 == pytest.approx(0.0588, abs=0.00005)
+    days = rows["llama3_days"]
+    assert days["days_ideal"] == pytest.approx(132, abs=0.5)
+    assert days["implied_goodput"] == pytest.approx(1.0, abs=0.01)
+    assert days["days_ideal"] < days["days_cl"] < days["days_cr"]
+
+
+def test_docs_table_is_the_generated_one():
+    table = gp.figures_table_markdown()
+    with open(os.path.join(REPO, "docs", "goodput.md")) as f:
+        assert table in f.read(), "docs/goodput.md is stale: paste `python -m hyperpod_lab.goodput --table`"
+    p = subprocess.run([sys.executable, "-m", "hyperpod_lab.goodput", "--table"], capture_output=True, text=True,
+                       cwd=REPO)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == table
+    rows = {r["key"]: r["value"] for r in gp.public_figures()}
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = f.read()
+    for number in (f"every {rows['cluster_mtbf_512']['mtbf_hours']:.2f} h",
+                   f"one every {rows['llama3_interruptions']['mtbf_hours']:.2f} h",
+                   f"{rows['llama3_interruptions']['per_day']:.2f} a day",
+                   f"{rows['llama3_rate']['rate_paper'] * 100:.4f} %", f"{rows['llama3_rate']['rate_blog'] * 100:.4f} %",
+                   f"{rows['opt175b_rate']['rate'] * 100:.4f} %", f"{rows['llama3_days']['days_ideal']:.1f} days"):
+        assert number in readme, f"README's goodput section is stale: {number!r} missing"
+
+
+# ---- calibration from events ----------------------------------------------------------------
+def ev(kind, t, writer="rank-0", **data):
+    ev.seq[writer] = ev.seq.get(writer, -1) + 1
+    return Event(kind=kind, job_id="job-1", time=t, writer=writer, seq=ev.seq[writer], data=data)
+
+
+ev.seq = {}
+
+
+def job_events():
+    """A job of 0.5 s steps, memory checkpoints every 4 steps (0.05 s blocked, on 2 ranks),
+    persistent every 8 (0.2 s); killed after step 9, restored from memory step 7 in 3 s."""
+    ev.seq = {}
+    out = [ev("submitted", 99.0, "client"), ev("started", 100.0, world_size=2)]
+    t = 100.0
+    for step in range(10):
+        t += 0.5
+        out.append(ev("step", t, step=step, loss=1.0 / (step + 1)))
+        if (step + 1) % 4 == 0:
+            for r in (0, 1):
+                out.append(ev("checkpoint.saved", t + 0.05, f"rank-{r}", tier="memory", step=step,
+                              blocked_s=0.05 if r == 0 else 0.04, total_s=0.05, rank=r))
+            t += 0.05
+        if (step + 1) % 8 == 0:
+            out.append(ev("checkpoint.saved", t + 0.2, tier="persistent", step=step, blocked_s=0.2, total_s=0.2))
+            t += 0.2
+    # the fault: last step event at t (step 9); detected 1 s later; restarted; restored from memory step 7
+    fault = t + 1.0
+    out.append(ev("fault.detected", fault, "agent-n1", rank=1, node="n1", signal="SIGKILL"))
+    out.append(ev("recovery.started", fault + 0.1, "agent-n1", restart_count=1, reason="local worker failed"))
+    out.append(ev("started", fault + 2.0, world_size=2))
+    for r in (0, 1):
+        out.append(ev("checkpoint.restored", fault + 2.5, f"rank-{r}", tier="memory", step=7,
+                      seconds=0.3 if r == 0 else 0.4, rank=r))
+    t = fault + 3.0
+    out.append(ev("recovery.completed", t, restored_step=7, restart_count=1, downtime_s=3.0, restored_from="memory"))
+    for step in range(8, 12):
+        out.append(ev("step", t, step=step, loss=0.1))
+        t += 0.5
+    out.append(ev("finished", t, status="succeeded", steps=12))
+    return out
+
+
+def test_measure_from_events():
+    events = job_events()
+    m = gp.measure_from_events(list(reversed(events)))  # any order
+    json.dumps(m, allow_nan=False)
+    assert m["step_time_s"] == pytest.approx(0.5)
+    assert m["steps"] == 12 and m["faults"] == 1
+    assert m["tiers"]["memory"] == {"checkpoints": 2, "interval_steps": 4, "blocked_s": pytest.approx(0.05),
+                                    "blocked_total_s": pytest.approx(0.1), "restore_s": pytest.approx(0.4)}
+    assert m["tiers"]["persistent"]["checkpoints"] == 1 and m["tiers"]["persistent"]["interval_steps"] is None
+    (r,) = m["recoveries"]
+    assert r["restored_from"] == "memory" and r["downtime_s"] == 3.0
+    assert r["detect_s"] == pytest.approx(1.0) and r["restore_s"] == pytest.approx(0.4)
+    assert r["restart_s"] == pytest.approx(2.6) and r["recomputed_steps"] == 2  # steps 8 and 9
+    lost = m["lost_s"]
+    assert lost["checkpoint"] == pytest.approx(0.3) and lost["recompute"] == pytest.approx(1.0)
+    assert lost["other"] == pytest.approx(0.0, abs=1e-9)  # every lost second has a cause here
+    assert m["wall_s"] == pytest.approx(events[-1].time - 100.0)
+    assert m["goodput"] == pytest.approx(12 * 0.5 / m["wall_s"])
+    assert m["goodput"] + sum(lost.values()) / m["wall_s"] == pytest.approx(1.0)
+
+
+def test_project_from_measurement():
+    m = gp.measure_from_events(job_events())
+    p = gp.project(m, 2048, "0.0161%")
+    json.dumps(p, allow_nan=False)
+    assert [t["name"] for t in p["tiers"]] == ["memory", "persistent"]
+    assert p["restart_s"] == pytest.approx(2.6) and p["detect_s"] == pytest.approx(1.0)
+    modes = p["modes"]
+    # this job restarts in 2.6 s: healing in the default 90 s is worse; in 1 s it is better
+    assert 0 < modes["checkpointless"]["goodput"] < modes["checkpoint-restart"]["goodput"] <= 1
+    modes = gp.project(m, 2048, "0.0161%", heal_s=1.0)["modes"]
+    assert 0 < modes["checkpoint-restart"]["goodput"] < modes["checkpointless"]["goodput"] <= 1
+    assert modes["checkpoint-restart"]["goodput"] > gp.project(m, 2048, "0.0161%", restart_s=900)["modes"][
+        "checkpoint-restart"]["goodput"]
+    with pytest.raises(GoodputInputError, match="no step events"):
+        gp.measure_from_events([ev("submitted", 1.0, "client")])
+
+
+def test_advise_is_json_and_recommends_daly():
+    a = gp.advise(512, "0.04%", 30, 2.0, work_gpu_hours=1e6)
+    json.dumps(a, allow_nan=False)
+    cr = a["modes"]["checkpoint-restart"]
+    assert a["mtbf_hours"] == pytest.approx(4.8828, abs=1e-3)
+    assert cr["interval_steps"] == round(gp.daly_interval_s(30, a["mtbf_s"]) / 2.0)
+    assert a["modes"]["checkpointless"]["goodput"] > cr["goodput"]
+    assert cr["training_days"] == pytest.approx(1e6 / 4096 / cr["goodput"] / 24)
+    assert a["modes"]["checkpointless"]["interval_s"] == 86400  # q = 1e-5: capped at a day
+    half = gp.advise(512, "0.04%", 30, 2.0, fallback_probability=0.5)["modes"]["checkpointless"]
+    assert half["interval_s"] == pytest.approx(gp.daly_interval_s(30, 2 * a["mtbf_s"]), abs=1.0)
+
+
+# ---- the command ----------------------------------------------------------------------------
+ARGS = ["goodput", "--instances", "512", "--failure-rate", "0.04%", "--checkpoint-cost", "30", "--step-time", "2"]
+
+
+def test_cli_table_json_and_plot(tmp_path):
+    out = io.StringIO()
+    assert run(ARGS + ["--work-gpu-hours", "1e6"], out=out) is None
+    text = out.getvalue()
+    assert "MTBF 4.88 h" in text and "checkpoint-restart" in text and "checkpointless" in text
+    assert "TRAINING DAYS" in text and "88.9 %" in text
+    out = io.StringIO()
+    run(ARGS + ["--json"], out=out)
+    d = json.loads(out.getvalue())
+    assert d["advice"] == json.loads(json.dumps(gp.advise(512, "0.04%", 30, 2.0)))
+    png = tmp_path / "g.png"
+    run(ARGS + ["--plot", str(png)], out=io.StringIO())
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10000
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--failure-rate", "4"], "fractions per instance-hour"),
+    (["--instances", "0"], "at least 1 instance"),
+    (["--checkpoint-cost", "-5"], "seconds"),
+])
+def test_cli_refuses_bad_input(argv, words):
+    args = list(ARGS)
+    i = args.index(argv[0])
+    args[i + 1] = argv[1]
+    with pytest.raises(GoodputInputError, match=words.replace("(", r"\(")):
+        run(args, out=io.StringIO())
+
+
+def test_cli_needs_costs_or_a_job():
+    with pytest.raises(SpecError, match="--checkpoint-cost SECONDS and --step-time SECONDS"):
+        run(["goodput", "--instances", "8", "--failure-rate", "0.04%"], out=io.StringIO())
+
+
+def test_cli_measures_a_job(client, tmp_path):
+    """A job record in a real JobStore whose events were written by the real EventWriter."""
+    from hyperpod_lab.jobs import JobRecord
+
+    job_dir = tmp_path / "job"
+    writers, now = {}, [0.0]
+    for e in job_events():
+        now[0] = e.time
+        w = writers.setdefault(e.writer, EventWriter(str(job_dir), e.writer, "job-1", clock=lambda: now[0]))
+        w.emit(e.kind, **e.data)
+    client.store.put(JobRecord(job_id="job-1", name="job", cluster="local", orchestrator="local", native_id="1",
+                               job_dir=str(job_dir), spec={}, status="succeeded"))
+    out = io.StringIO()
+    run(["goodput", "--instances", "2048", "--failure-rate", "0.0161%", "--job", "job-1"], out=out, client=client)
+    text = out.getvalue()
+    assert "measured (job-1): 12 steps" in text and "step 0.5 s" in text
+    assert "tier memory: 2 checkpoints, every 4 steps" in text and "recovery from memory: downtime 3 s" in text
+    assert "projected with the job's measured costs at 2048 instances" in text
+    out = io.StringIO()
+    run(["goodput", "--instances", "2048", "--failure-rate", "0.0161%", "--job", "job-1", "--json"], out=out,
+        client=client)
+    d = json.loads(out.getvalue())
+    assert d["measured"]["step_time_s"] == pytest.approx(0.5) and d["advice"]["step_time_s"] == pytest.approx(0.5)
+    assert d["advice"]["checkpoint_cost_s"] == pytest.approx(0.2)  # the slowest tier's
+    assert set(d["projection"]["modes"]) == set(gp.RECOVERY_MODES)
+
+
+def test_magic_shows_the_plot_inline(tmp_path, monkeypatch):
+    from IPython.testing.globalipapp import get_ipython, start_ipython
+    from IPython.utils.capture import capture_output
+
+    monkeypatch.chdir(tmp_path)
+    ip = start_ipython() or get_ipython()
+    ip.run_line_magic("load_ext", "hyperpod_lab")
+    with capture_output() as cap:
+        ip.run_line_magic("hyperpod", " ".join(ARGS))
+    assert "checkpointless" in cap.stdout
+    images = [o.data["image/png"] for o in cap.outputs if "image/png" in o.data]
+    assert len(images) == 1
+    with capture_output() as cap:
+        ip.run_line_magic("hyperpod", "goodput --instances 512 --failure-rate 4 --checkpoint-cost 30 --step-time 2")
+    assert "fractions per instance-hour" in cap.stderr
+
+
+def test_docstring_examples_hold():
+    import doctest
+
+    result = doctest.testmod(gp)
+    assert result.attempted >= 1 and result.failed == 0
+
+
+def test_module_imports_neither_torch_nor_jupyter_nor_matplotlib():
+    code = ("import sys, hyperpod_lab.goodput; "
+            "print(sorted(m for m in ('torch', 'IPython', 'matplotlib', 'jupyter_server') if m in sys.modules))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "[]"
