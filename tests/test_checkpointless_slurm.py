@@ -18,7 +18,7 @@ from hyperpod_lab import cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "tests", "scripts", "ft_train.py")
-STEPS = 90
+STEPS = 200
 
 
 def _ppid(pid: int) -> int:
@@ -30,7 +30,7 @@ def test_checkpointless_elastic_job_on_slurm(dev_cluster, client):
     job_id = cli.run(["submit", SCRIPT, "--cluster", "local-slurm", "--nodes", "2", "--procs-per-node", "1",
                       "--recovery", "checkpointless", "--elastic", "1:3", "--name", "ft-elastic",
                       "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001", "--env", "RUST_LOG=warn",
-                      "--", "--steps", str(STEPS), "--step-sleep", "0.25"], client=client)
+                      "--", "--steps", str(STEPS), "--step-sleep", "0.3"], client=client)
     reader = client.event_reader(job_id)
     events: list = []
 
@@ -51,7 +51,7 @@ def test_checkpointless_elastic_job_on_slurm(dev_cluster, client):
         return [e for e in events if e.kind == kind and all(e.data.get(k) == v for k, v in match.items())]
 
     # 1. a rank's process dies; it is restarted and heals from its live peer
-    until(lambda: step() >= 8, "step 8")
+    until(lambda: step() >= 8, "step 8", timeout=600)  # includes waiting in the queue
     t1 = time.time()
     info = client.inject_fault(job_id, 1)
     until(lambda: [e for e in kinds("checkpoint.restored", tier="replica", replica_group=1) if e.time > t1],
