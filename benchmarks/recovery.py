@@ -223,6 +223,7 @@ def main() -> None:
     p.add_argument("--goodput-s", type=float, default=600.0, help="0 skips the goodput run")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "recovery.json"))
     a = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks: stop our agents
     tmp = tempfile.mkdtemp(prefix="hp-recovery-" + uuid.uuid4().hex[:6] + "-")
     base = checkpoint_restart(tmp, a.faults, a.step_sleep, a.mtbf)
     ours = checkpointless(tmp, a.faults, a.step_sleep)

@@ -19,7 +19,7 @@ group. So:
   ``recovery.fallback`` event; the next quorum equalises the groups.
 
 Decision and measurements: ``docs/checkpointless.md``. Timeout hierarchy (seconds, all set
-deliberately): Lighthouse heartbeat timeout (``$HYPERPOD_LAB_FT_HEARTBEAT_MS``, 1000 ms) <
+deliberately): Lighthouse heartbeat timeout (``--heartbeat-ms``, 500 ms) <
 collective timeout (``$HYPERPOD_LAB_FT_TIMEOUT_S``, 10 s: an all-reduce with a silent peer) <
 quorum timeout (``$HYPERPOD_LAB_FT_QUORUM_TIMEOUT_S``, 60 s: waiting for ``min_replicas``) <
 torchrun's restart of a failed worker (its monitor interval 0.1 s, then start-up).

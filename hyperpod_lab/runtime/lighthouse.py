@@ -7,7 +7,7 @@ step (see :mod:`hyperpod_lab.runtime.ft`). ``python -m hyperpod_lab.runtime.ligh
 every replica group — including ones that join later from another allocation — can find it
 through the shared file system.
 
-Timeouts (milliseconds): ``--heartbeat-ms`` (default 1000): a replica group silent this long
+Timeouts (milliseconds): ``--heartbeat-ms`` (default 500): a replica group silent this long
 is dropped from the next quorum — the fast fault detector of a hung or lost node;
 ``--join-timeout-ms`` (default 5000): how long a quorum waits for heartbeating stragglers.
 """
@@ -27,7 +27,7 @@ import time
 from hyperpod_lab.runtime.context import node_name, write_json_atomic
 
 LIGHTHOUSE_FILE = "lighthouse.json"
-DEFAULT_HEARTBEAT_MS = 1000
+DEFAULT_HEARTBEAT_MS = 500
 DEFAULT_JOIN_TIMEOUT_MS = 5000
 
 
