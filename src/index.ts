@@ -3,16 +3,29 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
+import { ICommandPalette, Notification } from '@jupyterlab/apputils';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
+import { HyperPodModel } from './model';
+import { HyperPodSidebar, SIDEBAR_ID } from './widgets/sidebar';
+
 export * from './tokens';
+export { HyperPodModel } from './model';
+export { HyperPodAPIError } from './request';
+export { HyperPodSidebar, SIDEBAR_ID } from './widgets/sidebar';
 
 /** The id of the plugin. */
 export const PLUGIN_ID = 'hyperpod-lab:plugin';
 
-/** The id of the left-sidebar panel. */
-export const SIDEBAR_ID = 'hyperpod-lab-sidebar';
+/** Command ids, all in the palette under "HyperPod". */
+export namespace CommandIDs {
+  export const open = 'hyperpod:open';
+  export const submit = 'hyperpod:submit';
+  export const refresh = 'hyperpod:refresh';
+  export const cancel = 'hyperpod:cancel-selected';
+  export const inject = 'hyperpod:inject-failure';
+}
 
 const ICON_SVG = `<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16" viewBox="0 0 24 24">
   <g class="jp-icon3" fill="#616161">
@@ -26,55 +39,102 @@ export const hyperpodIcon = new LabIcon({
   svgstr: ICON_SVG
 });
 
-/**
- * The HyperPod sidebar: a heading and the list of clusters.
- *
- * The list holds a placeholder until the cluster API is wired in.
- */
-export class HyperPodSidebar extends Widget {
-  constructor() {
-    super();
-    this.id = SIDEBAR_ID;
-    this.addClass('jp-HyperPodSidebar');
-    this.title.icon = hyperpodIcon;
-    this.title.label = 'HyperPod';
-    this.title.caption = 'HyperPod';
+/** What the sidebar needs of a document widget (duck-typed: no notebook package needed). */
+type DocWidget = Widget & {
+  context?: { path?: string; model?: { dirty?: boolean }; save?: () => Promise<void> };
+};
 
-    const heading = document.createElement('h2');
-    heading.className = 'jp-HyperPodSidebar-heading';
-    heading.textContent = 'HyperPod clusters';
+/** The path of the notebook in the main area's current tab, or null. */
+function currentNotebookPath(app: JupyterFrontEnd): string | null {
+  const path = (app.shell.currentWidget as DocWidget | null)?.context?.path;
+  return typeof path === 'string' && path.endsWith('.ipynb') ? path : null;
+}
 
-    const list = document.createElement('ul');
-    list.className = 'jp-HyperPodSidebar-clusterList';
-    const placeholder = document.createElement('li');
-    placeholder.className = 'jp-HyperPodSidebar-placeholder';
-    placeholder.textContent = 'No clusters configured yet.';
-    list.appendChild(placeholder);
-
-    this.node.appendChild(heading);
-    this.node.appendChild(list);
-    this._list = list;
+/** Save the open notebook at `path` when it has unsaved changes. */
+async function saveNotebook(app: JupyterFrontEnd, path: string): Promise<void> {
+  for (const widget of app.shell.widgets('main')) {
+    const context = (widget as DocWidget).context;
+    if (context?.path === path && context.model?.dirty && context.save) {
+      await context.save();
+    }
   }
-
-  /** The element holding one item per cluster. */
-  get clusterList(): HTMLUListElement {
-    return this._list;
-  }
-
-  private _list: HTMLUListElement;
 }
 
 const plugin: JupyterFrontEndPlugin<void> = {
   id: PLUGIN_ID,
-  description: 'HyperPod cluster sidebar for JupyterLab.',
+  description:
+    'HyperPod sidebar: clusters, jobs, live fault/recovery timeline, submit form.',
   autoStart: true,
-  optional: [ILabShell],
-  activate: (app: JupyterFrontEnd, labShell: ILabShell | null) => {
-    const sidebar = new HyperPodSidebar();
-    if (labShell) {
-      labShell.add(sidebar, 'left', { rank: 600 });
-    } else {
-      app.shell.add(sidebar, 'left', { rank: 600 });
+  optional: [ILabShell, ICommandPalette],
+  activate: (
+    app: JupyterFrontEnd,
+    labShell: ILabShell | null,
+    palette: ICommandPalette | null
+  ) => {
+    let sidebar: HyperPodSidebar | null = null;
+    const model = new HyperPodModel({
+      active: () => sidebar !== null && sidebar.isVisible
+    });
+    const onError = (action: string, error: Error) => {
+      Notification.error(`${action}: ${error.message}`, { autoClose: 10000 });
+    };
+    sidebar = new HyperPodSidebar({
+      model,
+      currentNotebook: () => currentNotebookPath(app),
+      saveNotebook: path => saveNotebook(app, path),
+      onError
+    });
+    sidebar.title.icon = hyperpodIcon;
+    (labShell ?? app.shell).add(sidebar, 'left', { rank: 600 });
+
+    model.notice.connect((_, notice) => {
+      if (notice.kind === 'fault') {
+        Notification.error(notice.message, { autoClose: 10000 });
+      } else {
+        Notification.success(notice.message, { autoClose: 10000 });
+      }
+    });
+    model.start();
+
+    const { commands } = app;
+    const open = () => app.shell.activateById(SIDEBAR_ID);
+    commands.addCommand(CommandIDs.open, {
+      label: 'HyperPod: Open Panel',
+      icon: hyperpodIcon,
+      execute: open
+    });
+    commands.addCommand(CommandIDs.submit, {
+      label: 'HyperPod: Submit a Job…',
+      execute: () => {
+        open();
+        sidebar!.openSubmitForm();
+      }
+    });
+    commands.addCommand(CommandIDs.refresh, {
+      label: 'HyperPod: Refresh Clusters and Jobs',
+      execute: () => model.refresh()
+    });
+    commands.addCommand(CommandIDs.cancel, {
+      label: 'HyperPod: Cancel Selected Job',
+      isEnabled: () => model.selectedId !== null,
+      execute: () => model.cancelSelected().catch(e => onError('Cancel', e))
+    });
+    commands.addCommand(CommandIDs.inject, {
+      label: 'HyperPod: Inject Failure into Selected Job',
+      isEnabled: () => model.selectedId !== null,
+      execute: args => {
+        const rank =
+          typeof args.rank === 'number' ? args.rank : sidebar!.jobView.faultRank;
+        return model
+          .injectFailure(rank)
+          .catch(e => onError('Inject failure', e));
+      }
+    });
+    model.selectionChanged.connect(() => commands.notifyCommandChanged());
+    if (palette) {
+      for (const command of Object.values(CommandIDs)) {
+        palette.addItem({ command, category: 'HyperPod' });
+      }
     }
   }
 };

@@ -23,6 +23,7 @@ export const EVENT_KINDS = [
   'fault.detected',
   'recovery.started',
   'recovery.completed',
+  'recovery.fallback',
   'elastic.scaled',
   'finished'
 ] as const;
@@ -86,4 +87,149 @@ export function isJobEvent(value: unknown): value is IJobEvent {
     record.data !== null &&
     !Array.isArray(record.data)
   );
+}
+
+/* ---- REST / WebSocket contract of the server extension (`hyperpod_lab.server`) ---- */
+
+/** A cluster profile as `GET hyperpod/clusters` lists it. */
+export interface ICluster {
+  /** Profile name, e.g. `local-slurm`. */
+  name: string;
+  /** `slurm`, `eks` or `local`. */
+  orchestrator: string;
+  /** Login node host (slurm), when any. */
+  host?: string | null;
+  /** Login node SSH port (slurm), when any. */
+  port?: number | null;
+  /** Default partition, when any. */
+  partition?: string | null;
+  /** Other profile fields. */
+  [key: string]: JSONValue | undefined;
+}
+
+/** One node of a cluster (Slurm: a line of `sinfo -N`). */
+export interface IClusterNode {
+  /** Node name, e.g. `n1`. */
+  name: string;
+  /** Scheduler state, e.g. `idle`, `mixed`, `alloc`, `down`. */
+  state: string;
+  /** CPUs of the node. */
+  cpus?: number | null;
+  /** Partitions the node belongs to. */
+  partitions?: string[];
+}
+
+/** `GET hyperpod/clusters/{name}`: the profile, reachability and node health. */
+export interface IClusterDetail {
+  /** The profile. */
+  cluster: ICluster;
+  /** `up` or `unreachable`. */
+  state: 'up' | 'unreachable' | string;
+  /** Why the cluster is unreachable, or null. */
+  error: string | null;
+  /** The cluster's nodes. */
+  nodes: IClusterNode[];
+}
+
+/** What a job view knows about progress, from the server's event cache. */
+export interface IJobProgress {
+  /** Last completed step (0-based), or null before the first. */
+  step: number | null;
+  /** Steps the job will run in total, when known. */
+  total_steps: number | null;
+  /** Training loss of the last step event. */
+  loss: number | null;
+  /** Throughput, optimizer steps per second. */
+  steps_per_s: number | null;
+  /** The newest event of the job. */
+  last_event: IJobEvent | null;
+  /** `fault.detected` events so far. */
+  faults: number;
+  /** `recovery.completed` events so far. */
+  recoveries: number;
+}
+
+/** A job: its record (`hyperpod_lab.jobs.JobRecord`) plus progress. */
+export interface IJobView {
+  /** hyperpod-lab job id. */
+  job_id: string;
+  /** Job name as given. */
+  name: string;
+  /** Cluster profile name. */
+  cluster: string;
+  /** Orchestrator of the cluster. */
+  orchestrator: string;
+  /** The scheduler's id (Slurm job id, launcher pid). */
+  native_id: string;
+  /** Job directory on the cluster's shared storage. */
+  job_dir: string;
+  /** The JobSpec as submitted. */
+  spec: IJobSpec;
+  /** `pending`, `running`, `completed`, `failed`, `cancelled` or `unknown`. */
+  status: string;
+  /** Exit code, when known. */
+  exit_code: number | null;
+  /** Seconds since the epoch. */
+  submitted_at: number;
+  /** Seconds since the epoch. */
+  updated_at: number;
+  /** Why the job ended, when the scheduler said. */
+  reason: string | null;
+  /** Progress from the job's events. */
+  progress?: IJobProgress;
+}
+
+/** Terminal job states (no more events after `end`). */
+export const TERMINAL_STATES = ['completed', 'failed', 'cancelled'] as const;
+
+/** The resiliency policy of a JobSpec (`hyperpod_lab.spec.ResiliencyPolicy`). */
+export interface IResiliencyPolicy {
+  auto_resume: boolean;
+  max_retries: number;
+  health_checks: boolean;
+}
+
+/** The checkpoint policy of a JobSpec (`hyperpod_lab.spec.CheckpointPolicy`); intervals in steps. */
+export interface ICheckpointPolicy {
+  every_steps: number;
+  keep_last: number;
+  memory_every_steps: number | null;
+  s3_uri: string | null;
+  s3_every_steps: number | null;
+}
+
+/** The elastic policy of a JobSpec (`hyperpod_lab.spec.ElasticPolicy`); bounds in nodes. */
+export interface IElasticPolicy {
+  min_nodes: number | null;
+  max_nodes: number | null;
+  global_batch_size: number | null;
+  lr_rule: 'none' | 'linear' | 'sqrt';
+}
+
+/** A JobSpec as `JobSpec.to_dict()` writes it (`hyperpod_lab.spec.JobSpec`). */
+export interface IJobSpec {
+  script: string;
+  name: string;
+  cluster: string;
+  nodes: number;
+  procs_per_node: number;
+  args: string[];
+  env: { [key: string]: string };
+  partition: string | null;
+  time_limit_min: number | null;
+  resiliency: IResiliencyPolicy;
+  checkpoint: ICheckpointPolicy;
+  elastic: IElasticPolicy;
+  version: number;
+}
+
+/** A message of the `hyperpod/jobs/{id}/stream` WebSocket. */
+export type StreamMessage =
+  | { type: 'event'; event: IJobEvent; cursor: string }
+  | { type: 'status'; job: IJobView }
+  | { type: 'end' };
+
+/** The JSON body of an error response: `{"error": {...}}`. */
+export interface IErrorBody {
+  error: { type: string; message: string; field?: string };
 }

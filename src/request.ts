@@ -1,0 +1,256 @@
+/**
+ * The only network code of the extension: the REST routes under `<base_url>hyperpod/`
+ * and the job event WebSocket, both through `@jupyterlab/services`' ServerConnection
+ * (so the token, XSRF header and base URL are those of the running Lab).
+ */
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+import {
+  ICluster,
+  IClusterDetail,
+  IErrorBody,
+  IJobEvent,
+  IJobSpec,
+  IJobView,
+  StreamMessage
+} from './tokens';
+
+/** The URL namespace of the server extension. */
+export const API_NAMESPACE = 'hyperpod';
+
+/**
+ * An error answer of the hyperpod API (any non-2xx status).
+ *
+ * `type` is the server's error class (`SpecError`, `UnknownJob`, ...), `field` the JobSpec
+ * field at fault for a SpecError, `status` the HTTP status (0 when the server was not reached).
+ */
+export class HyperPodAPIError extends Error {
+  constructor(
+    message: string,
+    readonly status: number,
+    readonly type: string,
+    readonly field: string | null = null
+  ) {
+    super(message);
+    this.name = 'HyperPodAPIError';
+  }
+}
+
+/**
+ * Call a route of the hyperpod API.
+ *
+ * @param path - route below `hyperpod/`, e.g. `jobs` or `jobs/ID/cancel` (may hold a query)
+ * @param init - fetch options (method, body)
+ * @param settings - server settings (default: the page's)
+ * @returns the parsed JSON body
+ * @throws {HyperPodAPIError} on a network failure (status 0) or a non-2xx answer
+ */
+export async function requestAPI<T>(
+  path: string,
+  init: RequestInit = {},
+  settings: ServerConnection.ISettings = ServerConnection.makeSettings()
+): Promise<T> {
+  const url = URLExt.join(settings.baseUrl, API_NAMESPACE, path);
+  let response: Response;
+  try {
+    response = await ServerConnection.makeRequest(url, init, settings);
+  } catch (error) {
+    throw new HyperPodAPIError(
+      `cannot reach the Jupyter server: ${(error as Error).message}`,
+      0,
+      'NetworkError'
+    );
+  }
+  const text = await response.text();
+  let body: unknown = null;
+  if (text.length > 0) {
+    try {
+      body = JSON.parse(text);
+    } catch {
+      body = null;
+    }
+  }
+  if (!response.ok) {
+    const err = (body as IErrorBody | null)?.error;
+    if (err && typeof err.message === 'string') {
+      throw new HyperPodAPIError(
+        err.message,
+        response.status,
+        err.type ?? 'Error',
+        err.field ?? null
+      );
+    }
+    throw new HyperPodAPIError(
+      `${init.method ?? 'GET'} ${path} failed: HTTP ${response.status} ${response.statusText}`,
+      response.status,
+      'HTTPError'
+    );
+  }
+  if (body === null && text.length > 0) {
+    throw new HyperPodAPIError(
+      `${path}: the server answered with something that is not JSON`,
+      response.status,
+      'BadResponse'
+    );
+  }
+  return body as T;
+}
+
+const enc = encodeURIComponent;
+
+/** The server this page talks to (its base URL): tabs of one server share state by it. */
+export function serverScope(
+  settings: ServerConnection.ISettings = ServerConnection.makeSettings()
+): string {
+  return settings.baseUrl;
+}
+
+/**
+ * The configured cluster profiles.
+ * @throws {HyperPodAPIError} when the server refuses or is unreachable
+ */
+export async function listClusters(): Promise<ICluster[]> {
+  return (await requestAPI<{ clusters: ICluster[] }>('clusters')).clusters;
+}
+
+/**
+ * A cluster's profile, reachability and nodes.
+ * @throws {HyperPodAPIError} 404 for an unknown cluster
+ */
+export async function getCluster(name: string): Promise<IClusterDetail> {
+  return requestAPI<IClusterDetail>(`clusters/${enc(name)}`);
+}
+
+/**
+ * All jobs, newest first.
+ * @throws {HyperPodAPIError} when the server refuses or is unreachable
+ */
+export async function listJobs(): Promise<IJobView[]> {
+  return (await requestAPI<{ jobs: IJobView[] }>('jobs')).jobs;
+}
+
+/**
+ * Submit a job. With `notebook` (a path under the server root) the notebook's code cells
+ * are the training script.
+ * @throws {HyperPodAPIError} 400 (with `field`) for an invalid spec, 404 unknown cluster,
+ *   502 when the cluster cannot be reached
+ */
+export async function submitJob(
+  spec: Partial<IJobSpec>,
+  notebook: string | null = null
+): Promise<IJobView> {
+  const body: { spec: Partial<IJobSpec>; notebook?: string } = { spec };
+  if (notebook) {
+    body.notebook = notebook;
+  }
+  const res = await requestAPI<{ job: IJobView }>('jobs', {
+    method: 'POST',
+    body: JSON.stringify(body)
+  });
+  return res.job;
+}
+
+/**
+ * Cancel a job.
+ * @throws {HyperPodAPIError} 404 unknown job, 502 cluster unreachable
+ */
+export async function cancelJob(jobId: string): Promise<IJobView> {
+  const res = await requestAPI<{ job: IJobView }>(`jobs/${enc(jobId)}/cancel`, {
+    method: 'POST',
+    body: '{}'
+  });
+  return res.job;
+}
+
+/** What `POST jobs/{id}/faults` answers: the rank that was SIGKILLed. */
+export interface IFaultInfo {
+  rank: number;
+  node?: string;
+  pid?: number;
+  [key: string]: unknown;
+}
+
+/**
+ * SIGKILL one rank of a running job, to rehearse recovery.
+ * @throws {HyperPodAPIError} 409 when the job is not running, 404 unknown job
+ */
+export async function injectFault(
+  jobId: string,
+  rank: number
+): Promise<IFaultInfo> {
+  return requestAPI<IFaultInfo>(`jobs/${enc(jobId)}/faults`, {
+    method: 'POST',
+    body: JSON.stringify({ rank })
+  });
+}
+
+/**
+ * A job's log text; `rank` null for the scheduler's whole output.
+ * @throws {HyperPodAPIError} 404 unknown job, 502 cluster unreachable
+ */
+export async function getLogs(
+  jobId: string,
+  rank: number | null
+): Promise<string> {
+  const q = rank === null ? '' : `?rank=${rank}`;
+  return (
+    await requestAPI<{ text: string }>(`jobs/${enc(jobId)}/logs${q}`)
+  ).text;
+}
+
+/**
+ * A page of a job's event history after `cursor`.
+ * @throws {HyperPodAPIError} 404 unknown job
+ */
+export async function getEvents(
+  jobId: string,
+  cursor: string | null = null
+): Promise<{ events: IJobEvent[]; cursor: string }> {
+  const q = cursor ? `?cursor=${enc(cursor)}` : '';
+  return requestAPI(`jobs/${enc(jobId)}/events${q}`);
+}
+
+/**
+ * Open the live event stream of a job, resuming after `cursor` (all history when null).
+ * `onMessage` receives each parsed message; malformed ones are dropped.
+ *
+ * @returns the WebSocket (close it to stop)
+ */
+export function openEventStream(
+  jobId: string,
+  cursor: string | null,
+  onMessage: (msg: StreamMessage) => void,
+  settings: ServerConnection.ISettings = ServerConnection.makeSettings()
+): WebSocket {
+  let url = URLExt.join(
+    settings.wsUrl,
+    API_NAMESPACE,
+    'jobs',
+    enc(jobId),
+    'stream'
+  );
+  const query: string[] = [];
+  if (cursor) {
+    query.push(`cursor=${enc(cursor)}`);
+  }
+  if (settings.token) {
+    query.push(`token=${enc(settings.token)}`);
+  }
+  if (query.length) {
+    url += `?${query.join('&')}`;
+  }
+  const ws = new settings.WebSocket(url);
+  ws.onmessage = (ev: MessageEvent) => {
+    let msg: StreamMessage;
+    try {
+      msg = JSON.parse(String(ev.data)) as StreamMessage;
+    } catch {
+      return;
+    }
+    if (msg && typeof msg === 'object' && 'type' in msg) {
+      onMessage(msg);
+    }
+  };
+  return ws;
+}

@@ -1,0 +1,316 @@
+/** The selected job: state, controls, live timeline, loss chart and per-rank logs. */
+import { Widget } from '@lumino/widgets';
+
+import { describeEvent, HyperPodModel, isTerminal } from '../model';
+import { IJobEvent } from '../tokens';
+import { clock, fmt, h, uid } from './dom';
+import { renderLossChart } from './lossChart';
+
+/** Timeline items kept in the DOM (the oldest are dropped). */
+const MAX_TIMELINE = 400;
+
+/** CSS modifier of a timeline item by event kind. */
+function kindClass(kind: string): string {
+  if (kind === 'fault.detected' || kind === 'checkpoint.corrupt' || kind === 'checkpoint.failed') {
+    return 'jp-mod-fault';
+  }
+  if (kind === 'recovery.completed') {
+    return 'jp-mod-recovery';
+  }
+  if (kind === 'recovery.started') {
+    return 'jp-mod-recovering';
+  }
+  if (kind.startsWith('checkpoint.')) {
+    return 'jp-mod-checkpoint';
+  }
+  if (kind === 'elastic.scaled') {
+    return 'jp-mod-scaled';
+  }
+  return 'jp-mod-lifecycle';
+}
+
+/**
+ * The job view. Renders `model.selected` and `model.events`; its buttons call the model and
+ * report failures through `onError`.
+ */
+export class JobView extends Widget {
+  constructor(
+    private readonly _model: HyperPodModel,
+    private readonly _onError: (action: string, error: Error) => void
+  ) {
+    super();
+    this.addClass('jp-HyperPod-jobView');
+    this.node.setAttribute('data-testid', 'hp-job-view');
+    this._model.selectionChanged.connect(this._rebuild, this);
+    this._model.eventsAdded.connect((_, evs) => this._append(evs), this);
+    this._model.jobsChanged.connect(this._renderHeader, this);
+    this._rebuild();
+  }
+
+  dispose(): void {
+    if (this.isDisposed) {
+      return;
+    }
+    this._model.selectionChanged.disconnect(this._rebuild, this);
+    this._model.jobsChanged.disconnect(this._renderHeader, this);
+    super.dispose();
+  }
+
+  /** The rank the "Inject failure" button kills. */
+  get faultRank(): number {
+    const n = Number(this._rankInput?.value ?? '1');
+    return Number.isInteger(n) && n >= 0 ? n : 1;
+  }
+
+  private _rebuild(): void {
+    this.node.textContent = '';
+    this._points = [];
+    this._faultSteps = [];
+    this._recoverySteps = [];
+    this._runs.clear();
+    this._lastStep = null;
+    const id = this._model.selectedId;
+    this.node.hidden = id === null;
+    if (id === null) {
+      return;
+    }
+    this._header = h('div', { class: 'jp-HyperPod-jobHeader' });
+    this._status = h('span', { class: 'jp-HyperPod-state', 'data-testid': 'hp-job-status' });
+    this._progress = h('div', { class: 'jp-HyperPod-progress', 'data-testid': 'hp-job-progress' });
+    this._header.append(
+      h('div', { class: 'jp-HyperPod-jobTitle' }, h('span', { 'data-testid': 'hp-job-id' }, id), ' ', this._status),
+      this._progress
+    );
+
+    const rankId = uid('hp-rank');
+    this._rankInput = h('input', {
+      id: rankId,
+      type: 'number',
+      min: 0,
+      step: 1,
+      value: 1,
+      class: 'jp-HyperPod-rank',
+      'data-testid': 'hp-fault-rank'
+    });
+    this._rankInput.value = '1';
+    this._cancel = h(
+      'button',
+      { type: 'button', class: 'jp-HyperPod-button', 'data-testid': 'hp-cancel' },
+      'Cancel'
+    );
+    this._inject = h(
+      'button',
+      { type: 'button', class: 'jp-HyperPod-button jp-mod-warn', 'data-testid': 'hp-inject' },
+      'Inject failure'
+    );
+    this._cancel.addEventListener('click', () => {
+      this._model.cancelSelected().catch(e => this._onError('Cancel', e));
+    });
+    this._inject.addEventListener('click', () => {
+      const rank = this.faultRank;
+      this._inject.disabled = true;
+      this._model
+        .injectFailure(rank)
+        .catch(e => this._onError('Inject failure', e))
+        .finally(() => this._renderHeader());
+    });
+    const controls = h(
+      'div',
+      { class: 'jp-HyperPod-controls' },
+      this._cancel,
+      h('label', { for: rankId }, 'rank'),
+      this._rankInput,
+      this._inject
+    );
+
+    this._last = h('div', { class: 'jp-HyperPod-lastEvent', 'data-testid': 'hp-last-event' }, 'waiting for events…');
+    this._chart = h('div', { class: 'jp-HyperPod-chart' }, renderLossChart([]));
+    this._timeline = h('ol', {
+      class: 'jp-HyperPod-timeline',
+      'data-testid': 'hp-timeline',
+      'aria-label': 'Job timeline',
+      'aria-live': 'polite'
+    });
+
+    const logRankId = uid('hp-log-rank');
+    const logRank = h('input', { id: logRankId, type: 'number', min: 0, step: 1, placeholder: 'all', 'data-testid': 'hp-log-rank' });
+    const logs = h('pre', { class: 'jp-HyperPod-logs', 'data-testid': 'hp-logs', tabindex: 0 });
+    const loadLogs = h('button', { type: 'submit', class: 'jp-HyperPod-button', 'data-testid': 'hp-load-logs' }, 'Show logs');
+    const logForm = h('form', { class: 'jp-HyperPod-logForm', 'aria-label': 'Logs' },
+      h('label', { for: logRankId }, 'Logs of rank'), logRank, loadLogs);
+    logForm.addEventListener('submit', ev => {
+      ev.preventDefault();
+      const rank = logRank.value.trim() === '' ? null : Number(logRank.value);
+      logs.textContent = 'loading…';
+      this._model
+        .logs(rank)
+        .then(text => {
+          logs.textContent = text || '(empty)';
+        })
+        .catch(e => {
+          logs.textContent = '';
+          this._onError('Logs', e);
+        });
+    });
+
+    this.node.append(
+      this._header,
+      controls,
+      this._last,
+      h('h4', { class: 'jp-HyperPod-subheading' }, 'Loss'),
+      this._chart,
+      h('h4', { class: 'jp-HyperPod-subheading' }, 'Timeline'),
+      this._timeline,
+      h('h4', { class: 'jp-HyperPod-subheading' }, 'Logs'),
+      logForm,
+      logs
+    );
+    this._renderHeader();
+    this._append(this._model.events);
+  }
+
+  private _renderHeader(): void {
+    const job = this._model.selected;
+    if (!job || !this._status) {
+      return;
+    }
+    this._status.textContent = job.status;
+    this._status.className = `jp-HyperPod-state jp-mod-${job.status}`;
+    this._status.setAttribute('data-state', job.status);
+    const p = job.progress;
+    const spec = job.spec;
+    const parts = [
+      `${job.cluster}`,
+      `${spec?.nodes ?? '?'}×${spec?.procs_per_node ?? '?'} ranks`
+    ];
+    const step = this._lastStep ?? p?.step ?? null;
+    if (step !== null) {
+      parts.push(`step ${step + 1}${p?.total_steps ? `/${p.total_steps}` : ''}`);
+    }
+    if (p?.steps_per_s) {
+      parts.push(`${fmt(p.steps_per_s)} steps/s`);
+    }
+    if (p && (p.faults || p.recoveries)) {
+      parts.push(`${p.faults} fault(s), ${p.recoveries} recovery(ies)`);
+    }
+    this._progress.textContent = parts.join(' · ');
+    const terminal = isTerminal(job.status);
+    this._cancel.disabled = terminal;
+    this._inject.disabled = job.status !== 'running';
+  }
+
+  private _append(events: IJobEvent[]): void {
+    if (!this._timeline || events.length === 0) {
+      return;
+    }
+    let chartDirty = false;
+    const tl = this._timeline;
+    const follow = tl.scrollHeight - tl.scrollTop - tl.clientHeight < 24;
+    for (const ev of events) {
+      const d = ev.data;
+      if (ev.kind === 'step' && typeof d.step === 'number' && typeof d.loss === 'number') {
+        this._points.push([d.step, d.loss]);
+        this._lastStep = d.step;
+        chartDirty = true;
+      } else {
+        this._addTimelineItem(ev);
+        if (ev.kind === 'fault.detected' && this._lastStep !== null) {
+          this._faultSteps.push(this._lastStep);
+          chartDirty = true;
+        } else if (ev.kind === 'recovery.completed' && typeof d.restored_step === 'number') {
+          this._recoverySteps.push(d.restored_step);
+          chartDirty = true;
+        }
+      }
+    }
+    if (follow) {
+      tl.scrollTop = tl.scrollHeight; // keep the newest in view unless the user scrolled up
+    }
+    const last = events[events.length - 1];
+    this._last.textContent = `last event ${clock(last.time)}: ${describeEvent(last)}`;
+    this._last.setAttribute('data-kind', last.kind);
+    this._last.setAttribute('data-writer', last.writer);
+    this._last.setAttribute('data-seq', String(last.seq));
+    this._last.setAttribute('data-time', String(last.time));
+    // one attribute per event, for observers (benchmarks/event_latency.py)
+    this._last.setAttribute('data-key', `${last.writer}:${last.seq}`);
+    if (chartDirty && this._chartFrame === 0) {
+      this._chartFrame = requestAnimationFrame(() => {
+        this._chartFrame = 0;
+        this._chart.replaceChildren(
+          renderLossChart(this._points, this._faultSteps, this._recoverySteps)
+        );
+      });
+    }
+    this._renderHeader();
+  }
+
+  private _addTimelineItem(ev: IJobEvent): void {
+    const d = ev.data;
+    if (ev.kind === 'checkpoint.saved' || ev.kind === 'checkpoint.restored') {
+      // per-rank checkpoint events of a tier, with nothing else in between, make one item:
+      // "checkpoints 0–12 saved to memory (2 writers)"
+      const key = `${ev.kind}:${d.tier}`;
+      const run = this._runs.get(key);
+      if (run && typeof d.step === 'number') {
+        run.writers.add(ev.writer);
+        run.first = Math.min(run.first, d.step);
+        run.last = Math.max(run.last, d.step);
+        const steps = run.first === run.last ? `step ${run.last}` : `steps ${run.first}–${run.last}`;
+        const verb = ev.kind === 'checkpoint.saved' ? 'saved to' : 'restored from';
+        run.li.setAttribute('data-step', String(run.last));
+        run.li.lastElementChild!.textContent =
+          `checkpoint ${steps} ${verb} ${d.tier} (${run.writers.size} writer${run.writers.size === 1 ? '' : 's'})`;
+        return;
+      }
+      const li = this._timelineItem(ev);
+      if (typeof d.step === 'number') {
+        this._runs.set(key, { li, writers: new Set([ev.writer]), first: d.step, last: d.step });
+      }
+      return;
+    }
+    this._runs.clear(); // something else happened: later checkpoints start new items
+    this._timelineItem(ev);
+  }
+
+  private _timelineItem(ev: IJobEvent): HTMLLIElement {
+    const d = ev.data;
+    const li = h(
+      'li',
+      {
+        class: `jp-HyperPod-event ${kindClass(ev.kind)}`,
+        'data-kind': ev.kind,
+        'data-writer': ev.writer,
+        'data-seq': ev.seq,
+        'data-step': typeof d.step === 'number' ? d.step : null,
+        'data-downtime': ev.kind === 'recovery.completed' ? String(d.downtime_s) : null
+      },
+      h('time', { class: 'jp-HyperPod-eventTime' }, clock(ev.time)),
+      h('span', { class: 'jp-HyperPod-eventText' }, describeEvent(ev))
+    );
+    this._timeline.appendChild(li);
+    while (this._timeline.childElementCount > MAX_TIMELINE) {
+      this._timeline.firstElementChild!.remove();
+    }
+    return li;
+  }
+
+  private _header!: HTMLDivElement;
+  private _status!: HTMLSpanElement;
+  private _progress!: HTMLDivElement;
+  private _rankInput!: HTMLInputElement;
+  private _cancel!: HTMLButtonElement;
+  private _inject!: HTMLButtonElement;
+  private _last!: HTMLDivElement;
+  private _chart!: HTMLDivElement;
+  private _timeline!: HTMLOListElement;
+  private _chartFrame = 0;
+  private _points: [number, number][] = [];
+  private _faultSteps: number[] = [];
+  private _recoverySteps: number[] = [];
+  private _lastStep: number | null = null;
+  private _runs = new Map<
+    string,
+    { li: HTMLLIElement; writers: Set<string>; first: number; last: number }
+  >();
+}

@@ -1,0 +1,109 @@
+/** The loss chart of a job: plain SVG, loss against step. */
+import { fmt } from './dom';
+
+const SVG_NS = 'http://www.w3.org/2000/svg';
+const W = 280;
+const H = 120;
+const PAD_L = 36;
+const PAD_B = 18;
+const PAD_T = 6;
+const PAD_R = 6;
+
+function svg<K extends keyof SVGElementTagNameMap>(
+  tag: K,
+  attrs: { [name: string]: string | number }
+): SVGElementTagNameMap[K] {
+  const el = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    el.setAttribute(k, String(v));
+  }
+  return el;
+}
+
+/**
+ * Render `points` (step, loss) into an SVG with axes, the loss line and vertical markers
+ * at fault steps (red) and recovery steps (green).
+ *
+ * @param points - `[step, loss]` pairs in arrival order (steps may repeat after a restore)
+ * @param faults - steps at which faults were detected
+ * @param recoveries - steps training resumed from
+ */
+export function renderLossChart(
+  points: [number, number][],
+  faults: number[] = [],
+  recoveries: number[] = []
+): SVGSVGElement {
+  const root = svg('svg', {
+    viewBox: `0 0 ${W} ${H}`,
+    width: '100%',
+    class: 'jp-HyperPod-lossChart',
+    role: 'img',
+    'data-testid': 'hp-loss-chart',
+    'data-points': points.length
+  });
+  const title = svg('title', {});
+  const last = points.length ? points[points.length - 1] : null;
+  title.textContent = last
+    ? `Loss ${fmt(last[1])} at step ${last[0]} (${points.length} points)`
+    : 'Loss: no steps yet';
+  root.appendChild(title);
+  const x0 = PAD_L;
+  const x1 = W - PAD_R;
+  const y0 = H - PAD_B;
+  const y1 = PAD_T;
+  root.appendChild(
+    svg('path', {
+      d: `M${x0},${y1} L${x0},${y0} L${x1},${y0}`,
+      class: 'jp-HyperPod-lossChart-axis',
+      fill: 'none'
+    })
+  );
+  if (points.length === 0) {
+    const t = svg('text', { x: (x0 + x1) / 2, y: (y0 + y1) / 2, 'text-anchor': 'middle' });
+    t.textContent = 'no steps yet';
+    root.appendChild(t);
+    return root;
+  }
+  const steps = points.map(p => p[0]);
+  const losses = points.map(p => p[1]);
+  const sMin = Math.min(...steps);
+  const sMax = Math.max(sMin + 1, ...steps);
+  let lMin = Math.min(...losses);
+  let lMax = Math.max(...losses);
+  if (lMax - lMin < 1e-9) {
+    lMin -= 0.5;
+    lMax += 0.5;
+  }
+  const X = (s: number) => x0 + ((s - sMin) / (sMax - sMin)) * (x1 - x0);
+  const Y = (l: number) => y0 - ((l - lMin) / (lMax - lMin)) * (y0 - y1);
+  for (const [steps_, cls] of [
+    [faults, 'jp-HyperPod-lossChart-fault'],
+    [recoveries, 'jp-HyperPod-lossChart-recovery']
+  ] as [number[], string][]) {
+    for (const s of steps_) {
+      if (s >= sMin && s <= sMax) {
+        root.appendChild(
+          svg('line', { x1: X(s), x2: X(s), y1: y1, y2: y0, class: cls })
+        );
+      }
+    }
+  }
+  const d = points
+    .map(([s, l], i) => `${i === 0 ? 'M' : 'L'}${X(s).toFixed(1)},${Y(l).toFixed(1)}`)
+    .join(' ');
+  root.appendChild(
+    svg('path', { d, class: 'jp-HyperPod-lossChart-line', fill: 'none' })
+  );
+  const labels: [number, number, string, string][] = [
+    [x0 - 3, y1 + 8, fmt(lMax), 'end'],
+    [x0 - 3, y0, fmt(lMin), 'end'],
+    [x0, y0 + 13, String(sMin), 'start'],
+    [x1, y0 + 13, String(sMax), 'end']
+  ];
+  for (const [x, y, text, anchor] of labels) {
+    const t = svg('text', { x, y, 'text-anchor': anchor, class: 'jp-HyperPod-lossChart-label' });
+    t.textContent = text;
+    root.appendChild(t);
+  }
+  return root;
+}

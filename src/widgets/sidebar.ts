@@ -1,0 +1,197 @@
+/** The HyperPod left-sidebar panel: clusters, jobs, the selected job and the submit form. */
+import { Panel, Widget } from '@lumino/widgets';
+
+import { describeEvent, HyperPodModel } from '../model';
+import { IJobView } from '../tokens';
+import { fmt, h } from './dom';
+import { JobView } from './jobView';
+import { ISubmitRequest, SubmitForm } from './submitForm';
+
+/** The id of the left-sidebar panel. */
+export const SIDEBAR_ID = 'hyperpod-lab-sidebar';
+
+/** One line of a job's progress for the job list. */
+function jobSummary(job: IJobView): string {
+  const p = job.progress;
+  const parts: string[] = [];
+  if (p?.step !== null && p?.step !== undefined) {
+    parts.push(`step ${p.step + 1}${p.total_steps ? `/${p.total_steps}` : ''}`);
+  }
+  if (p?.steps_per_s) {
+    parts.push(`${fmt(p.steps_per_s)} steps/s`);
+  }
+  return parts.join(' · ');
+}
+
+/**
+ * The panel. Views render the model's state and re-render on its signals; user actions go
+ * to the model, errors to `onError`.
+ */
+export class HyperPodSidebar extends Panel {
+  constructor(options: {
+    model: HyperPodModel;
+    currentNotebook: () => string | null;
+    /** Save the notebook at `path` if it has unsaved changes (the server reads the file). */
+    saveNotebook: (path: string) => Promise<void>;
+    onError: (action: string, error: Error) => void;
+  }) {
+    super();
+    this._model = options.model;
+    this.id = SIDEBAR_ID;
+    this.addClass('jp-HyperPodSidebar');
+    this.node.setAttribute('data-testid', 'hp-sidebar');
+    this.title.caption = 'HyperPod';
+
+    const top = new Widget();
+    top.addClass('jp-HyperPodSidebar-top');
+    const refresh = h(
+      'button',
+      { type: 'button', class: 'jp-HyperPod-button', 'data-testid': 'hp-refresh', title: 'Reload clusters and jobs' },
+      'Refresh'
+    );
+    refresh.addEventListener('click', () => void this._model.refresh());
+    this._error = h('div', { class: 'jp-HyperPod-error', role: 'alert', 'data-testid': 'hp-error', hidden: true });
+    this._clusters = h('ul', { class: 'jp-HyperPodSidebar-clusterList', 'data-testid': 'hp-clusters', 'aria-label': 'Clusters' });
+    this._jobs = h('ul', { class: 'jp-HyperPodSidebar-jobList', 'data-testid': 'hp-jobs', 'aria-label': 'Jobs' });
+    top.node.append(
+      h('div', { class: 'jp-HyperPodSidebar-titleRow' }, h('h2', { class: 'jp-HyperPodSidebar-heading' }, 'HyperPod'), refresh),
+      this._error,
+      h('h3', { class: 'jp-HyperPod-subheading' }, 'Clusters'),
+      this._clusters,
+      h('h3', { class: 'jp-HyperPod-subheading' }, 'Jobs'),
+      this._jobs
+    );
+    this.addWidget(top);
+
+    this.jobView = new JobView(this._model, options.onError);
+    this.addWidget(this.jobView);
+
+    this.form = new SubmitForm({
+      currentNotebook: options.currentNotebook,
+      onSubmit: async (req: ISubmitRequest) => {
+        if (req.notebook) {
+          await options.saveNotebook(req.notebook);
+        }
+        await this._model.submit(req.spec, req.notebook);
+        this._details.open = false;
+      }
+    });
+    const formHolder = new Widget();
+    formHolder.addClass('jp-HyperPodSidebar-submit');
+    this._details = h('details', { class: 'jp-HyperPod-details', 'data-testid': 'hp-submit-section' },
+      h('summary', { 'data-testid': 'hp-submit-toggle' }, 'Submit a job'));
+    formHolder.node.appendChild(this._details);
+    this.addWidget(formHolder);
+    // the form needs no Lumino messages: its node simply lives inside the <details>
+    this._details.appendChild(this.form.node);
+
+    this._model.clustersChanged.connect(this._renderClusters, this);
+    this._model.jobsChanged.connect(this._renderJobs, this);
+    this._model.selectionChanged.connect(this._renderJobs, this);
+    this._model.errorChanged.connect(this._renderError, this);
+    this._renderClusters();
+    this._renderJobs();
+  }
+
+  /** The selected-job view. */
+  readonly jobView: JobView;
+  /** The submit form. */
+  readonly form: SubmitForm;
+
+  /** Open the submit form and focus its first field. */
+  openSubmitForm(): void {
+    this._details.open = true;
+    this.form.focusFirst();
+  }
+
+  dispose(): void {
+    if (this.isDisposed) {
+      return;
+    }
+    this.form.dispose();
+    super.dispose();
+  }
+
+  private _renderError(): void {
+    const err = this._model.error;
+    this._error.hidden = err === null;
+    this._error.textContent = err ? `HyperPod server: ${err}` : '';
+  }
+
+  private _renderClusters(): void {
+    const clusters = this._model.clusters;
+    this.form.setClusters(clusters);
+    this._clusters.textContent = '';
+    if (clusters.length === 0) {
+      this._clusters.appendChild(h('li', { class: 'jp-HyperPodSidebar-placeholder' }, 'No clusters configured yet.'));
+      return;
+    }
+    for (const c of clusters) {
+      const detail = this._model.clusterDetails.get(c.name);
+      const state = detail?.state ?? 'checking';
+      const nodes = h('ul', { class: 'jp-HyperPod-nodes', 'aria-label': `Nodes of ${c.name}` });
+      for (const n of detail?.nodes ?? []) {
+        nodes.appendChild(
+          h('li', { class: `jp-HyperPod-node jp-mod-${n.state.replace(/[^a-z]/gi, '')}`, 'data-node': n.name },
+            `${n.name} ${n.state}${n.cpus ? ` (${n.cpus} CPUs)` : ''}`)
+        );
+      }
+      this._clusters.appendChild(
+        h(
+          'li',
+          { class: 'jp-HyperPod-cluster', 'data-testid': 'hp-cluster', 'data-cluster': c.name, 'data-state': state },
+          h('span', { class: 'jp-HyperPod-name' }, c.name),
+          ' ',
+          h('span', { class: 'jp-HyperPod-dim' }, c.orchestrator),
+          ' ',
+          h('span', { class: `jp-HyperPod-state jp-mod-${state}` }, state),
+          detail?.error ? h('div', { class: 'jp-HyperPod-dim' }, detail.error) : null,
+          nodes
+        )
+      );
+    }
+  }
+
+  private _renderJobs(): void {
+    const jobs = this._model.jobs;
+    const focused = (document.activeElement as HTMLElement | null)?.closest?.('[data-job-id]')?.getAttribute('data-job-id');
+    this._jobs.textContent = '';
+    if (jobs.length === 0) {
+      this._jobs.appendChild(h('li', { class: 'jp-HyperPodSidebar-placeholder' }, 'No jobs yet.'));
+      return;
+    }
+    const selected = this._model.selectedId;
+    for (const job of jobs) {
+      const last = job.progress?.last_event;
+      const button = h(
+        'button',
+        {
+          type: 'button',
+          class: 'jp-HyperPod-jobButton',
+          'data-job-id': job.job_id,
+          'aria-pressed': job.job_id === selected ? 'true' : 'false',
+          title: `Show ${job.job_id}`
+        },
+        h('span', { class: 'jp-HyperPod-name' }, job.name),
+        ' ',
+        h('span', { class: `jp-HyperPod-state jp-mod-${job.status}` }, job.status),
+        ' ',
+        h('span', { class: 'jp-HyperPod-dim' }, jobSummary(job)),
+        last ? h('div', { class: 'jp-HyperPod-dim jp-HyperPod-jobLast' }, describeEvent(last)) : null
+      );
+      button.addEventListener('click', () => this._model.select(job.job_id));
+      this._jobs.appendChild(
+        h('li', { class: 'jp-HyperPod-job', 'data-testid': 'hp-job', 'data-job-id': job.job_id, 'data-state': job.status }, button)
+      );
+      if (job.job_id === focused) {
+        button.focus();
+      }
+    }
+  }
+
+  private _model: HyperPodModel;
+  private _error: HTMLDivElement;
+  private _clusters: HTMLUListElement;
+  private _jobs: HTMLUListElement;
+  private _details: HTMLDetailsElement;
+}

@@ -1,0 +1,395 @@
+/** The submit form: a script path or the current notebook, placement and the three policies. */
+import { Widget } from '@lumino/widgets';
+
+import { HyperPodAPIError } from '../request';
+import { ICluster, IJobSpec } from '../tokens';
+import { h, uid } from './dom';
+
+/** What the form hands to its owner on submit. */
+export interface ISubmitRequest {
+  /** The JobSpec fields the user set (the server fills the rest with JobSpec defaults). */
+  spec: Partial<IJobSpec>;
+  /** Path of the notebook to submit (server root relative), or null for a script. */
+  notebook: string | null;
+}
+
+/**
+ * Split an argument line like a POSIX shell would for words and quotes (no expansion):
+ * `--lr 3e-3 --name "my run"` → `['--lr', '3e-3', '--name', 'my run']`.
+ *
+ * @throws {Error} on an unterminated quote
+ */
+export function splitArgs(line: string): string[] {
+  const out: string[] = [];
+  let cur = '';
+  let inWord = false;
+  let quote: '"' | "'" | null = null;
+  for (let i = 0; i < line.length; i++) {
+    const c = line[i];
+    if (quote) {
+      if (c === quote) {
+        quote = null;
+      } else if (c === '\\' && quote === '"' && i + 1 < line.length) {
+        cur += line[++i];
+      } else {
+        cur += c;
+      }
+    } else if (c === '"' || c === "'") {
+      quote = c;
+      inWord = true;
+    } else if (c === '\\' && i + 1 < line.length) {
+      cur += line[++i];
+      inWord = true;
+    } else if (/\s/.test(c)) {
+      if (inWord) {
+        out.push(cur);
+        cur = '';
+        inWord = false;
+      }
+    } else {
+      cur += c;
+      inWord = true;
+    }
+  }
+  if (quote) {
+    throw new Error(`arguments: unterminated ${quote} quote`);
+  }
+  if (inWord) {
+    out.push(cur);
+  }
+  return out;
+}
+
+type Field = HTMLInputElement | HTMLSelectElement;
+
+/**
+ * The form. Every control is a labelled form element; Enter in any field submits.
+ * Controls carry `data-field` = the JobSpec field they set (dotted for policies), which is
+ * also how a server SpecError is pointed at its control.
+ */
+export class SubmitForm extends Widget {
+  constructor(options: {
+    onSubmit: (req: ISubmitRequest) => Promise<void>;
+    currentNotebook: () => string | null;
+  }) {
+    super({ node: document.createElement('form') });
+    this._onSubmit = options.onSubmit;
+    this._currentNotebook = options.currentNotebook;
+    this.addClass('jp-HyperPod-submitForm');
+    const form = this.node as HTMLFormElement;
+    form.setAttribute('data-testid', 'hp-submit-form');
+    form.setAttribute('aria-label', 'Submit a training job');
+    form.noValidate = false;
+
+    const sourceName = uid('hp-source');
+    const scriptRadio = h('input', {
+      type: 'radio',
+      name: sourceName,
+      value: 'script',
+      checked: true,
+      'data-testid': 'hp-source-script'
+    });
+    const nbRadio = h('input', {
+      type: 'radio',
+      name: sourceName,
+      value: 'notebook',
+      'data-testid': 'hp-source-notebook'
+    });
+    this._scriptRadio = scriptRadio;
+    form.appendChild(
+      h(
+        'fieldset',
+        { class: 'jp-HyperPod-fieldset' },
+        h('legend', {}, 'Source'),
+        h('label', { class: 'jp-HyperPod-radio' }, scriptRadio, ' Script'),
+        h('label', { class: 'jp-HyperPod-radio' }, nbRadio, ' Current notebook'),
+        this._text('script', 'Script path', 'examples/train_lm.py', 'path relative to the Lab root'),
+        this._text('args', 'Script arguments', '', 'e.g. --steps 100 --lr 3e-3')
+      )
+    );
+    this._cluster = h('select', { 'data-field': 'cluster', 'data-testid': 'hp-field-cluster' });
+    form.appendChild(
+      h(
+        'fieldset',
+        { class: 'jp-HyperPod-fieldset' },
+        h('legend', {}, 'Placement'),
+        this._text('name', 'Job name', 'train'),
+        this._labelled('Cluster', this._cluster),
+        this._number('nodes', 'Nodes', 1, 1),
+        this._number('procs_per_node', 'Processes per node', 1, 1)
+      )
+    );
+    form.appendChild(
+      h(
+        'fieldset',
+        { class: 'jp-HyperPod-fieldset' },
+        h('legend', {}, 'Resiliency'),
+        this._check('resiliency.auto_resume', 'Auto-resume after a failure', true),
+        this._number('resiliency.max_retries', 'Max retries', 3, 0),
+        this._check('resiliency.health_checks', 'Node health checks', true)
+      )
+    );
+    form.appendChild(
+      h(
+        'fieldset',
+        { class: 'jp-HyperPod-fieldset' },
+        h('legend', {}, 'Checkpoints (intervals in steps)'),
+        this._number('checkpoint.every_steps', 'Persistent every', 20, 1),
+        this._number('checkpoint.keep_last', 'Keep last', 2, 1),
+        this._number('checkpoint.memory_every_steps', 'Memory tier every', null, 1, 'off'),
+        this._text('checkpoint.s3_uri', 'S3 tier URI', '', 's3://bucket/prefix'),
+        this._number('checkpoint.s3_every_steps', 'S3 tier every', null, 1, 'off')
+      )
+    );
+    const lr = h('select', { 'data-field': 'elastic.lr_rule' });
+    for (const rule of ['linear', 'sqrt', 'none']) {
+      lr.appendChild(h('option', { value: rule }, rule));
+    }
+    form.appendChild(
+      h(
+        'fieldset',
+        { class: 'jp-HyperPod-fieldset' },
+        h('legend', {}, 'Elastic (nodes)'),
+        this._number('elastic.min_nodes', 'Min nodes', null, 1, 'fixed size'),
+        this._number('elastic.max_nodes', 'Max nodes', null, 1, 'fixed size'),
+        this._number('elastic.global_batch_size', 'Global batch size', null, 1, 'script decides'),
+        this._labelled('LR rule', lr)
+      )
+    );
+    // after the bounds: an error naming the policy ("elastic") points at its first field
+    this._fields.set('elastic.lr_rule', lr);
+    this._error = h('div', {
+      class: 'jp-HyperPod-error',
+      role: 'alert',
+      'data-testid': 'hp-submit-error',
+      hidden: true
+    });
+    this._button = h(
+      'button',
+      { type: 'submit', class: 'jp-HyperPod-button jp-mod-accept', 'data-testid': 'hp-submit' },
+      'Submit'
+    );
+    form.appendChild(this._error);
+    form.appendChild(this._button);
+    form.addEventListener('submit', ev => {
+      ev.preventDefault();
+      void this.submit();
+    });
+  }
+
+  /** Offer these clusters, keeping the current choice when it still exists. */
+  setClusters(clusters: ICluster[]): void {
+    const current = this._cluster.value;
+    this._cluster.textContent = '';
+    for (const c of clusters) {
+      this._cluster.appendChild(h('option', { value: c.name }, `${c.name} (${c.orchestrator})`));
+    }
+    const names = clusters.map(c => c.name);
+    if (names.includes(current)) {
+      this._cluster.value = current;
+    } else if (names.length) {
+      // prefer a real cluster over the built-in local backend
+      this._cluster.value = names.find(n => n !== 'local') ?? names[0];
+    }
+  }
+
+  /** Set a control by its JobSpec field name (tests and commands use it). */
+  setField(field: string, value: string | boolean): void {
+    const el = this._fields.get(field) ?? (field === 'cluster' ? this._cluster : undefined);
+    if (!el) {
+      throw new Error(`no form field ${field}`);
+    }
+    if (el instanceof HTMLInputElement && el.type === 'checkbox') {
+      el.checked = Boolean(value);
+    } else {
+      el.value = String(value);
+    }
+  }
+
+  /** Focus the first control. */
+  focusFirst(): void {
+    this._fields.get('script')?.focus();
+  }
+
+  /**
+   * Read the form into a request.
+   * @throws {Error} naming the field, when a value cannot be read
+   */
+  read(): ISubmitRequest {
+    const text = (f: string) => (this._fields.get(f) as HTMLInputElement).value.trim();
+    const num = (f: string): number | null => {
+      const v = text(f);
+      if (v === '') {
+        return null;
+      }
+      const n = Number(v);
+      if (!Number.isInteger(n)) {
+        throw new FieldError(f, `${f}: ${JSON.stringify(v)} is not a whole number`);
+      }
+      return n;
+    };
+    const req = (f: string): number => {
+      const n = num(f);
+      if (n === null) {
+        throw new FieldError(f, `${f}: give a number`);
+      }
+      return n;
+    };
+    const checked = (f: string) => (this._fields.get(f) as HTMLInputElement).checked;
+    let args: string[];
+    try {
+      args = splitArgs(text('args'));
+    } catch (e) {
+      throw new FieldError('args', (e as Error).message);
+    }
+    const notebook = this._scriptRadio.checked ? null : this._currentNotebook();
+    if (!this._scriptRadio.checked && !notebook) {
+      throw new FieldError('script', 'open a notebook (and make it the current tab) to submit it');
+    }
+    const spec: Partial<IJobSpec> = {
+      script: notebook ?? text('script'),
+      name: text('name') || 'train',
+      cluster: this._cluster.value,
+      nodes: req('nodes'),
+      procs_per_node: req('procs_per_node'),
+      args,
+      resiliency: {
+        auto_resume: checked('resiliency.auto_resume'),
+        max_retries: req('resiliency.max_retries'),
+        health_checks: checked('resiliency.health_checks')
+      },
+      checkpoint: {
+        every_steps: req('checkpoint.every_steps'),
+        keep_last: req('checkpoint.keep_last'),
+        memory_every_steps: num('checkpoint.memory_every_steps'),
+        s3_uri: text('checkpoint.s3_uri') || null,
+        s3_every_steps: num('checkpoint.s3_every_steps')
+      },
+      elastic: {
+        min_nodes: num('elastic.min_nodes'),
+        max_nodes: num('elastic.max_nodes'),
+        global_batch_size: num('elastic.global_batch_size'),
+        lr_rule: (this._fields.get('elastic.lr_rule') as HTMLSelectElement)
+          .value as IJobSpec['elastic']['lr_rule']
+      }
+    };
+    return { spec, notebook };
+  }
+
+  /** Validate, submit through the owner, and show any error next to its field. */
+  async submit(): Promise<void> {
+    this._showError(null, null);
+    let req: ISubmitRequest;
+    try {
+      req = this.read();
+    } catch (e) {
+      this._showError((e as Error).message, e instanceof FieldError ? e.field : null);
+      return;
+    }
+    this._button.disabled = true;
+    this._button.textContent = 'Submitting…';
+    try {
+      await this._onSubmit(req);
+    } catch (e) {
+      const field = e instanceof HyperPodAPIError ? e.field : null;
+      this._showError((e as Error).message, field);
+    } finally {
+      this._button.disabled = false;
+      this._button.textContent = 'Submit';
+    }
+  }
+
+  private _showError(message: string | null, field: string | null): void {
+    for (const el of this._fields.values()) {
+      el.removeAttribute('aria-invalid');
+    }
+    this._error.hidden = message === null;
+    this._error.textContent = message ?? '';
+    if (field) {
+      // a SpecError names a field ("checkpoint.every_steps") or a policy ("elastic"): then
+      // its first field
+      const el =
+        this._fields.get(field) ??
+        [...this._fields.entries()].find(([k]) => k.startsWith(field + '.'))?.[1];
+      if (el) {
+        el.setAttribute('aria-invalid', 'true');
+        el.focus();
+      }
+    }
+  }
+
+  private _labelled(label: string, control: Field, hint?: string): HTMLElement {
+    const id = uid('hp-field');
+    control.id = id;
+    return h(
+      'div',
+      { class: 'jp-HyperPod-field' },
+      h('label', { for: id }, label),
+      control,
+      hint ? h('span', { class: 'jp-HyperPod-hint' }, hint) : null
+    );
+  }
+
+  private _text(field: string, label: string, value: string, placeholder?: string): HTMLElement {
+    const input = h('input', {
+      type: 'text',
+      value,
+      placeholder,
+      'data-field': field,
+      'data-testid': `hp-field-${field}`,
+      spellcheck: 'false'
+    });
+    input.value = value;
+    this._fields.set(field, input);
+    return this._labelled(label, input);
+  }
+
+  private _number(
+    field: string,
+    label: string,
+    value: number | null,
+    min: number,
+    placeholder?: string
+  ): HTMLElement {
+    const input = h('input', {
+      type: 'number',
+      min,
+      step: 1,
+      placeholder,
+      'data-field': field,
+      'data-testid': `hp-field-${field}`
+    });
+    input.value = value === null ? '' : String(value);
+    this._fields.set(field, input);
+    return this._labelled(label, input);
+  }
+
+  private _check(field: string, label: string, value: boolean): HTMLElement {
+    const input = h('input', {
+      type: 'checkbox',
+      'data-field': field,
+      'data-testid': `hp-field-${field}`
+    });
+    input.checked = value;
+    this._fields.set(field, input);
+    return h('div', { class: 'jp-HyperPod-field jp-HyperPod-check' }, h('label', {}, input, ' ', label));
+  }
+
+  private _onSubmit: (req: ISubmitRequest) => Promise<void>;
+  private _currentNotebook: () => string | null;
+  private _fields = new Map<string, Field>();
+  private _cluster: HTMLSelectElement;
+  private _scriptRadio: HTMLInputElement;
+  private _error: HTMLDivElement;
+  private _button: HTMLButtonElement;
+}
+
+/** A form value that cannot be read; `field` is the JobSpec field. */
+class FieldError extends Error {
+  constructor(
+    readonly field: string,
+    message: string
+  ) {
+    super(message);
+  }
+}

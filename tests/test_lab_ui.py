@@ -1,0 +1,256 @@
+"""The HyperPod sidebar end to end: a real ``jupyter lab`` (token auth, unauthenticated access
+off), Debian's Chromium driven by Playwright, and the real dev cluster (Slurm over SSH).
+
+One walk through the states: the sidebar lists ``local-slurm`` with its nodes; the example is
+submitted from the form; its events stream into the timeline and the loss chart; "Inject
+failure" SIGKILLs rank 1; the fault (red, with a notification) and the recovery (green, with its
+downtime) appear; a notebook in the same Lab runs ``%hyperpod watch JOB`` and the widget's
+progress bar advances; the dark theme is applied; Cancel (keyboard) ends the job. A screenshot of each state goes to ``test-artifacts/lab-ui/``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+
+import pytest
+
+from tests.lab import Lab, MissingComponent, chromium_path, launch_chromium, run_command
+
+ARTIFACTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "test-artifacts", "lab-ui")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _playwright():
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("Python playwright is not installed; run "
+                    "'PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 .venv/bin/pip install -e .[test]'", pytrace=False)
+    try:
+        chromium_path()
+    except MissingComponent as e:
+        pytest.fail(str(e), pytrace=False)
+    return sync_playwright
+
+
+@pytest.fixture
+def lab_root(tmp_path):
+    """The Lab's root directory: the example script, as a user's project would hold it."""
+    os.makedirs(tmp_path / "examples")
+    shutil.copy(os.path.join(REPO, "examples", "train_lm.py"), tmp_path / "examples" / "train_lm.py")
+    return str(tmp_path)
+
+
+def _shot(page, name: str) -> str:
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    path = os.path.join(ARTIFACTS, name + ".png")
+    page.screenshot(path=path, full_page=False)
+    return path
+
+
+def _css_var(page, name: str) -> str:
+    return page.evaluate("(n) => getComputedStyle(document.body).getPropertyValue(n).trim()", name)
+
+
+def _rgb(page, css_color: str) -> str:
+    """A CSS colour as the browser computes it (``rgb(r, g, b)``)."""
+    return page.evaluate("""(c) => { const d = document.createElement('div'); d.style.color = c;
+        document.body.appendChild(d); const v = getComputedStyle(d).color; d.remove(); return v; }""", css_color)
+
+
+def _progress_fraction(page) -> float | None:
+    """Fill of the first ipywidgets progress bar in the page, 0..1 (None before it exists)."""
+    return page.evaluate("""() => {
+        const bar = document.querySelector('.jupyter-widgets.widget-hprogress');
+        if (!bar) return null;
+        const fill = bar.querySelector('.progress-bar');
+        const outer = bar.querySelector('.progress') || bar;
+        if (!fill) return null;
+        return fill.getBoundingClientRect().width / Math.max(1, outer.getBoundingClientRect().width);
+    }""")
+
+
+def test_sidebar_streams_a_fault_and_its_recovery(dev_cluster, lab_root):
+    sync_playwright = _playwright()
+    if os.path.isdir(ARTIFACTS):
+        shutil.rmtree(ARTIFACTS)
+    os.makedirs(ARTIFACTS)
+    lab = Lab(lab_root, log_path=os.path.join(ARTIFACTS, "jupyter-lab.log")).start()
+    job_id = page = None
+    try:
+        with sync_playwright() as p:
+            browser = launch_chromium(p)
+            page = browser.new_page(viewport={"width": 1400, "height": 950})
+            page.set_default_timeout(60000)
+            page.goto(lab.lab_url(), wait_until="domcontentloaded")
+            # the HyperPod tab in the left sidebar, by its title
+            tab = page.locator('.jp-SideBar [data-id="hyperpod-lab-sidebar"]')
+            tab.click()
+            sidebar = page.locator("[data-testid=hp-sidebar]")
+            sidebar.wait_for(state="visible")
+
+            # 1. the cluster is listed, reachable, with its Slurm nodes
+            cluster = sidebar.locator('[data-testid=hp-cluster][data-cluster="local-slurm"]')
+            cluster.wait_for()
+            page.wait_for_selector('[data-testid=hp-cluster][data-cluster="local-slurm"][data-state="up"]')
+            assert {"n1", "n2"} <= set(cluster.locator("[data-node]").evaluate_all(
+                "els => els.map(e => e.dataset.node)"))
+            commands = ["hyperpod:open", "hyperpod:submit", "hyperpod:refresh", "hyperpod:cancel-selected",
+                        "hyperpod:inject-failure"]
+            assert page.evaluate("(ids) => ids.filter(id => !window.jupyterapp.commands.hasCommand(id))",
+                                 commands) == []
+            _shot(page, "1-clusters")
+
+            # 2. submit the example from the form (Enter in a field submits it)
+            sidebar.locator("[data-testid=hp-submit-toggle]").click()
+            form = sidebar.locator("[data-testid=hp-submit-form]")
+            form.get_by_label("Script path", exact=True).fill("examples/train_lm.py")
+            form.get_by_label("Script arguments", exact=True).fill("--steps 70 --step-sleep 0.6")
+            form.get_by_label("Job name", exact=True).fill("lab-ui")
+            form.get_by_label("Cluster", exact=True).select_option("local-slurm")
+            form.get_by_label("Nodes", exact=True).fill("2")
+            form.get_by_label("Processes per node", exact=True).fill("1")
+            form.get_by_label("Persistent every", exact=True).fill("20")
+            form.get_by_label("Memory tier every", exact=True).fill("1")
+            form.get_by_label("Max retries", exact=True).fill("3")
+            form.get_by_label("Processes per node", exact=True).press("Enter")
+            job = sidebar.locator('[data-testid=hp-job][data-state]').first
+            job.wait_for()
+            job_id = job.get_attribute("data-job-id")
+            assert job_id and job_id.startswith("lab-ui-")
+            view = sidebar.locator("[data-testid=hp-job-view]")
+            assert view.locator("[data-testid=hp-job-id]").inner_text() == job_id
+            rec = lab.get(f"hyperpod/jobs/{job_id}")["job"]
+            assert rec["spec"]["checkpoint"]["memory_every_steps"] == 1
+            assert rec["spec"]["nodes"] == 2 and rec["spec"]["args"] == ["--steps", "70", "--step-sleep", "0.6"]
+
+            # 3. events stream into the timeline and the loss chart while it runs
+            timeline = view.locator("[data-testid=hp-timeline]")
+            timeline.locator('[data-kind="submitted"]').wait_for()
+            timeline.locator('[data-kind="started"]').first.wait_for(timeout=120000)
+            timeline.locator('[data-kind="checkpoint.saved"]').first.wait_for(timeout=60000)
+            page.wait_for_function(
+                "() => Number(document.querySelector('[data-testid=hp-loss-chart]').dataset.points) >= 3")
+            page.wait_for_selector('[data-testid=hp-job-status][data-state="running"]')
+            _shot(page, "2-running")
+
+            # 4. inject a failure into rank 1 from the sidebar
+            assert view.locator("[data-testid=hp-fault-rank]").input_value() == "1"
+            view.locator("[data-testid=hp-inject]").click()
+            fault = timeline.locator('[data-kind="fault.detected"]').first
+            fault.wait_for(timeout=60000)
+            assert "rank 1" in fault.inner_text()
+            red = _rgb(page, _css_var(page, "--jp-error-color1"))
+            assert fault.evaluate("e => getComputedStyle(e).color") == red
+            page.locator(".Toastify__toast", has_text="rank 1").first.wait_for(timeout=15000)
+            _shot(page, "3-fault")
+
+            # 5. the recovery, green, with its downtime
+            recovery = timeline.locator('[data-kind="recovery.completed"]').first
+            recovery.wait_for(timeout=120000)
+            downtime = float(recovery.get_attribute("data-downtime"))
+            assert 0 < downtime < 120
+            assert re.search(r"recovered in [0-9.]+ s", recovery.inner_text())
+            green = _rgb(page, _css_var(page, "--jp-success-color1"))
+            assert recovery.evaluate("e => getComputedStyle(e).color") == green
+            assert green != red
+            assert view.locator(".jp-HyperPod-lossChart-fault").count() >= 1
+            page.locator(".Toastify__toast", has_text="recovered in").first.wait_for(timeout=15000)
+            _shot(page, "4-recovered")
+
+            # per-rank logs (keyboard: Enter in the rank field)
+            view.locator("[data-testid=hp-log-rank]").fill("0")
+            view.locator("[data-testid=hp-log-rank]").press("Enter")
+            page.wait_for_function(
+                "() => /step/.test(document.querySelector('[data-testid=hp-logs]').textContent)", timeout=30000)
+
+            # 6. a notebook in this Lab watches the job: the progress bar advances
+            run_command(page, "notebook:create-new", {"kernelName": "python3"})
+            page.wait_for_selector(".jp-NotebookPanel .jp-Cell .cm-content")
+            page.get_by_text(re.compile(r"Python 3 \(ipykernel\) \| Idle")).first.wait_for(timeout=90000)
+            cell = page.locator(".jp-NotebookPanel:visible .jp-Cell .cm-content").first
+            cell.click()
+            page.keyboard.type(f"%load_ext hyperpod_lab\n%hyperpod watch {job_id}")
+            page.keyboard.press("Shift+Enter")
+            page.wait_for_selector(".jp-NotebookPanel:visible .jp-InputPrompt:has-text('[1]:')", timeout=60000)
+            page.wait_for_selector(".jupyter-widgets.widget-hprogress", timeout=60000)
+            first_fill = None
+            deadline = time.monotonic() + 45
+            while time.monotonic() < deadline:
+                f = _progress_fraction(page)
+                if first_fill is None and f is not None:
+                    first_fill = f
+                elif f is not None and first_fill is not None and f > first_fill + 0.01:
+                    break
+                time.sleep(0.5)
+            last_fill = _progress_fraction(page)
+            assert first_fill is not None and last_fill > first_fill + 0.01, (first_fill, last_fill)
+            _shot(page, "5-notebook-widget")
+
+            # the form submits the current notebook (saved first: the server reads the file);
+            # the server's SpecError is shown at its field
+            page.keyboard.type('print("train here")')  # the notebook's next cell, not run
+            sidebar.locator("[data-testid=hp-submit-toggle]").click()
+            form.get_by_label("Current notebook", exact=True).check()
+            form.get_by_label("Min nodes", exact=True).fill("2")
+            form.get_by_label("Max nodes", exact=True).fill("1")
+            with page.expect_response(lambda r: r.url.split("?")[0].endswith("/hyperpod/jobs")
+                                      and r.request.method == "POST") as answer:
+                form.get_by_label("Max nodes", exact=True).press("Enter")
+            assert answer.value.status == 400
+            body = answer.value.request.post_data_json
+            assert body["notebook"].endswith(".ipynb") and body["spec"]["script"] == body["notebook"]
+            assert body["spec"]["elastic"]["min_nodes"] == 2 and body["spec"]["elastic"]["max_nodes"] == 1
+            error = form.locator("[data-testid=hp-submit-error]")
+            error.wait_for(state="visible")
+            assert "min_nodes 2 is greater than max_nodes 1" in error.inner_text()
+            assert form.get_by_label("Min nodes", exact=True).get_attribute("aria-invalid") == "true"
+            sidebar.locator("[data-testid=hp-submit-toggle]").click()  # fold the form again
+
+            # 7. the dark theme: the panel follows the theme variables
+            light_bg = sidebar.evaluate("e => getComputedStyle(e).backgroundColor")
+            run_command(page, "apputils:change-theme", {"theme": "JupyterLab Dark"})
+            page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'", timeout=30000)
+            page.wait_for_function(
+                "(bg) => getComputedStyle(document.querySelector('[data-testid=hp-sidebar]')).backgroundColor !== bg",
+                arg=light_bg)
+            assert fault.evaluate("e => getComputedStyle(e).color") == _rgb(page, _css_var(page, "--jp-error-color1"))
+            _shot(page, "6-dark")
+
+            # 8. cancel from the sidebar (keyboard: focus the button, press Enter)
+            cancel = view.locator("[data-testid=hp-cancel]")
+            cancel.focus()
+            page.keyboard.press("Enter")
+            page.wait_for_selector('[data-testid=hp-job-status][data-state="cancelled"], '
+                                   '[data-testid=hp-job-status][data-state="completed"]', timeout=60000)
+            _shot(page, "7-ended")
+            browser.close()
+    except Exception:
+        try:
+            _shot(page, "failure")
+        except Exception:
+            pass
+        print(lab.log_tail())
+        raise
+    finally:
+        if job_id:
+            try:  # leave no job running on the shared dev cluster
+                lab.post(f"hyperpod/jobs/{job_id}/cancel", {})
+            except Exception:
+                pass
+        lab.stop()
+    for name in ("1-clusters", "2-running", "3-fault", "4-recovered", "5-notebook-widget", "6-dark", "7-ended"):
+        assert os.path.getsize(os.path.join(ARTIFACTS, name + ".png")) > 10000
+
+
+def test_missing_chromium_fails_with_the_install_command(monkeypatch):
+    """No browser is ever downloaded: without Debian's chromium the UI tests fail and say how to
+    install it."""
+    import tests.lab
+
+    monkeypatch.setattr(tests.lab, "CHROMIUM", "/nonexistent/chromium")
+    with pytest.raises(pytest.fail.Exception, match="apt-get install chromium"):
+        _playwright()
