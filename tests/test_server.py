@@ -369,3 +369,21 @@ def test_openapi_document_matches_server(server, faulted_job):
                 check(where + pointer("content", "application/json", "schema"), body)
             walked += 1
     assert walked == sum(1 for item in doc["paths"].values() for m in item if m != "parameters")
+
+
+# ---- goodput for the submit form and the job view --------------------------------------
+def test_goodput_advice_and_a_jobs_measured_goodput(server, faulted_job):
+    q = "instances=512&failure_rate=0.04%25&checkpoint_cost_s=30&step_time_s=2"
+    status, body = server.call("GET", "/hyperpod/goodput/advice?" + q)
+    assert status == 200, body
+    cr = body["advice"]["modes"]["checkpoint-restart"]
+    assert cr["interval_steps"] == 504 and 0.85 < cr["goodput"] < 0.95
+    assert body["advice"]["modes"]["checkpointless"]["goodput"] > cr["goodput"]
+    status, body = server.call("GET", "/hyperpod/goodput/advice?instances=512&failure_rate=4&checkpoint_cost_s=30&step_time_s=2")
+    assert status == 400 and "%" in body["error"]["message"], body
+    assert server.call("GET", "/hyperpod/goodput/advice?" + q, token=False)[0] == 403
+
+    status, body = server.call("GET", f"/hyperpod/jobs/{faulted_job['job_id']}/goodput")
+    assert status == 200, body
+    m = body["measured"]
+    assert 0 < m["goodput"] <= 1 and m["step_time_s"] > 0 and len(m["recoveries"]) >= 1, m

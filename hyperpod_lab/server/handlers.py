@@ -181,6 +181,37 @@ class EventsHandler(HyperPodHandler):
         self.reply({"events": events, "cursor": encode_cursor(new_cursor)})
 
 
+class GoodputAdviceHandler(HyperPodHandler):
+    """``hyperpod_lab.goodput.advise`` for the submit form: interval and projected goodput."""
+
+    @tornado.web.authenticated
+    @authorized
+    async def get(self):
+        from hyperpod_lab import goodput
+
+        instances = self.int_arg("instances", None, low=1)
+        args = {k: self.get_query_argument(k, None) for k in ("failure_rate", "checkpoint_cost_s", "step_time_s")}
+        if instances is None or None in args.values():
+            raise SpecError("query", "give instances, failure_rate, checkpoint_cost_s and step_time_s")
+        try:
+            cost, step = float(args["checkpoint_cost_s"]), float(args["step_time_s"])
+        except ValueError:
+            raise SpecError("query", "checkpoint_cost_s and step_time_s are seconds (numbers)") from None
+        self.reply({"advice": goodput.advise(instances, args["failure_rate"], cost, step)})
+
+
+class JobGoodputHandler(HyperPodHandler):
+    """A job's measured goodput and where the lost time went, from its events."""
+
+    @tornado.web.authenticated
+    @authorized
+    async def get(self, job_id: str):
+        from hyperpod_lab import goodput
+
+        events = await self.hp.watcher.run(lambda: self.hp.client.event_reader(job_id).poll())
+        self.reply({"measured": goodput.measure_from_events(events)})
+
+
 def read_events(client, job_id: str, cursor: dict[str, int], limit: int) -> tuple[list[dict], dict[str, int]]:
     """Up to ``limit`` events after ``cursor`` and the cursor just past the last one returned."""
     reader = client.event_reader(job_id, cursor)
@@ -215,4 +246,6 @@ def handlers() -> list[tuple[str, type]]:
         (job + r"/logs", LogsHandler),
         (job + r"/events", EventsHandler),
         (job + r"/stream", StreamHandler),
+        (job + r"/goodput", JobGoodputHandler),
+        (r"hyperpod/goodput/advice", GoodputAdviceHandler),
     ]
