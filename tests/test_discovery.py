@@ -182,3 +182,31 @@ def test_throttling_is_retried_with_backoff(moto, creds):
         assert proxy.throttled == 2  # max_attempts calls in all, then our error
     finally:
         proxy.close()
+
+
+def test_sidebar_refresh_discovers_through_the_server(moto, creds, tmp_path, monkeypatch):
+    """The server's ``hyperpod/discover`` (what the sidebar's refresh calls) against the same moto
+    endpoint: GET lists the region's clusters; POST writes their profiles, which
+    ``GET hyperpod/clusters`` then lists."""
+    from jupyter_server_proc import JupyterServer
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SAGEMAKER", moto.url)
+    monkeypatch.setenv("HYPERPOD_LAB_CONFIG", str(tmp_path / "clusters.toml"))
+    root = tmp_path / "root"
+    root.mkdir()
+    server = JupyterServer(str(root), str(tmp_path)).start()
+    try:
+        status, body = server.call("GET", "/hyperpod/discover?region=us-east-1")
+        assert status == 200, body
+        assert {c["name"] for c in body["clusters"]} == {"disc-slurm", "disc-two"}
+        assert server.call("GET", "/hyperpod/discover?region=us-east-1", token=False)[0] == 403
+        status, body = server.call("POST", "/hyperpod/discover", {"region": "us-east-1"})
+        assert status == 200, body
+        assert {w["name"] for w in body["written"]} == {"disc-slurm", "disc-two"}
+        names = {c["name"] for c in server.call("GET", "/hyperpod/clusters")[1]["clusters"]}
+        assert {"disc-slurm", "disc-two"} <= names
+        status, body = server.call("GET", "/hyperpod/discover?region=not_a_region")
+        assert status == 400 and "region" in body["error"]["message"], body
+        assert not server.auth_warnings()
+    finally:
+        server.stop()

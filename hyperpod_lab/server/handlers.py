@@ -181,6 +181,37 @@ class EventsHandler(HyperPodHandler):
         self.reply({"events": events, "cursor": encode_cursor(new_cursor)})
 
 
+class DiscoverHandler(HyperPodHandler):
+    """HyperPod clusters of a region through the SageMaker API (``hyperpod_lab.discovery``): the
+    sidebar's refresh. GET lists them; POST ``{"region", "profile", "overwrite"}`` also writes a
+    cluster profile per cluster and returns what it wrote."""
+
+    def _args(self, body: dict) -> dict:
+        get = (lambda k: body.get(k)) if body else (lambda k: self.get_query_argument(k, None))
+        return {"region": get("region") or None, "profile": get("profile") or None}
+
+    @tornado.web.authenticated
+    @authorized
+    async def get(self):
+        from hyperpod_lab.discovery import discover_clusters
+
+        found = await self.hp.watcher.run(discover_clusters, **self._args({}))
+        self.reply({"clusters": [c.to_dict() for c in found]})
+
+    @tornado.web.authenticated
+    @authorized
+    async def post(self):
+        from hyperpod_lab.discovery import discover_clusters, write_profiles
+
+        body = self.json_body()
+        if not isinstance(body, dict):
+            raise SpecError("body", 'send {"region": "us-east-1"} (region and profile optional)')
+        found = await self.hp.watcher.run(discover_clusters, **self._args(body))
+        written = await self.hp.watcher.run(write_profiles, found, bool(body.get("overwrite")))
+        self.reply({"clusters": [c.to_dict() for c in found],
+                    "written": [{"name": n, "what": w} for n, w in written]})
+
+
 class GoodputAdviceHandler(HyperPodHandler):
     """``hyperpod_lab.goodput.advise`` for the submit form: interval and projected goodput."""
 
@@ -248,4 +279,5 @@ def handlers() -> list[tuple[str, type]]:
         (job + r"/stream", StreamHandler),
         (job + r"/goodput", JobGoodputHandler),
         (r"hyperpod/goodput/advice", GoodputAdviceHandler),
+        (r"hyperpod/discover", DiscoverHandler),
     ]
