@@ -68,6 +68,15 @@ export function describeEvent(ev: IJobEvent): string {
 /** Reconnect delays of the event stream, milliseconds (the last repeats). */
 const RECONNECT_MS = [500, 1000, 2000, 5000];
 
+/** Quiet time after the last change of the form before the advice is asked for, ms. */
+const ADVICE_DEBOUNCE_MS = 300;
+
+/** Shortest time between two reads of the selected job's measured goodput, ms. */
+const MEASURE_INTERVAL_MS = 5000;
+
+/** Delay before reading it after new events (a burst of history makes one read), ms. */
+const MEASURE_SETTLE_MS = 300;
+
 /**
  * State of the HyperPod panel.
  *
@@ -158,6 +167,84 @@ export class HyperPodModel {
   /** A refresh failed or recovered. */
   get errorChanged(): ISignal<this, void> {
     return this._errorChanged;
+  }
+
+  /** The goodput advice for the submit form's inputs, or null (none asked, or an error). */
+  get advice(): api.IGoodputAdvice | null {
+    return this._advice;
+  }
+  /** Why the last advice could not be had (the server's error names the input), or null. */
+  get adviceError(): api.HyperPodAPIError | null {
+    return this._adviceError;
+  }
+  /** Whether an advice request is waiting or running. */
+  get adviceLoading(): boolean {
+    return this._adviceTimer !== null || this._adviceSeq !== this._adviceDone;
+  }
+  /** The advice, its error or its loading state changed. */
+  get adviceChanged(): ISignal<this, void> {
+    return this._adviceChanged;
+  }
+
+  /** The selected job's measured goodput (`GET jobs/{id}/goodput`), or null. */
+  get measured(): api.IMeasuredGoodput | null {
+    return this._measured;
+  }
+  /** Why the measured goodput is not available (e.g. no step events yet), or null. */
+  get measuredError(): string | null {
+    return this._measuredError;
+  }
+  /** The selected job's measured goodput was read again. */
+  get measuredChanged(): ISignal<this, void> {
+    return this._measuredChanged;
+  }
+
+  /**
+   * Ask for the goodput advice for `query`, after `ADVICE_DEBOUNCE_MS` without a newer call;
+   * answers of older queries are dropped. `null` cancels and clears the advice.
+   */
+  requestAdvice(query: api.IAdviceQuery | null): void {
+    if (this._adviceTimer !== null) {
+      window.clearTimeout(this._adviceTimer);
+      this._adviceTimer = null;
+    }
+    const seq = ++this._adviceSeq;
+    if (query === null) {
+      this._adviceDone = seq;
+      this._advice = null;
+      this._adviceError = null;
+      this._adviceChanged.emit();
+      return;
+    }
+    this._adviceTimer = window.setTimeout(() => {
+      this._adviceTimer = null;
+      api
+        .getGoodputAdvice(query)
+        .then(
+          advice => {
+            if (seq === this._adviceSeq) {
+              this._advice = advice;
+              this._adviceError = null;
+            }
+          },
+          e => {
+            if (seq === this._adviceSeq) {
+              this._advice = null;
+              this._adviceError =
+                e instanceof api.HyperPodAPIError
+                  ? e
+                  : new api.HyperPodAPIError(String(e), 0, 'Error');
+            }
+          }
+        )
+        .finally(() => {
+          if (seq === this._adviceSeq && !this._disposed) {
+            this._adviceDone = seq;
+            this._adviceChanged.emit();
+          }
+        });
+    }, ADVICE_DEBOUNCE_MS);
+    this._adviceChanged.emit(); // loading
   }
 
   /** Load clusters and jobs, then keep the jobs fresh. */
@@ -252,6 +339,7 @@ export class HyperPodModel {
     this._seen.clear();
     this._cursor = null;
     this._ended = false;
+    this._resetMeasured();
     this._selectionChanged.emit();
     if (jobId) {
       this._openStream();
@@ -311,6 +399,11 @@ export class HyperPodModel {
     this._channel?.close();
     this._channel = null;
     this._closeStream();
+    this._resetMeasured();
+    if (this._adviceTimer !== null) {
+      window.clearTimeout(this._adviceTimer);
+      this._adviceTimer = null;
+    }
     Signal.clearData(this);
   }
 
@@ -394,6 +487,7 @@ export class HyperPodModel {
       this._seen.add(key);
       this._events.push(ev);
       this._eventsAdded.emit([ev]);
+      this._scheduleMeasure();
       // notify live faults/recoveries (not the history replayed on connect)
       if (ev.time >= opened - 5) {
         this._noticeFromEvent(ev);
@@ -402,7 +496,83 @@ export class HyperPodModel {
       this._replaceJob(msg.job);
     } else if (msg.type === 'end') {
       this._ended = true;
+      this._scheduleMeasure(); // the final figures, with the job's last events
     }
+  }
+
+  private _resetMeasured(): void {
+    if (this._measureTimer !== null) {
+      window.clearTimeout(this._measureTimer);
+      this._measureTimer = null;
+    }
+    this._measureSeq++;
+    this._measureDirty = false;
+    this._measuredAt = 0;
+    if (this._measured !== null || this._measuredError !== null) {
+      this._measured = null;
+      this._measuredError = null;
+      this._measuredChanged.emit();
+    }
+  }
+
+  /**
+   * Read the selected job's measured goodput soon: after `MEASURE_SETTLE_MS`, at most once
+   * per `MEASURE_INTERVAL_MS`, never two reads at once, and only while the panel is visible
+   * (a hidden panel reads when it is shown again).
+   */
+  private _scheduleMeasure(): void {
+    this._measureDirty = true;
+    if (this._measureTimer !== null || this._measuring || this._disposed) {
+      return;
+    }
+    const wait = Math.max(
+      MEASURE_SETTLE_MS,
+      this._measuredAt + MEASURE_INTERVAL_MS - Date.now()
+    );
+    this._measureTimer = window.setTimeout(() => {
+      this._measureTimer = null;
+      const jobId = this._selectedId;
+      if (!jobId || !this._measureDirty) {
+        return;
+      }
+      if (!this._active() || document.hidden) {
+        this._measuredAt = Date.now(); // look again in an interval
+        this._scheduleMeasure();
+        return;
+      }
+      this._measureDirty = false;
+      this._measuring = true;
+      const seq = this._measureSeq;
+      api
+        .getJobGoodput(jobId)
+        .then(
+          m => {
+            if (seq === this._measureSeq) {
+              this._measured = m;
+              this._measuredError = null;
+            }
+          },
+          e => {
+            if (seq === this._measureSeq) {
+              // 400 before the first steps: keep showing nothing, say why
+              this._measuredError = (e as Error).message;
+            }
+          }
+        )
+        .finally(() => {
+          this._measuring = false;
+          if (this._disposed) {
+            return;
+          }
+          if (seq === this._measureSeq) {
+            this._measuredAt = Date.now();
+            this._measuredChanged.emit();
+          }
+          if (this._measureDirty) {
+            this._scheduleMeasure(); // events came in while reading (or another job's)
+          }
+        });
+    }, wait);
   }
 
   private _noticeFromEvent(ev: IJobEvent): void {
@@ -494,4 +664,18 @@ export class HyperPodModel {
   private _eventsAdded = new Signal<this, IJobEvent[]>(this);
   private _notice = new Signal<this, IJobNotice>(this);
   private _errorChanged = new Signal<this, void>(this);
+  private _advice: api.IGoodputAdvice | null = null;
+  private _adviceError: api.HyperPodAPIError | null = null;
+  private _adviceTimer: number | null = null;
+  private _adviceSeq = 0;
+  private _adviceDone = 0;
+  private _adviceChanged = new Signal<this, void>(this);
+  private _measured: api.IMeasuredGoodput | null = null;
+  private _measuredError: string | null = null;
+  private _measuredAt = 0;
+  private _measureTimer: number | null = null;
+  private _measureSeq = 0;
+  private _measuring = false;
+  private _measureDirty = false;
+  private _measuredChanged = new Signal<this, void>(this);
 }

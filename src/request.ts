@@ -254,3 +254,90 @@ export function openEventStream(
   };
   return ws;
 }
+
+/** One recovery mode of `GET goodput/advice` (`hyperpod_lab.goodput.advise`). */
+export interface IGoodputMode {
+  /** Recommended checkpoint interval, seconds (a whole number of steps). */
+  interval_s: number;
+  /** Recommended checkpoint interval, steps. */
+  interval_steps: number;
+  /** First-order Young interval, seconds. */
+  young_interval_s: number;
+  /** Projected fraction of wall time spent on useful steps, 0..1. */
+  goodput: number;
+  /** Fractions of wall time lost, by cause (checkpoint, detect, restart, restore, heal, recompute). */
+  lost: { [cause: string]: number };
+  /** Probability that a failure needs the checkpoint (1 for checkpoint-restart). */
+  fallback_probability: number;
+}
+
+/** What `GET goodput/advice` answers (fields used by the sidebar; the server sends more). */
+export interface IGoodputAdvice {
+  instances: number;
+  failure_rate_per_instance_hour: number;
+  /** Cluster mean time between failures, hours. */
+  mtbf_hours: number;
+  failures_per_day: number;
+  checkpoint_cost_s: number;
+  step_time_s: number;
+  /** By recovery mode: `checkpoint-restart`, `checkpointless`. */
+  modes: { [mode: string]: IGoodputMode };
+}
+
+/** The inputs of the advice: instances and the failure rate, checkpoint cost and step time. */
+export interface IAdviceQuery {
+  /** Instances (nodes), at least 1. */
+  instances: number;
+  /** Per instance-hour: a fraction (`0.0004`) or a percentage (`0.04%`), as typed. */
+  failureRate: string;
+  /** Seconds one checkpoint blocks training. */
+  checkpointCostS: number;
+  /** Seconds per training step. */
+  stepTimeS: number;
+}
+
+/** What `GET jobs/{id}/goodput` answers (`hyperpod_lab.goodput.measure_from_events`). */
+export interface IMeasuredGoodput {
+  job_id: string;
+  /** First start to the last event, seconds. */
+  wall_s: number;
+  /** Useful steps. */
+  steps: number;
+  /** Seconds per step, null with fewer than two steps of one run. */
+  step_time_s: number | null;
+  useful_s: number | null;
+  /** useful_s / wall_s, 0..1, or null (no step time yet). */
+  goodput: number | null;
+  /** Recoveries measured. */
+  faults: number;
+  /** Seconds lost by cause: checkpoint, detect, restart, restore, recompute, other (null: unknown). */
+  lost_s: { [cause: string]: number | null };
+  /** lost_s / wall_s. */
+  lost_fraction: { [cause: string]: number | null };
+}
+
+/**
+ * The recommended checkpoint interval and projected goodput per recovery mode.
+ * @throws {HyperPodAPIError} 400 (`field` names the input) for an input out of range or in the
+ *   wrong unit
+ */
+export async function getGoodputAdvice(
+  q: IAdviceQuery
+): Promise<IGoodputAdvice> {
+  const query =
+    `instances=${enc(String(q.instances))}&failure_rate=${enc(q.failureRate)}` +
+    `&checkpoint_cost_s=${enc(String(q.checkpointCostS))}&step_time_s=${enc(String(q.stepTimeS))}`;
+  return (
+    await requestAPI<{ advice: IGoodputAdvice }>(`goodput/advice?${query}`)
+  ).advice;
+}
+
+/**
+ * A job's measured goodput and where its lost time went, from its events so far.
+ * @throws {HyperPodAPIError} 400 while the job has no step events, 404 unknown job
+ */
+export async function getJobGoodput(jobId: string): Promise<IMeasuredGoodput> {
+  return (
+    await requestAPI<{ measured: IMeasuredGoodput }>(`jobs/${enc(jobId)}/goodput`)
+  ).measured;
+}

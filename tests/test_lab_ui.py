@@ -5,7 +5,11 @@ One walk through the states: the sidebar lists ``local-slurm`` with its nodes; t
 submitted from the form; its events stream into the timeline and the loss chart; "Inject
 failure" SIGKILLs rank 1; the fault (red, with a notification) and the recovery (green, with its
 downtime) appear; a notebook in the same Lab runs ``%hyperpod watch JOB`` and the widget's
-progress bar advances; the dark theme is applied; Cancel (keyboard) ends the job. A screenshot of each state goes to ``test-artifacts/lab-ui/``.
+progress bar advances; the dark theme is applied; Cancel (keyboard) ends the job. Goodput
+(issue 8): the form shows the recommended checkpoint interval and projected goodput for the
+chosen node count (the same numbers as ``hyperpod_lab.goodput.advise``), and the job view the
+measured goodput and where the lost time went, with the recovery's restart time once it
+recovered. A screenshot of each state goes to ``test-artifacts/lab-ui/``.
 """
 
 from __future__ import annotations
@@ -112,6 +116,37 @@ def test_sidebar_streams_a_fault_and_its_recovery(dev_cluster, lab_root):
             form.get_by_label("Job name", exact=True).fill("lab-ui")
             form.get_by_label("Cluster", exact=True).select_option("local-slurm")
             form.get_by_label("Nodes", exact=True).fill("2")
+            # the goodput advice for 2 nodes: the server's advise() numbers, per recovery mode
+            from hyperpod_lab import goodput
+
+            expected = goodput.advise(2, "0.04%", 5.0, 1.0)["modes"]
+            advice = form.locator("[data-testid=hp-advice]")
+            page.wait_for_function("""() => { const e = document.querySelector('[data-testid=hp-advice-mtbf]');
+                return e && /^2 nodes/.test(e.textContent); }""", timeout=15000)
+            for mode in ("checkpoint-restart", "checkpointless"):
+                row = advice.locator(f'[data-testid=hp-advice-mode][data-mode="{mode}"]')
+                interval = row.locator("[data-testid=hp-advice-interval]")
+                assert int(interval.get_attribute("data-steps")) == expected[mode]["interval_steps"]
+                assert f"{expected[mode]['interval_steps']} steps" in interval.inner_text()
+                assert row.locator("[data-testid=hp-advice-goodput]").inner_text() == \
+                    f"{expected[mode]['goodput'] * 100:.2f} %"
+            # a higher failure rate gives a shorter interval; a bare rate above 1 is refused
+            # with the unit expected, at its field
+            before = int(advice.locator('[data-mode="checkpoint-restart"] [data-testid=hp-advice-interval]')
+                         .get_attribute("data-steps"))
+            rate = form.get_by_label("Failure rate per node-hour", exact=True)
+            rate.fill("1%")
+            page.wait_for_function("""(n) => { const e = document.querySelector(
+                '[data-mode="checkpoint-restart"] [data-testid=hp-advice-interval]');
+                return e && Number(e.dataset.steps) < n; }""", arg=before, timeout=15000)
+            rate.fill("4")
+            form.locator("[data-testid=hp-advice-error]").wait_for(timeout=15000)
+            assert "%" in form.locator("[data-testid=hp-advice-error]").inner_text()
+            assert rate.get_attribute("aria-invalid") == "true"
+            rate.fill("0.04%")
+            advice.locator('[data-mode="checkpoint-restart"]').wait_for(timeout=15000)
+            advice.scroll_into_view_if_needed()
+            _shot(page, "1b-advice")
             form.get_by_label("Processes per node", exact=True).fill("1")
             form.get_by_label("Persistent every", exact=True).fill("20")
             form.get_by_label("Memory tier every", exact=True).fill("1")
@@ -135,6 +170,15 @@ def test_sidebar_streams_a_fault_and_its_recovery(dev_cluster, lab_root):
             page.wait_for_function(
                 "() => Number(document.querySelector('[data-testid=hp-loss-chart]').dataset.points) >= 3")
             page.wait_for_selector('[data-testid=hp-job-status][data-state="running"]')
+            # the measured goodput of the steps so far (read again as events come in)
+            value = view.locator("[data-testid=hp-goodput-value]")
+            page.wait_for_function("""() => { const e = document.querySelector('[data-testid=hp-goodput-value]');
+                return e && e.dataset.goodput !== ''; }""", timeout=30000)
+            assert 0 < float(value.get_attribute("data-goodput")) <= 1
+            assert re.fullmatch(r"\d+\.\d\d %", value.inner_text())
+            causes = view.locator("[data-testid=hp-goodput-lost] [data-cause]").evaluate_all(
+                "els => els.map(e => e.dataset.cause)")
+            assert causes == ["useful", "checkpoint", "detect", "restart", "restore", "recompute", "other"]
             _shot(page, "2-running")
 
             # 4. inject a failure into rank 1 from the sidebar
@@ -160,6 +204,11 @@ def test_sidebar_streams_a_fault_and_its_recovery(dev_cluster, lab_root):
             assert view.locator(".jp-HyperPod-lossChart-fault").count() >= 1
             page.locator(".Toastify__toast", has_text="recovered in").first.wait_for(timeout=15000)
             _shot(page, "4-recovered")
+            # the lost time now includes the recovery's restart
+            page.wait_for_function("""() => { const e = document.querySelector(
+                '[data-testid=hp-goodput-lost] [data-cause=restart]');
+                return e && Number(e.dataset.seconds) > 0; }""", timeout=30000)
+            view.locator("[data-testid=hp-goodput]").screenshot(path=os.path.join(ARTIFACTS, "4b-goodput.png"))
 
             # per-rank logs (keyboard: Enter in the rank field)
             view.locator("[data-testid=hp-log-rank]").fill("0")
@@ -242,8 +291,10 @@ def test_sidebar_streams_a_fault_and_its_recovery(dev_cluster, lab_root):
             except Exception:
                 pass
         lab.stop()
-    for name in ("1-clusters", "2-running", "3-fault", "4-recovered", "5-notebook-widget", "6-dark", "7-ended"):
+    for name in ("1-clusters", "1b-advice", "2-running", "3-fault", "4-recovered", "5-notebook-widget", "6-dark",
+                 "7-ended"):
         assert os.path.getsize(os.path.join(ARTIFACTS, name + ".png")) > 10000
+    assert os.path.getsize(os.path.join(ARTIFACTS, "4b-goodput.png")) > 2000
 
 
 def test_missing_chromium_fails_with_the_install_command(monkeypatch):

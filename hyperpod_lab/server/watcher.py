@@ -6,8 +6,9 @@
   ``max_interval_s`` when nothing does, and after a cluster error.
 * **Events**: one :class:`Tailer` per job reads its event files (``EventReader`` over the
   cluster's remote seam) and fans the events out to every subscriber (WebSocket, any number of
-  tabs). Watched jobs are read every ``stream_interval_s``; unwatched running jobs (for the jobs
-  list's progress) back off to ``idle_max_interval_s``.
+  tabs). Watched jobs are read every ``stream_interval_s``, in their own worker call ahead of
+  the others; unwatched running jobs (for the jobs list's progress) are read at most
+  ``idle_batch`` per call and back off to ``idle_max_interval_s``.
 * Each tailer's cursor and progress summary are saved in the JobStore, so a restarted server
   resumes where it was.
 
@@ -120,13 +121,17 @@ class Watcher:
         max_interval_s: status poll interval when nothing changes (s).
         stream_interval_s: event poll interval of watched jobs (s).
         idle_max_interval_s: longest event poll interval of unwatched running jobs (s).
+        idle_batch: most unwatched jobs read per executor call; watched jobs (with a
+            subscriber) are read first in their own call, so their latency does not grow with
+            the number of tracked jobs.
     """
 
     def __init__(self, client: Client, min_interval_s: float = 1.0, max_interval_s: float = 10.0,
-                 stream_interval_s: float = 0.25, idle_max_interval_s: float = 10.0):
+                 stream_interval_s: float = 0.25, idle_max_interval_s: float = 10.0, idle_batch: int = 8):
         self.client, self.store = client, client.store
         self.min_interval_s, self.max_interval_s = min_interval_s, max_interval_s
         self.stream_interval_s, self.idle_max_interval_s = stream_interval_s, idle_max_interval_s
+        self.idle_batch = idle_batch
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hyperpod-lab")
         self.tailers: dict[str, Tailer] = {}
         self.progress: dict[str, dict] = {}
@@ -340,6 +345,19 @@ class Watcher:
         for res in results:
             self._apply(*res, started_at=started)
 
+    async def _poll_batch(self, polls: list[tuple[Tailer, JobRecord, dict[str, int]]]) -> None:
+        started = time.monotonic()
+        try:
+            results = await self.run(self._poll_blocking, polls)
+        except Exception:
+            log.exception("hyperpod_lab: event poll failed")
+            results = []
+        for res in results:
+            self._apply(*res, started_at=started)
+        done = time.monotonic()
+        for t, _, _ in polls:
+            t.next_poll = done + (self.stream_interval_s if t.subs else t.idle_interval)
+
     async def _persist(self) -> None:
         dirty = [(t.job_id, dict(t.cursor), t.progress.to_dict()) for t in self.tailers.values() if t.dirty]
         for t in self.tailers.values():
@@ -372,18 +390,14 @@ class Watcher:
                 if rec.state.is_terminal() and t.terminal_seen_at is None:
                     t.terminal_seen_at = now
                 polls.append((t, rec, dict(t.cursor)))
-            if polls:
-                started = time.monotonic()
-                try:
-                    results = await self.run(self._poll_blocking, polls)
-                except Exception:
-                    log.exception("hyperpod_lab: event poll failed")
-                    results = []
-                for res in results:
-                    self._apply(*res, started_at=started)
-                done = time.monotonic()
-                for t, _, _ in polls:
-                    t.next_poll = done + (self.stream_interval_s if t.subs else t.idle_interval)
+            # watched jobs first, in their own executor call; then at most idle_batch idle
+            # jobs (the most overdue first), so a streamed job never waits behind every idle
+            # job's read: the rest stay due and go in the next iterations
+            watched = [p for p in polls if p[0].subs]
+            idle = sorted((p for p in polls if not p[0].subs), key=lambda p: p[0].next_poll)
+            for batch in (watched, idle[:self.idle_batch]):
+                if batch:
+                    await self._poll_batch(batch)
             try:
                 if time.monotonic() >= self._next_persist:
                     self._next_persist = time.monotonic() + self.persist_interval_s

@@ -55,3 +55,28 @@ export function fmt(value: number | null | undefined, digits = 3): string {
 export function clock(time: number): string {
   return new Date(time * 1000).toLocaleTimeString([], { hour12: false });
 }
+
+/** A goodput fraction (0..1) as a percentage with two decimals: `99.83 %`. */
+export function percent(fraction: number | null | undefined): string {
+  if (fraction === null || fraction === undefined || !Number.isFinite(fraction)) {
+    return '—';
+  }
+  return `${(fraction * 100).toFixed(2)} %`;
+}
+
+/** A duration in seconds in the unit that reads best: `45 s`, `12 min`, `1.9 h`, `3.2 d`. */
+export function duration(seconds: number | null | undefined): string {
+  if (seconds === null || seconds === undefined || !Number.isFinite(seconds)) {
+    return '—';
+  }
+  if (seconds < 120) {
+    return `${fmt(seconds)} s`;
+  }
+  if (seconds < 7200) {
+    return `${fmt(seconds / 60)} min`;
+  }
+  if (seconds < 172800) {
+    return `${fmt(seconds / 3600)} h`;
+  }
+  return `${fmt(seconds / 86400)} d`;
+}

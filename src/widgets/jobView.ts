@@ -3,8 +3,19 @@ import { Widget } from '@lumino/widgets';
 
 import { describeEvent, HyperPodModel, isTerminal } from '../model';
 import { IJobEvent } from '../tokens';
-import { clock, fmt, h, uid } from './dom';
+import { clock, duration, fmt, h, percent, uid } from './dom';
 import { renderLossChart } from './lossChart';
+
+/** Where a job's wall time went, in display order: `lost_s` key (or `useful`) and label. */
+const TIME_PARTS: [string, string][] = [
+  ['useful', 'Useful steps'],
+  ['checkpoint', 'Checkpoint stalls'],
+  ['detect', 'Failure detection'],
+  ['restart', 'Restart'],
+  ['restore', 'Checkpoint restore'],
+  ['recompute', 'Recomputed steps'],
+  ['other', 'Other (start-up, rounding)']
+];
 
 /** Timeline items kept in the DOM (the oldest are dropped). */
 const MAX_TIMELINE = 400;
@@ -44,6 +55,7 @@ export class JobView extends Widget {
     this._model.selectionChanged.connect(this._rebuild, this);
     this._model.eventsAdded.connect((_, evs) => this._append(evs), this);
     this._model.jobsChanged.connect(this._renderHeader, this);
+    this._model.measuredChanged.connect(this._renderGoodput, this);
     this._rebuild();
   }
 
@@ -53,6 +65,7 @@ export class JobView extends Widget {
     }
     this._model.selectionChanged.disconnect(this._rebuild, this);
     this._model.jobsChanged.disconnect(this._renderHeader, this);
+    this._model.measuredChanged.disconnect(this._renderGoodput, this);
     super.dispose();
   }
 
@@ -125,6 +138,11 @@ export class JobView extends Widget {
 
     this._last = h('div', { class: 'jp-HyperPod-lastEvent', 'data-testid': 'hp-last-event' }, 'waiting for events…');
     this._chart = h('div', { class: 'jp-HyperPod-chart' }, renderLossChart([]));
+    this._goodput = h('div', {
+      class: 'jp-HyperPod-goodput',
+      'data-testid': 'hp-goodput',
+      'aria-live': 'polite'
+    });
     this._timeline = h('ol', {
       class: 'jp-HyperPod-timeline',
       'data-testid': 'hp-timeline',
@@ -159,6 +177,8 @@ export class JobView extends Widget {
       this._last,
       h('h4', { class: 'jp-HyperPod-subheading' }, 'Loss'),
       this._chart,
+      h('h4', { class: 'jp-HyperPod-subheading' }, 'Goodput'),
+      this._goodput,
       h('h4', { class: 'jp-HyperPod-subheading' }, 'Timeline'),
       this._timeline,
       h('h4', { class: 'jp-HyperPod-subheading' }, 'Logs'),
@@ -166,7 +186,106 @@ export class JobView extends Widget {
       logs
     );
     this._renderHeader();
+    this._renderGoodput();
     this._append(this._model.events);
+  }
+
+  /** Measured goodput and where the wall time went: a stacked bar and a table. */
+  private _renderGoodput(): void {
+    const box = this._goodput;
+    if (!box) {
+      return;
+    }
+    const m = this._model.measured;
+    box.textContent = '';
+    if (!m) {
+      const why = this._model.measuredError;
+      box.appendChild(
+        h(
+          'div',
+          { class: 'jp-HyperPod-dim', 'data-testid': 'hp-goodput-pending' },
+          why ? `Not measured yet: ${why}` : 'Measured after the first steps.'
+        )
+      );
+      return;
+    }
+    const recoveries = `${m.faults} recover${m.faults === 1 ? 'y' : 'ies'}`;
+    box.appendChild(
+      h(
+        'div',
+        { class: 'jp-HyperPod-goodputValue' },
+        'Measured goodput ',
+        h(
+          'strong',
+          { 'data-testid': 'hp-goodput-value', 'data-goodput': m.goodput ?? '' },
+          percent(m.goodput)
+        ),
+        h(
+          'span',
+          { class: 'jp-HyperPod-dim' },
+          ` of ${duration(m.wall_s)} wall · ${m.steps} steps` +
+            `${m.step_time_s !== null ? ` of ${fmt(m.step_time_s)} s` : ''} · ${recoveries}`
+        )
+      )
+    );
+    const wall = m.wall_s > 0 ? m.wall_s : null;
+    const parts = TIME_PARTS.map(([key, label]) => {
+      const s = key === 'useful' ? m.useful_s : m.lost_s[key];
+      return { key, label, s: s ?? null };
+    });
+    const bar = h('div', {
+      class: 'jp-HyperPod-timeBar',
+      role: 'img',
+      'data-testid': 'hp-goodput-bar',
+      'aria-label':
+        'Wall time: ' +
+        parts
+          .filter(p => p.s !== null && wall)
+          .map(p => `${p.label} ${percent(p.s! / wall!)}`)
+          .join(', ')
+    });
+    const body = h('tbody');
+    for (const p of parts) {
+      const frac = p.s !== null && wall ? p.s / wall : null;
+      if (frac !== null && frac > 0) {
+        bar.appendChild(
+          h('span', {
+            class: `jp-HyperPod-timePart jp-mod-${p.key}`,
+            style: `width: ${Math.min(100, frac * 100).toFixed(2)}%`,
+            title: `${p.label}: ${duration(p.s)}`
+          })
+        );
+      }
+      body.appendChild(
+        h(
+          'tr',
+          { 'data-cause': p.key, 'data-seconds': p.s ?? '' },
+          h('th', { scope: 'row' }, h('span', { class: `jp-HyperPod-swatch jp-mod-${p.key}` }), p.label),
+          h('td', { class: 'jp-mod-number' }, p.s === null ? '—' : `${fmt(p.s)} s`),
+          h('td', { class: 'jp-mod-number' }, percent(frac))
+        )
+      );
+    }
+    box.append(
+      bar,
+      h(
+        'table',
+        { class: 'jp-HyperPod-table', 'data-testid': 'hp-goodput-lost' },
+        h('caption', { class: 'jp-HyperPod-dim' }, 'Where the wall time went'),
+        h(
+          'thead',
+          {},
+          h(
+            'tr',
+            {},
+            h('th', { scope: 'col' }, 'Part'),
+            h('th', { scope: 'col' }, 'Time'),
+            h('th', { scope: 'col' }, 'Of wall')
+          )
+        ),
+        body
+      )
+    );
   }
 
   private _renderHeader(): void {
@@ -303,6 +422,7 @@ export class JobView extends Widget {
   private _inject!: HTMLButtonElement;
   private _last!: HTMLDivElement;
   private _chart!: HTMLDivElement;
+  private _goodput!: HTMLDivElement;
   private _timeline!: HTMLOListElement;
   private _chartFrame = 0;
   private _points: [number, number][] = [];

@@ -68,6 +68,7 @@ export class HyperPodSidebar extends Panel {
 
     this.form = new SubmitForm({
       currentNotebook: options.currentNotebook,
+      requestAdvice: query => this._model.requestAdvice(query),
       onSubmit: async (req: ISubmitRequest) => {
         if (req.notebook) {
           await options.saveNotebook(req.notebook);
@@ -84,6 +85,15 @@ export class HyperPodSidebar extends Panel {
     this.addWidget(formHolder);
     // the form needs no Lumino messages: its node simply lives inside the <details>
     this._details.appendChild(this.form.node);
+    // the goodput advice is asked for when the form is opened, then as its inputs change
+    this._details.addEventListener('toggle', () => {
+      if (this._details.open) {
+        this.form.updateAdvice();
+      }
+    });
+    this._model.adviceChanged.connect(() => {
+      this.form.showAdvice(this._model.advice, this._model.adviceError, this._model.adviceLoading);
+    }, this);
 
     this._model.clustersChanged.connect(this._renderClusters, this);
     this._model.jobsChanged.connect(this._renderJobs, this);

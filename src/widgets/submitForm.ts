@@ -1,9 +1,16 @@
 /** The submit form: a script path or the current notebook, placement and the three policies. */
 import { Widget } from '@lumino/widgets';
 
-import { HyperPodAPIError } from '../request';
+import { HyperPodAPIError, IAdviceQuery, IGoodputAdvice } from '../request';
 import { ICluster, IJobSpec } from '../tokens';
-import { h, uid } from './dom';
+import { duration, fmt, h, percent, uid } from './dom';
+
+/** The recovery modes of the advice, in display order, with their labels. */
+const ADVICE_MODES: [string, string][] = [
+  ['checkpoint-restart', 'Checkpoint-restart'],
+  ['checkpointless', 'Checkpointless']
+];
+
 
 /** What the form hands to its owner on submit. */
 export interface ISubmitRequest {
@@ -71,9 +78,12 @@ export class SubmitForm extends Widget {
   constructor(options: {
     onSubmit: (req: ISubmitRequest) => Promise<void>;
     currentNotebook: () => string | null;
+    /** Ask for the goodput advice (debounced by the owner); null: the inputs are not usable. */
+    requestAdvice?: (query: IAdviceQuery | null) => void;
   }) {
     super({ node: document.createElement('form') });
     this._onSubmit = options.onSubmit;
+    this._requestAdvice = options.requestAdvice ?? (() => undefined);
     this._currentNotebook = options.currentNotebook;
     this.addClass('jp-HyperPod-submitForm');
     const form = this.node as HTMLFormElement;
@@ -119,6 +129,7 @@ export class SubmitForm extends Widget {
         this._number('procs_per_node', 'Processes per node', 1, 1)
       )
     );
+    this._fields.get('nodes')!.addEventListener('input', () => this.updateAdvice());
     form.appendChild(
       h(
         'fieldset',
@@ -141,6 +152,7 @@ export class SubmitForm extends Widget {
         this._number('checkpoint.s3_every_steps', 'S3 tier every', null, 1, 'off')
       )
     );
+    form.appendChild(this._adviceSection());
     const lr = h('select', { 'data-field': 'elastic.lr_rule' });
     for (const rule of ['linear', 'sqrt', 'none']) {
       lr.appendChild(h('option', { value: rule }, rule));
@@ -203,6 +215,143 @@ export class SubmitForm extends Widget {
       el.checked = Boolean(value);
     } else {
       el.value = String(value);
+    }
+  }
+
+  /**
+   * Read the node count and the advice inputs and ask for the advice (the owner debounces).
+   * An input that cannot be read is shown at once and no advice is asked for.
+   */
+  updateAdvice(): void {
+    const nodes = Number((this._fields.get('nodes') as HTMLInputElement).value.trim());
+    const failureRate = this._adviceFields.get('failure_rate')!.value.trim();
+    const cost = this._adviceFields.get('checkpoint_cost_s')!.value.trim();
+    const step = this._adviceFields.get('step_time_s')!.value.trim();
+    let problem: [string, string] | null = null;
+    if (!Number.isInteger(nodes) || nodes < 1) {
+      problem = ['instances', 'Nodes: give a whole number of at least 1 for the advice'];
+    } else if (failureRate === '') {
+      problem = ['failure_rate', 'Failure rate: give a fraction per node-hour (0.0004) or a percentage (0.04%)'];
+    } else if (cost === '' || !Number.isFinite(Number(cost))) {
+      problem = ['checkpoint_cost_s', 'Checkpoint stall: give the seconds one checkpoint blocks training'];
+    } else if (step === '' || !Number.isFinite(Number(step))) {
+      problem = ['step_time_s', 'Step time: give the seconds per training step'];
+    }
+    if (problem) {
+      this._requestAdvice(null);
+      this.showAdvice(null, new HyperPodAPIError(problem[1], 0, 'SpecError', problem[0]), false);
+      return;
+    }
+    this._requestAdvice({
+      instances: nodes,
+      failureRate,
+      checkpointCostS: Number(cost),
+      stepTimeS: Number(step)
+    });
+  }
+
+  /**
+   * Show the advice: per recovery mode the recommended checkpoint interval (steps and time)
+   * and the projected goodput; or the error, at the input it names.
+   */
+  showAdvice(
+    advice: IGoodputAdvice | null,
+    error: HyperPodAPIError | null,
+    loading: boolean
+  ): void {
+    const box = this._advice;
+    box.setAttribute('aria-busy', loading ? 'true' : 'false');
+    for (const el of this._adviceFields.values()) {
+      el.removeAttribute('aria-invalid');
+    }
+    this._fields.get('nodes')?.removeAttribute('aria-invalid');
+    if (loading && !advice && !error) {
+      return; // keep what is shown until the answer comes
+    }
+    box.textContent = '';
+    if (error) {
+      const el =
+        error.field === 'instances'
+          ? this._fields.get('nodes')
+          : this._adviceFields.get(error.field ?? '');
+      el?.setAttribute('aria-invalid', 'true');
+      box.appendChild(
+        h('div', { class: 'jp-HyperPod-error', 'data-testid': 'hp-advice-error' }, error.message)
+      );
+      return;
+    }
+    if (!advice) {
+      box.appendChild(h('div', { class: 'jp-HyperPod-dim' }, 'Set the nodes to see the advice.'));
+      return;
+    }
+    box.appendChild(
+      h(
+        'div',
+        { class: 'jp-HyperPod-dim', 'data-testid': 'hp-advice-mtbf', 'data-mtbf-hours': advice.mtbf_hours },
+        `${advice.instances} node${advice.instances === 1 ? '' : 's'}: a failure every ` +
+          `${duration(advice.mtbf_hours * 3600)} (MTBF), ${fmt(advice.failures_per_day)} a day`
+      )
+    );
+    const body = h('tbody');
+    for (const [mode, label] of ADVICE_MODES) {
+      const m = advice.modes[mode];
+      if (!m) {
+        continue;
+      }
+      body.appendChild(
+        h(
+          'tr',
+          { 'data-testid': 'hp-advice-mode', 'data-mode': mode },
+          h('th', { scope: 'row' }, label),
+          h(
+            'td',
+            {
+              class: 'jp-mod-number jp-mod-wrap',
+              'data-testid': 'hp-advice-interval',
+              'data-steps': m.interval_steps,
+              'data-seconds': m.interval_s
+            },
+            `${m.interval_steps} steps (${duration(m.interval_s)})`
+          ),
+          h(
+            'td',
+            { class: 'jp-mod-number', 'data-testid': 'hp-advice-goodput', 'data-goodput': m.goodput },
+            percent(m.goodput)
+          )
+        )
+      );
+    }
+    box.appendChild(
+      h(
+        'table',
+        { class: 'jp-HyperPod-table', 'data-testid': 'hp-advice-table' },
+        h('caption', { class: 'jp-HyperPod-dim' }, 'Recommended checkpoint interval (Young/Daly) and projected goodput'),
+        h(
+          'thead',
+          {},
+          h(
+            'tr',
+            {},
+            h('th', { scope: 'col' }, 'Recovery'),
+            h('th', { scope: 'col' }, 'Checkpoint every'),
+            h('th', { scope: 'col' }, 'Goodput')
+          )
+        ),
+        body
+      )
+    );
+    const cr = advice.modes['checkpoint-restart'];
+    if (cr) {
+      const apply = h(
+        'button',
+        { type: 'button', class: 'jp-HyperPod-button', 'data-testid': 'hp-advice-apply' },
+        `Checkpoint every ${cr.interval_steps} steps`
+      );
+      apply.title = 'Set "Persistent every" to the checkpoint-restart interval';
+      apply.addEventListener('click', () => {
+        this.setField('checkpoint.every_steps', String(cr.interval_steps));
+      });
+      box.appendChild(apply);
     }
   }
 
@@ -318,6 +467,38 @@ export class SubmitForm extends Widget {
     }
   }
 
+  private _adviceSection(): HTMLElement {
+    const input = (
+      name: string,
+      value: string,
+      attrs: { [k: string]: string | number }
+    ): HTMLInputElement => {
+      const el = h('input', { ...attrs, 'data-advice': name, 'data-testid': `hp-advice-${name}` });
+      el.value = value;
+      el.addEventListener('input', () => this.updateAdvice());
+      this._adviceFields.set(name, el);
+      return el;
+    };
+    const rate = input('failure_rate', '0.04%', { type: 'text', spellcheck: 'false' });
+    const cost = input('checkpoint_cost_s', '5', { type: 'number', min: 0, step: 'any' });
+    const step = input('step_time_s', '1', { type: 'number', min: 0, step: 'any' });
+    this._advice = h('div', {
+      class: 'jp-HyperPod-advice',
+      'data-testid': 'hp-advice',
+      'aria-live': 'polite',
+      'aria-busy': 'false'
+    });
+    return h(
+      'fieldset',
+      { class: 'jp-HyperPod-fieldset', 'data-testid': 'hp-advice-section' },
+      h('legend', {}, 'Goodput advice (for the nodes above)'),
+      this._labelled('Failure rate per node-hour', rate, 'a fraction (0.0004) or a percentage (0.04%)'),
+      this._labelled('Checkpoint stall (s)', cost, 'seconds one checkpoint blocks training'),
+      this._labelled('Step time (s)', step, 'seconds per training step'),
+      this._advice
+    );
+  }
+
   private _labelled(label: string, control: Field, hint?: string): HTMLElement {
     const id = uid('hp-field');
     control.id = id;
@@ -377,6 +558,9 @@ export class SubmitForm extends Widget {
 
   private _onSubmit: (req: ISubmitRequest) => Promise<void>;
   private _currentNotebook: () => string | null;
+  private _requestAdvice: (query: IAdviceQuery | null) => void;
+  private _adviceFields = new Map<string, HTMLInputElement>();
+  private _advice!: HTMLDivElement;
   private _fields = new Map<string, Field>();
   private _cluster: HTMLSelectElement;
   private _scriptRadio: HTMLInputElement;
