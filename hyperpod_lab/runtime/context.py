@@ -210,7 +210,7 @@ class JobContext:
     def step(self, step: int, loss: float, **metrics: Any) -> None:
         """Report a completed optimizer step (call it on every rank after each step).
 
-        Every rank prints ``hyperpod-lab: rank R step S loss L`` to stdout at most once per
+        Local rank 0 of each node prints ``hyperpod-lab: rank R step S loss L`` to stdout at most once per
         ``$HYPERPOD_LAB_STEP_EVENT_INTERVAL_S`` (the line log-based hang detection watches).
         Rank 0 emits ``step`` {step, loss, steps_per_s, **metrics} at most once per
         ``$HYPERPOD_LAB_STEP_EVENT_INTERVAL_S`` seconds (default 1.0), and always for the first
@@ -230,10 +230,12 @@ class JobContext:
         """
         self._steps_done = max(self._steps_done, int(step) + 1)
         now = time.monotonic()
-        if self._last_print is None or now - self._last_print >= self.step_interval_s:
-            # a heartbeat line on every rank's stdout: what log-based hang detection watches (the
-            # HyperPod operator's logMonitoringConfiguration, see schedulers/k8s_manifest.py)
-            print(f"hyperpod-lab: rank {self.global_rank} step {int(step)} loss {_json_safe(loss)}", flush=True)
+        if self.local_rank == 0 and (self._last_print is None or now - self._last_print >= self.step_interval_s):
+            # a heartbeat line per node (pod): what log-based hang detection watches (the HyperPod
+            # operator's logMonitoringConfiguration, see schedulers/k8s_manifest.py); one write,
+            # so it never splits another line of this process's stdout
+            sys.stdout.write(f"hyperpod-lab: rank {self.global_rank} step {int(step)} loss {_json_safe(loss)}\n")
+            sys.stdout.flush()
             self._last_print = now
         if not self.is_leader:
             self._stepped = True
