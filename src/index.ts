@@ -25,6 +25,7 @@ export namespace CommandIDs {
   export const refresh = 'hyperpod:refresh';
   export const cancel = 'hyperpod:cancel-selected';
   export const inject = 'hyperpod:inject-failure';
+  export const discover = 'hyperpod:discover';
 }
 
 const ICON_SVG = `<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16" viewBox="0 0 24 24">
@@ -128,6 +129,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
         return model
           .injectFailure(rank)
           .catch(e => onError('Inject failure', e));
+      }
+    });
+    commands.addCommand(CommandIDs.discover, {
+      label: 'HyperPod: Discover clusters',
+      caption: 'List the HyperPod clusters of an AWS region and add them as cluster profiles',
+      execute: () => {
+        open();
+        sidebar!.openDiscover();
       }
     });
     model.selectionChanged.connect(() => commands.notifyCommandChanged());

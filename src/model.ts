@@ -247,6 +247,94 @@ export class HyperPodModel {
     this._adviceChanged.emit(); // loading
   }
 
+  /**
+   * What the last discovery found: the query it ran with and the clusters, or null before
+   * the first (and after an error).
+   */
+  get discovered(): { query: api.IDiscoverQuery; clusters: api.IDiscoveredCluster[] } | null {
+    return this._discovered;
+  }
+  /** Why the last discovery or profile write failed (the server's message), or null. */
+  get discoverError(): string | null {
+    return this._discoverError;
+  }
+  /** `listing` or `writing` while a discovery request runs, else null. */
+  get discoverBusy(): 'listing' | 'writing' | null {
+    return this._discoverBusy;
+  }
+  /** The profiles the last "add profiles" wrote or kept, or null. */
+  get discoverWritten(): { name: string; what: string }[] | null {
+    return this._discoverWritten;
+  }
+  /** The discovery's result, error, busy state or written profiles changed. */
+  get discoveryChanged(): ISignal<this, void> {
+    return this._discoveryChanged;
+  }
+
+  /**
+   * List the HyperPod clusters of `query.region` (the server calls the SageMaker API). The
+   * result or the error lands in `discovered` / `discoverError`; never throws.
+   */
+  async discover(query: api.IDiscoverQuery): Promise<void> {
+    const seq = this._startDiscovery('listing');
+    let clusters: api.IDiscoveredCluster[] | null = null;
+    let error: string | null = null;
+    try {
+      clusters = await api.discoverClusters(query);
+    } catch (e) {
+      error = (e as Error).message;
+    }
+    if (seq !== this._discoverSeq || this._disposed) {
+      return;
+    }
+    this._discovered = clusters ? { query, clusters } : null;
+    this._discoverError = error;
+    this._discoverBusy = null;
+    this._discoveryChanged.emit();
+  }
+
+  /**
+   * Write a cluster profile for each cluster of the last discovery's region (existing ones
+   * are kept), then reload the cluster list. Never throws: errors land in `discoverError`.
+   */
+  async addDiscoveredProfiles(): Promise<void> {
+    const query = this._discovered?.query;
+    if (!query) {
+      this._discoverError = 'discover the clusters of a region first';
+      this._discoveryChanged.emit();
+      return;
+    }
+    const seq = this._startDiscovery('writing');
+    let result: api.IDiscoverWritten | null = null;
+    let error: string | null = null;
+    try {
+      result = await api.writeDiscoveredProfiles(query);
+    } catch (e) {
+      error = (e as Error).message;
+    }
+    if (seq !== this._discoverSeq || this._disposed) {
+      return;
+    }
+    if (result) {
+      this._discovered = { query, clusters: result.clusters };
+      this._discoverWritten = result.written;
+    }
+    this._discoverError = error;
+    this._discoverBusy = null;
+    this._discoveryChanged.emit();
+    if (result) {
+      await this.refreshClusters();
+    }
+  }
+
+  private _startDiscovery(busy: 'listing' | 'writing'): number {
+    this._discoverBusy = busy;
+    this._discoverError = null;
+    this._discoverWritten = null;
+    this._discoveryChanged.emit();
+    return ++this._discoverSeq;
+  }
+
   /** Load clusters and jobs, then keep the jobs fresh. */
   start(): void {
     if (this._timer !== null || this._disposed) {
@@ -266,9 +354,16 @@ export class HyperPodModel {
     }, Math.min(this._pollMs / 3, 1000));
   }
 
-  /** Reload clusters (with node health) and jobs. */
+  /**
+   * Reload clusters (with node health) and jobs, and the discovered HyperPod clusters when a
+   * region was discovered before (same region and profile).
+   */
   async refresh(): Promise<void> {
-    await Promise.all([this.refreshClusters(), this.refreshJobs()]);
+    const tasks = [this.refreshClusters(), this.refreshJobs()];
+    if (this._discovered && this._discoverBusy === null) {
+      tasks.push(this.discover(this._discovered.query));
+    }
+    await Promise.all(tasks);
   }
 
   /** Reload the cluster list and each cluster's health. */
@@ -678,4 +773,10 @@ export class HyperPodModel {
   private _measuring = false;
   private _measureDirty = false;
   private _measuredChanged = new Signal<this, void>(this);
+  private _discovered: { query: api.IDiscoverQuery; clusters: api.IDiscoveredCluster[] } | null = null;
+  private _discoverError: string | null = null;
+  private _discoverBusy: 'listing' | 'writing' | null = null;
+  private _discoverWritten: { name: string; what: string }[] | null = null;
+  private _discoverSeq = 0;
+  private _discoveryChanged = new Signal<this, void>(this);
 }

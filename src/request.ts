@@ -341,3 +341,93 @@ export async function getJobGoodput(jobId: string): Promise<IMeasuredGoodput> {
     await requestAPI<{ measured: IMeasuredGoodput }>(`jobs/${enc(jobId)}/goodput`)
   ).measured;
 }
+
+/** One instance group of a discovered HyperPod cluster. */
+export interface IInstanceGroup {
+  /** `InstanceGroupName`. */
+  name: string;
+  /** e.g. `ml.p5.48xlarge`. */
+  instance_type: string;
+  /** Instances running now. */
+  current_count: number;
+  /** Instances asked for. */
+  target_count: number;
+}
+
+/**
+ * A HyperPod cluster as `GET discover` describes it (`DiscoveredCluster.to_dict()` of
+ * `hyperpod_lab.discovery`: the SageMaker API's `describe_cluster` and `list_cluster_nodes`).
+ */
+export interface IDiscoveredCluster {
+  /** `ClusterName`. */
+  name: string;
+  arn: string;
+  /** `ClusterStatus`: `InService`, `Creating`, `Updating`, `Failed`, ... */
+  status: string;
+  region: string;
+  /** `slurm` or `eks`. */
+  orchestrator: string;
+  eks_cluster_arn?: string | null;
+  node_recovery?: string | null;
+  instance_groups: IInstanceGroup[];
+  /** Node count per `InstanceStatus.Status` (`Running`, `Pending`, `Failure`, ...). */
+  node_health: { [status: string]: number };
+  /** Other fields (nodes, events, events_note). */
+  [key: string]: unknown;
+}
+
+/** What `POST discover` answers: the clusters and, per cluster, the profile it wrote or kept. */
+export interface IDiscoverWritten {
+  clusters: IDiscoveredCluster[];
+  /** `what`: `written` or `kept` (a profile of that name exists and `overwrite` was false). */
+  written: { name: string; what: string }[];
+}
+
+/** The AWS account the server asks for the clusters (both empty: the server's AWS defaults). */
+export interface IDiscoverQuery {
+  /** AWS region, e.g. `us-west-2` (empty: `AWS_REGION` / the AWS config on the server). */
+  region: string;
+  /** AWS named profile (empty: the default credentials chain on the server). */
+  profile: string;
+}
+
+/**
+ * The HyperPod clusters of a region, described (the server calls the SageMaker API).
+ * @throws {HyperPodAPIError} 400 without a usable region or credentials (the message says what
+ *   to run), 502 when the API throttles or cannot be reached
+ */
+export async function discoverClusters(
+  q: IDiscoverQuery
+): Promise<IDiscoveredCluster[]> {
+  const query: string[] = [];
+  if (q.region) {
+    query.push(`region=${enc(q.region)}`);
+  }
+  if (q.profile) {
+    query.push(`profile=${enc(q.profile)}`);
+  }
+  const path = query.length ? `discover?${query.join('&')}` : 'discover';
+  return (await requestAPI<{ clusters: IDiscoveredCluster[] }>(path)).clusters;
+}
+
+/**
+ * Discover the clusters of a region and write a cluster profile for each (existing profiles
+ * are kept unless `overwrite`).
+ * @throws {HyperPodAPIError} as `discoverClusters`
+ */
+export async function writeDiscoveredProfiles(
+  q: IDiscoverQuery,
+  overwrite = false
+): Promise<IDiscoverWritten> {
+  const body: { region?: string; profile?: string; overwrite: boolean } = { overwrite };
+  if (q.region) {
+    body.region = q.region;
+  }
+  if (q.profile) {
+    body.profile = q.profile;
+  }
+  return requestAPI<IDiscoverWritten>('discover', {
+    method: 'POST',
+    body: JSON.stringify(body)
+  });
+}

@@ -297,6 +297,129 @@ def test_sidebar_streams_a_fault_and_its_recovery(dev_cluster, lab_root):
     assert os.path.getsize(os.path.join(ARTIFACTS, "4b-goodput.png")) > 2000
 
 
+def test_discover_hyperpod_clusters_from_the_sidebar(tmp_path, monkeypatch):
+    """Issue 7: "Discover HyperPod clusters" in the sidebar against a real moto server on loopback
+    (the SageMaker API; no dev cluster needed). The palette command opens it with the region
+    focused; Enter lists both clusters with orchestrator, status, instance groups and node health;
+    "Add profiles" writes their profiles and the cluster list shows them; the sidebar's Refresh
+    lists the region's clusters again; a malformed region shows the server's error inline."""
+    sync_playwright = _playwright()
+    import boto3
+
+    from tests.moto_server import MotoServer
+
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    moto = MotoServer(str(tmp_path / "moto.log")).start()
+    sm = boto3.client("sagemaker", endpoint_url=moto.url, region_name="us-east-1", aws_access_key_id="testing",
+                      aws_secret_access_key="testing")
+    # moto's quirks: ThreadsPerCore must be 1 and the lifecycle script must live in s3://sagemaker*
+    ig = [{"InstanceGroupName": "workers", "InstanceType": "ml.c5.xlarge", "InstanceCount": 2, "ThreadsPerCore": 1,
+           "LifeCycleConfig": {"SourceS3Uri": "s3://sagemaker-lifecycle-bkt/lc/", "OnCreate": "on_create.sh"},
+           "ExecutionRole": "arn:aws:iam::123456789012:role/SageMakerRole"}]
+    for name in ("ui-disc-a", "ui-disc-b"):
+        sm.create_cluster(ClusterName=name, InstanceGroups=ig)
+    # the Lab's AWS: moto's endpoint and fake keys only, nothing from the machine's AWS config
+    for k in ("AWS_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(k, raising=False)
+    config = tmp_path / "clusters.toml"
+    env = {"AWS_ENDPOINT_URL_SAGEMAKER": moto.url, "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
+           "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"), "AWS_EC2_METADATA_DISABLED": "true",
+           "HYPERPOD_LAB_CONFIG": str(config), "HYPERPOD_LAB_DATA_DIR": str(tmp_path / "data")}
+    root = tmp_path / "root"
+    root.mkdir()
+    lab = Lab(str(root), env=env, log_path=str(tmp_path / "jupyter-lab.log")).start()
+    page = None
+    try:
+        with sync_playwright() as p:
+            browser = launch_chromium(p)
+            page = browser.new_page(viewport={"width": 1400, "height": 950})
+            try:
+                _walk_discovery(page, lab, config)
+            except Exception:
+                _shot(page, "discover-failure")  # while the browser is still open
+                print(page.locator("[data-testid=hp-sidebar]").inner_text(timeout=5000))
+                raise
+            browser.close()
+    except Exception:
+        print(lab.log_tail())
+        raise
+    finally:
+        lab.stop()
+        moto.kill()
+    assert os.path.getsize(os.path.join(ARTIFACTS, "8-discover.png")) > 10000
+
+
+def _walk_discovery(page, lab: Lab, config) -> None:
+    """The browser steps of the discovery test."""
+    page.set_default_timeout(60000)
+    page.goto(lab.lab_url(), wait_until="domcontentloaded")
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.commands.hasCommand('hyperpod:discover')")
+    assert page.evaluate("() => window.jupyterapp.commands.label('hyperpod:discover')") == \
+        "HyperPod: Discover clusters"
+    page.evaluate("() => window.jupyterapp.restored.then(() => null)")  # else the layout restore hides it
+    sidebar = page.locator("[data-testid=hp-sidebar]")
+
+    # the palette command opens the part with the region field focused; Enter discovers
+    run_command(page, "hyperpod:discover")
+    clusters = sidebar.locator("[data-testid=hp-clusters] [data-testid=hp-cluster]")
+    clusters.first.wait_for()  # the built-in "local" profile; none of the HyperPod clusters yet
+    assert not {"ui-disc-a", "ui-disc-b"} & set(clusters.evaluate_all("els => els.map(e => e.dataset.cluster)"))
+    section = sidebar.locator("[data-testid=hp-discover]")
+    region = section.get_by_label("AWS region", exact=True)
+    region.wait_for(state="visible")
+    assert page.evaluate("() => document.activeElement.dataset.testid") == "hp-discover-region"
+    assert section.get_by_label("AWS profile", exact=True).is_visible()
+    page.keyboard.type("us-east-1")
+    with page.expect_response(lambda r: "/hyperpod/discover?region=" in r.url and r.request.method == "GET") as answer:
+        page.keyboard.press("Enter")
+    assert answer.value.status == 200 and "region=us-east-1" in answer.value.url
+    found = section.locator("[data-testid=hp-discovered-cluster]")
+    page.wait_for_function("() => document.querySelectorAll('[data-testid=hp-discovered-cluster]').length === 2")
+    assert found.evaluate_all("els => els.map(e => [e.dataset.cluster, e.dataset.status])") == \
+        [["ui-disc-a", "InService"], ["ui-disc-b", "InService"]]
+    first = found.first
+    assert first.locator("[data-testid=hp-discovered-status]").inner_text() == "InService"
+    assert "slurm" in first.inner_text()
+    assert "workers: ml.c5.xlarge 2/2" in first.locator("[data-testid=hp-discovered-groups]").inner_text()
+    assert first.locator("[data-testid=hp-discovered-health]").inner_text() == "Node health: Running 2"
+    assert "2 HyperPod clusters in region us-east-1" in section.locator(
+        "[data-testid=hp-discover-status]").inner_text()
+
+    # Add profiles (keyboard): POST, then the sidebar's cluster list shows both
+    add = section.locator("[data-testid=hp-discover-add]")
+    add.focus()
+    with page.expect_response(lambda r: r.url.split("?")[0].endswith("/hyperpod/discover")
+                              and r.request.method == "POST") as answer:
+        page.keyboard.press("Enter")
+    assert answer.value.status == 200
+    assert answer.value.request.post_data_json == {"region": "us-east-1", "overwrite": False}
+    for name in ("ui-disc-a", "ui-disc-b"):
+        clusters.and_(page.locator(f'[data-cluster="{name}"]')).wait_for()
+        section.locator(f'[data-testid=hp-discover-written] li[data-profile="{name}"][data-what="written"]'
+                        ).wait_for()
+    assert {c["name"] for c in lab.get("hyperpod/clusters")["clusters"]} >= {"ui-disc-a", "ui-disc-b"}
+    assert "ui-disc-a" in config.read_text()
+    _shot(page, "8-discover")
+
+    # the sidebar's Refresh lists the region's HyperPod clusters again
+    with page.expect_response(lambda r: "/hyperpod/discover?region=us-east-1" in r.url) as answer:
+        sidebar.locator("[data-testid=hp-refresh]").click()
+    assert answer.value.status == 200
+    page.wait_for_function("() => document.querySelectorAll('[data-testid=hp-discovered-cluster]').length === 2")
+
+    # a malformed region: the server's message, inline; the old list is gone
+    region.fill("us east 1")
+    with page.expect_response(lambda r: "/hyperpod/discover?region=" in r.url and r.request.method == "GET") as answer:
+        region.press("Enter")
+    assert answer.value.status == 400
+    error = section.locator("[data-testid=hp-discover-error]")
+    error.wait_for(state="visible")
+    assert "'us east 1' is not an AWS region name" in error.inner_text()
+    assert found.count() == 0 and add.is_disabled()
+    _shot(page, "8b-discover-error")
+
+
 def test_missing_chromium_fails_with_the_install_command(monkeypatch):
     """No browser is ever downloaded: without Debian's chromium the UI tests fail and say how to
     install it."""

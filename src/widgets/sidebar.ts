@@ -3,6 +3,7 @@ import { Panel, Widget } from '@lumino/widgets';
 
 import { describeEvent, HyperPodModel } from '../model';
 import { IJobView } from '../tokens';
+import { DiscoverPanel } from './discoverPanel';
 import { fmt, h } from './dom';
 import { JobView } from './jobView';
 import { ISubmitRequest, SubmitForm } from './submitForm';
@@ -53,11 +54,16 @@ export class HyperPodSidebar extends Panel {
     this._error = h('div', { class: 'jp-HyperPod-error', role: 'alert', 'data-testid': 'hp-error', hidden: true });
     this._clusters = h('ul', { class: 'jp-HyperPodSidebar-clusterList', 'data-testid': 'hp-clusters', 'aria-label': 'Clusters' });
     this._jobs = h('ul', { class: 'jp-HyperPodSidebar-jobList', 'data-testid': 'hp-jobs', 'aria-label': 'Jobs' });
+    this.discover = new DiscoverPanel(this._model);
+    this._discoverDetails = h('details', { class: 'jp-HyperPod-details', 'data-testid': 'hp-discover-section' },
+      h('summary', { 'data-testid': 'hp-discover-toggle' }, 'Discover HyperPod clusters'),
+      this.discover.node);
     top.node.append(
       h('div', { class: 'jp-HyperPodSidebar-titleRow' }, h('h2', { class: 'jp-HyperPodSidebar-heading' }, 'HyperPod'), refresh),
       this._error,
       h('h3', { class: 'jp-HyperPod-subheading' }, 'Clusters'),
       this._clusters,
+      this._discoverDetails,
       h('h3', { class: 'jp-HyperPod-subheading' }, 'Jobs'),
       this._jobs
     );
@@ -107,6 +113,14 @@ export class HyperPodSidebar extends Panel {
   readonly jobView: JobView;
   /** The submit form. */
   readonly form: SubmitForm;
+  /** The "Discover HyperPod clusters" part of the clusters area. */
+  readonly discover: DiscoverPanel;
+
+  /** Open the discovery part and focus its region input. */
+  openDiscover(): void {
+    this._discoverDetails.open = true;
+    this.discover.focusFirst();
+  }
 
   /** Open the submit form and focus its first field. */
   openSubmitForm(): void {
@@ -204,4 +218,5 @@ export class HyperPodSidebar extends Panel {
   private _clusters: HTMLUListElement;
   private _jobs: HTMLUListElement;
   private _details: HTMLDetailsElement;
+  private _discoverDetails: HTMLDetailsElement;
 }
