@@ -189,15 +189,17 @@ class TieredCheckpointer:
         self.timeout = _peer_timeout()
         self.rank, self.world_size = ctx.rank, ctx.world_size
 
+        # checkpointless mode: each data-parallel replica group keeps its own fallback copies
+        # (its own persistent directory and S3 prefix: groups never write the same files)
+        group = getattr(ctx, "replica_group", None)
+        group_dir = None if group is None else f"replica-group-{group}"
         s3 = None
         if policy.s3_uri:
             from hyperpod_lab.runtime.s3tier import S3Tier  # boto3 only when S3 is configured
 
-            s3 = S3Tier(ctx, policy.s3_uri, policy.s3_every_steps, keep_last=policy.keep_last)
+            uri = policy.s3_uri if group_dir is None else policy.s3_uri.rstrip("/") + "/" + group_dir
+            s3 = S3Tier(ctx, uri, policy.s3_every_steps, keep_last=policy.keep_last)
         extra = {"s3": s3} if s3 is not None else {}
-        # checkpointless mode: each data-parallel replica group keeps its own fallback copies
-        group = getattr(ctx, "replica_group", None)
-        group_dir = None if group is None else f"replica-group-{group}"
         if group_dir is not None:
             extra["root"] = os.path.join(ctx.job_dir, "checkpoints", group_dir)
         self.persistent = Checkpointer(ctx, every_steps=policy.every_steps, keep_last=policy.keep_last, **extra)
