@@ -15,6 +15,9 @@ Typical use::
             ctx.step(step, loss.item())         # rate-limited "step" events, recovery.completed
     # leaving the block: waits for async checkpoints, emits "finished", tears down the group
 
+Checkpointless recovery and elastic data parallelism (``--recovery checkpointless``):
+``hp.Checkpointless`` with ``hp.ElasticBatches``, see :mod:`hyperpod_lab.runtime.ft`.
+
 Launch it with ``python -m hyperpod_lab.runtime.launch`` (torchrun plus fault/recovery events),
 with plain ``torchrun``, or with plain ``python`` (a single-member job).
 
@@ -23,6 +26,9 @@ This package never imports Jupyter, IPython or paramiko; it imports torch.
 
 from hyperpod_lab.runtime.checkpoint import COMMIT_MARKER, Checkpointer
 from hyperpod_lab.runtime.context import JobContext, init
+from hyperpod_lab.runtime.elastic import ElasticBatches, StepPlan
+from hyperpod_lab.runtime.ft import Checkpointless
 from hyperpod_lab.runtime.tiered import TieredCheckpointer
 
-__all__ = ["init", "JobContext", "Checkpointer", "COMMIT_MARKER", "TieredCheckpointer"]
+__all__ = ["init", "JobContext", "Checkpointer", "COMMIT_MARKER", "TieredCheckpointer", "Checkpointless",
+           "ElasticBatches", "StepPlan"]
