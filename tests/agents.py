@@ -70,6 +70,27 @@ def stop_launchers(procs: list[subprocess.Popen], job_dir: str, script: str) -> 
             os.kill(pid, signal.SIGKILL)
 
 
+def tail_logs(paths: list[str], chars: int = 6000) -> str:
+    """The last ``chars`` characters of each log file, headed by its path (for assertion messages)."""
+    text = ""
+    for p in paths:
+        with open(p, errors="replace") as f:
+            text += f"\n===== {p}\n" + f.read()[-chars:]
+    return text
+
+
+def complete_steps(job_dir: str) -> list[int]:
+    """Steps of the job's persistent checkpoints that have a commit marker, ascending."""
+    root = os.path.join(job_dir, "checkpoints")
+    return sorted(int(n[5:]) for n in os.listdir(root)
+                  if n.startswith("step-") and os.path.exists(os.path.join(root, n, "COMMITTED")))
+
+
+def load_dump(job_dir: str, name: str) -> dict:
+    """A state dump a test script wrote to ``<job_dir>/dumps/<name>``."""
+    return torch.load(os.path.join(job_dir, "dumps", name), weights_only=False)
+
+
 def assert_same(a, b, where: str = "") -> None:
     """Bit-equality of nested tensors/dicts/lists (dtype included), naming the first difference."""
     if isinstance(a, torch.Tensor):

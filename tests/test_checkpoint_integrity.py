@@ -144,6 +144,9 @@ if __name__ == "__main__":
 # ---- the tests ----------------------------------------------------------------------------------
 import pytest  # noqa: E402
 
+from agents import (assert_same, complete_steps, kinds, load_dump, read_events,  # noqa: E402
+                    stop_launchers, tail_logs)
+
 STEPS, EVERY, KEEP, BLOB_MB = 20, 4, 5, 24.0
 
 
@@ -165,78 +168,6 @@ def launch(job_dir: str, log: str, args: list[str], env: dict[str, str], restart
              "--max-restarts", str(restarts), "--monitor-interval", "0.1",
              "--log-dir", os.path.join(job_dir, "logs"), "--tee", "3", SCRIPT, *args],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-
-
-def stop(proc: subprocess.Popen, job_dir: str) -> None:
-    """Stop an agent we started and any of its workers still alive (found by our rank files)."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    rdir = os.path.join(job_dir, "ranks")
-    for name in os.listdir(rdir) if os.path.isdir(rdir) else []:
-        with open(os.path.join(rdir, name)) as f:
-            pid = json.load(f)["pid"]
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                ours = f"HYPERPOD_LAB_JOB_DIR={job_dir}".encode() in f.read()
-        except OSError:
-            ours = False
-        if ours:
-            os.kill(pid, signal.SIGKILL)
-
-
-def events(job_dir: str) -> list[dict]:
-    out = []
-    edir = os.path.join(job_dir, "events")
-    for name in sorted(os.listdir(edir)) if os.path.isdir(edir) else []:
-        with open(os.path.join(edir, name)) as f:
-            out += [json.loads(line) for line in f if line.strip()]
-    return sorted(out, key=lambda e: e["time"])
-
-
-def kinds(evs: list[dict], kind: str, **match) -> list[dict]:
-    return [e for e in evs if e["kind"] == kind and all(e["data"].get(k) == v for k, v in match.items())]
-
-
-def logs(paths: list[str]) -> str:
-    text = ""
-    for p in paths:
-        with open(p, errors="replace") as f:
-            text += f"\n===== {p}\n" + f.read()[-5000:]
-    return text
-
-
-def complete_steps(job_dir: str) -> list[int]:
-    root = os.path.join(job_dir, "checkpoints")
-    return sorted(int(n[5:]) for n in os.listdir(root)
-                  if n.startswith("step-") and os.path.exists(os.path.join(root, n, "COMMITTED")))
-
-
-def load_dump(job_dir: str, name: str) -> dict:
-    import torch
-
-    return torch.load(os.path.join(job_dir, "dumps", name), weights_only=False)
-
-
-def assert_same(a, b, where: str = "") -> None:
-    import torch
-
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and torch.equal(a, b), f"tensors differ at {where}"
-    elif isinstance(a, dict):
-        assert set(a) == set(b), f"keys differ at {where}"
-        for k in a:
-            assert_same(a[k], b[k], f"{where}/{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), f"lengths differ at {where}"
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, f"{a!r} != {b!r} at {where}"
 
 
 def assert_restored_exactly(job_dir: str, restored_name: str, saved_dir: str, step: int) -> None:
@@ -264,9 +195,9 @@ def killed_write(tmp_path_factory):
     try:
         rc = proc.wait(timeout=120)
     except BaseException:
-        stop(proc, job_dir)
+        stop_launchers([proc], job_dir, SCRIPT)
         raise
-    return {"job_dir": job_dir, "rc": rc, "logs": [log], "events": events(job_dir)}
+    return {"job_dir": job_dir, "rc": rc, "logs": [log], "events": read_events(job_dir)}
 
 
 @pytest.fixture(scope="module")
@@ -293,16 +224,16 @@ def corrupted_resume(killed_write, tmp_path_factory):
     try:
         rc = proc.wait(timeout=90)
     except BaseException:
-        stop(proc, job_dir)
+        stop_launchers([proc], job_dir, SCRIPT)
         raise
-    return {"job_dir": job_dir, "rc": rc, "logs": [log], "events": events(job_dir),
+    return {"job_dir": job_dir, "rc": rc, "logs": [log], "events": read_events(job_dir),
             "flipped": flipped, "truncated": truncated}
 
 
 # ---- tests ------------------------------------------------------------------------------------
 def test_kill_during_write_resumes_from_newest_complete(killed_write):
     ev, job_dir = killed_write["events"], killed_write["job_dir"]
-    assert killed_write["rc"] == 0, logs(killed_write["logs"])
+    assert killed_write["rc"] == 0, tail_logs(killed_write["logs"])
     fault = kinds(ev, "fault.detected")
     assert fault and fault[0]["data"]["rank"] == 1 and fault[0]["data"]["signal"] == "SIGKILL"
     # the write of step 11 was in flight: it never committed, restore skipped it, loaded step 7
@@ -370,7 +301,7 @@ torch.save(sd, {out!r})
 
 def test_corrupt_shard_missing_marker_truncated_file_fall_back(corrupted_resume, killed_write):
     ev, job_dir = corrupted_resume["events"], corrupted_resume["job_dir"]
-    assert corrupted_resume["rc"] == 0, logs(corrupted_resume["logs"])
+    assert corrupted_resume["rc"] == 0, tail_logs(corrupted_resume["logs"])
     corrupt = [e["data"] for e in kinds(ev, "checkpoint.corrupt")]
     ck = os.path.join(job_dir, "checkpoints")
     assert [(c["tier"], c["step"], c["path"]) for c in corrupt] == [

@@ -29,7 +29,8 @@ import pytest
 
 import torch  # noqa: E402  (a hard dependency: missing torch fails, never skips)
 
-from agents import assert_same, free_port, is_our_worker, kinds, read_events, stop_launchers  # noqa: E402
+from agents import (assert_same, complete_steps, free_port, is_our_worker, kinds, load_dump,  # noqa: E402
+                    read_events, stop_launchers, tail_logs)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "tiny_train.py")
@@ -60,25 +61,6 @@ def _env(job_dir: str, job_id: str, node: str | None) -> dict[str, str]:
 
 
 
-def _logs(paths: list[str]) -> str:
-    text = ""
-    for p in paths:
-        with open(p, errors="replace") as f:
-            text += f"\n===== {p}\n" + f.read()[-6000:]
-    return text
-
-
-def _complete_steps(job_dir: str) -> list[int]:
-    root = os.path.join(job_dir, "checkpoints")
-    return sorted(int(n[5:]) for n in os.listdir(root)
-                  if n.startswith("step-") and os.path.exists(os.path.join(root, n, "COMMITTED")))
-
-
-
-def _dump(job_dir: str, name: str) -> dict:
-    return torch.load(os.path.join(job_dir, "dumps", name), weights_only=False)
-
-
 # ---- fixtures -----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def killed_run(tmp_path_factory):
@@ -102,8 +84,8 @@ def killed_run(tmp_path_factory):
     try:
         deadline = time.monotonic() + 90
         while not kinds(read_events(job_dir), "checkpoint.saved"):
-            assert time.monotonic() < deadline, "no checkpoint within 90 s" + _logs(logs)
-            assert all(p.poll() is None for p in procs), "a launcher exited early" + _logs(logs)
+            assert time.monotonic() < deadline, "no checkpoint within 90 s" + tail_logs(logs)
+            assert all(p.poll() is None for p in procs), "a launcher exited early" + tail_logs(logs)
             time.sleep(0.05)
         with open(os.path.join(job_dir, "ranks", "rank-1.json")) as f:
             victim = json.load(f)
@@ -124,7 +106,7 @@ def resumed_run(killed_run, tmp_path_factory):
     job_dir = str(base / "job")
     ck = os.path.join(job_dir, "checkpoints")
     shutil.copytree(os.path.join(killed_run["job_dir"], "checkpoints"), ck)
-    newest = _complete_steps(job_dir)[-1]
+    newest = complete_steps(job_dir)[-1]
     os.remove(os.path.join(ck, f"step-{newest:08d}", "COMMITTED"))       # a save that never committed
     os.makedirs(os.path.join(ck, "step-00000042"))                       # committed, but garbage
     with open(os.path.join(ck, "step-00000042", ".metadata"), "wb") as f:
@@ -152,7 +134,7 @@ def resumed_run(killed_run, tmp_path_factory):
 # ---- the kill-a-worker scenario ----------------------------------------------------------------
 def test_killed_worker_job_recovers_and_finishes(killed_run):
     ev = killed_run["events"]
-    assert killed_run["rcs"] == [0, 0], _logs(killed_run["logs"])
+    assert killed_run["rcs"] == [0, 0], tail_logs(killed_run["logs"])
     finished = kinds(ev, "finished")
     assert len(finished) == 1 and finished[0]["data"]["status"] == "succeeded"
     assert finished[0]["data"]["steps"] == STEPS
@@ -218,7 +200,7 @@ def test_checkpoints_saved_committed_and_retained(killed_run):
         assert 0 <= d["blocked_s"] <= d["total_s"]
         assert d["path"].endswith(f"step-{d['step']:08d}")
     job_dir = killed_run["job_dir"]
-    assert _complete_steps(job_dir) == [STEPS - 1 - EVERY, STEPS - 1]
+    assert complete_steps(job_dir) == [STEPS - 1 - EVERY, STEPS - 1]
     assert sorted(os.listdir(os.path.join(job_dir, "checkpoints"))) == [f"step-{STEPS - 1 - EVERY:08d}",
                                                                          f"step-{STEPS - 1:08d}"]
     with open(os.path.join(job_dir, "checkpoints", f"step-{STEPS - 1:08d}", "COMMITTED")) as f:
@@ -244,7 +226,7 @@ def test_step_events_are_rate_limited(killed_run):
 # ---- restore: skipping incomplete/corrupt checkpoints, exact round trip -------------------------
 def test_incomplete_and_corrupt_checkpoints_are_skipped(resumed_run):
     ev = resumed_run["events"]
-    assert resumed_run["rc"] == 0, _logs(resumed_run["logs"])
+    assert resumed_run["rc"] == 0, tail_logs(resumed_run["logs"])
     newest = resumed_run["newest_before"]
     corrupt = kinds(ev, "checkpoint.corrupt")
     assert [os.path.basename(os.path.dirname(e["data"]["path"])) for e in corrupt] == [
@@ -260,7 +242,7 @@ def test_incomplete_and_corrupt_checkpoints_are_skipped(resumed_run):
     names = sorted(os.listdir(os.path.join(resumed_run["job_dir"], "checkpoints")))
     assert [n for n in names if n.startswith("step-")] == [f"step-{newest - EVERY:08d}", f"step-{newest:08d}"]
     assert [n for n in names if n.startswith("corrupt-")][0].startswith("corrupt-step-00000042-")
-    assert _complete_steps(resumed_run["job_dir"]) == [newest - EVERY, newest]
+    assert complete_steps(resumed_run["job_dir"]) == [newest - EVERY, newest]
 
 
 def test_restore_round_trip_is_exact(killed_run, resumed_run):
@@ -268,8 +250,8 @@ def test_restore_round_trip_is_exact(killed_run, resumed_run):
     the per-rank state saved under per-rank keys."""
     step = resumed_run["newest_before"] - EVERY
     for rank in (0, 1):
-        saved = _dump(killed_run["job_dir"], f"step-{step}-rank-{rank}.pt")
-        restored = _dump(resumed_run["job_dir"], f"restored-rank-{rank}.pt")
+        saved = load_dump(killed_run["job_dir"], f"step-{step}-rank-{rank}.pt")
+        restored = load_dump(resumed_run["job_dir"], f"restored-rank-{rank}.pt")
         assert restored["rank"] == rank
         assert_same(saved["model"], restored["model"], "model")
         assert_same(saved["optim"], restored["optim"], "optim")
@@ -282,8 +264,8 @@ def test_resumed_training_is_bit_exact(killed_run, resumed_run):
     """Both runs were interrupted and resumed from different checkpoints; both must end with the
     same parameters and optimizer state."""
     for rank in (0, 1):
-        a = _dump(killed_run["job_dir"], f"final-rank-{rank}.pt")
-        b = _dump(resumed_run["job_dir"], f"final-rank-{rank}.pt")
+        a = load_dump(killed_run["job_dir"], f"final-rank-{rank}.pt")
+        b = load_dump(resumed_run["job_dir"], f"final-rank-{rank}.pt")
         assert_same(a["model"], b["model"], "model")
         assert_same(a["optim"], b["optim"], "optim")
         assert_same(a["local"], b["local"], "local")
@@ -309,7 +291,7 @@ def test_plain_python_is_a_single_member_job(tmp_path):
             "started", "checkpoint.saved", "checkpoint.saved", "finished"]
         assert ev[0]["data"]["world_size"] == 1 and ev[0]["job_id"] == fields["job_id"]
         assert kinds(ev, "step")[0]["data"]["step"] == 0
-        assert _complete_steps(job_dir) == [4, 9]
+        assert complete_steps(job_dir) == [4, 9]
         with open(os.path.join(job_dir, "ranks", "rank-0.json")) as f:
             info = json.load(f)
         assert info["world_size"] == 1 and info["log_file"] is None and info["restart_count"] == 0
