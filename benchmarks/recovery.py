@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import signal
 import statistics
@@ -40,19 +39,15 @@ TINY = os.path.join(ROOT, "tests", "scripts", "tiny_train.py")
 FT = os.path.join(ROOT, "tests", "scripts", "ft_train.py")
 
 
-def _events(job_dir: str) -> list[dict]:
-    out = []
-    edir = os.path.join(job_dir, "events")
-    for name in os.listdir(edir) if os.path.isdir(edir) else []:
-        with open(os.path.join(edir, name)) as f:
-            for line in f:
-                if line.endswith("\n"):
-                    out.append(json.loads(line))
-    return sorted(out, key=lambda e: e["time"])
+def _events(job_dir: str) -> list:
+    """The job's events so far, by time (``hyperpod_lab.events.EventReader``)."""
+    from hyperpod_lab.events import EventReader
+
+    return EventReader(job_dir).poll()
 
 
 def _steps(job_dir: str) -> list[tuple[float, int]]:
-    return [(e["time"], e["data"]["step"]) for e in _events(job_dir) if e["kind"] == "step"]
+    return [(e.time, e.data["step"]) for e in _events(job_dir) if e.kind == "step"]
 
 
 def _env(job_dir: str, **extra: str) -> dict[str, str]:
@@ -106,7 +101,7 @@ def checkpoint_restart(tmp: str, faults: int, step_sleep: float, mtbf_s: float) 
     subprocess.run([sys.executable, "-m", "hyperpod_lab.runtime.launch", "--standalone", "--nnodes=1",
                     "--nproc-per-node=2", TINY, "--steps", "30", "--every", "5", "--sleep", str(step_sleep)],
                    env=_env(warm), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    saves = [e["data"]["blocked_s"] for e in _events(warm) if e["kind"] == "checkpoint.saved"]
+    saves = [e.data["blocked_s"] for e in _events(warm) if e.kind == "checkpoint.saved"]
     st = _steps(warm)
     step_s = (st[-1][0] - st[5][0]) / (st[-1][1] - st[5][1])
     cost = statistics.median(saves)
@@ -176,15 +171,15 @@ def checkpointless(tmp: str, faults: int, step_sleep: float) -> dict:
             out.append(_fault_figures(job.dir, t_kill, reached))
             # wait until the restarted rank has healed before the next fault
             deadline = time.monotonic() + 120
-            while not [e for e in _events(job.dir) if e["kind"] == "checkpoint.restored" and e["time"] > t_kill
-                       and e["data"].get("tier") == "replica"] and time.monotonic() < deadline:
+            while not [e for e in _events(job.dir) if e.kind == "checkpoint.restored" and e.time > t_kill
+                       and e.data.get("tier") == "replica"] and time.monotonic() < deadline:
                 time.sleep(0.1)
             target = max(s for _, s in _steps(job.dir)) + 10
     finally:
         job.stop()
     st = _steps(job.dir)
-    return {"faults": out, "storage_restores": sum(1 for e in _events(job.dir) if e["kind"] == "checkpoint.restored"
-                                                   and e["data"].get("tier") != "replica"),
+    return {"faults": out, "storage_restores": sum(1 for e in _events(job.dir) if e.kind == "checkpoint.restored"
+                                                   and e.data.get("tier") != "replica"),
             "step_s": round((st[10][0] - st[2][0]) / (st[10][1] - st[2][1]), 4)}
 
 

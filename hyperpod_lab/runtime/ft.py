@@ -60,7 +60,6 @@ from hyperpod_lab.runtime.elastic import ElasticBatches, StepPlan
 
 if TYPE_CHECKING:
     from hyperpod_lab.runtime.context import JobContext
-    from hyperpod_lab.runtime.tiered import TieredCheckpointer
     from hyperpod_lab.spec import CheckpointPolicy
 
 ENV_LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"
@@ -245,7 +244,7 @@ class Checkpointless:
             failed = f"{type(e).__name__}: {e}"
         err = self.manager.errored()
         if err is not None and failed is None:
-            failed = str(err.original_exception if hasattr(err, "original_exception") else err)
+            failed = str(err.original_exception)
         committed = self.manager.should_commit()
         if not committed:
             self._on_failed_step(failed or "a participant could not finish the step")
