@@ -19,6 +19,7 @@ from hyperpod_lab.schedulers.remote import Remote
 from hyperpod_lab.spec import JobSpec
 
 JOBS_SUBDIR = "hyperpod-lab/jobs"
+JOINS_FILE = "joins.json"
 
 
 class Scheduler(ABC):
@@ -89,9 +90,34 @@ class Scheduler(ABC):
     def logs(self, rec: JobRecord, rank: int | None = None) -> str:
         """The job's output (the whole job, or one rank's)."""
 
+    def joins(self, rec: JobRecord) -> list[dict]:
+        """The allocations :meth:`scale` added to the job (``<job_dir>/joins.json``), oldest first:
+        ``[{"native_id", "offset", "nodes"}]``."""
+        try:
+            return json.loads(self.remote.read_from(posixpath.join(rec.job_dir, JOINS_FILE)))
+        except FileNotFoundError:
+            return []
+
     def scale(self, rec: JobRecord, add_nodes: int) -> dict:
-        """Add ``add_nodes`` nodes to a running checkpointless job (elastic scale-up); returns the
-        new allocation's info. Raises JobStateError where the backend cannot."""
+        """Add ``add_nodes`` nodes to a running checkpointless job (elastic scale-up): they join as
+        replica groups numbered after every earlier group. Returns ``{"native_id", "offset",
+        "nodes"}``, also recorded in ``<job_dir>/joins.json`` (cancelled with the job).
+
+        Raises:
+            JobStateError: the backend cannot add nodes.
+            SpecError, RemoteCommandError: from the backend's :meth:`_start_join`.
+        """
+        spec = JobSpec.from_dict(rec.spec)
+        joins = self.joins(rec)
+        offset = spec.nodes + sum(j["nodes"] for j in joins)
+        native = self._start_join(rec, spec, offset, add_nodes, len(joins) + 1)
+        join = {"native_id": native, "offset": offset, "nodes": add_nodes}
+        self.remote.write_bytes(posixpath.join(rec.job_dir, JOINS_FILE), json.dumps(joins + [join]).encode())
+        return join
+
+    def _start_join(self, rec: JobRecord, spec: JobSpec, offset: int, add_nodes: int, index: int) -> str:
+        """Start the ``index``-th joining allocation (replica groups ``offset`` ...); return its
+        native id. Backends that can add nodes override this."""
         raise JobStateError(f"the {type(self).__name__} backend cannot add nodes to a running job")
 
     @abstractmethod

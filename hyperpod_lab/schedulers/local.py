@@ -8,7 +8,6 @@ the exit code in ``<job_dir>/exit_code`` so state survives this process.
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 import shlex
@@ -110,14 +109,10 @@ class LocalScheduler(Scheduler):
         except FileNotFoundError:
             return ""
 
-    def scale(self, rec, add_nodes):
-        """Start ``add_nodes`` more replica-group agents that join the job's Lighthouse."""
+    def _start_join(self, rec, spec, offset, add_nodes, index):
+        """``add_nodes`` more replica-group agents joining the job's Lighthouse; their pids."""
         from hyperpod_lab.runtime.ft_local import agent_argv, group_env
 
-        spec = JobSpec.from_dict(rec.spec)
-        path = os.path.join(rec.job_dir, "joins.json")
-        joins = json.load(open(path)) if os.path.exists(path) else []
-        offset = spec.nodes + sum(j["nodes"] for j in joins)
         pids = []
         for g in range(offset, offset + add_nodes):
             env = {**self._env(spec, rec.job_id), **group_env(g, spec.nodes)}
@@ -130,11 +125,7 @@ class LocalScheduler(Scheduler):
                                  stderr=subprocess.STDOUT, start_new_session=True)
             out.close()
             pids.append(p.pid)
-        join = {"native_id": ",".join(map(str, pids)), "offset": offset, "nodes": add_nodes}
-        with open(path + ".tmp", "w") as f:
-            json.dump(joins + [join], f)
-        os.replace(path + ".tmp", path)
-        return join
+        return ",".join(map(str, pids))
 
     def inject_fault(self, rec, rank):
         info = self.rank_info(rec, rank)

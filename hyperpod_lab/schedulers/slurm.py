@@ -14,7 +14,6 @@ requeues it after a node failure, and the runtime again resumes from its checkpo
 
 from __future__ import annotations
 
-import json
 import posixpath
 import re
 import shlex
@@ -217,9 +216,6 @@ def parse_sacct(stdout: str) -> dict[str, tuple[JobStatus, int | None, str]]:
     return out
 
 
-JOINS_FILE = "joins.json"
-
-
 class SlurmScheduler(Scheduler):
     """Slurm over SSH (or over LocalRemote in tests of the login node itself)."""
 
@@ -275,33 +271,18 @@ class SlurmScheduler(Scheduler):
         return out
 
     def cancel(self, rec):
-        self.remote.run(["scancel", rec.native_id, *[j["native_id"] for j in self._joins(rec)]])
+        self.remote.run(["scancel", rec.native_id, *[j["native_id"] for j in self.joins(rec)]])
 
-    def _joins(self, rec) -> list[dict]:
-        try:
-            return json.loads(self.remote.read_from(posixpath.join(rec.job_dir, JOINS_FILE)))
-        except FileNotFoundError:
-            return []
-
-    def scale(self, rec, add_nodes: int) -> dict:
-        """Elastic scale-up of a running checkpointless job: a second allocation of ``add_nodes``
-        nodes whose replica groups join the job's Lighthouse (numbered after every earlier group).
-        Returns ``{"native_id", "offset", "nodes"}``; joins are recorded in ``<job_dir>/joins.json``
-        and cancelled with the job. Raises SpecError (not checkpointless), RemoteCommandError."""
-        spec = JobSpec.from_dict(rec.spec)
-        joins = self._joins(rec)
-        offset = spec.nodes + sum(j["nodes"] for j in joins)
+    def _start_join(self, rec, spec, offset, add_nodes, index):
+        """A second allocation of ``add_nodes`` nodes joining the job's Lighthouse."""
         text = render_sbatch(spec, rec.job_id, rec.job_dir, self.profile.python, self.profile.shared_root,
                              partition=spec.partition or self.profile.defaults.partition,
                              hyperpod=self.is_hyperpod(), join_offset=offset, join_nodes=add_nodes)
-        path = posixpath.join(rec.job_dir, f"join-{len(joins) + 1}.sbatch")
+        path = posixpath.join(rec.job_dir, f"join-{index}.sbatch")
         self.remote.write_bytes(path, text.encode(), mode=0o755)
         argv = sbatch_argv(spec.name, rec.job_dir)
         argv[-1] = path
-        native = parse_sbatch(self.remote.run(argv, timeout_s=60).stdout)
-        join = {"native_id": native, "offset": offset, "nodes": add_nodes}
-        self.remote.write_bytes(posixpath.join(rec.job_dir, JOINS_FILE), json.dumps(joins + [join]).encode())
-        return join
+        return parse_sbatch(self.remote.run(argv, timeout_s=60).stdout)
 
     def logs(self, rec, rank=None):
         if rank is not None:
