@@ -96,10 +96,13 @@ class LocalScheduler(Scheduler):
 
     def cancel(self, rec):
         open(os.path.join(rec.job_dir, "cancelled"), "w").close()
-        try:
-            os.killpg(int(rec.native_id), signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        # the job's launcher, and the agents ``scale`` started (each in a session of its own)
+        pids = [rec.native_id] + [pid for j in self.joins(rec) for pid in j["native_id"].split(",")]
+        for pid in pids:
+            try:
+                os.killpg(int(pid), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
 
     def logs(self, rec, rank=None):
         if rank is not None:
