@@ -36,6 +36,22 @@ export function h<K extends keyof HTMLElementTagNameMap>(
   return el;
 }
 
+/** A captioned table with one header row (`scope="col"`) above `body`. */
+export function captionedTable(
+  testid: string,
+  caption: string,
+  headers: string[],
+  body: HTMLTableSectionElement
+): HTMLTableElement {
+  return h(
+    'table',
+    { class: 'jp-HyperPod-table', 'data-testid': testid },
+    h('caption', { class: 'jp-HyperPod-dim' }, caption),
+    h('thead', {}, h('tr', {}, ...headers.map(text => h('th', { scope: 'col' }, text)))),
+    body
+  );
+}
+
 /** A unique element id for label/control pairs. */
 let counter = 0;
 export function uid(prefix: string): string {

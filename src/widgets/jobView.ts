@@ -3,7 +3,7 @@ import { Widget } from '@lumino/widgets';
 
 import { describeEvent, HyperPodModel, isTerminal } from '../model';
 import { IJobEvent } from '../tokens';
-import { clock, duration, fmt, h, percent, uid } from './dom';
+import { captionedTable, clock, duration, fmt, h, percent, uid } from './dom';
 import { renderLossChart } from './lossChart';
 
 /** Where a job's wall time went, in display order: `lost_s` key (or `useful`) and label. */
@@ -268,23 +268,7 @@ export class JobView extends Widget {
     }
     box.append(
       bar,
-      h(
-        'table',
-        { class: 'jp-HyperPod-table', 'data-testid': 'hp-goodput-lost' },
-        h('caption', { class: 'jp-HyperPod-dim' }, 'Where the wall time went'),
-        h(
-          'thead',
-          {},
-          h(
-            'tr',
-            {},
-            h('th', { scope: 'col' }, 'Part'),
-            h('th', { scope: 'col' }, 'Time'),
-            h('th', { scope: 'col' }, 'Of wall')
-          )
-        ),
-        body
-      )
+      captionedTable('hp-goodput-lost', 'Where the wall time went', ['Part', 'Time', 'Of wall'], body)
     );
   }
 

@@ -3,7 +3,7 @@ import { Widget } from '@lumino/widgets';
 
 import { HyperPodAPIError, IAdviceQuery, IGoodputAdvice } from '../request';
 import { ICluster, IJobSpec } from '../tokens';
-import { duration, fmt, h, percent, uid } from './dom';
+import { captionedTable, duration, fmt, h, percent, uid } from './dom';
 
 /** The recovery modes of the advice, in display order, with their labels. */
 const ADVICE_MODES: [string, string][] = [
@@ -322,21 +322,10 @@ export class SubmitForm extends Widget {
       );
     }
     box.appendChild(
-      h(
-        'table',
-        { class: 'jp-HyperPod-table', 'data-testid': 'hp-advice-table' },
-        h('caption', { class: 'jp-HyperPod-dim' }, 'Recommended checkpoint interval (Young/Daly) and projected goodput'),
-        h(
-          'thead',
-          {},
-          h(
-            'tr',
-            {},
-            h('th', { scope: 'col' }, 'Recovery'),
-            h('th', { scope: 'col' }, 'Checkpoint every'),
-            h('th', { scope: 'col' }, 'Goodput')
-          )
-        ),
+      captionedTable(
+        'hp-advice-table',
+        'Recommended checkpoint interval (Young/Daly) and projected goodput',
+        ['Recovery', 'Checkpoint every', 'Goodput'],
         body
       )
     );
