@@ -33,16 +33,13 @@ import time
 import pytest
 
 from moto_server import CREDENTIALS, HoldingProxy, MotoServer
+from agents import kinds, read_events, stop_launchers, tail_logs
 from test_checkpoint_integrity import (
     ROOT,
     SCRIPT,
     assert_restored_exactly,
-    events,
-    kinds,
     launch,
     launch_env,
-    logs,
-    stop,
 )
 
 BUCKET = "ckpt"
@@ -106,8 +103,8 @@ def _wait_for(cond, timeout_s: float, what: str, procs=(), log_paths=()):
         if value:
             return value
         for p in procs:
-            assert p.poll() is None, f"the launcher exited early waiting for {what}" + logs(list(log_paths))
-        assert time.monotonic() < deadline, f"timed out waiting for {what}" + logs(list(log_paths))
+            assert p.poll() is None, f"the launcher exited early waiting for {what}" + tail_logs(list(log_paths))
+        assert time.monotonic() < deadline, f"timed out waiting for {what}" + tail_logs(list(log_paths))
         time.sleep(0.05)
 
 
@@ -140,11 +137,11 @@ def killed_upload(moto, tmp_path_factory):
         proxy.release()
         rc = proc.wait(timeout=90)
     except BaseException:
-        stop(proc, job_dir)
+        stop_launchers([proc], job_dir, SCRIPT)
         raise
     finally:
         proxy.stop()
-    return {"job_dir": job_dir, "job_id": job_id, "rc": rc, "logs": [log], "events": events(job_dir),
+    return {"job_dir": job_dir, "job_id": job_id, "rc": rc, "logs": [log], "events": read_events(job_dir),
             "at_hold": at_hold, "local_marker": local_marker, "victim": victim, "t_kill": t_kill,
             "after": _keys(client, f"runs/{job_id}/"), "step4": step4}
 
@@ -166,7 +163,7 @@ def endpoint_down(tmp_path_factory):
              "--s3-requeue", "0.5", "--sleep", "0.02", "--hold", f"12:{go1}", "--hold", f"25:{go2}"],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        ev = lambda: events(job_dir)  # noqa: E731
+        ev = lambda: read_events(job_dir)  # noqa: E731
         _wait_for(lambda: kinds(ev(), "checkpoint.saved", tier="s3", step=9), 90, "the S3 upload of step 9",
                   [proc], [log])
         t_down = time.time()
@@ -186,18 +183,18 @@ def endpoint_down(tmp_path_factory):
         rc = proc.wait(timeout=90)
         keys = _keys(srv.client(), f"runs/{job_id}/")
     except BaseException:
-        stop(proc, job_dir)
+        stop_launchers([proc], job_dir, SCRIPT)
         raise
     finally:
         srv.kill()
-    return {"job_dir": job_dir, "rc": rc, "logs": [log], "events": events(job_dir), "t_down": t_down,
+    return {"job_dir": job_dir, "rc": rc, "logs": [log], "events": read_events(job_dir), "t_down": t_down,
             "t_restart": t_restart, "t_up": t_up, "keys": keys, "job_id": job_id}
 
 
 # ---- kill -9 during an upload, local checkpoints lost: restore from S3 ------------------------------
 def test_kill_rank0_during_s3_upload_restores_newest_complete_s3_step(killed_upload):
     ev, job_dir, job_id = killed_upload["events"], killed_upload["job_dir"], killed_upload["job_id"]
-    assert killed_upload["rc"] == 0, logs(killed_upload["logs"])
+    assert killed_upload["rc"] == 0, tail_logs(killed_upload["logs"])
     fault = kinds(ev, "fault.detected", rank=0)
     assert fault and fault[0]["data"]["signal"] == "SIGKILL"
     assert fault[0]["data"]["pid"] == killed_upload["victim"]["pid"]
@@ -270,14 +267,14 @@ def test_round_trip_multipart_and_checksums(moto, killed_upload, tmp_path):
         up.download(4, str(tmp_path / "down-nomarker"))
     assert e.value.key == f"s3://{BUCKET}/{prefix}COMMITTED" and "no commit marker" in e.value.reason
     up.close()
-    saved = [e for e in events(str(tmp_path / "job")) if e["kind"] == "checkpoint.saved"]
+    saved = [e for e in read_events(str(tmp_path / "job")) if e["kind"] == "checkpoint.saved"]
     assert [(e["data"]["tier"], e["data"]["step"]) for e in saved] == [("s3", 4)]
 
 
 # ---- the endpoint goes away and comes back ----------------------------------------------------------
 def test_s3_endpoint_down_training_goes_on_and_upload_is_retried(endpoint_down):
     ev = endpoint_down["events"]
-    assert endpoint_down["rc"] == 0, logs(endpoint_down["logs"])
+    assert endpoint_down["rc"] == 0, tail_logs(endpoint_down["logs"])
     assert kinds(ev, "finished")[0]["data"]["steps"] == 27
     failed = kinds(ev, "checkpoint.failed", tier="s3", step=19)
     assert len(failed) >= 2
@@ -353,7 +350,7 @@ def test_bad_uri_bucket_and_credentials_are_events_not_crashes(moto, tmp_path, m
         nocreds.complete_steps()
     nocreds.close()
 
-    failed = [e["data"] for e in events(job_dir) if e["kind"] == "checkpoint.failed"]
+    failed = [e["data"] for e in read_events(job_dir) if e["kind"] == "checkpoint.failed"]
     assert failed[0]["step"] is None and failed[0]["will_retry"] is False
     assert "S3 tier disabled" in failed[0]["reason"] and "s3://bucket/prefix" in failed[0]["reason"]
     nb = [f for f in failed if "NoSuchBucket" in f["reason"]]
