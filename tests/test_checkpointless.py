@@ -16,6 +16,7 @@ they agree within 1e-5 (relative) and that both replicas end bit-identical to ea
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -307,3 +308,64 @@ def _spec_of(rec):
     from hyperpod_lab.spec import JobSpec
 
     return JobSpec.from_dict(rec.spec)
+
+
+def test_every_replica_and_their_memory_and_shared_storage_lost_falls_back_to_s3(tmp_path, monkeypatch):
+    """Checkpointless with the S3 tier on (moto on loopback, a real S3 HTTP endpoint): each replica
+    group uploads its own fallback checkpoints under its own prefix. Then both groups' nodes are
+    lost (agents and workers SIGKILLed), and with them the memory tier and the shared file system
+    (their checkpoint directories deleted); new agents start both groups: no live replica, no
+    memory or persistent copy, so each group restores its newest complete S3 step with a
+    ``recovery.fallback`` event (tier ``s3``), trains on and both end bit-identical."""
+    from moto_server import CREDENTIALS, MotoServer
+
+    srv = MotoServer(str(tmp_path / "moto.log")).start()
+    try:
+        srv.create_bucket("ckpt")
+        for k, v in {**CREDENTIALS, "HYPERPOD_LAB_S3_ENDPOINT_URL": srv.url}.items():
+            monkeypatch.setenv(k, v)
+        job = Job(tmp_path, 2, ["--step-sleep", "0.2", "--s3-uri", "s3://ckpt/runs", "--s3-every", "10"])
+        try:
+            deadline = time.monotonic() + 180
+            while True:  # both groups hold a complete S3 step, and both trained past it
+                ev = job.events()
+                uploaded = {e["writer"] for e in kinds(ev, "checkpoint.saved", tier="s3")}
+                if len(uploaded) == 2 and job.last_step() >= 12:
+                    break
+                assert time.monotonic() < deadline, f"no S3 upload from both groups: {uploaded}\n{job.logs()}"
+                time.sleep(0.1)
+            reached = job.last_step()
+            for g in (0, 1):  # both nodes lost: agent and worker
+                pid = job.worker_pid(g)
+                job.agents[g].kill()
+                os.kill(pid, signal.SIGKILL)
+                job.agents[g].wait()
+            shutil.rmtree(os.path.join(job.shm, job.job_id))  # their memory
+            shutil.rmtree(os.path.join(job.job_dir, "checkpoints"))  # the shared file system's copies
+            t_lost = time.time()
+            for g in (0, 1):
+                job.start_group(g)
+            job.wait()
+            ev = job.events()
+            assert all(a.returncode == 0 for a in job.agents.values()), job.logs()
+        finally:
+            job.stop()
+        keys = [o["Key"] for o in srv.client().list_objects_v2(Bucket="ckpt", Prefix="runs/").get("Contents", [])]
+    finally:
+        srv.kill()
+
+    fb = [e for e in kinds(ev, "recovery.fallback") if e["time"] >= t_lost]
+    assert fb, f"no recovery.fallback after the loss: {kinds(ev, 'recovery.fallback')}"
+    assert all(e["data"]["tier"] == "s3" and 9 <= e["data"]["step"] <= reached for e in fb), (fb, reached)
+    restored = [e for e in kinds(ev, "checkpoint.restored") if e["time"] >= t_lost]
+    assert {e["data"]["tier"] for e in restored} <= {"s3", "replica"}, restored
+    # each group restored its own S3 copy, or healed from a group that had (whichever came first)
+    healed = {e["data"]["replica_group"] for e in restored if e["data"]["tier"] == "replica"}
+    assert {e["data"]["replica_group"] for e in fb} | healed == {0, 1}, (fb, healed)
+    for g in (0, 1):  # groups never write the same objects
+        assert any(f"replica-group-{g}/" in k and k.endswith("COMMITTED") for k in keys), keys
+    assert kinds(ev, "finished")[-1]["data"]["steps"] == STEPS
+    assert set(range(STEPS)) <= {e["data"]["step"] for e in kinds(ev, "step")}
+    a0, a1 = job.final(0), job.final(1)
+    for k in a0:
+        assert torch.equal(a0[k], a1[k]), f"replicas diverged at {k}"

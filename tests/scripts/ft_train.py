@@ -31,6 +31,8 @@ def main():
     p.add_argument("--samples", type=int, default=1024)
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--no-checkpoint", action="store_true")
+    p.add_argument("--s3-uri", default=None, help="S3 tier of the fallback checkpoint (s3://bucket/prefix)")
+    p.add_argument("--s3-every", type=int, default=None, help="S3 interval in steps (a multiple of 10)")
     a = p.parse_args()
 
     g = torch.Generator().manual_seed(1234)
@@ -43,7 +45,8 @@ def main():
     with hp.init() as ctx:
         batches = ElasticBatches(a.samples, a.global_batch, a.micro_batch, seed=7, base_lr=a.lr,
                                  lr_rule=a.lr_rule, max_accumulation_steps=a.max_accumulation)
-        policy = False if a.no_checkpoint else CheckpointPolicy(every_steps=10, keep_last=2, memory_every_steps=1)
+        policy = False if a.no_checkpoint else CheckpointPolicy(every_steps=10, keep_last=2, memory_every_steps=1,
+                                                                s3_uri=a.s3_uri, s3_every_steps=a.s3_every)
         ft = Checkpointless(ctx, model, opt, batches, checkpoint=policy)
         while ft.step < a.steps:
             plan = ft.begin_step()
