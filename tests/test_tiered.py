@@ -393,7 +393,7 @@ def test_memory_tier_round_trip_ring_and_torn_slots(tmp_path, monkeypatch):
     assert_same(at1["local"], got["local"], "extra")
     assert at0["local"]["pos"] + 1 == got["local"]["pos"]
 
-    # a flipped byte fails the CRC: that slot is skipped
+    # a flipped byte fails the checksum: that slot is skipped
     again.snapshot(3, fresh)
     again.wait()
     slot = next(s for s in again.ring.slots if (s.read_record() or {}).get("step") == 3)

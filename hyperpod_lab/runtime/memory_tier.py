@@ -14,17 +14,17 @@ Layout on a node (``$HYPERPOD_LAB_SHM_DIR`` overrides ``/dev/shm/hyperpod-lab``)
     <shm_root>/<job_id>/<node>/replica-of-rank-<R>/ snapshots of rank R (on another node), held here
         slot-<i>.bin    the flattened tensors (i = 0 .. keep_last - 1), allocated once, reused
         slot-<i>.meta   pickled layout: the state's structure, dtype/shape/offset of every tensor
-        slot-<i>.json   the commit record {format, step, world_size, rank, nbytes, data_crc,
-                        meta_crc, job_id, time}
+        slot-<i>.json   the commit record {format, step, world_size, rank, nbytes, data_checksum,
+                        meta_checksum, job_id, time}
 
 The path names the node because on the dev cluster both "nodes" run on one host and share its
 ``/dev/shm``; on a real cluster each node has its own and ``<node>`` is its only entry.
 
 Commit protocol: a save first deletes the slot's commit record, then copies the tensors into the
-slot, and only when every byte is in place computes the CRC-32 of the data, writes the meta file
+slot, and only when every byte is in place computes the checksum (XXH3) of the data, writes the meta file
 (temporary file + ``os.replace``) and finally the record (the same way). A process killed
 mid-copy therefore leaves a slot without a record, which is never read; a slot whose data does
-not match its record's CRC (a bit flip, a bug) is rejected when read. The ring holds
+not match its record's checksum (a bit flip, a bug) is rejected when read. The ring holds
 ``keep_last`` slots; a save reuses the slot with the same step, else one without a record, else
 the oldest, so with ``keep_last >= 2`` a save killed half-way leaves the previous snapshot intact
 (with ``keep_last == 1`` it leaves none).
@@ -38,8 +38,8 @@ commits. A slot grows (is re-allocated) only when the state outgrows it.
 
 Measured here (2 busy cores, torch 2.13 CPU), examples/train_lm.py's model (1.85 M parameters)
 with AdamW, 210 tensors, 22.4 MB a snapshot: ``snapshot`` blocks ~5-11 ms (about 4 ms of it the
-copy, the rest taking the state apart), ~30 ms the first time (allocation); the commit (CRC-32 at
-~3.4 GB/s, meta, record) follows ~10 ms later in the background. With CUDA the slot files are
+copy, the rest taking the state apart), ~30 ms the first time (allocation); the commit (XXH3 checksum
+at ~13 GB/s, meta, record) follows ~10 ms later in the background. With CUDA the slot files are
 page-locked with ``cudaHostRegister`` so device-to-host copies are asynchronous
 (``non_blocking=True``); they are ordered on the current CUDA stream (or on a side stream in
 overlap mode) and the commit waits for them.
@@ -48,7 +48,7 @@ overlap mode) and the commit waits for them.
 
     tier = MemoryTier("/dev/shm/bench/rank-0", keep_last=2)
     snap = tier.snapshot(step, {"model": model, "optim": opt})  # returns when training may go on
-    tier.wait()                                                 # committed (CRC + record)
+    tier.wait()                                                 # committed (checksum + record)
     step = tier.restore({"model": model, "optim": opt})         # newest complete snapshot
     tier.close(remove=True)
 
@@ -72,21 +72,22 @@ import re
 import shutil
 import threading
 import time
-import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+import xxhash
 
 from hyperpod_lab.runtime.checkpoint import _copy_into
 
 ENV_SHM_DIR = "HYPERPOD_LAB_SHM_DIR"
 DEFAULT_SHM_ROOT = "/dev/shm/hyperpod-lab"
-FORMAT = 1
+FORMAT = 2  # 2: XXH3 checksums (1 held zlib CRC-32s; a slot of another format is never read)
 ALIGN = 64  # byte alignment of every tensor in a slot (any dtype's element size divides it)
 _PAGE = mmap.PAGESIZE
 _SLOT_FILE = re.compile(r"^slot-(\d+)\.(bin|meta|json)$")
-_RECORD_KEYS = ("format", "step", "world_size", "rank", "nbytes", "data_crc", "meta_crc")
+_RECORD_KEYS = ("format", "step", "world_size", "rank", "nbytes", "data_checksum", "meta_checksum")
+_CHECKSUM_MASK = (1 << 63) - 1
 
 KIND_MODULE, KIND_OPTIMIZER, KIND_STATEFUL, KIND_DICT = "module", "optimizer", "stateful", "dict"
 
@@ -126,13 +127,17 @@ def parse_dirname(name: str) -> tuple[str, int] | None:
 
 
 # ---- checksums and small files ----------------------------------------------------------------
-def crc32(data: torch.Tensor | bytes | memoryview) -> int:
-    """CRC-32 (zlib) of a contiguous CPU uint8 tensor or bytes; releases the GIL (~3.4 GB/s here)."""
+def checksum(data: torch.Tensor | bytes | memoryview) -> int:
+    """XXH3-64 (the ``xxhash`` package) of a contiguous CPU uint8 tensor or bytes, its top bit
+    cleared so it fits an int64 header field: 0 <= value < 2**63. Releases the GIL. Measured here
+    (one core): 13 GB/s, where zlib's CRC-32 ran 2.8 GB/s and, on 2 cores, its background pass
+    over a 1 GB snapshot slowed the training thread enough to double a checkpoint's added time
+    (benchmarks/checkpoint_stall.py)."""
     if isinstance(data, torch.Tensor):
         if data.numel() == 0:
             return 0
         data = data.numpy()
-    return zlib.crc32(data) & 0xFFFFFFFF
+    return xxhash.xxh3_64_intdigest(data) & _CHECKSUM_MASK
 
 
 def _write_atomic(path: str, data: bytes) -> None:
@@ -479,13 +484,13 @@ class Slot:
         return rec
 
     def read_meta(self, record: dict[str, Any]) -> bytes | None:
-        """The meta file's bytes if they match the record's CRC, else None."""
+        """The meta file's bytes if they match the record's checksum, else None."""
         try:
             with open(self.meta_path, "rb") as f:
                 meta = f.read()
         except OSError:
             return None
-        return meta if crc32(meta) == record["meta_crc"] else None
+        return meta if checksum(meta) == record["meta_checksum"] else None
 
     def invalidate(self) -> None:
         """Delete the commit record: from now on the slot is torn until :meth:`commit`."""
@@ -517,13 +522,13 @@ class Slot:
         return views
 
     def verify(self, record: dict[str, Any]) -> str | None:
-        """None when the data matches the record's CRC, else why not."""
+        """None when the data matches the record's checksum, else why not."""
         try:
-            got = crc32(self.data(int(record["nbytes"])))
+            got = checksum(self.data(int(record["nbytes"])))
         except (OSError, ValueError) as e:
             return f"{type(e).__name__}: {e}"
-        if got != record["data_crc"]:
-            return f"data CRC {got:08x} != recorded {record['data_crc']:08x}"
+        if got != record["data_checksum"]:
+            return f"data checksum {got:016x} != recorded {record['data_checksum']:016x}"
         return None
 
     def file_bytes(self) -> int:
@@ -560,7 +565,7 @@ class SlotRing:
 
     def complete(self) -> list[tuple[Slot, dict[str, Any], bytes]]:
         """Slots with a valid record and meta, newest step first: ``[(slot, record, meta), ...]``.
-        Data CRCs are not checked here (:meth:`Slot.verify` does)."""
+        Data checksums are not checked here (:meth:`Slot.verify` does)."""
         out = []
         for slot in self.slots:
             rec = slot.read_record()
@@ -723,7 +728,7 @@ class MemoryTier:
         CUDA stream (CUDA tensors); with ``overlap=True`` it copies module buffers and other
         state at once and leaves parameters and optimizer ``state`` tensors to a background
         thread (CPU) or a side CUDA stream: the caller must call :meth:`wait_copy` before they
-        change (``TieredCheckpointer`` does it in an optimizer step pre-hook). The CRC, the meta
+        change (``TieredCheckpointer`` does it in an optimizer step pre-hook). The checksum, the meta
         file and the commit record are written in the background, then ``on_done(snapshot)``
         runs there (also on failure, with ``snapshot.error`` set).
 
@@ -788,7 +793,7 @@ class MemoryTier:
 
     def _finish(self, snap: Snapshot, pairs: list[tuple[torch.Tensor, torch.Tensor]],
                 on_done: Callable[[Snapshot], None] | None) -> None:
-        """Background: deferred CPU copies, wait for CUDA copies, CRC, meta, record, on_done."""
+        """Background: deferred CPU copies, wait for CUDA copies, checksum, meta, record, on_done."""
         try:
             try:
                 with torch.no_grad():
@@ -802,7 +807,7 @@ class MemoryTier:
                 ev.synchronize()
             data = snap.slot.data(snap.nbytes)
             record = {"format": FORMAT, "step": snap.step, "world_size": self.world_size, "rank": self.rank,
-                      "nbytes": snap.nbytes, "data_crc": crc32(data), "meta_crc": crc32(snap.meta),
+                      "nbytes": snap.nbytes, "data_checksum": checksum(data), "meta_checksum": checksum(snap.meta),
                       "job_id": self.job_id, "time": time.time()}
             snap.slot.commit(snap.meta, record)
             snap.record = record
@@ -871,7 +876,7 @@ class MemoryTier:
             ``(step, {name: state_dict or dict})``.
 
         Raises:
-            LookupError: no complete, CRC-valid snapshot (of that step).
+            LookupError: no complete, checksum-valid snapshot (of that step).
         """
         self.wait()
         for slot, rec, meta in self.ring.complete():

@@ -5,7 +5,7 @@ Losing a node loses its processes and its ``/dev/shm``. So each rank's snapshot 
 snapshot commits locally, a background thread sends it over ``torch.distributed`` to its
 partner(s), which store it in their node's shared memory under
 ``<shm_root>/<job>/<node>/replica-of-rank-<R>/`` with the memory tier's commit-record scheme
-(:mod:`hyperpod_lab.runtime.memory_tier`); the receiver checks the CRC before committing.
+(:mod:`hyperpod_lab.runtime.memory_tier`); the receiver checks the checksums before committing.
 
 Placement (:func:`partner_map`): nodes are ordered by their lowest rank; rank ``r`` on node
 ``i`` (``j``-th rank there) sends replica ``k`` (1..replicas) to the ``j``-th rank (modulo that
@@ -37,13 +37,13 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence
 import torch
 import torch.distributed as dist
 
-from hyperpod_lab.runtime.memory_tier import FORMAT, SlotRing, crc32
+from hyperpod_lab.runtime.memory_tier import FORMAT, SlotRing, checksum
 
 if TYPE_CHECKING:  # pragma: no cover
     from hyperpod_lab.runtime.memory_tier import Slot
 
 TAG_HEADER, TAG_META, TAG_DATA = 71, 72, 73
-_HEADER_LEN = 8  # int64: format, step, nbytes, meta_len, data_crc, meta_crc, world_size, rank
+_HEADER_LEN = 8  # int64: format, step, nbytes, meta_len, data_checksum, meta_checksum, world_size, rank
 DEFAULT_CHUNK_BYTES = 64 * 2**20
 
 
@@ -219,7 +219,7 @@ def _header(out: Outgoing | None, step: int | None) -> torch.Tensor:
     if out is None:  # nothing to send this round (the local snapshot failed): keeps rounds matched
         return torch.tensor([FORMAT, -1 if step is None else step, -1, 0, 0, 0, 0, -1], dtype=torch.int64)
     r = out.record
-    return torch.tensor([FORMAT, r["step"], r["nbytes"], len(out.meta), r["data_crc"], r["meta_crc"],
+    return torch.tensor([FORMAT, r["step"], r["nbytes"], len(out.meta), r["data_checksum"], r["meta_checksum"],
                          r["world_size"], r["rank"]], dtype=torch.int64)
 
 
@@ -231,8 +231,8 @@ def exchange_snapshots(ctl: GlooTransport, data: Transport, sends: Sequence[tupl
 
     Protocol: headers (gloo) -> each receiver picks and invalidates a slot of its ring and sizes
     it -> layouts (gloo) -> data (``data`` transport) -> the receiver checks the header against
-    what it expected and both CRCs, and commits the slot (meta file, then record). A content
-    problem (wrong step, wrong rank, bad CRC) is judged only after every transfer of the round
+    what it expected and both checksums, and commits the slot (meta file, then record). A content
+    problem (wrong step, wrong rank, bad checksum) is judged only after every transfer of the round
     finished, so the peers never fall out of step; the slot then stays invalid. Collective
     between each pair: the peer must post the matching call.
 
@@ -254,20 +254,20 @@ def exchange_snapshots(ctl: GlooTransport, data: Transport, sends: Sequence[tupl
 
     Raises:
         PeerError: a transfer failed or timed out, a header was malformed, or (after the round)
-            a snapshot was not the expected one or did not match its CRCs.
+            a snapshot was not the expected one or did not match its checksums.
     """
     heads_in = [(src, torch.zeros(_HEADER_LEN, dtype=torch.int64)) for src, _ in recvs]
     ctl.exchange([(dst, _header(o, expect_step)) for dst, o in sends], heads_in, timeout=timeout, tag=TAG_HEADER)
     sends = [(dst, o) for dst, o in sends if o is not None]
     incoming = []  # (src, slot, header fields, meta buffer)
     for (src, ring), (_s, h) in zip(recvs, heads_in):
-        fmt, step, nbytes, meta_len, data_crc, meta_crc, world, rank = (int(x) for x in h.tolist())
+        fmt, step, nbytes, meta_len, data_sum, meta_sum, world, rank = (int(x) for x in h.tolist())
         if fmt == FORMAT and nbytes == -1 and rank == -1:
             continue  # the sender has nothing this round
         if fmt != FORMAT or nbytes < 0 or meta_len <= 0 or meta_len > 2**31:
             raise PeerError(f"malformed snapshot header from rank {src}: {h.tolist()}")
         slot = ring.begin(step, nbytes)
-        incoming.append((src, slot, {"step": step, "nbytes": nbytes, "data_crc": data_crc, "meta_crc": meta_crc,
+        incoming.append((src, slot, {"step": step, "nbytes": nbytes, "data_checksum": data_sum, "meta_checksum": meta_sum,
                                      "world_size": world, "rank": rank},
                          torch.empty(meta_len, dtype=torch.uint8)))
     ctl.exchange([(dst, torch.frombuffer(bytearray(o.meta), dtype=torch.uint8)) for dst, o in sends],
@@ -283,12 +283,12 @@ def exchange_snapshots(ctl: GlooTransport, data: Transport, sends: Sequence[tupl
             problems.append(f"rank {src} sent the state of rank {h['rank']}, expected rank {want_rank}")
         elif expect_step is not None and h["step"] != expect_step:
             problems.append(f"rank {src} sent step {h['step']}, expected {expect_step} (out of step)")
-        elif crc32(meta) != h["meta_crc"]:
-            problems.append(f"layout from rank {src} (step {h['step']}) does not match its CRC")
+        elif checksum(meta) != h["meta_checksum"]:
+            problems.append(f"layout from rank {src} (step {h['step']}) does not match its checksum")
         else:
-            got = crc32(slot.data(h["nbytes"]))
-            if got != h["data_crc"]:
-                problems.append(f"data from rank {src} (step {h['step']}): CRC {got:08x} != {h['data_crc']:08x}")
+            got = checksum(slot.data(h["nbytes"]))
+            if got != h["data_checksum"]:
+                problems.append(f"data from rank {src} (step {h['step']}): checksum {got:016x} != {h['data_checksum']:016x}")
             else:
                 record = {"format": FORMAT, **h, "job_id": job_id, "time": time.time(), "replica": bool(replica)}
                 slot.commit(meta, record)

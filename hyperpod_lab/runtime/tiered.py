@@ -370,7 +370,7 @@ class TieredCheckpointer:
         """Load the newest state complete on every rank into ``state``, from the fastest tier.
 
         Collective. Tries own memory and peer memory first (see the module docstring), then the
-        persistent tier (which tries S3 when it has no checkpoint). A torn or CRC-failing slot is
+        persistent tier (which tries S3 when it has no checkpoint). A torn or checksum-failing slot is
         never used (the next older complete step is). Afterwards every node drops its snapshots
         newer than the restored step and those it no longer needs, so later saves start a
         single timeline.
@@ -480,14 +480,14 @@ class TieredCheckpointer:
         return None
 
     def _open(self, h: dict[str, Any]) -> tuple[Slot, dict[str, Any], bytes] | str:
-        """The slot of holding ``h`` on this node, its record and meta, CRC-checked; or the reason not."""
+        """The slot of holding ``h`` on this node, its record and meta, checksum-checked; or the reason not."""
         slot = Slot(os.path.join(self.node_dir, h["dir"]), h["slot"])
         rec = slot.read_record()
         if rec is None or rec["step"] != h["step"] or rec["rank"] != h["state_rank"]:
             return "the slot changed or lost its commit record"
         meta = slot.read_meta(rec)
         if meta is None:
-            return "the layout file does not match its CRC"
+            return "the layout file does not match its checksum"
         bad = slot.verify(rec)
         return bad if bad else (slot, rec, meta)
 
