@@ -122,13 +122,18 @@ def main() -> int:
     torch.load(os.path.join(tmp, "t.pt"))
     restore["torch_load_s"] = time.perf_counter() - t0
 
+    # the figures are differences of noisy step times: when memcpy's own repetitions spread more
+    # than its median, no ratio to it means anything and the target is inconclusive (None)
+    noise = max(added["memcpy"]) - min(added["memcpy"])
+    conclusive = med["memcpy"] > 0 and noise < med["memcpy"]
     result = {
         "benchmark": "checkpoint_restore_example", "state_bytes": nbytes, "steps": a.steps, "reps": a.reps,
         "step_s_plain": base / a.steps,
         "added_s_per_checkpoint": med, "all": added,
         "overlap_over_memcpy": med["overlap"] / med["memcpy"] if med["memcpy"] > 0 else None,
         "memory_over_memcpy": med["memory"] / med["memcpy"] if med["memcpy"] > 0 else None,
-        "target_overlap_le_0.25x_memcpy": med["overlap"] <= 0.25 * med["memcpy"],
+        "memcpy_spread_s": noise,
+        "target_overlap_le_0.25x_memcpy": (med["overlap"] <= 0.25 * med["memcpy"]) if conclusive else None,
         "restore_s": restore,
         "memory_tier_bytes_one_rank": tier.memory_bytes,
     }
@@ -139,9 +144,12 @@ def main() -> int:
         json.dump(result, f, indent=2)
     print(f"example model state {nbytes / 1e6:.1f} MB, plain step {1000 * base / a.steps:.1f} ms")
     for m, v in med.items():
-        print(f"  added per checkpoint, {m:<8} {1000 * v:8.2f} ms  ({v / med['memcpy']:.2f}x memcpy)")
-    print(f"  target overlap <= 0.25x memcpy: {'MET' if result['target_overlap_le_0.25x_memcpy'] else 'MISSED'}")
-    print(f"  restore: " + ", ".join(f"{k} {1000 * v:.1f} ms" for k, v in restore.items()))
+        ratio = f"{v / med['memcpy']:.2f}x memcpy" if conclusive else "no ratio: noise"
+        print(f"  added per checkpoint, {m:<8} {1000 * v:8.2f} ms  ({ratio})")
+    verdict = {True: "MET", False: "MISSED", None: (f"INCONCLUSIVE (memcpy's repetitions spread {1000 * noise:.1f} ms, "
+                                                    f"more than its median {1000 * med['memcpy']:.1f} ms)")}
+    print(f"  target overlap <= 0.25x memcpy: {verdict[result['target_overlap_le_0.25x_memcpy']]}")
+    print("  restore: " + ", ".join(f"{k} {1000 * v:.1f} ms" for k, v in restore.items()))
     print(f"  memory tier bytes (one rank, keep_last 2): {result['memory_tier_bytes_one_rank']}")
     print(f"wrote {a.out}")
     return 0
