@@ -9,7 +9,10 @@ Resiliency: inside the allocation, torchrun's elastic agent (wrapped by
 runtime resumes from the newest complete checkpoint. On HyperPod nodes (the login node has
 ``/opt/sagemaker_cluster``) the step runs under ``srun --auto-resume=1`` so HyperPod replaces a
 faulty node and re-runs the step; elsewhere the job is submitted with ``--requeue`` so Slurm
-requeues it after a node failure, and the runtime again resumes from its checkpoint.
+requeues it after a node failure, and the runtime again resumes from its checkpoint. Each run
+of a job (``$SLURM_RESTART_COUNT``) has its own rendezvous id (``<job id>.<run>``) and port, so
+a process left over from an earlier run (a node marked DOWN that still runs, cut off by the
+network) can neither join the new rendezvous nor hold its port.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from hyperpod_lab.schedulers.base import Scheduler
 from hyperpod_lab.spec import JobSpec
 
 HYPERPOD_MARKER = "/opt/sagemaker_cluster"
-RDZV_PORT_BASE = 29500  # + (SLURM_JOB_ID % 20000)
+RDZV_PORT_BASE = 29500  # + (SLURM_JOB_ID + RDZV_PORT_RUN_STRIDE * SLURM_RESTART_COUNT) % 20000
+RDZV_PORT_RUN_STRIDE = 7919  # a prime: a requeued run's port is far from its neighbours' ports
 
 _q = shlex.quote
 
@@ -95,7 +99,11 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         'head_addr=$(scontrol show node "$head_node" | sed -n \'s/.*NodeAddr=\\([^ ]*\\).*/\\1/p\')',
         ': "${head_addr:=$head_node}"',
-        f"rdzv_port=$(( {RDZV_PORT_BASE} + SLURM_JOB_ID % 20000 ))",
+        # each Slurm run of the job (a requeue starts a new one) has its own rendezvous id and
+        # port: a process left over from the previous run (a node marked DOWN but still running,
+        # e.g. cut off by the network) can neither join the new rendezvous nor hold its port
+        "run=${SLURM_RESTART_COUNT:-0}",
+        f"rdzv_port=$(( {RDZV_PORT_BASE} + (SLURM_JOB_ID + {RDZV_PORT_RUN_STRIDE} * run) % 20000 ))",
         'echo "hyperpod-lab: job $HYPERPOD_LAB_JOB_ID slurm $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} '
         'nodes $SLURM_JOB_NODELIST rendezvous $head_addr:$rdzv_port"',
     ]
@@ -109,6 +117,9 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
         min_replicas = el.min_nodes if el.enabled else 1
         if join_offset is None:
             lines += [
+                # the previous run's Lighthouse (before a requeue) died with it: no group may read
+                # its address while this run's Lighthouse starts
+                'rm -f "$JOB_DIR/lighthouse.json"',
                 f"{_q(python)} -m hyperpod_lab.runtime.lighthouse --job-dir \"$JOB_DIR\" "
                 f"--min-replicas={min_replicas} --host \"$head_addr\" >> \"$JOB_DIR/logs/lighthouse.log\" 2>&1 &",
                 "lighthouse_pid=$!",
@@ -122,7 +133,7 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
     else:
         launch = [_q(python), "-m", "hyperpod_lab.runtime.launch",
                   f"--nnodes={nnodes}", f"--nproc-per-node={spec.procs_per_node}",
-                  "--rdzv-backend=c10d", '--rdzv-endpoint="$head_addr:$rdzv_port"', '--rdzv-id="$SLURM_JOB_ID"',
+                  "--rdzv-backend=c10d", '--rdzv-endpoint="$head_addr:$rdzv_port"', '--rdzv-id="$SLURM_JOB_ID.$run"',
                   "--rdzv-conf=join_timeout=120", restarts, *logs,
                   _q(script)] + [_q(a) for a in spec.args]
     lines.append(" ".join(srun) + " \\\n    " + " ".join(launch))

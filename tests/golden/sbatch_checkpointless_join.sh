@@ -20,7 +20,8 @@ export WANDB_MODE=off
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 head_addr=$(scontrol show node "$head_node" | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')
 : "${head_addr:=$head_node}"
-rdzv_port=$(( 29500 + SLURM_JOB_ID % 20000 ))
+run=${SLURM_RESTART_COUNT:-0}
+rdzv_port=$(( 29500 + (SLURM_JOB_ID + 7919 * run) % 20000 ))
 echo "hyperpod-lab: job $HYPERPOD_LAB_JOB_ID slurm $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} nodes $SLURM_JOB_NODELIST rendezvous $head_addr:$rdzv_port"
 export HYPERPOD_LAB_REPLICA_GROUP=slurm
 export HYPERPOD_LAB_REPLICA_GROUP_OFFSET=2
