@@ -15,6 +15,7 @@ import signal
 import time
 
 from hyperpod_lab import cli
+from slurm_jobs import scontrol, wait_pending, wait_until_gone
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "tests", "scripts", "ft_train.py")
@@ -87,3 +88,49 @@ def test_checkpointless_elastic_job_on_slurm(dev_cluster, client):
     assert not [e for e in kinds("checkpoint.restored") if e.data["tier"] != "replica"]
     assert kinds("checkpoint.saved", tier="memory") and kinds("checkpoint.saved", tier="persistent")
     assert info["node"] == "n2"
+
+
+def test_requeued_checkpointless_job_falls_back_to_its_tiered_checkpoint(dev_cluster, client):
+    """The whole allocation is lost (``scontrol requeue``: Slurm kills every process of the job,
+    Lighthouse included, and queues it again). The next run starts a new Lighthouse; no live
+    replica holds the state, so the replica groups restore their tiered checkpoint (each node's
+    memory tier survived in its /dev/shm) with a ``recovery.fallback`` event, and the job
+    completes every step."""
+    steps = 60
+    job_id = cli.run(["submit", SCRIPT, "--cluster", "local-slurm", "--nodes", "2", "--procs-per-node", "1",
+                      "--recovery", "checkpointless", "--name", "ft-requeue",
+                      "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001", "--env", "RUST_LOG=warn",
+                      "--", "--steps", str(steps), "--step-sleep", "0.2"], client=client)
+    rec = client.get(job_id)
+    reader = client.event_reader(job_id)
+    events: list = []
+
+    def until(pred, what, timeout=240):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            events.extend(reader.poll())
+            if pred():
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}: {[e.kind for e in events][-30:]}\n"
+                             f"{client.logs(job_id)[-4000:]}")
+
+    def step():
+        return max([e.data["step"] for e in events if e.kind == "step"], default=-1)
+
+    until(lambda: step() >= 12, "step 12", timeout=600)
+    reached = step()
+    t = time.time()
+    assert scontrol("requeue", str(rec.native_id)).returncode == 0
+    wait_pending(client, job_id)
+    wait_until_gone(rec.native_id)
+    assert scontrol("update", f"JobId={rec.native_id}", "StartTime=now").returncode == 0
+    until(lambda: any(e.kind == "finished" for e in events), "the requeued run to finish", timeout=300)
+    assert client.wait(job_id, timeout_s=120).status == "completed", client.logs(job_id)[-3000:]
+
+    fb = [e for e in events if e.kind == "recovery.fallback" and e.time > t]
+    assert fb and all(e.data["tier"] == "memory" and e.data["step"] >= reached - 1 for e in fb), (fb, reached)
+    restored = [e for e in events if e.kind == "checkpoint.restored" and e.time > t]
+    assert {e.data["tier"] for e in restored} <= {"memory", "replica"}, restored
+    assert [e for e in events if e.kind == "finished"][-1].data["steps"] == steps
+    assert "restart 1" in client.logs(job_id)

@@ -4,60 +4,14 @@ node's snapshot or a peer's replica — with no storage read."""
 
 import os
 import shutil
-import signal
-import subprocess
 import time
 
 from hyperpod_lab import cli
+from slurm_jobs import kill_node_processes, scontrol, wait_pending, wait_until_gone
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(REPO, "examples", "train_lm.py")
 SHM_ROOT = os.environ.get("HYPERPOD_LAB_SHM_DIR", "/dev/shm/hyperpod-lab")
-
-
-def scontrol(*args):
-    return subprocess.run(["scontrol", *args], capture_output=True, text=True)
-
-
-def job_pids(slurm_job_id, node=None):
-    """PIDs of this host's processes that belong to Slurm job ``slurm_job_id`` (on ``node`` if
-    given), read from each process's environment (srun sets SLURM_JOB_ID and SLURMD_NODENAME)."""
-    want = {f"SLURM_JOB_ID={slurm_job_id}".encode()}
-    if node:
-        want.add(f"SLURMD_NODENAME={node}".encode())
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = set(f.read().split(b"\0"))
-        except OSError:
-            continue
-        if want <= env:
-            pids.append(int(entry))
-    return pids
-
-
-def kill_node_processes(slurm_job_id, node):
-    """A node that dies takes its processes with it: SIGKILL the job's processes on ``node``."""
-    for pid in job_pids(slurm_job_id, node):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def wait_until_gone(slurm_job_id, timeout_s=60.0):
-    """Wait until no process of the job's previous run is left on this host (both dev nodes are
-    this host, and a stale agent would still hold the rendezvous port of the requeued run)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        left = job_pids(slurm_job_id)
-        if not left:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"processes of Slurm job {slurm_job_id} still alive after {timeout_s} s: {left}")
 
 
 def test_node_loss_restores_from_peer_memory(dev_cluster, client):
@@ -77,10 +31,7 @@ def test_node_loss_restores_from_peer_memory(dev_cluster, client):
             kill_node_processes(rec.native_id, "n2")
             assert scontrol("update", "NodeName=n2", "State=DOWN", "Reason=hyperpod-lab-test").returncode == 0
             lost_at = len(events)
-            for _ in range(100):
-                if client.status(job_id).status == "pending":
-                    break
-                time.sleep(0.2)
+            wait_pending(client, job_id)
             # Slurm delays a requeued job's start until the old run is gone; the test releases it
             # early, so it first waits for that itself (a stale agent on a dev node shares this
             # host and would hold the requeued run's rendezvous port)
