@@ -27,29 +27,39 @@ def _ppid(pid: int) -> int:
         return int(next(line.split()[1] for line in f if line.startswith("PPid:")))
 
 
+class Follow:
+    """A job's events as they arrive, read through the client's EventReader."""
+
+    def __init__(self, client, job_id: str):
+        self.client, self.job_id = client, job_id
+        self.reader = client.event_reader(job_id)
+        self.events: list = []
+
+    def until(self, pred, what: str, timeout: float = 240) -> None:
+        """Read events until ``pred()`` holds; fail after ``timeout`` seconds with the log tail."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.events.extend(self.reader.poll())
+            if pred():
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}: {[e.kind for e in self.events][-30:]}\n"
+                             f"{self.client.logs(self.job_id)[-4000:]}")
+
+    def step(self) -> int:
+        return max([e.data["step"] for e in self.events if e.kind == "step"], default=-1)
+
+    def kinds(self, kind: str, **match) -> list:
+        return [e for e in self.events if e.kind == kind and all(e.data.get(k) == v for k, v in match.items())]
+
+
 def test_checkpointless_elastic_job_on_slurm(dev_cluster, client):
     job_id = cli.run(["submit", SCRIPT, "--cluster", "local-slurm", "--nodes", "2", "--procs-per-node", "1",
                       "--recovery", "checkpointless", "--elastic", "1:3", "--name", "ft-elastic",
                       "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001", "--env", "RUST_LOG=warn",
                       "--", "--steps", str(STEPS), "--step-sleep", "0.3"], client=client)
-    reader = client.event_reader(job_id)
-    events: list = []
-
-    def until(pred, what, timeout=240):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            events.extend(reader.poll())
-            if pred():
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}: {[e.kind for e in events][-30:]}\n"
-                             f"{client.logs(job_id)[-4000:]}")
-
-    def step():
-        return max([e.data["step"] for e in events if e.kind == "step"], default=-1)
-
-    def kinds(kind, **match):
-        return [e for e in events if e.kind == kind and all(e.data.get(k) == v for k, v in match.items())]
+    job = Follow(client, job_id)
+    until, step, kinds = job.until, job.step, job.kinds
 
     # 1. a rank's process dies; it is restarted and heals from its live peer
     until(lambda: step() >= 8, "step 8", timeout=600)  # includes waiting in the queue
@@ -102,21 +112,8 @@ def test_requeued_checkpointless_job_falls_back_to_its_tiered_checkpoint(dev_clu
                       "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001", "--env", "RUST_LOG=warn",
                       "--", "--steps", str(steps), "--step-sleep", "0.2"], client=client)
     rec = client.get(job_id)
-    reader = client.event_reader(job_id)
-    events: list = []
-
-    def until(pred, what, timeout=240):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            events.extend(reader.poll())
-            if pred():
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}: {[e.kind for e in events][-30:]}\n"
-                             f"{client.logs(job_id)[-4000:]}")
-
-    def step():
-        return max([e.data["step"] for e in events if e.kind == "step"], default=-1)
+    job = Follow(client, job_id)
+    events, until, step = job.events, job.until, job.step
 
     until(lambda: step() >= 12, "step 12", timeout=600)
     reached = step()
