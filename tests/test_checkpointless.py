@@ -369,3 +369,41 @@ def test_every_replica_and_their_memory_and_shared_storage_lost_falls_back_to_s3
     a0, a1 = job.final(0), job.final(1)
     for k in a0:
         assert torch.equal(a0[k], a1[k]), f"replicas diverged at {k}"
+
+
+def test_a_crashed_lighthouse_is_restarted_on_its_port_and_training_goes_on(tmp_path, monkeypatch):
+    """The Lighthouse process (torchft_lighthouse) is SIGKILLed mid-run. Its supervisor
+    (``python -m hyperpod_lab.runtime.lighthouse``) restarts it on the same, published port; the
+    replica groups' pending quorum times out (set to 10 s here), torchrun restarts their workers,
+    they find the Lighthouse again and the job completes every step with both replicas equal."""
+    import json
+
+    monkeypatch.setenv("HYPERPOD_LAB_FT_QUORUM_TIMEOUT_S", "10")
+    job = Job(tmp_path, 2, ["--step-sleep", "0.2"])
+    try:
+        job.wait_step(8)
+        with open(os.path.join(job.job_dir, "lighthouse.json")) as f:
+            first = json.load(f)
+        os.kill(first["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while True:  # the supervisor republishes the same address with the new process's pid
+            with open(os.path.join(job.job_dir, "lighthouse.json")) as f:
+                again = json.load(f)
+            if again["pid"] != first["pid"]:
+                break
+            assert time.monotonic() < deadline, f"the Lighthouse was not restarted: {job.logs()}"
+            time.sleep(0.1)
+        assert again["address"] == first["address"]
+        job.wait(timeout=240)
+        ev = job.events()
+        assert all(a.returncode == 0 for a in job.agents.values()), job.logs()
+        assert job.lighthouse.poll() is None, "the supervisor exited"
+    finally:
+        job.stop()
+    with open(os.path.join(job.job_dir, "lighthouse.log"), errors="replace") as f:
+        assert "restarting it on port" in f.read()
+    assert kinds(ev, "finished")[-1]["data"]["steps"] == STEPS
+    assert set(range(STEPS)) <= {e["data"]["step"] for e in kinds(ev, "step")}
+    a0, a1 = job.final(0), job.final(1)
+    for k in a0:
+        assert torch.equal(a0[k], a1[k]), f"replicas diverged at {k}"

@@ -10,6 +10,8 @@ through the shared file system.
 Timeouts (milliseconds): ``--heartbeat-ms`` (default 500): a replica group silent this long
 is dropped from the next quorum — the fast fault detector of a hung or lost node;
 ``--join-timeout-ms`` (default 5000): how long a quorum waits for heartbeating stragglers.
+A crashed ``torchft_lighthouse`` is restarted on the same port (``--max-restarts``, default 10):
+see :func:`supervise`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from hyperpod_lab.runtime.context import node_name, write_json_atomic
 LIGHTHOUSE_FILE = "lighthouse.json"
 DEFAULT_HEARTBEAT_MS = 500
 DEFAULT_JOIN_TIMEOUT_MS = 5000
+DEFAULT_MAX_RESTARTS = 10  # restarts of a crashed Lighthouse, on the same port
 
 
 def lighthouse_binary() -> str:
@@ -68,7 +71,7 @@ def read_address(job_dir: str, timeout_s: float = 60.0) -> str:
 
 def start(job_dir: str, min_replicas: int, *, host: str | None = None, heartbeat_ms: int = DEFAULT_HEARTBEAT_MS,
           join_timeout_ms: int = DEFAULT_JOIN_TIMEOUT_MS, quorum_tick_ms: int = 100,
-          log=None) -> subprocess.Popen:
+          log=None, port: int | None = None) -> subprocess.Popen:
     """Start the Lighthouse as a child process and publish its address; returns the process.
 
     Args:
@@ -76,6 +79,7 @@ def start(job_dir: str, min_replicas: int, *, host: str | None = None, heartbeat
         min_replicas: replica groups a quorum needs (the job's ``elastic.min_nodes``).
         host: address the replica groups reach this host by (default: this host's address,
             ``$HYPERPOD_LAB_LIGHTHOUSE_HOST`` overrides).
+        port: TCP port to listen on (default: a free one); a restart reuses the published one.
 
     Raises:
         FileNotFoundError: torchft is not installed.
@@ -84,7 +88,7 @@ def start(job_dir: str, min_replicas: int, *, host: str | None = None, heartbeat
     if min_replicas < 1:
         raise ValueError(f"min_replicas must be >= 1, got {min_replicas}")
     host = host or os.environ.get("HYPERPOD_LAB_LIGHTHOUSE_HOST") or socket.gethostbyname(socket.gethostname())
-    port = _free_port("")
+    port = port or _free_port("")
     argv = [lighthouse_binary(), "--min_replicas", str(min_replicas), "--bind", f"[::]:{port}",
             "--heartbeat_timeout_ms", str(heartbeat_ms), "--join_timeout_ms", str(join_timeout_ms),
             "--quorum_tick_ms", str(quorum_tick_ms)]
@@ -112,11 +116,54 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host")
     p.add_argument("--heartbeat-ms", type=int, default=DEFAULT_HEARTBEAT_MS)
     p.add_argument("--join-timeout-ms", type=int, default=DEFAULT_JOIN_TIMEOUT_MS)
+    p.add_argument("--max-restarts", type=int, default=DEFAULT_MAX_RESTARTS,
+                   help="restarts of a crashed torchft_lighthouse, on the same port")
     a = p.parse_args(argv)
-    proc = start(a.job_dir, a.min_replicas, host=a.host, heartbeat_ms=a.heartbeat_ms,
-                 join_timeout_ms=a.join_timeout_ms, log=sys.stdout)
-    signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
-    return proc.wait()
+    return supervise(a.job_dir, a.min_replicas, host=a.host, heartbeat_ms=a.heartbeat_ms,
+                     join_timeout_ms=a.join_timeout_ms, max_restarts=a.max_restarts)
+
+
+def supervise(job_dir: str, min_replicas: int, *, host: str | None = None, heartbeat_ms: int = DEFAULT_HEARTBEAT_MS,
+              join_timeout_ms: int = DEFAULT_JOIN_TIMEOUT_MS, max_restarts: int = DEFAULT_MAX_RESTARTS) -> int:
+    """Run the job's Lighthouse until SIGTERM; restart it on the same port if it crashes.
+
+    The replica groups keep the published address, so a restarted Lighthouse is found again:
+    measured here, a Lighthouse SIGKILLed mid-run and back 3 s later cost one quorum timeout
+    (``$HYPERPOD_LAB_FT_QUORUM_TIMEOUT_S``, default 60 s): the groups' workers time out, torchrun
+    restarts them, they heal and training goes on; without the restart the job fails. Losing the
+    Lighthouse's node is not covered (see docs/checkpointless.md).
+
+    Returns:
+        the Lighthouse's exit status: 0 after SIGTERM, else that of its last crash once
+        ``max_restarts`` restarts are spent.
+    """
+    state = {"stopping": False}
+    proc = start(job_dir, min_replicas, host=host, heartbeat_ms=heartbeat_ms, join_timeout_ms=join_timeout_ms,
+                 log=sys.stdout)
+    port = int(read_address(job_dir, timeout_s=1).rsplit(":", 1)[1])
+
+    def on_term(*_):
+        state["stopping"] = True
+        proc.terminate()
+
+    signal.signal(signal.SIGTERM, on_term)
+    restarts = 0
+    while True:
+        rc = proc.wait()
+        if state["stopping"]:
+            return 0
+        if restarts >= max_restarts:
+            print(f"hyperpod-lab: torchft_lighthouse exited with {rc}; {max_restarts} restarts spent, giving up",
+                  flush=True)
+            return rc or 1
+        restarts += 1
+        print(f"hyperpod-lab: torchft_lighthouse exited with {rc}; restarting it on port {port} "
+              f"({restarts}/{max_restarts})", flush=True)
+        time.sleep(0.5)
+        proc = start(job_dir, min_replicas, host=host, heartbeat_ms=heartbeat_ms, join_timeout_ms=join_timeout_ms,
+                     log=sys.stdout, port=port)
+        if state["stopping"]:  # SIGTERM arrived while it was being restarted
+            proc.terminate()
 
 
 if __name__ == "__main__":
