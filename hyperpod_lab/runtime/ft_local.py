@@ -46,10 +46,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("args", nargs=argparse.REMAINDER)
     a = p.parse_args(argv)
     job_dir = os.environ[ENV_JOB_DIR]
-    from hyperpod_lab.runtime.lighthouse import start
+    from hyperpod_lab.runtime.lighthouse import read_address
 
-    lighthouse = start(job_dir, a.min_replicas, host="127.0.0.1",
-                       log=open(os.path.join(job_dir, "logs", "lighthouse.log"), "ab"))
+    # the supervised Lighthouse, as on Slurm: a crashed one is restarted on the same port
+    with open(os.path.join(job_dir, "logs", "lighthouse.log"), "ab") as log:
+        lighthouse = subprocess.Popen([sys.executable, "-m", "hyperpod_lab.runtime.lighthouse", "--job-dir", job_dir,
+                                       f"--min-replicas={a.min_replicas}", "--host", "127.0.0.1"],
+                                      stdout=log, stderr=subprocess.STDOUT)
+    read_address(job_dir, timeout_s=30)  # published: the agents find it
     log_dir = os.path.join(job_dir, "logs", "torchrun")
     agents = [subprocess.Popen(agent_argv(sys.executable, a.nproc_per_node, a.max_restarts,
                                           os.path.join(log_dir, f"group-{g}"), a.script, a.args),
