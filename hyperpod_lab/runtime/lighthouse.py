@@ -138,9 +138,9 @@ def supervise(job_dir: str, min_replicas: int, *, host: str | None = None, heart
         ``max_restarts`` restarts are spent.
     """
     state = {"stopping": False}
+    port = _free_port("")  # kept for every restart: the published address stays valid
     proc = start(job_dir, min_replicas, host=host, heartbeat_ms=heartbeat_ms, join_timeout_ms=join_timeout_ms,
-                 log=sys.stdout)
-    port = int(read_address(job_dir, timeout_s=1).rsplit(":", 1)[1])
+                 log=sys.stdout, port=port)
 
     def on_term(*_):
         state["stopping"] = True
