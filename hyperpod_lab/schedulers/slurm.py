@@ -104,7 +104,7 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
         # e.g. cut off by the network) can neither join the new rendezvous nor hold its port
         "run=${SLURM_RESTART_COUNT:-0}",
         f"rdzv_port=$(( {RDZV_PORT_BASE} + (SLURM_JOB_ID + {RDZV_PORT_RUN_STRIDE} * run) % 20000 ))",
-        'echo "hyperpod-lab: job $HYPERPOD_LAB_JOB_ID slurm $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} '
+        'echo "hyperpod-lab: job $HYPERPOD_LAB_JOB_ID slurm $SLURM_JOB_ID restart $run '
         'nodes $SLURM_JOB_NODELIST rendezvous $head_addr:$rdzv_port"',
     ]
     srun = ["srun", "--nodes=$SLURM_JOB_NUM_NODES", "--ntasks-per-node=1", "--kill-on-bad-exit=0"]

@@ -22,7 +22,7 @@ head_addr=$(scontrol show node "$head_node" | sed -n 's/.*NodeAddr=\([^ ]*\).*/\
 : "${head_addr:=$head_node}"
 run=${SLURM_RESTART_COUNT:-0}
 rdzv_port=$(( 29500 + (SLURM_JOB_ID + 7919 * run) % 20000 ))
-echo "hyperpod-lab: job $HYPERPOD_LAB_JOB_ID slurm $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} nodes $SLURM_JOB_NODELIST rendezvous $head_addr:$rdzv_port"
+echo "hyperpod-lab: job $HYPERPOD_LAB_JOB_ID slurm $SLURM_JOB_ID restart $run nodes $SLURM_JOB_NODELIST rendezvous $head_addr:$rdzv_port"
 export HYPERPOD_LAB_REPLICA_GROUP=slurm
 export HYPERPOD_LAB_REPLICA_GROUP_OFFSET=2
 srun --nodes=$SLURM_JOB_NUM_NODES --ntasks-per-node=1 --kill-on-bad-exit=0 \

@@ -21,7 +21,7 @@ head_addr=$(scontrol show node "$head_node" | sed -n 's/.*NodeAddr=\([^ ]*\).*/\
 : "${head_addr:=$head_node}"
 run=${SLURM_RESTART_COUNT:-0}
 rdzv_port=$(( 29500 + (SLURM_JOB_ID + 7919 * run) % 20000 ))
-echo "hyperpod-lab: job $HYPERPOD_LAB_JOB_ID slurm $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} nodes $SLURM_JOB_NODELIST rendezvous $head_addr:$rdzv_port"
+echo "hyperpod-lab: job $HYPERPOD_LAB_JOB_ID slurm $SLURM_JOB_ID restart $run nodes $SLURM_JOB_NODELIST rendezvous $head_addr:$rdzv_port"
 srun --nodes=$SLURM_JOB_NUM_NODES --ntasks-per-node=1 --kill-on-bad-exit=0 \
     /opt/venv/bin/python -m hyperpod_lab.runtime.launch --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint="$head_addr:$rdzv_port" --rdzv-id="$SLURM_JOB_ID.$run" --rdzv-conf=join_timeout=120 --max-restarts=3 --log-dir="$JOB_DIR/logs/torchrun" --redirects=3 --tee=3 /fsx/hyperpod-lab/jobs/quick-start-20261123-010203-abcd/script/train_lm.py --steps 40 ''"'"'; touch /tmp/x; '"'"'' '$(id)' 'a
 b'
