@@ -90,6 +90,15 @@ class Job:
         with open(os.path.join(self.job_dir, "ranks", f"rank-{group}.json")) as f:
             return json.load(f)["pid"]
 
+    def lose_node(self, group: int) -> None:
+        """The group's node is gone: its agent and worker SIGKILLed, nothing restarts them (the
+        group leaves ``agents``; :meth:`start_group` may start it again)."""
+        pid = self.worker_pid(group)
+        agent = self.agents.pop(group)
+        agent.kill()
+        os.kill(pid, signal.SIGKILL)
+        agent.wait()
+
     def wait(self, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
         for g, a in self.agents.items():
@@ -126,6 +135,14 @@ def _close(a: dict, b: dict, rtol: float = 1e-5) -> float:
         worst = max(worst, d)
     assert worst <= rtol, f"parameters differ by {worst:.2e} (relative) > {rtol}"
     return worst
+
+
+def _replicas_equal(job: Job, g0: int, g1: int) -> dict[str, torch.Tensor]:
+    """Assert two replica groups ended with bit-identical parameters; returns the first's."""
+    a, b = job.final(g0), job.final(g1)
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"replicas diverged at {k}"
+    return a
 
 
 def _storage_restores(events: list[dict]) -> list[dict]:
@@ -177,10 +194,7 @@ def test_killed_rank_recovers_from_live_peer_without_storage(tmp_path):
     assert fin and fin[-1]["data"]["steps"] == STEPS
     # no step lost or repeated in the record: every step committed once
     assert sorted({e["data"]["step"] for e in kinds(ev, "step")}) == list(range(STEPS))
-    a0, a1 = job.final(0), job.final(1)
-    for k in a0:
-        assert torch.equal(a0[k], a1[k]), f"replicas diverged at {k}"
-    _close(a0, clean)
+    _close(_replicas_equal(job, 0, 1), clean)
 
 
 def test_losing_every_replica_falls_back_to_the_tiered_checkpoint(tmp_path):
@@ -206,9 +220,7 @@ def test_losing_every_replica_falls_back_to_the_tiered_checkpoint(tmp_path):
               if e["time"] >= fb[0]["time"]}
     assert {e["data"]["replica_group"] for e in fb} | healed == {0, 1}, (fb, healed)
     assert kinds(ev, "finished")[-1]["data"]["steps"] == STEPS
-    a0, a1 = job.final(0), job.final(1)
-    for k in a0:
-        assert torch.equal(a0[k], a1[k]), f"replicas diverged at {k}"
+    _replicas_equal(job, 0, 1)
 
 
 def _losses(events: list[dict]) -> dict[int, float]:
@@ -229,11 +241,7 @@ def test_elastic_shrink_and_grow_with_tiered_checkpointing_keeps_the_loss_curve(
     job = Job(tmp_path / "elastic", 2, args)
     try:
         job.wait_step(14)
-        pid = job.worker_pid(1)
-        lost = job.agents.pop(1)
-        lost.kill()  # the node is gone: agent and worker
-        os.kill(pid, signal.SIGKILL)
-        lost.wait()
+        job.lose_node(1)
         job.wait_step(job.last_step() + 8)  # group 0 trains alone for a while
         job.start_group(2)
         job.wait()
@@ -261,9 +269,7 @@ def test_elastic_shrink_and_grow_with_tiered_checkpointing_keeps_the_loss_curve(
     assert sorted(losses) == list(range(ELASTIC_STEPS)), "a step was lost or repeated"
     worst = max(abs(losses[s] - fixed[s]) / abs(fixed[s]) for s in range(ELASTIC_STEPS))
     assert worst <= 0.02, f"loss curve differs by {worst:.2%} from the fixed 2-group run"
-    a0, a2 = job.final(0), job.final(2)
-    for k in a0:
-        assert torch.equal(a0[k], a2[k]), f"replicas diverged at {k}"
+    _replicas_equal(job, 0, 2)
 
 
 def test_local_backend_runs_the_spec_checkpointless_and_scales(client, tmp_path):
@@ -335,11 +341,8 @@ def test_every_replica_and_their_memory_and_shared_storage_lost_falls_back_to_s3
                 assert time.monotonic() < deadline, f"no S3 upload from both groups: {uploaded}\n{job.logs()}"
                 time.sleep(0.1)
             reached = job.last_step()
-            for g in (0, 1):  # both nodes lost: agent and worker
-                pid = job.worker_pid(g)
-                job.agents[g].kill()
-                os.kill(pid, signal.SIGKILL)
-                job.agents[g].wait()
+            for g in (0, 1):
+                job.lose_node(g)
             shutil.rmtree(os.path.join(job.shm, job.job_id))  # their memory
             shutil.rmtree(os.path.join(job.job_dir, "checkpoints"))  # the shared file system's copies
             t_lost = time.time()
@@ -366,9 +369,7 @@ def test_every_replica_and_their_memory_and_shared_storage_lost_falls_back_to_s3
         assert any(f"replica-group-{g}/" in k and k.endswith("COMMITTED") for k in keys), keys
     assert kinds(ev, "finished")[-1]["data"]["steps"] == STEPS
     assert set(range(STEPS)) <= {e["data"]["step"] for e in kinds(ev, "step")}
-    a0, a1 = job.final(0), job.final(1)
-    for k in a0:
-        assert torch.equal(a0[k], a1[k]), f"replicas diverged at {k}"
+    _replicas_equal(job, 0, 1)
 
 
 def test_a_crashed_lighthouse_is_restarted_on_its_port_and_training_goes_on(tmp_path, monkeypatch):
@@ -404,6 +405,4 @@ def test_a_crashed_lighthouse_is_restarted_on_its_port_and_training_goes_on(tmp_
         assert "restarting it on port" in f.read()
     assert kinds(ev, "finished")[-1]["data"]["steps"] == STEPS
     assert set(range(STEPS)) <= {e["data"]["step"] for e in kinds(ev, "step")}
-    a0, a1 = job.final(0), job.final(1)
-    for k in a0:
-        assert torch.equal(a0[k], a1[k]), f"replicas diverged at {k}"
+    _replicas_equal(job, 0, 1)
