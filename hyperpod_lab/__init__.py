@@ -5,7 +5,7 @@ jupyter-server extension and lab extension, and the in-job runtime ``hyperpod_la
 Importing this package imports neither torch nor Jupyter.
 """
 
-__version__ = "0.1.0"
+from hyperpod_lab._version import __version__  # noqa: F401  (the version lives in _version.py)
 
 
 def load_ipython_extension(ipython):

@@ -29,7 +29,7 @@ import posixpath
 import re
 from typing import Any
 
-from hyperpod_lab import __version__
+from hyperpod_lab._version import __version__
 from hyperpod_lab.clusters import ClusterProfile
 from hyperpod_lab.errors import ConfigError, SpecError
 from hyperpod_lab.spec import JobSpec

@@ -21,7 +21,7 @@ import posixpath
 import re
 import shlex
 
-from hyperpod_lab import __version__
+from hyperpod_lab._version import __version__
 from hyperpod_lab.errors import HyperPodLabError, JobStateError, RemoteCommandError, SpecError
 from hyperpod_lab.jobs import JobStatus
 from hyperpod_lab.schedulers.base import Scheduler

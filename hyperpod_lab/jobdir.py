@@ -1,0 +1,289 @@
+"""The job contract: what the submit side and the in-job runtime agree on, defined once.
+
+The schedulers (the submit side: Jupyter server, client, CLI, magics) write a job directory,
+environment variables and a launcher command line; the in-job runtime (``hyperpod_lab.runtime``)
+reads them back. Both import this module and nothing of each other. It imports only the
+standard library and :mod:`hyperpod_lab.events` (the event schema, also torch-free), never
+torch or Jupyter.
+
+What it holds:
+
+* the ``HYPERPOD_LAB_*`` environment variable names (``ENV_*``);
+* :class:`JobPaths`, the one object that knows a job directory's layout (the pattern of
+  submitit's ``JobPaths``): the submitter builds it from the cluster's shared root and the job
+  id, the runtime from ``$HYPERPOD_LAB_JOB_DIR``;
+* the command lines of the launch agent (``python -m hyperpod_lab.runtime.launch``, torchrun
+  plus events), of the local checkpointless driver and of the Lighthouse supervisor;
+* :func:`effective_restarts`, the restart count a spec gives the launch agent;
+* the checkpoint tier names and the event kinds (:class:`~hyperpod_lab.events.EventKind`).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from typing import Callable, Iterable, Mapping
+
+from hyperpod_lab.events import EVENTS_DIRNAME, EventKind
+
+__all__ = [
+    "ENV_JOB_ID", "ENV_JOB_DIR", "ENV_SPEC", "ENV_SHARED_ROOT", "ENV_REPLICA_GROUP", "ENV_REPLICA_GROUPS",
+    "ENV_REPLICA_GROUP_OFFSET", "ENV_COLLECTIVE_TIMEOUT", "ENV_CHECKPOINT_TIMEOUT", "ENV_STEP_INTERVAL",
+    "ENV_PEER_TIMEOUT", "ENV_SHM_DIR", "ENV_FT_TIMEOUT", "ENV_FT_QUORUM_TIMEOUT", "ENV_LIGHTHOUSE_HOST",
+    "ENV_S3_ENDPOINT", "JOBS_SUBDIR", "JobPaths", "EventKind", "TIER_MEMORY", "TIER_PEER", "TIER_PERSISTENT",
+    "TIER_S3", "TIERS", "TIER_RANK", "effective_restarts", "job_env", "launcher_argv", "ft_local_argv",
+    "lighthouse_argv", "group_env", "SLURM_REPLICA_GROUP",
+]
+
+# ---- environment variables (written by the schedulers, read by the runtime) ---------------
+ENV_JOB_ID = "HYPERPOD_LAB_JOB_ID"
+"""hyperpod-lab job id, stamped on every event."""
+ENV_JOB_DIR = "HYPERPOD_LAB_JOB_DIR"
+"""The job directory on shared storage (see :class:`JobPaths`)."""
+ENV_SPEC = "HYPERPOD_LAB_SPEC"
+"""Path of the job's ``spec.json`` (on EKS: the ConfigMap's copy)."""
+ENV_SHARED_ROOT = "HYPERPOD_LAB_SHARED_ROOT"
+"""The cluster's shared file system root (``<root>/hyperpod-lab/jobs/<job id>`` is the job dir)."""
+ENV_REPLICA_GROUP = "HYPERPOD_LAB_REPLICA_GROUP"
+"""Checkpointless: this agent's data-parallel replica group number, or ``slurm`` (derive it
+from ``$SLURM_NODEID`` plus :data:`ENV_REPLICA_GROUP_OFFSET`)."""
+ENV_REPLICA_GROUPS = "HYPERPOD_LAB_REPLICA_GROUPS"
+"""Checkpointless: how many replica groups the job starts with."""
+ENV_REPLICA_GROUP_OFFSET = "HYPERPOD_LAB_REPLICA_GROUP_OFFSET"
+"""Checkpointless on Slurm: number of the first replica group of this allocation (0, or the
+groups before a joining allocation)."""
+ENV_COLLECTIVE_TIMEOUT = "HYPERPOD_LAB_COLLECTIVE_TIMEOUT_S"
+"""Collective timeout of the default process group, seconds."""
+ENV_CHECKPOINT_TIMEOUT = "HYPERPOD_LAB_CHECKPOINT_TIMEOUT_S"
+"""Collective timeout of the checkpoint (CPU/gloo) group, seconds."""
+ENV_STEP_INTERVAL = "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S"
+"""Minimum seconds between two ``step`` events of a rank."""
+ENV_PEER_TIMEOUT = "HYPERPOD_LAB_PEER_TIMEOUT_S"
+"""Timeout of each peer replication/restore transfer phase, seconds."""
+ENV_SHM_DIR = "HYPERPOD_LAB_SHM_DIR"
+"""Root of the memory tier on a node (default ``/dev/shm/hyperpod-lab``)."""
+ENV_FT_TIMEOUT = "HYPERPOD_LAB_FT_TIMEOUT_S"
+"""Checkpointless: torchft collective timeout, seconds."""
+ENV_FT_QUORUM_TIMEOUT = "HYPERPOD_LAB_FT_QUORUM_TIMEOUT_S"
+"""Checkpointless: torchft quorum timeout, seconds."""
+ENV_LIGHTHOUSE_HOST = "HYPERPOD_LAB_LIGHTHOUSE_HOST"
+"""Checkpointless: the address the Lighthouse binds and publishes."""
+ENV_S3_ENDPOINT = "HYPERPOD_LAB_S3_ENDPOINT_URL"
+"""S3 tier: endpoint URL (an S3-compatible server), else AWS's default."""
+
+SLURM_REPLICA_GROUP = "slurm"
+"""Value of :data:`ENV_REPLICA_GROUP` that means "one group per Slurm node"."""
+
+JOBS_SUBDIR = "hyperpod-lab/jobs"
+"""Where job directories live below a cluster's shared root."""
+
+# ---- checkpoint tiers, fastest first ----------------------------------------------------------
+TIER_MEMORY = "memory"          # this node's shared memory
+TIER_PEER = "peer"              # a copy in another node's memory
+TIER_PERSISTENT = "persistent"  # the shared file system (DCP)
+TIER_S3 = "s3"                  # object storage
+TIERS = (TIER_MEMORY, TIER_PEER, TIER_PERSISTENT, TIER_S3)
+TIER_RANK = {t: i for i, t in enumerate(TIERS)}
+"""Tier name -> 0-based position, fastest first (restore prefers the lowest)."""
+
+
+class JobPaths:
+    """The layout of one job directory on shared storage, the one place that knows it.
+
+    The submit side builds it with :meth:`for_job` (POSIX paths, the cluster may be remote);
+    the runtime with :meth:`from_env` (``$HYPERPOD_LAB_JOB_DIR``, local paths). Every attribute
+    is a path string; nothing here touches the file system.
+
+    Layout::
+
+        <folder>/spec.json              the JobSpec (JSON)
+        <folder>/script/<name>          the staged training script
+        <folder>/events/<writer>.jsonl  one event file per writer (rank-R, agent-<node>, client, ...)
+        <folder>/ranks/rank-R.json      what rank R wrote at start (pid, node, log file)
+        <folder>/logs/                  launcher, torchrun, Slurm and Lighthouse logs
+        <folder>/checkpoints/           the persistent checkpoint tier
+        <folder>/joins.json             allocations added by elastic scale-up
+        <folder>/lighthouse.json        checkpointless: the Lighthouse's published address
+        <folder>/job.sbatch, join-N.sbatch, exit_code, cancelled   backend files
+    """
+
+    SUBDIRS = ("events", "logs", "ranks", "checkpoints", "script")
+    """Directories :meth:`~hyperpod_lab.schedulers.base.Scheduler.stage` creates."""
+
+    def __init__(self, folder: str, *, join: Callable[..., str] = posixpath.join):
+        """Args:
+            folder: the job directory.
+            join: the path join of the file system it lives on (POSIX for clusters).
+        """
+        self.folder, self._join = folder, join
+
+    @classmethod
+    def for_job(cls, shared_root: str, job_id: str) -> "JobPaths":
+        """The job directory of ``job_id`` below a cluster's shared root (POSIX paths)."""
+        return cls(posixpath.join(shared_root, JOBS_SUBDIR, job_id))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "JobPaths | None":
+        """The job directory named by ``$HYPERPOD_LAB_JOB_DIR``, or None when unset (local paths)."""
+        folder = (environ if environ is not None else os.environ).get(ENV_JOB_DIR)
+        return cls(folder, join=os.path.join) if folder else None
+
+    def path(self, *parts: str) -> str:
+        return self._join(self.folder, *parts)
+
+    def __repr__(self) -> str:
+        return f"JobPaths({self.folder!r})"
+
+    # files and folders
+    @property
+    def spec(self) -> str:
+        return self.path("spec.json")
+
+    @property
+    def events(self) -> str:
+        return self.path(EVENTS_DIRNAME)
+
+    @property
+    def logs(self) -> str:
+        return self.path("logs")
+
+    @property
+    def ranks(self) -> str:
+        return self.path("ranks")
+
+    @property
+    def checkpoints(self) -> str:
+        return self.path("checkpoints")
+
+    @property
+    def script_dir(self) -> str:
+        return self.path("script")
+
+    @property
+    def joins(self) -> str:
+        return self.path("joins.json")
+
+    @property
+    def lighthouse(self) -> str:
+        return self.path("lighthouse.json")
+
+    @property
+    def lighthouse_log(self) -> str:
+        return self.path("logs", "lighthouse.log")
+
+    @property
+    def torchrun_logs(self) -> str:
+        return self.path("logs", "torchrun")
+
+    @property
+    def launcher_log(self) -> str:
+        return self.path("logs", "launcher.log")
+
+    @property
+    def sbatch(self) -> str:
+        return self.path("job.sbatch")
+
+    @property
+    def exit_code(self) -> str:
+        return self.path("exit_code")
+
+    @property
+    def cancelled(self) -> str:
+        return self.path("cancelled")
+
+    def script(self, script: str) -> str:
+        """Where the training script ``script`` (any path; its base name counts) is staged."""
+        return self.path("script", posixpath.basename(script))
+
+    def rank_file(self, rank: int) -> str:
+        return self.path("ranks", f"rank-{int(rank)}.json")
+
+    def event_file(self, writer: str) -> str:
+        return self.path(EVENTS_DIRNAME, writer + ".jsonl")
+
+    def join_sbatch(self, index: int) -> str:
+        return self.path(f"join-{int(index)}.sbatch")
+
+    def slurm_log(self, native_id: str) -> str:
+        return self.path("logs", f"slurm-{native_id}.out")
+
+    def group_log(self, group: int) -> str:
+        """A local joining replica group's agent log."""
+        return self.path("logs", f"join-group-{int(group)}.log")
+
+    def group_torchrun_logs(self, group: int) -> str:
+        return self.path("logs", "torchrun", f"group-{int(group)}")
+
+    @staticmethod
+    def rank_of(name: str) -> int | None:
+        """``7`` for a ``ranks/`` entry named ``rank-7.json``, else None."""
+        if name.startswith("rank-") and name.endswith(".json") and name[5:-5].isdigit():
+            return int(name[5:-5])
+        return None
+
+
+def effective_restarts(resiliency) -> int:
+    """How many times the launch agent restarts failed workers: ``max_retries`` when
+    ``auto_resume`` is on, else 0. ``resiliency`` is a :class:`hyperpod_lab.spec.Resiliency`."""
+    return int(resiliency.max_retries) if resiliency.auto_resume else 0
+
+
+def job_env(job_id: str, job_dir: str, spec_path: str, shared_root: str) -> dict[str, str]:
+    """The ``HYPERPOD_LAB_*`` variables every backend gives the job (before the spec's own env)."""
+    return {ENV_JOB_ID: job_id, ENV_JOB_DIR: job_dir, ENV_SPEC: spec_path, ENV_SHARED_ROOT: shared_root}
+
+
+def launcher_argv(python: str, script: str, args: Iterable[str], *, nproc_per_node: int | str,
+                  max_restarts: int, log_dir: str, nnodes: int | str | None = 1, standalone: bool = False,
+                  rdzv: Iterable[str] = (), monitor_interval: float | None = None, redirects: bool = True,
+                  quote: Callable[[str], str] = str) -> list[str]:
+    """The launch agent's command: ``python -m hyperpod_lab.runtime.launch`` with torchrun's
+    options (pure). ``quote`` is applied to ``python``, ``script`` and each of ``args`` only, so
+    a renderer may pass shell-expanded text (``"$JOB_DIR/logs/torchrun"``) as ``log_dir``.
+
+    Args:
+        nproc_per_node: processes per node (torchrun ``--nproc-per-node``).
+        max_restarts: worker restarts (see :func:`effective_restarts`).
+        log_dir: torchrun's ``--log-dir``.
+        nnodes: ``--nnodes`` (an int or ``"MIN:MAX"``); None leaves it out.
+        standalone: ``--standalone`` (a rendezvous of this node only).
+        rdzv: rendezvous options, e.g. ``["--rdzv-backend=c10d", ...]``, put after ``--nproc-per-node``.
+        monitor_interval: ``--monitor-interval`` seconds, or None for torchrun's default.
+        redirects: ``--redirects=3`` (worker output to files; with ``--tee=3`` also to the console).
+    """
+    argv = [quote(python), "-m", "hyperpod_lab.runtime.launch"]
+    if standalone:
+        argv.append("--standalone")
+    if nnodes is not None:
+        argv.append(f"--nnodes={nnodes}")
+    argv.append(f"--nproc-per-node={nproc_per_node}")
+    argv += list(rdzv)
+    argv.append(f"--max-restarts={int(max_restarts)}")
+    if monitor_interval is not None:
+        argv.append(f"--monitor-interval={monitor_interval:g}")
+    argv.append(f"--log-dir={log_dir}")
+    argv += ["--redirects=3", "--tee=3"] if redirects else ["--tee=3"]
+    return argv + [quote(script)] + [quote(a) for a in args]
+
+
+def ft_local_argv(python: str, script: str, args: Iterable[str], *, groups: int, nproc_per_node: int,
+                  max_restarts: int, min_replicas: int) -> list[str]:
+    """The local backend's checkpointless driver (``python -m hyperpod_lab.runtime.ft_local``):
+    a Lighthouse plus ``groups`` replica-group agents on this machine (pure)."""
+    return [python, "-m", "hyperpod_lab.runtime.ft_local", f"--groups={int(groups)}",
+            f"--nproc-per-node={int(nproc_per_node)}", f"--max-restarts={int(max_restarts)}",
+            f"--min-replicas={int(min_replicas)}", script, *args]
+
+
+def lighthouse_argv(python: str, job_dir: str, *, min_replicas: int, host: str) -> list[str]:
+    """The supervised torchft Lighthouse of a checkpointless job (``python -m
+    hyperpod_lab.runtime.lighthouse``; pure). It publishes ``JobPaths.lighthouse``."""
+    return [python, "-m", "hyperpod_lab.runtime.lighthouse", "--job-dir", job_dir,
+            f"--min-replicas={int(min_replicas)}", "--host", host]
+
+
+def group_env(group: int, groups: int) -> dict[str, str]:
+    """The variables that make a local agent replica group ``group`` of ``groups`` initial ones
+    (its node is named ``local-g<group>``)."""
+    return {ENV_REPLICA_GROUP: str(int(group)), ENV_REPLICA_GROUPS: str(int(groups)),
+            "SLURMD_NODENAME": f"local-g{int(group)}"}
