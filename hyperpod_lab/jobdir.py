@@ -31,7 +31,7 @@ __all__ = [
     "ENV_REPLICA_GROUP_OFFSET", "ENV_COLLECTIVE_TIMEOUT", "ENV_CHECKPOINT_TIMEOUT", "ENV_STEP_INTERVAL",
     "ENV_PEER_TIMEOUT", "ENV_SHM_DIR", "ENV_FT_TIMEOUT", "ENV_FT_QUORUM_TIMEOUT", "ENV_LIGHTHOUSE_HOST",
     "ENV_S3_ENDPOINT", "JOBS_SUBDIR", "JobPaths", "EventKind", "TIER_MEMORY", "TIER_PEER", "TIER_PERSISTENT",
-    "TIER_S3", "TIERS", "TIER_RANK", "effective_restarts", "job_env", "launcher_argv", "ft_local_argv",
+    "TIER_S3", "TIER_REPLICA", "TIERS", "TIER_RANK", "effective_restarts", "job_env", "launcher_argv", "ft_local_argv",
     "lighthouse_argv", "group_env", "SLURM_REPLICA_GROUP",
 ]
 
@@ -82,7 +82,8 @@ TIER_MEMORY = "memory"          # this node's shared memory
 TIER_PEER = "peer"              # a copy in another node's memory
 TIER_PERSISTENT = "persistent"  # the shared file system (DCP)
 TIER_S3 = "s3"                  # object storage
-TIERS = (TIER_MEMORY, TIER_PEER, TIER_PERSISTENT, TIER_S3)
+TIER_REPLICA = "replica"        # checkpointless: healed from a live replica group's memory (torchft)
+TIERS = (TIER_REPLICA, TIER_MEMORY, TIER_PEER, TIER_PERSISTENT, TIER_S3)
 TIER_RANK = {t: i for i, t in enumerate(TIERS)}
 """Tier name -> 0-based position, fastest first (restore prefers the lowest)."""
 
