@@ -38,6 +38,8 @@ sys.path.insert(0, ROOT)
 TINY = os.path.join(ROOT, "tests", "scripts", "tiny_train.py")
 FT = os.path.join(ROOT, "tests", "scripts", "ft_train.py")
 
+from benchmarks._common import stop_procs  # noqa: E402
+
 
 def _events(job_dir: str) -> list:
     """The job's events so far, by time (``hyperpod_lab.events.EventReader``)."""
@@ -80,17 +82,6 @@ def _fault_figures(job_dir: str, t_kill: float, reached: int) -> dict:
             "steps_lost": None if first is None else max(0, reached - first + 1)}
 
 
-def _stop(procs) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-
-
 def checkpoint_restart(tmp: str, faults: int, step_sleep: float, mtbf_s: float) -> dict:
     """The baseline. Warm-up measures the save cost C and the step time; then runs with the
     Young/Daly interval and kills rank 1 ``faults`` times."""
@@ -127,7 +118,7 @@ def checkpoint_restart(tmp: str, faults: int, step_sleep: float, mtbf_s: float) 
             out.append(_fault_figures(job, t_kill, reached))
             target = reached + every + 7  # next fault at another phase of the interval
     finally:
-        _stop([agent])
+        stop_procs([agent])
     return {"save_cost_s": round(cost, 4), "step_s": round(step_s, 4), "mtbf_s": mtbf_s,
             "young_daly_interval_s": round(interval_s, 2), "checkpoint_every_steps": every, "faults": out}
 
@@ -154,7 +145,7 @@ class FtJob:
                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def stop(self) -> None:
-        _stop(self.agents + [self.lh])
+        stop_procs(self.agents + [self.lh])
 
 
 def checkpointless(tmp: str, faults: int, step_sleep: float) -> dict:

@@ -1,22 +1,16 @@
-"""Test helpers shared by the multi-process runtime tests (tests only): free loopback ports,
-reading a job's events, and stopping the launch agents a test started plus any stray worker."""
+"""Test helpers shared by the multi-process runtime tests (tests only): reading a job's events,
+and stopping the launch agents a test started plus any stray worker."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import socket
 import subprocess
 
 import torch
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from benchmarks._common import stop_procs
 
 
 def read_events(job_dir: str) -> list[dict]:
@@ -53,15 +47,7 @@ def is_our_worker(pid: int, job_dir: str, script: str) -> bool:
 
 def stop_launchers(procs: list[subprocess.Popen], job_dir: str, script: str) -> None:
     """Stop launchers we started (SIGTERM lets the agent stop its workers), then stray workers."""
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+    stop_procs(procs, timeout_s=20)
     rdir = os.path.join(job_dir, "ranks")
     for name in os.listdir(rdir) if os.path.isdir(rdir) else []:
         with open(os.path.join(rdir, name)) as f:

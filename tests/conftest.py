@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 
 import pytest
@@ -15,6 +16,8 @@ os.environ["HYPERPOD_LAB_DATA_DIR"] = os.path.join(_SESSION_DIR, "data")
 os.environ.setdefault("HYPERPOD_LAB_CLUSTER", "local")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:  # helpers shared with the benchmarks: ``from benchmarks._common import ...``
+    sys.path.insert(0, REPO)
 
 
 def require(tool: str, how: str) -> str:

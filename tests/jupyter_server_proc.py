@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,13 +19,7 @@ import urllib.request
 
 from jupyter_server.auth.authorizer import Authorizer
 
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ports import free_port
 
 AUTH_WARNING = re.compile(r"JupyterServerAuthWarning|without @allow_unauthenticated|"
                           r"Attempting to authorize request without authentication")

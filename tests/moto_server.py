@@ -24,6 +24,8 @@ import time
 
 import pytest
 
+from ports import free_port
+
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
@@ -37,12 +39,6 @@ def require_moto_server() -> str:
         pytest.fail("moto_server is not installed; pip install 'moto[server]' (or pip install -e '.[test]')",
                     pytrace=False)
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_port(port: int, timeout_s: float, proc: subprocess.Popen | None = None) -> None:

@@ -23,7 +23,8 @@ from hyperpod_lab.spec import ElasticPolicy, JobSpec
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fake_k8s import FakeKube  # noqa: E402
-from moto_server import CREDENTIALS, MotoServer, free_port  # noqa: E402
+from moto_server import CREDENTIALS, MotoServer  # noqa: E402
+from ports import free_port  # noqa: E402
 from test_eks_render import sdk_validate  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -10,6 +10,7 @@ import pytest
 
 from hyperpod_lab.errors import ClusterUnreachable, HostKeyError, RemoteCommandError
 from hyperpod_lab.schedulers.remote import LocalRemote, SSHRemote, quote_argv
+from ports import free_port
 
 NASTY = ["'; touch /tmp/hyperpod-x; '", "$(id)", "`id`", "a\nb", "*", "~", "&&", "x y", "", "\\", '"q"']
 
@@ -48,9 +49,7 @@ def test_argv_reaches_the_command_as_data(remote_kind, dev_cluster, tmp_path):
 
 
 def test_unreachable_port_fails_fast_naming_host_and_port(dev_cluster):
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port nobody listens on
     prof = dataclasses.replace(dev_cluster, port=port)
     t0 = time.monotonic()
     with pytest.raises(ClusterUnreachable) as e:

@@ -29,8 +29,9 @@ import pytest
 
 import torch  # noqa: E402  (a hard dependency: missing torch fails, never skips)
 
-from agents import (assert_same, complete_steps, free_port, is_our_worker, kinds, load_dump,  # noqa: E402
+from agents import (assert_same, complete_steps, is_our_worker, kinds, load_dump,  # noqa: E402
                     read_events, stop_launchers, tail_logs)
+from ports import free_port  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "tiny_train.py")

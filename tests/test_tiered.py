@@ -38,7 +38,8 @@ import pytest
 
 import torch  # noqa: E402  (a hard dependency: missing torch fails, never skips)
 
-from agents import assert_same, free_port, kinds, read_events, stop_launchers  # noqa: E402
+from agents import assert_same, kinds, read_events, stop_launchers  # noqa: E402
+from ports import free_port  # noqa: E402
 from hyperpod_lab.runtime import memory_tier  # noqa: E402
 from hyperpod_lab.runtime.memory_tier import MemoryTier  # noqa: E402
 from hyperpod_lab.runtime.peer import partner_map, sources_of  # noqa: E402
