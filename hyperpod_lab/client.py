@@ -257,31 +257,28 @@ class Client:
 
 
 def summarize(events: list[Event], wall_s: float | None = None) -> dict:
-    """Summary of a job from its events: steps, first/last loss, checkpoints, faults,
-    recoveries (with downtime seconds) and wall time (seconds)."""
-    steps = [e for e in events if e.kind == EventKind.STEP.value]
-    fin = [e for e in events if e.kind == EventKind.FINISHED.value]
-    downtimes = [e.data.get("downtime_s") for e in events if e.kind == EventKind.RECOVERY_COMPLETED.value]
-    out = {
-        "steps": (fin[-1].data["steps"] if fin and isinstance(fin[-1].data.get("steps"), int)
-                  else max([e.data.get("step", -1) for e in steps], default=-1) + 1),
-        "first_loss": steps[0].data.get("loss") if steps else None,
-        "last_loss": steps[-1].data.get("loss") if steps else None,
-        "checkpoints": sum(e.kind == EventKind.CHECKPOINT_SAVED.value for e in events),
-        "restores": sum(e.kind == EventKind.CHECKPOINT_RESTORED.value for e in events),
-        # one fault can make several agents report (the survivors' workers die of the broken
-        # collective): count restart rounds caused by failed workers, else the raw events
-        "faults": len({e.data.get("restart_count") for e in events if e.kind == EventKind.RECOVERY_STARTED.value
-                       and e.data.get("reason") == "local worker failed"})
-                  or sum(e.kind == EventKind.FAULT_DETECTED.value for e in events),
-        "fault_events": sum(e.kind == EventKind.FAULT_DETECTED.value for e in events),
-        "recoveries": len(downtimes),
-        "recovery_downtime_s": downtimes,
-        "status": fin[-1].data.get("status") if fin else None,
-        "final_loss": (fin[-1].data.get("final_loss") if fin else None),
-    }
-    if wall_s is None and events:
-        wall_s = events[-1].time - events[0].time
+    """Summary of a job from its events, through the one job facts fold (:mod:`hyperpod_lab.facts`).
+
+    Args:
+        events: the job's events (any order).
+        wall_s: wall seconds to report instead of first event to last.
+
+    Returns:
+        ``{"steps", "first_loss", "last_loss", "checkpoints", "restores", "faults" (failure
+        incidents: several agents reporting one loss count once), "fault_events" (raw
+        ``fault.detected`` events), "recoveries" (incidents recovered), "recovery_downtime_s"
+        (seconds per recovery: first detection to the first completed step after it),
+        "status", "final_loss", "wall_s"}`` (seconds, rounded to 0.01; None without events).
+    """
+    from hyperpod_lab.facts import fold
+
+    f = fold(events)
+    out = {"steps": f.steps, "first_loss": f.first_loss, "last_loss": f.last_loss,
+           "checkpoints": f.checkpoints, "restores": f.restores, "faults": f.faults,
+           "fault_events": f.fault_events, "recoveries": f.recoveries, "recovery_downtime_s": f.downtimes_s,
+           "status": f.status, "final_loss": f.final_loss}
+    if wall_s is None and f.first_time is not None:
+        wall_s = f.wall_s
     out["wall_s"] = round(wall_s, 2) if wall_s is not None else None
     return out
 

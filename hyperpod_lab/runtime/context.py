@@ -218,10 +218,11 @@ class JobContext:
         (null on the first). On the first step after a restart rank 0 first emits
         ``recovery.completed`` {restored_step, restart_count, downtime_s, restored_from}:
         ``restored_step`` is the step of the checkpoint ``Checkpointer.restore`` loaded (null if
-        none), ``restored_from`` ``"persistent"`` or ``"none"``, ``downtime_s`` the seconds since
-        the first ``fault.detected`` of this outage (the earliest one newer than the newest
-        ``step`` event; several agents report one outage), else since the newest ``step`` event,
-        else null. Other ranks only count. No collectives.
+        none), ``restored_from`` ``"persistent"`` or ``"none"``, ``downtime_s`` the seconds from
+        the first detection of this incident (``hyperpod_lab.facts``: the open incident's
+        earliest ``fault.detected``; several agents report one incident) to now, the first
+        completed step after the recovery; null when no ``fault.detected`` opened the incident.
+        Other ranks only count. No collectives.
 
         Args:
             step: 0-based index of the step just completed.
@@ -333,21 +334,14 @@ def _record_exception(exc: BaseException) -> None:
 
 
 def _incident_start_time(job_dir: str) -> float | None:
-    """Epoch seconds at which the current outage began, for ``recovery.completed.downtime_s``.
-
-    The earliest ``fault.detected`` event newer than the newest ``step`` event (the first
-    detection of this incident; several agents may report the same incident); if every fault is
-    older than the newest step, the newest fault; with no fault events, the newest ``step``
-    event; with neither, None.
+    """Epoch seconds at which the current incident was first detected, for
+    ``recovery.completed.downtime_s``: the detection time of the open incident of the job facts
+    fold (``hyperpod_lab.facts``: the earliest ``fault.detected`` since the last incident closed;
+    several agents may report the same incident), or None when no fault is open.
     """
-    events = EventReader(job_dir).poll()
-    faults = [e.time for e in events if e.kind == EventKind.FAULT_DETECTED.value]
-    steps = [e.time for e in events if e.kind == EventKind.STEP.value]
-    last_step = max(steps) if steps else None
-    if faults:
-        incident = [t for t in faults if last_step is None or t >= last_step]
-        return min(incident) if incident else max(faults)
-    return last_step
+    from hyperpod_lab.facts import fold
+
+    return fold(EventReader(job_dir).poll()).incident_detected_at
 
 
 def _default_job_id(in_torchrun: bool) -> str:

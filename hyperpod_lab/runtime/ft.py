@@ -282,10 +282,19 @@ class Checkpointless:
                               replica_group=group, node=info.get("node"), pid=info.get("pid"),
                               reason=f"replica group {group} left the quorum ({outage['reason']})",
                               detected_by=self.ctx.replica_group,
-                              detection_s=round(outage["detected"] - outage["since"], 3))
+                              detection_s=round(outage["detected"] - outage["since"], 3),
+                              detected_at=outage["detected"])
+            # downtime_s: from the incident's first detection (this leader's, or an earlier
+            # fault.detected of the same incident, e.g. the lost node's agent) to this commit,
+            # the first completed step after the loss (one definition: hyperpod_lab.facts)
+            from hyperpod_lab.events import EventReader
+            from hyperpod_lab.facts import fold
+
+            first = fold(EventReader(self.ctx.job_dir).poll()).incident_detected_at
+            detected = outage["detected"] if first is None else min(first, outage["detected"])
             self.ctx.emit(EventKind.RECOVERY_COMPLETED, mode="checkpointless", restored_step=None,
                           restored_from="none", resumed_step=self.plan.step,
-                          downtime_s=round(now - outage["since"], 3), replicas=len(members),
+                          downtime_s=round(max(0.0, now - detected), 3), replicas=len(members),
                           lost_replica_groups=lost, restart_count=self.ctx.restart_count)
         self._outage = None
         self._members = members

@@ -1,0 +1,349 @@
+"""One fold from a job's events to its facts: steps, loss, checkpoints, faults, recoveries,
+downtime, lost time, wall time and status.
+
+Every reader of a job's events that counts or times anything (``client.summarize``, the
+goodput measurement, the server's JobView ``progress``, the notebook widget, the in-job
+runtime's ``recovery.completed.downtime_s``) goes through :class:`JobFacts`, so "a fault"
+and ``downtime_s`` mean one thing everywhere. Standard library only (the runtime, the server
+and the client all import it).
+
+Definitions (also in ``docs/events.md``):
+
+* **fault**: one failure *incident*. The first ``fault.detected`` opens it; every further
+  ``fault.detected`` while it is open joins it (the survivors' agents reporting the same loss,
+  several ranks of one node, the checkpointless survivors' leader naming the lost replica
+  group). It stays open until it is **recovered** (a ``recovery.completed``) and then
+  **closes** at the first ``step`` event after that ``recovery.completed``; the next
+  ``fault.detected`` after the close opens a new incident. A ``recovery.completed`` with no
+  open incident (its fault went unreported, e.g. a single node that died with its agent) opens
+  and recovers one incident at once, unless it repeats the ``restart_count`` of the last
+  incident (a late second report of that one, e.g. the EKS operator's). ``faults`` counts
+  incidents; ``fault_events`` counts the raw ``fault.detected`` events.
+* **detection time** of a ``fault.detected``: its ``data.detected_at`` (epoch s) when the
+  writer noted it (the checkpointless survivors write the event only at the first commit after
+  the loss), else the event's ``time``. An incident's detection time is the earliest of its
+  events'.
+* **recovery**: an incident that got a ``recovery.completed`` (several for one incident, e.g.
+  the operator's and rank 0's on EKS, count once). ``recoveries`` counts them.
+* **downtime** of an incident, ``downtime_s``: seconds of wall time from its detection time to
+  the first completed step after its recovery. The in-job runtime writes
+  ``recovery.completed`` at the moment that step completes (``JobContext.step`` of the first
+  step after a restart; the checkpointless commit of the first step after a loss), so the fold
+  takes the time of any ``recovery.completed`` not written by the EKS ``operator`` as that
+  moment; the operator writes it when the pods run again, before any step, so an incident
+  recovered only by the operator ends at the next ``step`` event. Incidents with no detection
+  time take the writer's own ``downtime_s`` (or None). The writers' ``recovery.completed``
+  field ``downtime_s`` is the same quantity as they see it; where they differ (a writer that
+  had not read another writer's earlier ``fault.detected``) the fold's value is the one
+  reported.
+* **lost time**, ``lost_s``: per recovered incident, wall seconds from the last ``step`` event
+  before its detection (else the detection) to the end of its downtime: detection lag plus
+  downtime. The steps recomputed after a restore are not in it (their time needs the step
+  time; ``hyperpod_lab.goodput.measure_from_events`` adds them).
+* **wall time**, ``wall_s``: seconds from the first event to the last one folded.
+
+Events are folded in the order given; give them in time order (``EventReader.poll`` does).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable
+
+from hyperpod_lab.events import Event, EventKind
+
+OPERATOR_WRITER = "operator"  # the EKS backend's writer (schedulers/eks.py): see docs/events.md
+
+_STEP = EventKind.STEP.value
+_STARTED = EventKind.STARTED.value
+_FAULT = EventKind.FAULT_DETECTED.value
+_RECOVERED = EventKind.RECOVERY_COMPLETED.value
+_SAVED = EventKind.CHECKPOINT_SAVED.value
+_RESTORED = EventKind.CHECKPOINT_RESTORED.value
+_FINISHED = EventKind.FINISHED.value
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def _int(x: Any) -> int | None:
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def _total_steps_from_spec(spec: dict) -> int | None:
+    """The script's ``--steps N`` (or ``--steps=N``) argument in a JobSpec dict, else None."""
+    args = list(spec.get("args") or [])
+    for i, a in enumerate(args):
+        if a == "--steps" and i + 1 < len(args) and str(args[i + 1]).isdigit():
+            return int(args[i + 1])
+        if isinstance(a, str) and a.startswith("--steps=") and a[8:].isdigit():
+            return int(a[8:])
+    return None
+
+
+def event_dict(ev: Event) -> dict[str, Any]:
+    """The event as its JSON object (what ``last_event`` and WebSocket messages carry)."""
+    return json.loads(ev.to_json())
+
+
+def _new_incident(detected_at: float | None, last_step: int | None, last_step_time: float | None) -> dict[str, Any]:
+    return {"detected_at": detected_at, "fault_events": 0, "last_step": last_step,
+            "last_step_time": last_step_time, "recovered_at": None, "end_at": None, "closed": False,
+            "downtime_s": None, "reported_downtime_s": None, "lost_s": None, "restored_step": None,
+            "restored_from": None, "resumed_step": None, "restart_count": None, "restore_s": 0.0}
+
+
+class JobFacts:
+    """A job's facts, folded incrementally from its events (definitions: module docstring).
+
+    Attributes (all in :meth:`to_dict`; times are epoch seconds, durations seconds):
+        step: last completed 0-based step (a ``step`` event's ``step``; ``finished.steps - 1``), or None.
+        total_steps: a ``step`` event's ``total_steps`` metric, else the script's ``--steps N``, or None.
+        steps: steps done: ``finished.steps``, else the highest ``step`` seen + 1 (0 before any).
+        loss, steps_per_s: of the newest ``step`` event (``loss`` becomes ``finished.final_loss``).
+        first_loss, last_loss: loss of the first and newest ``step`` events; final_loss: ``finished.final_loss``.
+        last_event: the newest event as its JSON object, or None.
+        checkpoints, restores: ``checkpoint.saved`` / ``checkpoint.restored`` events (every rank's, every tier's).
+        faults: failure incidents; fault_events: ``fault.detected`` events.
+        recoveries: incidents recovered.
+        downtime_s: total downtime of the recovered incidents whose downtime is known (0.0 at first).
+        last_downtime_s: downtime of the newest recovered incident, or None.
+        downtimes_s: downtime per recovered incident, in order (None where unknown).
+        lost_s: total lost time of the recovered incidents (detection lag + downtime).
+        incidents: one dict per incident (oldest first): ``detected_at``, ``fault_events``,
+            ``last_step`` / ``last_step_time`` (newest ``step`` event before it opened),
+            ``recovered_at`` (first ``recovery.completed``), ``end_at`` (first completed step after
+            the recovery), ``closed``, ``downtime_s``, ``reported_downtime_s`` (the writer's field),
+            ``lost_s``, ``restored_step``, ``restored_from``, ``resumed_step``, ``restart_count``,
+            ``restore_s`` (slowest ``checkpoint.restored.seconds`` while it was open).
+        first_time, started_time, last_time: first event, first ``started``, newest event (or None).
+        last_step_time: time of the newest ``step`` event, or None.
+        wall_s: ``last_time - first_time`` (0.0 before any event).
+        status: ``finished.status``, or None before ``finished``.
+
+    Args:
+        saved: a :meth:`to_dict` result to continue from (the server keeps them in its store);
+            keys it lacks take their initial values.
+        spec: the job's JobSpec dict, for ``total_steps`` from its ``--steps N``.
+    """
+
+    def __init__(self, saved: dict | None = None, spec: dict | None = None):
+        d = dict(saved or {})
+        self.step: int | None = d.get("step")
+        self.total_steps: int | None = d.get("total_steps", _total_steps_from_spec(spec or {}))
+        self.max_step: int | None = d.get("max_step", self.step)
+        self.finished_steps: int | None = d.get("finished_steps")
+        self.loss = d.get("loss")
+        self.steps_per_s = d.get("steps_per_s")
+        self.first_loss = d.get("first_loss")
+        self.last_loss = d.get("last_loss")
+        self.final_loss = d.get("final_loss")
+        self.last_event: dict | None = d.get("last_event")
+        self.checkpoints = int(d.get("checkpoints", 0))
+        self.restores = int(d.get("restores", 0))
+        self.faults = int(d.get("faults", 0))
+        self.fault_events = int(d.get("fault_events", self.faults))
+        self.recoveries = int(d.get("recoveries", 0))
+        self.incidents: list[dict[str, Any]] = [dict(i) for i in d.get("incidents") or []]
+        self.first_time: float | None = d.get("first_time")
+        self.started_time: float | None = d.get("started_time")
+        self.last_time: float | None = d.get("last_time")
+        self.last_step_time: float | None = d.get("last_step_time")
+        self.status: str | None = d.get("status")
+        # a summary saved before incidents were kept: keep its totals
+        self._saved_downtime = float(d.get("downtime_s") or 0.0) if not self.incidents else 0.0
+
+    # ---- the fold ---------------------------------------------------------------------
+    @property
+    def open_incident(self) -> dict[str, Any] | None:
+        """The incident not yet closed (detected, or recovered and awaiting its first step), or None."""
+        if self.incidents and not self.incidents[-1]["closed"]:
+            return self.incidents[-1]
+        return None
+
+    @property
+    def incident_detected_at(self) -> float | None:
+        """Detection time (epoch s) of the open incident, or None: where a ``recovery.completed``
+        written now starts its ``downtime_s``."""
+        inc = self.open_incident
+        return None if inc is None else inc["detected_at"]
+
+    def update(self, ev: Event) -> None:
+        """Fold one event in (events in time order)."""
+        t = float(ev.time)
+        self.last_event = event_dict(ev)
+        self.first_time = t if self.first_time is None else min(self.first_time, t)
+        self.last_time = t if self.last_time is None else max(self.last_time, t)
+        d, kind = ev.data, ev.kind
+        if kind == _STEP:
+            self._on_step(ev, t)
+        elif kind == _STARTED:
+            if self.started_time is None:
+                self.started_time = t
+        elif kind == _SAVED:
+            self.checkpoints += 1
+        elif kind == _RESTORED:
+            self.restores += 1
+            inc = self.open_incident
+            secs = _num(d.get("seconds"))
+            if inc is not None and secs is not None:
+                inc["restore_s"] = max(inc["restore_s"], secs)
+        elif kind == _FAULT:
+            self._on_fault(ev, t)
+        elif kind == _RECOVERED:
+            self._on_recovered(ev, t)
+        elif kind == _FINISHED:
+            steps = _int(d.get("steps"))
+            if steps is not None and steps > 0:
+                self.step = steps - 1
+                self.finished_steps = steps
+            if d.get("final_loss") is not None:
+                self.loss = self.final_loss = d["final_loss"]
+            self.status = d.get("status", self.status)
+
+    def _on_step(self, ev: Event, t: float) -> None:
+        d = ev.data
+        self.step = d.get("step", self.step)
+        s = _int(d.get("step"))
+        if s is not None:
+            self.max_step = s if self.max_step is None else max(self.max_step, s)
+        self.loss = d.get("loss", self.loss)
+        self.steps_per_s = d.get("steps_per_s", self.steps_per_s)
+        if _int(d.get("total_steps")) is not None:
+            self.total_steps = d["total_steps"]
+        if "loss" in d:
+            if self.first_loss is None:
+                self.first_loss = d["loss"]
+            self.last_loss = d["loss"]
+        inc = self.open_incident
+        if inc is not None and inc["recovered_at"] is not None:
+            if inc["end_at"] is None:  # recovered by the operator only: this is the first step
+                self._end(inc, t)
+            inc["closed"] = True
+        self.last_step_time = t
+
+    def _on_fault(self, ev: Event, t: float) -> None:
+        self.fault_events += 1
+        at = _num(ev.data.get("detected_at"))
+        at = t if at is None else at
+        inc = self.open_incident
+        if inc is None:
+            inc = _new_incident(at, self.step, self.last_step_time)
+            self.incidents.append(inc)
+            self.faults += 1
+        elif inc["detected_at"] is None or at < inc["detected_at"]:
+            inc["detected_at"] = at
+            if inc["end_at"] is not None:
+                self._end(inc, inc["end_at"], again=True)
+        inc["fault_events"] += 1
+        rc = _int(ev.data.get("restart_count"))
+        if rc is not None and inc["restart_count"] is None:
+            inc["restart_count"] = rc
+
+    def _on_recovered(self, ev: Event, t: float) -> None:
+        d = ev.data
+        rc = _int(d.get("restart_count"))
+        inc = self.open_incident
+        if inc is None:
+            last = self.incidents[-1] if self.incidents else None
+            if last is not None and rc is not None and last["restart_count"] == rc and last["recovered_at"] is not None:
+                return  # a late second report of the last incident's recovery
+            inc = _new_incident(None, self.step, self.last_step_time)
+            self.incidents.append(inc)
+            self.faults += 1
+        runtime = ev.writer != OPERATOR_WRITER
+        if inc["recovered_at"] is None:
+            inc["recovered_at"] = t
+            self.recoveries += 1
+        for k in ("restored_step", "restored_from", "resumed_step"):
+            if d.get(k) is not None and (runtime or inc[k] is None):
+                inc[k] = d[k]
+        if rc is not None and (runtime or inc["restart_count"] is None):
+            inc["restart_count"] = rc
+        if runtime and inc["reported_downtime_s"] is None:
+            inc["reported_downtime_s"] = _num(d.get("downtime_s"))
+        if runtime and inc["end_at"] is None:
+            self._end(inc, t)
+        elif not runtime and inc["reported_downtime_s"] is None and inc["detected_at"] is None:
+            inc["reported_downtime_s"] = _num(d.get("downtime_s"))
+
+    def _end(self, inc: dict[str, Any], t: float, again: bool = False) -> None:
+        """The incident's first completed step after recovery is at ``t``: its downtime and lost time."""
+        inc["end_at"] = t
+        if inc["detected_at"] is not None:
+            inc["downtime_s"] = max(0.0, t - inc["detected_at"])
+        else:
+            inc["downtime_s"] = inc["reported_downtime_s"]
+        start = inc["last_step_time"] if inc["last_step_time"] is not None else inc["detected_at"]
+        if start is not None:
+            inc["lost_s"] = max(0.0, t - start)
+        elif inc["downtime_s"] is not None:
+            inc["lost_s"] = inc["downtime_s"]
+
+    # ---- derived facts ----------------------------------------------------------------
+    @property
+    def steps(self) -> int:
+        """Steps done: ``finished.steps``, else the highest step seen + 1 (0 before any)."""
+        if self.finished_steps is not None:
+            return self.finished_steps
+        return (self.max_step if self.max_step is not None else -1) + 1
+
+    @property
+    def downtimes_s(self) -> list[float | None]:
+        """Downtime (s) of each recovered incident whose first step after recovery came, in order
+        (None where no detection time nor a written ``downtime_s`` was known)."""
+        return [i["downtime_s"] for i in self.incidents if i["recovered_at"] is not None and i["end_at"] is not None]
+
+    @property
+    def downtime_s(self) -> float:
+        """Total downtime of the recovered incidents, seconds (unknown ones count 0)."""
+        return self._saved_downtime + sum(x for x in self.downtimes_s if x is not None)
+
+    @property
+    def last_downtime_s(self) -> float | None:
+        """Downtime of the newest recovered incident (s), or None."""
+        ds = self.downtimes_s
+        return ds[-1] if ds else None
+
+    @property
+    def lost_s(self) -> float:
+        """Total lost time of the recovered incidents (detection lag + downtime), seconds."""
+        return sum(i["lost_s"] for i in self.incidents if i["end_at"] is not None and i["lost_s"] is not None)
+
+    @property
+    def wall_s(self) -> float:
+        """Seconds from the first event folded to the newest (0.0 before any)."""
+        return 0.0 if self.first_time is None else self.last_time - self.first_time
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every fact, JSON-serialisable; ``JobFacts(saved=d)`` continues the fold from it.
+
+        The JobView ``progress`` keys the server and the widgets read: ``step``,
+        ``total_steps``, ``loss``, ``steps_per_s``, ``last_event``, ``faults``, ``recoveries``,
+        ``downtime_s`` (number, total seconds) and ``last_downtime_s`` (number or null).
+        """
+        return {"step": self.step, "total_steps": self.total_steps, "loss": self.loss,
+                "steps_per_s": self.steps_per_s, "last_event": self.last_event,
+                "faults": self.faults, "recoveries": self.recoveries,
+                "downtime_s": self.downtime_s, "last_downtime_s": self.last_downtime_s,
+                "fault_events": self.fault_events, "downtimes_s": self.downtimes_s, "lost_s": self.lost_s,
+                "steps": self.steps, "max_step": self.max_step, "finished_steps": self.finished_steps,
+                "first_loss": self.first_loss, "last_loss": self.last_loss, "final_loss": self.final_loss,
+                "checkpoints": self.checkpoints, "restores": self.restores, "status": self.status,
+                "first_time": self.first_time, "started_time": self.started_time, "last_time": self.last_time,
+                "last_step_time": self.last_step_time, "wall_s": self.wall_s,
+                "incidents": [dict(i) for i in self.incidents]}
+
+
+def fold(events: Iterable[Event], spec: dict | None = None) -> JobFacts:
+    """The facts of ``events`` (folded in time order, ties by writer and sequence number).
+
+    Args:
+        events: a job's :class:`~hyperpod_lab.events.Event` objects, any order.
+        spec: the job's JobSpec dict (for ``total_steps``), optional.
+    """
+    facts = JobFacts(spec=spec)
+    for ev in sorted(events, key=lambda e: (e.time, e.writer, e.seq)):
+        facts.update(ev)
+    return facts

@@ -1,0 +1,231 @@
+"""The one fold from events to job facts (hyperpod_lab.facts): what a fault, a recovery and
+downtime mean, on literal event sequences as the runtime, the agents and the operator write them."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hyperpod_lab.client import summarize
+from hyperpod_lab.events import Event, EventReader, EventWriter
+from hyperpod_lab.facts import JobFacts, fold
+from hyperpod_lab.progress import Progress
+
+
+def mk():
+    seq = {}
+
+    def ev(kind, t, writer="rank-0", **data):
+        seq[writer] = seq.get(writer, -1) + 1
+        return Event(kind=kind, job_id="job-1", time=t, writer=writer, seq=seq[writer], data=data)
+    return ev
+
+
+def checkpoint_restart():
+    """Two nodes, one rank each; rank 1 (node n1) is SIGKILLed after step 9 at t=110.
+    Both agents report (n1: the kill; n0: its worker died of the broken collective), both
+    restart; rank 0 restores step 7 and completes step 8 at t=118."""
+    ev = mk()
+    out = [ev("submitted", 99.0, "client"), ev("started", 100.0, world_size=2)]
+    out += [ev("step", 100.0 + s, step=s, loss=10.0 - s) for s in range(10)]      # step 9 at 109
+    out += [ev("checkpoint.saved", 108.1, tier="persistent", step=7, blocked_s=0.1)]
+    out += [ev("fault.detected", 110.0, "agent-n1", rank=1, node="n1", signal="SIGKILL"),
+            ev("recovery.started", 110.1, "agent-n1", restart_count=1, reason="local worker failed"),
+            ev("fault.detected", 110.5, "agent-n0", rank=0, node="n0", exitcode=1),
+            ev("recovery.started", 110.6, "agent-n0", restart_count=1, reason="local worker failed"),
+            ev("started", 114.0, world_size=2),
+            ev("checkpoint.restored", 115.0, tier="persistent", step=7, seconds=1.5),
+            ev("checkpoint.restored", 115.2, "rank-1", tier="persistent", step=7, seconds=1.7),
+            ev("recovery.completed", 118.0, restored_step=7, restart_count=1, downtime_s=8.0,
+               restored_from="persistent"),
+            ev("step", 118.0, step=8, loss=2.0),
+            ev("step", 119.0, step=9, loss=1.5),
+            ev("finished", 120.0, status="succeeded", steps=10, final_loss=1.4)]
+    return out
+
+
+def test_checkpoint_restart_with_both_agents_reporting_is_one_fault():
+    f = fold(checkpoint_restart())
+    assert f.faults == 1 and f.fault_events == 2 and f.recoveries == 1
+    (inc,) = f.incidents
+    assert inc["detected_at"] == 110.0 and inc["end_at"] == 118.0 and inc["closed"]
+    assert f.downtime_s == 8.0 and f.last_downtime_s == 8.0 and f.downtimes_s == [8.0]
+    assert inc["reported_downtime_s"] == inc["downtime_s"]  # the writer and the fold agree
+    assert inc["last_step"] == 9 and inc["last_step_time"] == 109.0 and inc["restore_s"] == 1.7
+    assert inc["restored_step"] == 7 and inc["restored_from"] == "persistent" and inc["restart_count"] == 1
+    assert f.lost_s == 9.0  # last step before the fault (109) to the first step after (118)
+    assert (f.steps, f.step, f.first_loss, f.last_loss, f.final_loss, f.loss) == (10, 9, 10.0, 1.5, 1.4, 1.4)
+    assert (f.checkpoints, f.restores, f.status) == (1, 2, "succeeded")
+    assert (f.first_time, f.started_time, f.wall_s) == (99.0, 100.0, 21.0)
+
+
+def test_summarize_counts_through_the_fold():
+    s = summarize(checkpoint_restart())
+    assert s["faults"] == 1 and s["fault_events"] == 2 and s["recoveries"] == 1
+    assert s["recovery_downtime_s"] == [8.0] and s["steps"] == 10 and s["wall_s"] == 21.0
+    assert s["first_loss"] == 10.0 and s["last_loss"] == 1.5 and s["final_loss"] == 1.4
+    assert s["checkpoints"] == 1 and s["restores"] == 2 and s["status"] == "succeeded"
+
+
+def checkpointless_loss():
+    """Three replica groups; group 1 (node n1) is killed at t=50.2 after step 19 (t=50). Its
+    agent reports the kill; the survivors' leaders of groups 0 and 2 each name group 1, noting
+    their detection (the failed collective at 50.4) and writing the events at the first commit
+    after the loss (t=51.4), where the leader writes recovery.completed; the step follows."""
+    ev = mk()
+    out = [ev("started", 40.0, world_size=1)]
+    out += [ev("step", 40.0 + s * 0.5, step=s, loss=1.0) for s in range(21)]  # step 20 at 50.0
+    out += [ev("fault.detected", 50.2, "agent-n1", rank=1, node="n1", signal="SIGKILL", replica_group=1),
+            ev("fault.detected", 51.4, "rank-0", rank=[1], replica_group=1, node="n1", detected_by=0,
+               detection_s=0.4, detected_at=50.4),
+            ev("fault.detected", 51.4, "rank-2", rank=[1], replica_group=1, node="n1", detected_by=2,
+               detection_s=0.4, detected_at=50.4),
+            ev("recovery.completed", 51.4, mode="checkpointless", restored_step=None, restored_from="none",
+               resumed_step=21, downtime_s=1.2, replicas=2, lost_replica_groups=[1], restart_count=0),
+            ev("step", 51.5, step=21, loss=0.9)]
+    return out
+
+
+def test_checkpointless_loss_reported_by_two_survivors_is_one_fault():
+    f = fold(checkpointless_loss())
+    assert f.faults == 1 and f.fault_events == 3 and f.recoveries == 1
+    (inc,) = f.incidents
+    assert inc["detected_at"] == 50.2  # the agent's report came first
+    assert f.downtime_s == pytest.approx(1.2) and inc["end_at"] == 51.4
+    assert inc["downtime_s"] == pytest.approx(inc["reported_downtime_s"])
+    assert inc["resumed_step"] == 21 and inc["restored_from"] == "none" and inc["closed"]
+
+
+def test_survivors_detection_time_counts_without_the_agents_report():
+    """The lost node died with its agent: only the survivors report, at the first commit."""
+    events = [e for e in checkpointless_loss() if e.writer != "agent-n1"]
+    f = fold(events)
+    (inc,) = f.incidents
+    assert f.faults == 1 and inc["detected_at"] == 50.4
+    assert f.downtime_s == pytest.approx(1.0)
+
+
+def test_two_separate_incidents():
+    ev = mk()
+    events = [ev("step", 1.0, step=0, loss=3.0),
+              ev("fault.detected", 2.0, "agent-n1", rank=1),
+              ev("recovery.completed", 5.0, restored_step=None, restart_count=1, downtime_s=3.0),
+              ev("step", 5.0, step=0, loss=3.0),
+              ev("step", 6.0, step=1, loss=2.0),
+              ev("fault.detected", 7.0, "agent-n1", rank=1),
+              ev("fault.detected", 7.1, "agent-n0", rank=0),
+              ev("recovery.completed", 11.0, restored_step=None, restart_count=2, downtime_s=4.0),
+              ev("step", 11.0, step=0, loss=3.0)]
+    f = fold(events)
+    assert f.faults == 2 and f.fault_events == 3 and f.recoveries == 2
+    assert f.downtimes_s == [3.0, 4.0] and f.downtime_s == 7.0 and f.last_downtime_s == 4.0
+    assert [i["last_step"] for i in f.incidents] == [0, 1]
+    assert f.lost_s == 4.0 + 5.0
+
+
+def test_incident_with_no_recovery_yet():
+    ev = mk()
+    f = fold([ev("step", 1.0, step=0, loss=3.0), ev("fault.detected", 2.0, "agent-n1", rank=1),
+              ev("recovery.started", 2.1, "agent-n1", restart_count=1),
+              ev("fault.detected", 2.5, "agent-n0", rank=0)])
+    assert f.faults == 1 and f.fault_events == 2 and f.recoveries == 0
+    assert f.downtime_s == 0.0 and f.last_downtime_s is None and f.downtimes_s == [] and f.lost_s == 0.0
+    assert f.incident_detected_at == 2.0 and f.open_incident is f.incidents[0]
+    d = f.to_dict()
+    assert (d["faults"], d["recoveries"], d["downtime_s"], d["last_downtime_s"]) == (1, 0, 0.0, None)
+
+
+def test_operator_recovery_ends_at_the_next_step():
+    """On EKS the operator writes recovery.completed when the pods run again, before any step;
+    rank 0 writes its own at the first step: one recovery, ending at rank 0's."""
+    ev = mk()
+    base = [ev("step", 1.0, step=4, loss=1.0),
+            ev("fault.detected", 2.0, "operator", rank=5, restart_count=1, source="operator"),
+            ev("recovery.completed", 6.0, "operator", restart_count=1, downtime_s=3.5, restored_step=None,
+               restored_from=None, source="operator")]
+    f = fold(base + [ev("recovery.completed", 9.0, restored_step=3, restart_count=1, downtime_s=7.0,
+                        restored_from="persistent"), ev("step", 9.0, step=4, loss=1.0)])
+    assert f.recoveries == 1 and f.faults == 1 and f.downtimes_s == [7.0]
+    assert f.incidents[0]["restored_from"] == "persistent"
+    only = fold(base + [ev("step", 10.0, step=4, loss=1.0)])  # no runtime report (e.g. no hp.init)
+    assert only.recoveries == 1 and only.downtimes_s == [8.0]
+    late = fold(base + [ev("step", 10.0, step=4, loss=1.0),
+                        ev("recovery.completed", 10.5, "operator", restart_count=1, downtime_s=3.5)])
+    assert late.recoveries == 1 and late.faults == 1  # a late duplicate report opens nothing
+
+
+def test_recovery_without_a_detected_fault_is_one_incident():
+    ev = mk()
+    f = fold([ev("step", 1.0, step=0, loss=1.0),
+              ev("recovery.completed", 30.0, restored_step=0, restart_count=1, downtime_s=None),
+              ev("step", 30.0, step=1, loss=1.0)])
+    assert f.faults == 1 and f.fault_events == 0 and f.recoveries == 1 and f.downtimes_s == [None]
+    assert f.downtime_s == 0.0 and f.last_downtime_s is None
+
+
+def test_downtime_definition_detection_to_first_completed_step():
+    """downtime_s = first completed step after recovery - first detection: neither the last
+    step before the fault nor a later detection of the same incident moves it."""
+    ev = mk()
+    f = fold([ev("step", 100.0, step=9, loss=1.0),
+              ev("fault.detected", 104.0, "agent-n0", rank=0),
+              ev("fault.detected", 103.0, "agent-n1", rank=1),  # out of order: the earlier detection wins
+              ev("recovery.completed", 112.5, restored_step=9, restart_count=1, downtime_s=9.5),
+              ev("step", 112.5, step=10, loss=1.0)])
+    assert f.downtimes_s == [9.5] and f.lost_s == 12.5
+
+
+def test_saved_dict_round_trip_continues_the_fold():
+    events = checkpoint_restart()
+    for cut in range(len(events) + 1):
+        f = fold(events[:cut])
+        saved = json.loads(json.dumps(f.to_dict(), allow_nan=False))  # what the server stores
+        g = JobFacts(saved)
+        assert g.to_dict() == f.to_dict()
+        for e in events[cut:]:
+            g.update(e)
+        assert g.to_dict() == fold(events).to_dict(), cut
+
+
+def test_progress_is_the_fold_with_the_jobview_keys():
+    p = Progress({"args": ["--steps", "40"]})
+    assert p.total_steps == 40
+    for e in checkpoint_restart():
+        p.update(e)
+    d = p.to_dict()
+    assert {"step", "total_steps", "loss", "steps_per_s", "last_event", "faults", "recoveries",
+            "downtime_s", "last_downtime_s"} <= set(d)
+    assert (d["faults"], d["recoveries"], d["downtime_s"], d["last_downtime_s"]) == (1, 1, 8.0, 8.0)
+    assert d["last_event"]["kind"] == "finished"
+    # a summary saved by an older server (no incidents) still loads
+    old = Progress({}, {"step": 3, "total_steps": 9, "loss": 1.0, "steps_per_s": 2.0, "last_event": None,
+                        "faults": 2, "recoveries": 1})
+    assert old.to_dict()["faults"] == 2 and old.to_dict()["downtime_s"] == 0.0
+
+
+def test_runtime_downtime_uses_the_fold(tmp_path):
+    """The in-job writer starts downtime_s where the fold does: the open incident's first detection."""
+    clock = [100.0]
+    w0 = EventWriter(str(tmp_path), "rank-0", "job-1", clock=lambda: clock[0])
+    a1 = EventWriter(str(tmp_path), "agent-n1", "job-1", clock=lambda: clock[0])
+    a0 = EventWriter(str(tmp_path), "agent-n0", "job-1", clock=lambda: clock[0])
+    w0.emit("step", step=0, loss=1.0)
+    clock[0] = 101.0
+    a1.emit("fault.detected", rank=1)
+    clock[0] = 101.5
+    a0.emit("fault.detected", rank=0)
+    code = ("import sys; from hyperpod_lab.runtime.context import _incident_start_time; "
+            f"print(_incident_start_time({str(tmp_path)!r}))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert float(p.stdout) == 101.0
+    assert fold(EventReader(str(tmp_path)).poll()).incident_detected_at == 101.0
+
+
+def test_module_is_standard_library_only():
+    code = ("import sys, hyperpod_lab.facts, hyperpod_lab.progress; "
+            "print(sorted(m for m in ('torch', 'numpy', 'IPython', 'jupyter_server') if m in sys.modules))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "[]"
