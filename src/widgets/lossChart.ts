@@ -9,6 +9,62 @@ const PAD_B = 18;
 const PAD_T = 6;
 const PAD_R = 6;
 
+/** Most points the loss line is drawn with; longer series are downsampled to this. */
+export const MAX_CHART_POINTS = 2000;
+
+/** The smallest and the largest of `values` (a loop: spreading 100k+ values overflows the stack). */
+function extent(values: Iterable<number>): [number, number] {
+  let lo = Infinity;
+  let hi = -Infinity;
+  for (const v of values) {
+    if (v < lo) {
+      lo = v;
+    }
+    if (v > hi) {
+      hi = v;
+    }
+  }
+  return [lo, hi];
+}
+
+/**
+ * At most `max` of `points`, in order: the series cut into `max / 2` buckets, each kept by its
+ * lowest and highest loss (so spikes survive); the first and last points are always kept.
+ */
+export function downsample(
+  points: [number, number][],
+  max: number = MAX_CHART_POINTS
+): [number, number][] {
+  if (points.length <= max) {
+    return points;
+  }
+  const buckets = Math.max(1, Math.floor((max - 2) / 2));
+  const size = (points.length - 2) / buckets;
+  const out: [number, number][] = [points[0]];
+  for (let b = 0; b < buckets; b++) {
+    const start = 1 + Math.floor(b * size);
+    const end = Math.min(points.length - 1, 1 + Math.floor((b + 1) * size));
+    let lo = start;
+    let hi = start;
+    for (let i = start; i < end; i++) {
+      if (points[i][1] < points[lo][1]) {
+        lo = i;
+      }
+      if (points[i][1] > points[hi][1]) {
+        hi = i;
+      }
+    }
+    if (start < end) {
+      out.push(points[Math.min(lo, hi)]);
+      if (lo !== hi) {
+        out.push(points[Math.max(lo, hi)]);
+      }
+    }
+  }
+  out.push(points[points.length - 1]);
+  return out;
+}
+
 function svg<K extends keyof SVGElementTagNameMap>(
   tag: K,
   attrs: { [name: string]: string | number }
@@ -22,7 +78,9 @@ function svg<K extends keyof SVGElementTagNameMap>(
 
 /**
  * Render `points` (step, loss) into an SVG with axes, the loss line and vertical markers
- * at fault steps (red) and recovery steps (green).
+ * at fault steps (red) and recovery steps (green). The line is drawn with at most
+ * `MAX_CHART_POINTS` points (`downsample`); the axes span all of `points`, and `data-points`
+ * counts all of them.
  *
  * @param points - `[step, loss]` pairs in arrival order (steps may repeat after a restore)
  * @param faults - steps at which faults were detected
@@ -64,12 +122,9 @@ export function renderLossChart(
     root.appendChild(t);
     return root;
   }
-  const steps = points.map(p => p[0]);
-  const losses = points.map(p => p[1]);
-  const sMin = Math.min(...steps);
-  const sMax = Math.max(sMin + 1, ...steps);
-  let lMin = Math.min(...losses);
-  let lMax = Math.max(...losses);
+  const [sMin, sLast] = extent(points.map(p => p[0]));
+  const sMax = Math.max(sMin + 1, sLast);
+  let [lMin, lMax] = extent(points.map(p => p[1]));
   if (lMax - lMin < 1e-9) {
     lMin -= 0.5;
     lMax += 0.5;
@@ -88,7 +143,7 @@ export function renderLossChart(
       }
     }
   }
-  const d = points
+  const d = downsample(points)
     .map(([s, l], i) => `${i === 0 ? 'M' : 'L'}${X(s).toFixed(1)},${Y(l).toFixed(1)}`)
     .join(' ');
   root.appendChild(
