@@ -8,9 +8,11 @@ import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
 import { HyperPodModel } from './model';
+import { IHyperPodModel } from './tokens';
 import { HyperPodSidebar, SIDEBAR_ID } from './widgets/sidebar';
 
 export * from './tokens';
+export { describeEvent } from './format';
 export { HyperPodModel } from './model';
 export { HyperPodAPIError } from './request';
 export { HyperPodSidebar, SIDEBAR_ID } from './widgets/sidebar';
@@ -61,17 +63,22 @@ async function saveNotebook(app: JupyterFrontEnd, path: string): Promise<void> {
   }
 }
 
-const plugin: JupyterFrontEndPlugin<void> = {
+/**
+ * The HyperPod panel: builds the state (`HyperPodModel`) once, provides it as
+ * `IHyperPodModel`, and adds the sidebar, the notifications of its notices and the commands.
+ */
+const plugin: JupyterFrontEndPlugin<IHyperPodModel> = {
   id: PLUGIN_ID,
   description:
     'HyperPod sidebar: clusters, jobs, live fault/recovery timeline, submit form.',
   autoStart: true,
+  provides: IHyperPodModel,
   optional: [ILabShell, ICommandPalette],
   activate: (
     app: JupyterFrontEnd,
     labShell: ILabShell | null,
     palette: ICommandPalette | null
-  ) => {
+  ): IHyperPodModel => {
     let sidebar: HyperPodSidebar | null = null;
     const model = new HyperPodModel({
       active: () => sidebar !== null && sidebar.isVisible
@@ -88,7 +95,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     sidebar.title.icon = hyperpodIcon;
     (labShell ?? app.shell).add(sidebar, 'left', { rank: 600 });
 
-    model.notice.connect((_, notice) => {
+    model.notices.notice.connect((_, notice) => {
       if (notice.kind === 'fault') {
         Notification.error(notice.message, { autoClose: 10000 });
       } else {
@@ -145,6 +152,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
         palette.addItem({ command, category: 'HyperPod' });
       }
     }
+    return model;
   }
 };
 

@@ -7,12 +7,19 @@ import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
 import {
+  IAdviceQuery,
   ICluster,
   IClusterDetail,
+  IDiscoveredCluster,
+  IDiscoverQuery,
+  IDiscoverWritten,
   IErrorBody,
+  IFaultInfo,
+  IGoodputAdvice,
   IJobEvent,
   IJobSpec,
   IJobView,
+  IMeasuredGoodput,
   StreamMessage
 } from './tokens';
 
@@ -163,14 +170,6 @@ export async function cancelJob(jobId: string): Promise<IJobView> {
   return res.job;
 }
 
-/** What `POST jobs/{id}/faults` answers: the rank that was SIGKILLed. */
-export interface IFaultInfo {
-  rank: number;
-  node?: string;
-  pid?: number;
-  [key: string]: unknown;
-}
-
 /**
  * SIGKILL one rank of a running job, to rehearse recovery.
  * @throws {HyperPodAPIError} 409 when the job is not running, 404 unknown job
@@ -255,67 +254,6 @@ export function openEventStream(
   return ws;
 }
 
-/** One recovery mode of `GET goodput/advice` (`hyperpod_lab.goodput.advise`). */
-export interface IGoodputMode {
-  /** Recommended checkpoint interval, seconds (a whole number of steps). */
-  interval_s: number;
-  /** Recommended checkpoint interval, steps. */
-  interval_steps: number;
-  /** First-order Young interval, seconds. */
-  young_interval_s: number;
-  /** Projected fraction of wall time spent on useful steps, 0..1. */
-  goodput: number;
-  /** Fractions of wall time lost, by cause (checkpoint, detect, restart, restore, heal, recompute). */
-  lost: { [cause: string]: number };
-  /** Probability that a failure needs the checkpoint (1 for checkpoint-restart). */
-  fallback_probability: number;
-}
-
-/** What `GET goodput/advice` answers (fields used by the sidebar; the server sends more). */
-export interface IGoodputAdvice {
-  instances: number;
-  failure_rate_per_instance_hour: number;
-  /** Cluster mean time between failures, hours. */
-  mtbf_hours: number;
-  failures_per_day: number;
-  checkpoint_cost_s: number;
-  step_time_s: number;
-  /** By recovery mode: `checkpoint-restart`, `checkpointless`. */
-  modes: { [mode: string]: IGoodputMode };
-}
-
-/** The inputs of the advice: instances and the failure rate, checkpoint cost and step time. */
-export interface IAdviceQuery {
-  /** Instances (nodes), at least 1. */
-  instances: number;
-  /** Per instance-hour: a fraction (`0.0004`) or a percentage (`0.04%`), as typed. */
-  failureRate: string;
-  /** Seconds one checkpoint blocks training. */
-  checkpointCostS: number;
-  /** Seconds per training step. */
-  stepTimeS: number;
-}
-
-/** What `GET jobs/{id}/goodput` answers (`hyperpod_lab.goodput.measure_from_events`). */
-export interface IMeasuredGoodput {
-  job_id: string;
-  /** First start to the last event, seconds. */
-  wall_s: number;
-  /** Useful steps. */
-  steps: number;
-  /** Seconds per step, null with fewer than two steps of one run. */
-  step_time_s: number | null;
-  useful_s: number | null;
-  /** useful_s / wall_s, 0..1, or null (no step time yet). */
-  goodput: number | null;
-  /** Recoveries measured. */
-  faults: number;
-  /** Seconds lost by cause: checkpoint, detect, restart, restore, recompute, other (null: unknown). */
-  lost_s: { [cause: string]: number | null };
-  /** lost_s / wall_s. */
-  lost_fraction: { [cause: string]: number | null };
-}
-
 /**
  * The recommended checkpoint interval and projected goodput per recovery mode.
  * @throws {HyperPodAPIError} 400 (`field` names the input) for an input out of range or in the
@@ -340,55 +278,6 @@ export async function getJobGoodput(jobId: string): Promise<IMeasuredGoodput> {
   return (
     await requestAPI<{ measured: IMeasuredGoodput }>(`jobs/${enc(jobId)}/goodput`)
   ).measured;
-}
-
-/** One instance group of a discovered HyperPod cluster. */
-export interface IInstanceGroup {
-  /** `InstanceGroupName`. */
-  name: string;
-  /** e.g. `ml.p5.48xlarge`. */
-  instance_type: string;
-  /** Instances running now. */
-  current_count: number;
-  /** Instances asked for. */
-  target_count: number;
-}
-
-/**
- * A HyperPod cluster as `GET discover` describes it (`DiscoveredCluster.to_dict()` of
- * `hyperpod_lab.discovery`: the SageMaker API's `describe_cluster` and `list_cluster_nodes`).
- */
-export interface IDiscoveredCluster {
-  /** `ClusterName`. */
-  name: string;
-  arn: string;
-  /** `ClusterStatus`: `InService`, `Creating`, `Updating`, `Failed`, ... */
-  status: string;
-  region: string;
-  /** `slurm` or `eks`. */
-  orchestrator: string;
-  eks_cluster_arn?: string | null;
-  node_recovery?: string | null;
-  instance_groups: IInstanceGroup[];
-  /** Node count per `InstanceStatus.Status` (`Running`, `Pending`, `Failure`, ...). */
-  node_health: { [status: string]: number };
-  /** Other fields (nodes, events, events_note). */
-  [key: string]: unknown;
-}
-
-/** What `POST discover` answers: the clusters and, per cluster, the profile it wrote or kept. */
-export interface IDiscoverWritten {
-  clusters: IDiscoveredCluster[];
-  /** `what`: `written` or `kept` (a profile of that name exists and `overwrite` was false). */
-  written: { name: string; what: string }[];
-}
-
-/** The AWS account the server asks for the clusters (both empty: the server's AWS defaults). */
-export interface IDiscoverQuery {
-  /** AWS region, e.g. `us-west-2` (empty: `AWS_REGION` / the AWS config on the server). */
-  region: string;
-  /** AWS named profile (empty: the default credentials chain on the server). */
-  profile: string;
 }
 
 /**

@@ -1,12 +1,19 @@
 /**
- * Types for the hyperpod-lab job event stream, schema version 1.
+ * The contract of the extension: the job event stream types (schema version 1), the REST /
+ * WebSocket types of the server extension, and the models' interfaces with the
+ * `IHyperPodModel` token through which the plugin provides the panel state.
  *
- * These mirror the JSON records written by the Python side
+ * The event types mirror the JSON records written by the Python side
  * (`hyperpod_lab.events`): one object per line, each carrying the
  * schema version, the event kind, the job it belongs to, a wall-clock
  * timestamp, the writer that produced it, a per-writer sequence number
  * and a kind-specific payload.
  */
+
+import { Token } from '@lumino/coreutils';
+import { ISignal } from '@lumino/signaling';
+
+import type { HyperPodAPIError } from './request';
 
 /** The event schema version these types describe. */
 export const EVENT_SCHEMA_VERSION = 1 as const;
@@ -147,6 +154,10 @@ export interface IJobProgress {
   faults: number;
   /** `recovery.completed` events so far. */
   recoveries: number;
+  /** Total seconds of downtime of the job's recoveries so far (absent from older servers). */
+  downtime_s?: number;
+  /** Seconds of downtime of the last recovery, or null before the first (absent from older servers). */
+  last_downtime_s?: number | null;
 }
 
 /** A job: its record (`hyperpod_lab.jobs.JobRecord`) plus progress. */
@@ -181,6 +192,11 @@ export interface IJobView {
 
 /** Terminal job states (no more events after `end`). */
 export const TERMINAL_STATES = ['completed', 'failed', 'cancelled'] as const;
+
+/** Whether a job state is terminal. */
+export function isTerminal(status: string): boolean {
+  return (TERMINAL_STATES as readonly string[]).includes(status);
+}
 
 /** The resiliency policy of a JobSpec (`hyperpod_lab.spec.ResiliencyPolicy`). */
 export interface IResiliencyPolicy {
@@ -233,3 +249,322 @@ export type StreamMessage =
 export interface IErrorBody {
   error: { type: string; message: string; field?: string };
 }
+
+/** What `POST jobs/{id}/faults` answers: the rank that was SIGKILLed. */
+export interface IFaultInfo {
+  rank: number;
+  node?: string;
+  pid?: number;
+  [key: string]: unknown;
+}
+
+/** One recovery mode of `GET goodput/advice` (`hyperpod_lab.goodput.advise`). */
+export interface IGoodputMode {
+  /** Recommended checkpoint interval, seconds (a whole number of steps). */
+  interval_s: number;
+  /** Recommended checkpoint interval, steps. */
+  interval_steps: number;
+  /** First-order Young interval, seconds. */
+  young_interval_s: number;
+  /** Projected fraction of wall time spent on useful steps, 0..1. */
+  goodput: number;
+  /** Fractions of wall time lost, by cause (checkpoint, detect, restart, restore, heal, recompute). */
+  lost: { [cause: string]: number };
+  /** Probability that a failure needs the checkpoint (1 for checkpoint-restart). */
+  fallback_probability: number;
+}
+
+/** What `GET goodput/advice` answers (fields used by the sidebar; the server sends more). */
+export interface IGoodputAdvice {
+  instances: number;
+  failure_rate_per_instance_hour: number;
+  /** Cluster mean time between failures, hours. */
+  mtbf_hours: number;
+  failures_per_day: number;
+  checkpoint_cost_s: number;
+  step_time_s: number;
+  /** By recovery mode: `checkpoint-restart`, `checkpointless`. */
+  modes: { [mode: string]: IGoodputMode };
+}
+
+/** The inputs of the advice: instances and the failure rate, checkpoint cost and step time. */
+export interface IAdviceQuery {
+  /** Instances (nodes), at least 1. */
+  instances: number;
+  /** Per instance-hour: a fraction (`0.0004`) or a percentage (`0.04%`), as typed. */
+  failureRate: string;
+  /** Seconds one checkpoint blocks training. */
+  checkpointCostS: number;
+  /** Seconds per training step. */
+  stepTimeS: number;
+}
+
+/** What `GET jobs/{id}/goodput` answers (`hyperpod_lab.goodput.measure_from_events`). */
+export interface IMeasuredGoodput {
+  job_id: string;
+  /** First start to the last event, seconds. */
+  wall_s: number;
+  /** Useful steps. */
+  steps: number;
+  /** Seconds per step, null with fewer than two steps of one run. */
+  step_time_s: number | null;
+  useful_s: number | null;
+  /** useful_s / wall_s, 0..1, or null (no step time yet). */
+  goodput: number | null;
+  /** Recoveries measured. */
+  faults: number;
+  /** Seconds lost by cause: checkpoint, detect, restart, restore, recompute, other (null: unknown). */
+  lost_s: { [cause: string]: number | null };
+  /** lost_s / wall_s. */
+  lost_fraction: { [cause: string]: number | null };
+}
+
+/** One instance group of a discovered HyperPod cluster. */
+export interface IInstanceGroup {
+  /** `InstanceGroupName`. */
+  name: string;
+  /** e.g. `ml.p5.48xlarge`. */
+  instance_type: string;
+  /** Instances running now. */
+  current_count: number;
+  /** Instances asked for. */
+  target_count: number;
+}
+
+/**
+ * A HyperPod cluster as `GET discover` describes it (`DiscoveredCluster.to_dict()` of
+ * `hyperpod_lab.discovery`: the SageMaker API's `describe_cluster` and `list_cluster_nodes`).
+ */
+export interface IDiscoveredCluster {
+  /** `ClusterName`. */
+  name: string;
+  arn: string;
+  /** `ClusterStatus`: `InService`, `Creating`, `Updating`, `Failed`, ... */
+  status: string;
+  region: string;
+  /** `slurm` or `eks`. */
+  orchestrator: string;
+  eks_cluster_arn?: string | null;
+  node_recovery?: string | null;
+  instance_groups: IInstanceGroup[];
+  /** Node count per `InstanceStatus.Status` (`Running`, `Pending`, `Failure`, ...). */
+  node_health: { [status: string]: number };
+  /** Other fields (nodes, events, events_note). */
+  [key: string]: unknown;
+}
+
+/** What `POST discover` answers: the clusters and, per cluster, the profile it wrote or kept. */
+export interface IDiscoverWritten {
+  clusters: IDiscoveredCluster[];
+  /** `what`: `written` or `kept` (a profile of that name exists and `overwrite` was false). */
+  written: { name: string; what: string }[];
+}
+
+/** The AWS account the server asks for the clusters (both empty: the server's AWS defaults). */
+export interface IDiscoverQuery {
+  /** AWS region, e.g. `us-west-2` (empty: `AWS_REGION` / the AWS config on the server). */
+  region: string;
+  /** AWS named profile (empty: the default credentials chain on the server). */
+  profile: string;
+}
+
+/* ---- The models: state of the HyperPod panel, provided through `IHyperPodModel` ---- */
+
+/** A notice the extension shows (fault, recovery): the notices model emits, the plugin notifies. */
+export interface IJobNotice {
+  /** `fault` or `recovery`. */
+  kind: 'fault' | 'recovery';
+  /** The job. */
+  jobId: string;
+  /** One line for the user. */
+  message: string;
+}
+
+/** The cluster profiles and each one's reachability and nodes. */
+export interface IClustersModel {
+  /** Cluster profiles, as the server lists them. */
+  readonly clusters: ICluster[];
+  /** Health of each cluster by name (filled in by `refresh`). */
+  readonly details: ReadonlyMap<string, IClusterDetail>;
+  /** Why the last list could not be read, or null. */
+  readonly error: string | null;
+  /** The clusters or their health changed. */
+  readonly changed: ISignal<IClustersModel, void>;
+  /** `error` changed. */
+  readonly errorChanged: ISignal<IClustersModel, void>;
+  /** Reload the list and each cluster's health; never throws (see `error`). */
+  refresh(): Promise<void>;
+}
+
+/** The job list, kept fresh by one shared poll. */
+export interface IJobsModel {
+  /** Jobs, newest first. */
+  readonly jobs: IJobView[];
+  /** Why the last list could not be read, or null. */
+  readonly error: string | null;
+  /** The job list changed (a poll, a submit, a cancel, a streamed status). */
+  readonly changed: ISignal<IJobsModel, void>;
+  /** A job was submitted from this page (emitted before `changed`). */
+  readonly submitted: ISignal<IJobsModel, IJobView>;
+  /** `error` changed. */
+  readonly errorChanged: ISignal<IJobsModel, void>;
+  /** The job with this id, or null. */
+  get(jobId: string): IJobView | null;
+  /** Put a newer view of a job in the list (replacing the one with its id, or first). */
+  put(job: IJobView): void;
+  /** Reload the list now; never throws (see `error`). */
+  refresh(): Promise<void>;
+  /**
+   * Submit a job.
+   * @throws {HyperPodAPIError} as `request.submitJob`
+   */
+  submit(spec: Partial<IJobSpec>, notebook?: string | null): Promise<IJobView>;
+  /**
+   * Cancel a job.
+   * @throws {HyperPodAPIError} as `request.cancelJob`
+   */
+  cancel(jobId: string): Promise<IJobView>;
+}
+
+/** The event stream of one job (the selected one), resumed from its cursor after a drop. */
+export interface IJobStreamModel {
+  /** The streamed job's id, or null. */
+  readonly jobId: string | null;
+  /** Events of the streamed job, in arrival order, each once. */
+  readonly events: IJobEvent[];
+  /** The stream cursor after the last event received (opaque), or null. */
+  readonly cursor: string | null;
+  /** Whether the server said the job ended and sent all its events. */
+  readonly ended: boolean;
+  /** Another job (or none) is streamed; `events` was reset. */
+  readonly jobChanged: ISignal<IJobStreamModel, void>;
+  /** New events arrived (the new ones). */
+  readonly eventsAdded: ISignal<IJobStreamModel, IJobEvent[]>;
+  /** The server sent the streamed job's view (its status or its progress counts changed). */
+  readonly statusReceived: ISignal<IJobStreamModel, IJobView>;
+  /** The server sent every event of the ended job. */
+  readonly endReceived: ISignal<IJobStreamModel, void>;
+  /** Stream the events of `jobId` (null: none), from its first event. */
+  open(jobId: string | null): void;
+}
+
+/** Fault and recovery notices, from the increases of `progress.faults` / `progress.recoveries`. */
+export interface INoticesModel {
+  /** A job's fault or recovery count went up. */
+  readonly notice: ISignal<INoticesModel, IJobNotice>;
+}
+
+/** The goodput advice for the submit form's inputs (`GET goodput/advice`). */
+export interface IAdviceModel {
+  /** The advice for the last query, or null (none asked, or an error). */
+  readonly advice: IGoodputAdvice | null;
+  /** Why the last advice could not be had (the server's error names the input), or null. */
+  readonly error: HyperPodAPIError | null;
+  /** Whether an advice request is waiting or running. */
+  readonly loading: boolean;
+  /** The advice, its error or its loading state changed. */
+  readonly changed: ISignal<IAdviceModel, void>;
+  /**
+   * Ask for the advice for `query` after a quiet time without a newer call; answers of older
+   * queries are dropped. `null` cancels and clears the advice.
+   */
+  request(query: IAdviceQuery | null): void;
+}
+
+/** The streamed job's measured goodput (`GET jobs/{id}/goodput`), read again as events come. */
+export interface IMeasuredGoodputModel {
+  /** The measurement, or null. */
+  readonly measured: IMeasuredGoodput | null;
+  /** Why there is no measurement (e.g. no step events yet), or null. */
+  readonly error: string | null;
+  /** The measurement was read again (or reset for another job). */
+  readonly changed: ISignal<IMeasuredGoodputModel, void>;
+}
+
+/** Discovery of the HyperPod clusters of an AWS region, and writing their profiles. */
+export interface IDiscoveryModel {
+  /** The query and the clusters of the last discovery, or null before one (and after an error). */
+  readonly discovered: { query: IDiscoverQuery; clusters: IDiscoveredCluster[] } | null;
+  /** Why the last discovery or profile write failed (the server's message), or null. */
+  readonly error: string | null;
+  /** `listing` or `writing` while a request runs, else null. */
+  readonly busy: 'listing' | 'writing' | null;
+  /** The profiles the last "add profiles" wrote or kept, or null. */
+  readonly written: { name: string; what: string }[] | null;
+  /** The result, error, busy state or written profiles changed. */
+  readonly changed: ISignal<IDiscoveryModel, void>;
+  /** List the HyperPod clusters of `query`'s region; never throws (see `error`). */
+  discover(query: IDiscoverQuery): Promise<void>;
+  /** List the clusters of the last discovery's region again, if there was one and none runs. */
+  rediscover(): Promise<void>;
+  /**
+   * Write a profile for each cluster of the last discovery (existing ones are kept), then
+   * reload the clusters; never throws (see `error`).
+   */
+  addProfiles(): Promise<void>;
+}
+
+/**
+ * The state of the HyperPod panel: one model per concern, composed, and the selection that
+ * ties the job list to the event stream and the measured goodput.
+ */
+export interface IHyperPodModel {
+  /** Cluster profiles and health. */
+  readonly clusters: IClustersModel;
+  /** The job list. */
+  readonly jobs: IJobsModel;
+  /** The selected job's event stream. */
+  readonly stream: IJobStreamModel;
+  /** Fault and recovery notices. */
+  readonly notices: INoticesModel;
+  /** The submit form's goodput advice. */
+  readonly advice: IAdviceModel;
+  /** The selected job's measured goodput. */
+  readonly measured: IMeasuredGoodputModel;
+  /** HyperPod cluster discovery. */
+  readonly discovery: IDiscoveryModel;
+  /** The selected job id, or null. */
+  readonly selectedId: string | null;
+  /** The selected job's view, or null. */
+  readonly selected: IJobView | null;
+  /** Another job (or none) was selected. */
+  readonly selectionChanged: ISignal<IHyperPodModel, void>;
+  /** The server error to show (of the cluster or the job list), or null. */
+  readonly error: string | null;
+  /** `error` changed. */
+  readonly errorChanged: ISignal<IHyperPodModel, void>;
+  /** Select a job (or none) and stream its events. */
+  select(jobId: string | null): void;
+  /**
+   * Submit a job and select it.
+   * @throws {HyperPodAPIError} as `request.submitJob`
+   */
+  submit(spec: Partial<IJobSpec>, notebook?: string | null): Promise<IJobView>;
+  /**
+   * Cancel the selected job.
+   * @throws {HyperPodAPIError} as `request.cancelJob`; Error when no job is selected
+   */
+  cancelSelected(): Promise<IJobView>;
+  /**
+   * SIGKILL `rank` of the selected job.
+   * @throws {HyperPodAPIError} as `request.injectFault`; Error when no job is selected
+   */
+  injectFailure(rank: number): Promise<IFaultInfo>;
+  /**
+   * Log text of the selected job for `rank` (null: the whole job output).
+   * @throws {HyperPodAPIError} as `request.getLogs`; Error when no job is selected
+   */
+  logs(rank: number | null): Promise<string>;
+  /** Reload clusters and jobs, and the last discovery's region. */
+  refresh(): Promise<void>;
+  /** Load clusters and jobs, then keep the jobs fresh. */
+  start(): void;
+  /** Stop timers and the stream. */
+  dispose(): void;
+}
+
+/** The token through which the plugin provides the HyperPod panel's state. */
+export const IHyperPodModel = new Token<IHyperPodModel>(
+  'hyperpod-lab:IHyperPodModel',
+  'The state of the HyperPod panel: clusters, jobs, the selected job stream, notices, goodput and discovery.'
+);

@@ -3,9 +3,8 @@
  * lists for them (orchestrator, status, instance groups, node health), and "Add profiles",
  * which writes a cluster profile per cluster and reloads the sidebar's cluster list.
  */
-import { HyperPodModel } from '../model';
-import { IDiscoveredCluster } from '../request';
-import { h, uid } from './dom';
+import { IDiscoveredCluster, IDiscoveryModel } from '../tokens';
+import { button, errorBox, h, labelledList, liveBox, textInput, uid } from './dom';
 
 /** One word of a status for a CSS modifier: `InService` → `inservice`. */
 function mod(status: string): string {
@@ -27,66 +26,27 @@ export function describeHealth(c: IDiscoveredCluster): string {
 
 /**
  * The discovery form and its results. The DOM node is plain (no Lumino messages needed):
- * the sidebar places it inside a `<details>`. It renders the model's discovery state and
- * re-renders on `discoveryChanged`.
+ * the sidebar places it inside a `<details>`. It renders the discovery model's state and
+ * re-renders on its `changed`.
  */
 export class DiscoverPanel {
-  constructor(model: HyperPodModel) {
+  /** @param model - the discovery state it renders and calls */
+  constructor(model: IDiscoveryModel) {
     this._model = model;
     const regionId = uid('hp-discover-region');
     const profileId = uid('hp-discover-profile');
-    this._region = h('input', {
-      id: regionId,
-      type: 'text',
-      placeholder: 'us-west-2',
-      autocomplete: 'off',
-      spellcheck: 'false',
-      'data-testid': 'hp-discover-region'
+    this._region = textInput(regionId, 'us-west-2', 'hp-discover-region');
+    this._profile = textInput(profileId, 'default credentials', 'hp-discover-profile');
+    this._discoverButton = button('hp-discover-button', 'Discover', { type: 'submit' });
+    this._addButton = button('hp-discover-add', 'Add profiles', {
+      class: 'jp-HyperPod-button jp-mod-accept',
+      title: 'Write a cluster profile for each cluster listed (existing profiles are kept)',
+      disabled: true
     });
-    this._profile = h('input', {
-      id: profileId,
-      type: 'text',
-      placeholder: 'default credentials',
-      autocomplete: 'off',
-      spellcheck: 'false',
-      'data-testid': 'hp-discover-profile'
-    });
-    this._discoverButton = h(
-      'button',
-      { type: 'submit', class: 'jp-HyperPod-button', 'data-testid': 'hp-discover-button' },
-      'Discover'
-    );
-    this._addButton = h(
-      'button',
-      {
-        type: 'button',
-        class: 'jp-HyperPod-button jp-mod-accept',
-        'data-testid': 'hp-discover-add',
-        title: 'Write a cluster profile for each cluster listed (existing profiles are kept)',
-        disabled: true
-      },
-      'Add profiles'
-    );
-    this._status = h('div', {
-      class: 'jp-HyperPod-dim',
-      'data-testid': 'hp-discover-status',
-      'aria-live': 'polite'
-    });
-    this._error = h('div', {
-      class: 'jp-HyperPod-error',
-      role: 'alert',
-      'data-testid': 'hp-discover-error',
-      hidden: true
-    });
-    this._list = h('ul', {
-      class: 'jp-HyperPod-discoverList',
-      'data-testid': 'hp-discovered',
-      'aria-label': 'Discovered HyperPod clusters'
-    });
-    this._written = h('ul', {
-      class: 'jp-HyperPod-discoverWritten',
-      'data-testid': 'hp-discover-written',
-      'aria-label': 'Profiles written',
+    this._status = liveBox('jp-HyperPod-dim', 'hp-discover-status');
+    this._error = errorBox('hp-discover-error');
+    this._list = labelledList('ul', 'jp-HyperPod-discoverList', 'hp-discovered', 'Discovered HyperPod clusters');
+    this._written = labelledList('ul', 'jp-HyperPod-discoverWritten', 'hp-discover-written', 'Profiles written', {
       hidden: true
     });
     const form = h(
@@ -117,7 +77,7 @@ export class DiscoverPanel {
       void this.discover();
     });
     this._addButton.addEventListener('click', () => {
-      void this._model.addDiscoveredProfiles();
+      void this._model.addProfiles();
     });
     this.node = h(
       'div',
@@ -128,7 +88,7 @@ export class DiscoverPanel {
       this._list,
       this._written
     );
-    this._model.discoveryChanged.connect(this._render, this);
+    this._model.changed.connect(this._render, this);
     this._render();
   }
 
@@ -150,13 +110,13 @@ export class DiscoverPanel {
 
   private _render(): void {
     const model = this._model;
-    const busy = model.discoverBusy;
+    const busy = model.busy;
     const found = model.discovered;
     this.node.setAttribute('aria-busy', busy ? 'true' : 'false');
     this._discoverButton.disabled = busy !== null;
     this._addButton.disabled = busy !== null || !found || found.clusters.length === 0;
 
-    const err = model.discoverError;
+    const err = model.error;
     this._error.hidden = err === null;
     this._error.textContent = err ?? '';
 
@@ -197,7 +157,7 @@ export class DiscoverPanel {
       );
     }
 
-    const written = model.discoverWritten;
+    const written = model.written;
     this._written.hidden = !written;
     this._written.textContent = '';
     for (const w of written ?? []) {
@@ -213,7 +173,7 @@ export class DiscoverPanel {
     }
   }
 
-  private _model: HyperPodModel;
+  private _model: IDiscoveryModel;
   private _region: HTMLInputElement;
   private _profile: HTMLInputElement;
   private _discoverButton: HTMLButtonElement;

@@ -1,4 +1,7 @@
 /** A tiny element builder for the views (no framework). */
+import { fmt } from '../format';
+
+export { fmt };
 
 /** Attributes of `h`: `class`, `data-*`, `aria-*`, properties such as `type` or `value`. */
 export type Attrs = { [name: string]: string | number | boolean | null | undefined };
@@ -36,6 +39,40 @@ export function h<K extends keyof HTMLElementTagNameMap>(
   return el;
 }
 
+/**
+ * A `jp-HyperPod-button` with a test id; `attrs` adds to (or overrides) type `button` and the
+ * class, e.g. `{ type: 'submit' }` or `{ class: 'jp-HyperPod-button jp-mod-warn' }`.
+ */
+export function button(testid: string, label: string, attrs: Attrs = {}): HTMLButtonElement {
+  return h('button', { type: 'button', class: 'jp-HyperPod-button', 'data-testid': testid, ...attrs }, label);
+}
+
+/** A one-line text input for a name (no autocomplete, no spell check). */
+export function textInput(id: string, placeholder: string, testid: string): HTMLInputElement {
+  return h('input', { id, type: 'text', placeholder, autocomplete: 'off', spellcheck: 'false', 'data-testid': testid });
+}
+
+/** An alert for an error message (`jp-HyperPod-error`), hidden until there is one. */
+export function errorBox(testid: string): HTMLDivElement {
+  return h('div', { class: 'jp-HyperPod-error', role: 'alert', 'data-testid': testid, hidden: true });
+}
+
+/** A `div` whose changes screen readers announce (`aria-live="polite"`). */
+export function liveBox(cls: string, testid: string, attrs: Attrs = {}): HTMLDivElement {
+  return h('div', { class: cls, 'data-testid': testid, 'aria-live': 'polite', ...attrs });
+}
+
+/** A list named for screen readers by `label`. */
+export function labelledList<K extends 'ul' | 'ol'>(
+  tag: K,
+  cls: string,
+  testid: string,
+  label: string,
+  attrs: Attrs = {}
+): HTMLElementTagNameMap[K] {
+  return h(tag, { class: cls, 'data-testid': testid, 'aria-label': label, ...attrs });
+}
+
 /** A captioned table with one header row (`scope="col"`) above `body`. */
 export function captionedTable(
   testid: string,
@@ -57,14 +94,6 @@ let counter = 0;
 export function uid(prefix: string): string {
   counter += 1;
   return `${prefix}-${counter}`;
-}
-
-/** Format a number with at most `digits` significant digits, or an em dash. */
-export function fmt(value: number | null | undefined, digits = 3): string {
-  if (value === null || value === undefined || !Number.isFinite(value)) {
-    return '—';
-  }
-  return Number(value.toPrecision(digits)).toString();
 }
 
 /** A clock time (local) of an epoch timestamp in seconds. */

@@ -1,9 +1,9 @@
 /** The selected job: state, controls, live timeline, loss chart and per-rank logs. */
 import { Widget } from '@lumino/widgets';
 
-import { describeEvent, HyperPodModel, isTerminal } from '../model';
-import { IJobEvent } from '../tokens';
-import { captionedTable, clock, duration, fmt, h, percent, uid } from './dom';
+import { describeEvent, plural } from '../format';
+import { IHyperPodModel, IJobEvent, IJobProgress, isTerminal } from '../tokens';
+import { button, captionedTable, clock, duration, fmt, h, labelledList, liveBox, percent, uid } from './dom';
 import { renderLossChart } from './lossChart';
 
 /** Where a job's wall time went, in display order: `lost_s` key (or `useful`) and label. */
@@ -16,6 +16,18 @@ const TIME_PARTS: [string, string][] = [
   ['recompute', 'Recomputed steps'],
   ['other', 'Other (start-up, rounding)']
 ];
+
+/**
+ * `2 faults, 1 recovery, 14.2 s down`: the job's fault facts as the server folded them, or ''
+ * before the first fault.
+ */
+export function faultSummary(p: IJobProgress | undefined): string {
+  if (!p || !(p.faults || p.recoveries)) {
+    return '';
+  }
+  const down = typeof p.downtime_s === 'number' && p.downtime_s > 0 ? `, ${duration(p.downtime_s)} down` : '';
+  return `${plural(p.faults, 'fault')}, ${plural(p.recoveries, 'recovery', 'recoveries')}${down}`;
+}
 
 /** Timeline items kept in the DOM (the oldest are dropped). */
 const MAX_TIMELINE = 400;
@@ -41,21 +53,25 @@ function kindClass(kind: string): string {
 }
 
 /**
- * The job view. Renders `model.selected` and `model.events`; its buttons call the model and
- * report failures through `onError`.
+ * The job view. Renders `model.selected`, the stream's events and the measured goodput; its
+ * buttons call the model and report failures through `onError`.
  */
 export class JobView extends Widget {
+  /**
+   * @param _model - the panel state
+   * @param _onError - shows a failed action to the user
+   */
   constructor(
-    private readonly _model: HyperPodModel,
+    private readonly _model: IHyperPodModel,
     private readonly _onError: (action: string, error: Error) => void
   ) {
     super();
     this.addClass('jp-HyperPod-jobView');
     this.node.setAttribute('data-testid', 'hp-job-view');
     this._model.selectionChanged.connect(this._rebuild, this);
-    this._model.eventsAdded.connect((_, evs) => this._append(evs), this);
-    this._model.jobsChanged.connect(this._renderHeader, this);
-    this._model.measuredChanged.connect(this._renderGoodput, this);
+    this._model.stream.eventsAdded.connect(this._onEvents, this);
+    this._model.jobs.changed.connect(this._renderHeader, this);
+    this._model.measured.changed.connect(this._renderGoodput, this);
     this._rebuild();
   }
 
@@ -64,8 +80,9 @@ export class JobView extends Widget {
       return;
     }
     this._model.selectionChanged.disconnect(this._rebuild, this);
-    this._model.jobsChanged.disconnect(this._renderHeader, this);
-    this._model.measuredChanged.disconnect(this._renderGoodput, this);
+    this._model.stream.eventsAdded.disconnect(this._onEvents, this);
+    this._model.jobs.changed.disconnect(this._renderHeader, this);
+    this._model.measured.changed.disconnect(this._renderGoodput, this);
     super.dispose();
   }
 
@@ -73,6 +90,10 @@ export class JobView extends Widget {
   get faultRank(): number {
     const n = Number(this._rankInput?.value ?? '1');
     return Number.isInteger(n) && n >= 0 ? n : 1;
+  }
+
+  private _onEvents(_: unknown, events: IJobEvent[]): void {
+    this._append(events);
   }
 
   private _rebuild(): void {
@@ -106,16 +127,8 @@ export class JobView extends Widget {
       'data-testid': 'hp-fault-rank'
     });
     this._rankInput.value = '1';
-    this._cancel = h(
-      'button',
-      { type: 'button', class: 'jp-HyperPod-button', 'data-testid': 'hp-cancel' },
-      'Cancel'
-    );
-    this._inject = h(
-      'button',
-      { type: 'button', class: 'jp-HyperPod-button jp-mod-warn', 'data-testid': 'hp-inject' },
-      'Inject failure'
-    );
+    this._cancel = button('hp-cancel', 'Cancel');
+    this._inject = button('hp-inject', 'Inject failure', { class: 'jp-HyperPod-button jp-mod-warn' });
     this._cancel.addEventListener('click', () => {
       this._model.cancelSelected().catch(e => this._onError('Cancel', e));
     });
@@ -138,22 +151,15 @@ export class JobView extends Widget {
 
     this._last = h('div', { class: 'jp-HyperPod-lastEvent', 'data-testid': 'hp-last-event' }, 'waiting for events…');
     this._chart = h('div', { class: 'jp-HyperPod-chart' }, renderLossChart([]));
-    this._goodput = h('div', {
-      class: 'jp-HyperPod-goodput',
-      'data-testid': 'hp-goodput',
-      'aria-live': 'polite'
-    });
-    this._timeline = h('ol', {
-      class: 'jp-HyperPod-timeline',
-      'data-testid': 'hp-timeline',
-      'aria-label': 'Job timeline',
+    this._goodput = liveBox('jp-HyperPod-goodput', 'hp-goodput');
+    this._timeline = labelledList('ol', 'jp-HyperPod-timeline', 'hp-timeline', 'Job timeline', {
       'aria-live': 'polite'
     });
 
     const logRankId = uid('hp-log-rank');
     const logRank = h('input', { id: logRankId, type: 'number', min: 0, step: 1, placeholder: 'all', 'data-testid': 'hp-log-rank' });
     const logs = h('pre', { class: 'jp-HyperPod-logs', 'data-testid': 'hp-logs', tabindex: 0 });
-    const loadLogs = h('button', { type: 'submit', class: 'jp-HyperPod-button', 'data-testid': 'hp-load-logs' }, 'Show logs');
+    const loadLogs = button('hp-load-logs', 'Show logs', { type: 'submit' });
     const logForm = h('form', { class: 'jp-HyperPod-logForm', 'aria-label': 'Logs' },
       h('label', { for: logRankId }, 'Logs of rank'), logRank, loadLogs);
     logForm.addEventListener('submit', ev => {
@@ -187,7 +193,7 @@ export class JobView extends Widget {
     );
     this._renderHeader();
     this._renderGoodput();
-    this._append(this._model.events);
+    this._append(this._model.stream.events);
   }
 
   /** Measured goodput and where the wall time went: a stacked bar and a table. */
@@ -196,10 +202,10 @@ export class JobView extends Widget {
     if (!box) {
       return;
     }
-    const m = this._model.measured;
+    const m = this._model.measured.measured;
     box.textContent = '';
     if (!m) {
-      const why = this._model.measuredError;
+      const why = this._model.measured.error;
       box.appendChild(
         h(
           'div',
@@ -209,7 +215,7 @@ export class JobView extends Widget {
       );
       return;
     }
-    const recoveries = `${m.faults} recover${m.faults === 1 ? 'y' : 'ies'}`;
+    const recoveries = plural(m.faults, 'recovery', 'recoveries');
     box.appendChild(
       h(
         'div',
@@ -293,8 +299,9 @@ export class JobView extends Widget {
     if (p?.steps_per_s) {
       parts.push(`${fmt(p.steps_per_s)} steps/s`);
     }
-    if (p && (p.faults || p.recoveries)) {
-      parts.push(`${p.faults} fault(s), ${p.recoveries} recovery(ies)`);
+    const faults = faultSummary(p);
+    if (faults) {
+      parts.push(faults);
     }
     this._progress.textContent = parts.join(' · ');
     const terminal = isTerminal(job.status);

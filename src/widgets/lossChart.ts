@@ -28,8 +28,9 @@ function extent(values: Iterable<number>): [number, number] {
 }
 
 /**
- * At most `max` of `points`, in order: the series cut into `max / 2` buckets, each kept by its
- * lowest and highest loss (so spikes survive); the first and last points are always kept.
+ * At most `max` of `points` (a `max` below 4 counts as 4), in order: the series cut into
+ * `max / 2` buckets, each kept by its lowest and highest loss (so spikes survive); the first
+ * and last points are always kept.
  */
 export function downsample(
   points: [number, number][],
@@ -38,7 +39,7 @@ export function downsample(
   if (points.length <= max) {
     return points;
   }
-  const buckets = Math.max(1, Math.floor((max - 2) / 2));
+  const buckets = Math.max(1, Math.floor((Math.max(max, 4) - 2) / 2));
   const size = (points.length - 2) / buckets;
   const out: [number, number][] = [points[0]];
   for (let b = 0; b < buckets; b++) {

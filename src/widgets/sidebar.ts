@@ -1,17 +1,17 @@
 /** The HyperPod left-sidebar panel: clusters, jobs, the selected job and the submit form. */
 import { Panel, Widget } from '@lumino/widgets';
 
-import { describeEvent, HyperPodModel } from '../model';
-import { IJobView } from '../tokens';
+import { describeEvent } from '../format';
+import { IHyperPodModel, IJobView } from '../tokens';
 import { DiscoverPanel } from './discoverPanel';
-import { fmt, h } from './dom';
-import { JobView } from './jobView';
+import { button, errorBox, fmt, h, labelledList } from './dom';
+import { faultSummary, JobView } from './jobView';
 import { ISubmitRequest, SubmitForm } from './submitForm';
 
 /** The id of the left-sidebar panel. */
 export const SIDEBAR_ID = 'hyperpod-lab-sidebar';
 
-/** One line of a job's progress for the job list. */
+/** One line of a job's progress for the job list (its fault facts as the server folded them). */
 function jobSummary(job: IJobView): string {
   const p = job.progress;
   const parts: string[] = [];
@@ -21,6 +21,10 @@ function jobSummary(job: IJobView): string {
   if (p?.steps_per_s) {
     parts.push(`${fmt(p.steps_per_s)} steps/s`);
   }
+  const faults = faultSummary(p);
+  if (faults) {
+    parts.push(faults);
+  }
   return parts.join(' · ');
 }
 
@@ -29,8 +33,13 @@ function jobSummary(job: IJobView): string {
  * to the model, errors to `onError`.
  */
 export class HyperPodSidebar extends Panel {
+  /**
+   * @param options.model - the panel state
+   * @param options.currentNotebook - the path of the notebook in the main area, or null
+   * @param options.onError - shows a failed action to the user
+   */
   constructor(options: {
-    model: HyperPodModel;
+    model: IHyperPodModel;
     currentNotebook: () => string | null;
     /** Save the notebook at `path` if it has unsaved changes (the server reads the file). */
     saveNotebook: (path: string) => Promise<void>;
@@ -45,16 +54,12 @@ export class HyperPodSidebar extends Panel {
 
     const top = new Widget();
     top.addClass('jp-HyperPodSidebar-top');
-    const refresh = h(
-      'button',
-      { type: 'button', class: 'jp-HyperPod-button', 'data-testid': 'hp-refresh', title: 'Reload clusters and jobs' },
-      'Refresh'
-    );
+    const refresh = button('hp-refresh', 'Refresh', { title: 'Reload clusters and jobs' });
     refresh.addEventListener('click', () => void this._model.refresh());
-    this._error = h('div', { class: 'jp-HyperPod-error', role: 'alert', 'data-testid': 'hp-error', hidden: true });
-    this._clusters = h('ul', { class: 'jp-HyperPodSidebar-clusterList', 'data-testid': 'hp-clusters', 'aria-label': 'Clusters' });
-    this._jobs = h('ul', { class: 'jp-HyperPodSidebar-jobList', 'data-testid': 'hp-jobs', 'aria-label': 'Jobs' });
-    this.discover = new DiscoverPanel(this._model);
+    this._error = errorBox('hp-error');
+    this._clusters = labelledList('ul', 'jp-HyperPodSidebar-clusterList', 'hp-clusters', 'Clusters');
+    this._jobs = labelledList('ul', 'jp-HyperPodSidebar-jobList', 'hp-jobs', 'Jobs');
+    this.discover = new DiscoverPanel(this._model.discovery);
     this._discoverDetails = h('details', { class: 'jp-HyperPod-details', 'data-testid': 'hp-discover-section' },
       h('summary', { 'data-testid': 'hp-discover-toggle' }, 'Discover HyperPod clusters'),
       this.discover.node);
@@ -74,7 +79,7 @@ export class HyperPodSidebar extends Panel {
 
     this.form = new SubmitForm({
       currentNotebook: options.currentNotebook,
-      requestAdvice: query => this._model.requestAdvice(query),
+      requestAdvice: query => this._model.advice.request(query),
       onSubmit: async (req: ISubmitRequest) => {
         if (req.notebook) {
           await options.saveNotebook(req.notebook);
@@ -97,12 +102,13 @@ export class HyperPodSidebar extends Panel {
         this.form.updateAdvice();
       }
     });
-    this._model.adviceChanged.connect(() => {
-      this.form.showAdvice(this._model.advice, this._model.adviceError, this._model.adviceLoading);
+    const advice = this._model.advice;
+    advice.changed.connect(() => {
+      this.form.showAdvice(advice.advice, advice.error, advice.loading);
     }, this);
 
-    this._model.clustersChanged.connect(this._renderClusters, this);
-    this._model.jobsChanged.connect(this._renderJobs, this);
+    this._model.clusters.changed.connect(this._renderClusters, this);
+    this._model.jobs.changed.connect(this._renderJobs, this);
     this._model.selectionChanged.connect(this._renderJobs, this);
     this._model.errorChanged.connect(this._renderError, this);
     this._renderClusters();
@@ -143,7 +149,7 @@ export class HyperPodSidebar extends Panel {
   }
 
   private _renderClusters(): void {
-    const clusters = this._model.clusters;
+    const clusters = this._model.clusters.clusters;
     this.form.setClusters(clusters);
     this._clusters.textContent = '';
     if (clusters.length === 0) {
@@ -151,7 +157,7 @@ export class HyperPodSidebar extends Panel {
       return;
     }
     for (const c of clusters) {
-      const detail = this._model.clusterDetails.get(c.name);
+      const detail = this._model.clusters.details.get(c.name);
       const state = detail?.state ?? 'checking';
       const nodes = h('ul', { class: 'jp-HyperPod-nodes', 'aria-label': `Nodes of ${c.name}` });
       for (const n of detail?.nodes ?? []) {
@@ -177,7 +183,7 @@ export class HyperPodSidebar extends Panel {
   }
 
   private _renderJobs(): void {
-    const jobs = this._model.jobs;
+    const jobs = this._model.jobs.jobs;
     const focused = (document.activeElement as HTMLElement | null)?.closest?.('[data-job-id]')?.getAttribute('data-job-id');
     this._jobs.textContent = '';
     if (jobs.length === 0) {
@@ -213,7 +219,7 @@ export class HyperPodSidebar extends Panel {
     }
   }
 
-  private _model: HyperPodModel;
+  private _model: IHyperPodModel;
   private _error: HTMLDivElement;
   private _clusters: HTMLUListElement;
   private _jobs: HTMLUListElement;

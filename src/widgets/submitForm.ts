@@ -1,9 +1,9 @@
 /** The submit form: a script path or the current notebook, placement and the three policies. */
 import { Widget } from '@lumino/widgets';
 
-import { HyperPodAPIError, IAdviceQuery, IGoodputAdvice } from '../request';
-import { ICluster, IJobSpec } from '../tokens';
-import { captionedTable, duration, fmt, h, percent, uid } from './dom';
+import { HyperPodAPIError } from '../request';
+import { IAdviceQuery, ICluster, IGoodputAdvice, IJobSpec } from '../tokens';
+import { button, captionedTable, duration, errorBox, fmt, h, liveBox, percent, uid } from './dom';
 
 /** The recovery modes of the advice, in display order, with their labels. */
 const ADVICE_MODES: [string, string][] = [
@@ -170,17 +170,8 @@ export class SubmitForm extends Widget {
     );
     // after the bounds: an error naming the policy ("elastic") points at its first field
     this._fields.set('elastic.lr_rule', lr);
-    this._error = h('div', {
-      class: 'jp-HyperPod-error',
-      role: 'alert',
-      'data-testid': 'hp-submit-error',
-      hidden: true
-    });
-    this._button = h(
-      'button',
-      { type: 'submit', class: 'jp-HyperPod-button jp-mod-accept', 'data-testid': 'hp-submit' },
-      'Submit'
-    );
+    this._error = errorBox('hp-submit-error');
+    this._button = button('hp-submit', 'Submit', { type: 'submit', class: 'jp-HyperPod-button jp-mod-accept' });
     form.appendChild(this._error);
     form.appendChild(this._button);
     form.addEventListener('submit', ev => {
@@ -331,11 +322,7 @@ export class SubmitForm extends Widget {
     );
     const cr = advice.modes['checkpoint-restart'];
     if (cr) {
-      const apply = h(
-        'button',
-        { type: 'button', class: 'jp-HyperPod-button', 'data-testid': 'hp-advice-apply' },
-        `Checkpoint every ${cr.interval_steps} steps`
-      );
+      const apply = button('hp-advice-apply', `Checkpoint every ${cr.interval_steps} steps`);
       apply.title = 'Set "Persistent every" to the checkpoint-restart interval';
       apply.addEventListener('click', () => {
         this.setField('checkpoint.every_steps', String(cr.interval_steps));
@@ -471,12 +458,7 @@ export class SubmitForm extends Widget {
     const rate = input('failure_rate', '0.04%', { type: 'text', spellcheck: 'false' });
     const cost = input('checkpoint_cost_s', '5', { type: 'number', min: 0, step: 'any' });
     const step = input('step_time_s', '1', { type: 'number', min: 0, step: 'any' });
-    this._advice = h('div', {
-      class: 'jp-HyperPod-advice',
-      'data-testid': 'hp-advice',
-      'aria-live': 'polite',
-      'aria-busy': 'false'
-    });
+    this._advice = liveBox('jp-HyperPod-advice', 'hp-advice', { 'aria-busy': 'false' });
     return h(
       'fieldset',
       { class: 'jp-HyperPod-fieldset', 'data-testid': 'hp-advice-section' },

@@ -1,0 +1,50 @@
+/** Text of numbers and events, shared by the models (notices) and the views. */
+import { IJobEvent } from './tokens';
+
+/** Format a number with at most `digits` significant digits, or an em dash. */
+export function fmt(value: number | null | undefined, digits = 3): string {
+  if (value === null || value === undefined || !Number.isFinite(value)) {
+    return '—';
+  }
+  return Number(value.toPrecision(digits)).toString();
+}
+
+/** `1 fault`, `2 faults`: a count and the word in the form that fits it. */
+export function plural(n: number, one: string, many: string = `${one}s`): string {
+  return `${n} ${n === 1 ? one : many}`;
+}
+
+/** One line describing an event, as the timeline, the job list and the notices show it. */
+export function describeEvent(ev: IJobEvent): string {
+  const d = ev.data;
+  const num = (v: unknown): string => (typeof v === 'number' ? fmt(v) : String(v));
+  const rank = d.rank !== undefined ? ` (rank ${d.rank})` : '';
+  switch (ev.kind) {
+    case 'submitted':
+      return `submitted to ${d.cluster} (${d.world_size} ranks)`;
+    case 'started':
+      return `started, world size ${d.world_size}`;
+    case 'step':
+      return `step ${d.step}, loss ${num(d.loss)}`;
+    case 'checkpoint.saved':
+      return `checkpoint step ${d.step} saved to ${d.tier}${rank}`;
+    case 'checkpoint.restored':
+      return `checkpoint step ${d.step} restored from ${d.tier}${rank}`;
+    case 'checkpoint.corrupt':
+      return `corrupt ${d.tier} checkpoint step ${d.step} skipped`;
+    case 'checkpoint.failed':
+      return `${d.tier} checkpoint step ${d.step} failed: ${d.reason}`;
+    case 'fault.detected':
+      return `fault: rank ${d.rank} on ${d.node} died (${d.signal ?? `exit ${d.exitcode}`})`;
+    case 'recovery.started':
+      return `recovery started (${d.reason})`;
+    case 'recovery.completed':
+      return `recovered in ${num(d.downtime_s)} s from ${d.restored_from ?? 'checkpoint'} at step ${d.restored_step}`;
+    case 'elastic.scaled':
+      return `scaled: world size ${d.old_world_size ?? '?'} → ${d.new_world_size ?? '?'}`;
+    case 'finished':
+      return `finished: ${d.status}${d.steps !== undefined ? `, ${d.steps} steps` : ''}`;
+    default:
+      return ev.kind;
+  }
+}
