@@ -8,38 +8,17 @@ here. Status is refreshed by one batched query per cluster, never one per job.
 from __future__ import annotations
 
 import os
-import posixpath
-import socket
 import time
 from typing import Callable, Iterator
 
 from hyperpod_lab.clusters import ClusterProfile, get_profile
 from hyperpod_lab.errors import ClusterUnreachable, HostKeyError, JobStateError, RemoteCommandError, SpecError
-from hyperpod_lab.events import Event, EventKind, EventReader, events_dir
+from hyperpod_lab.events import Event, EventKind, EventReader, EventWriter
 from hyperpod_lab.jobs import JobRecord, JobStatus, JobStore, new_job_id
 from hyperpod_lab.schedulers import Scheduler, for_profile
 from hyperpod_lab.spec import JobSpec
 
 CLIENT_WRITER = "client"
-SINFO_ARGV = ["sinfo", "-N", "-h", "-o", "%N|%t|%c|%P"]
-
-
-def parse_sinfo(stdout: str) -> list[dict]:
-    """Parse ``sinfo -N -h -o '%N|%t|%c|%P'`` (one line per node and partition) into
-    ``[{"name", "state", "cpus", "partitions"}]``, one entry per node; the default
-    partition's ``*`` is dropped and a state's flag suffix (``*``, ``~``, ``#``...) kept."""
-    nodes: dict[str, dict] = {}
-    for line in stdout.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) != 4:
-            continue
-        name, state, cpus, part = parts
-        node = nodes.setdefault(name, {"name": name, "state": state,
-                                       "cpus": int(cpus) if cpus.isdigit() else None, "partitions": []})
-        part = part.rstrip("*")
-        if part and part not in node["partitions"]:
-            node["partitions"].append(part)
-    return list(nodes.values())
 
 
 class Client:
@@ -64,26 +43,20 @@ class Client:
         return sched
 
     def cluster_health(self, cluster: str) -> dict:
-        """A cluster's reachability and nodes (Slurm: one ``sinfo -N`` over the remote seam).
+        """A cluster's reachability and nodes, as its backend reads them (:meth:`Scheduler.health`;
+        Slurm: one ``sinfo -N`` over the remote seam).
 
         Returns:
             ``{"state": "up" | "unreachable" | "unknown", "error": str | None, "nodes": [{"name",
-            "state", "cpus", "partitions"}]}`` ("unknown": an orchestrator whose nodes are not read, EKS). An unreachable login node or refused host key is reported
-            in ``error``, not raised. Raises UnknownCluster, ConfigError.
+            "state", "cpus", "partitions"}]}`` ("unknown": a backend that does not read node health,
+            EKS). An unreachable login node or refused host key is reported in ``error``, not
+            raised. Raises UnknownCluster, ConfigError.
         """
-        profile = get_profile(cluster)
-        if profile.orchestrator == "local":
-            return {"state": "up", "error": None, "nodes": [
-                {"name": socket.gethostname(), "state": "idle", "cpus": os.cpu_count() or 1, "partitions": []}]}
-        if profile.orchestrator != "slurm":
-            return {"state": "unknown", "error": f"node health is not read from {profile.orchestrator} clusters yet",
-                    "nodes": []}
         try:
-            res = self.scheduler(cluster).remote.run(SINFO_ARGV, check=True, timeout_s=30)
+            return self.scheduler(cluster).health()
         except (ClusterUnreachable, HostKeyError, RemoteCommandError) as e:
             self._schedulers.pop(cluster, None)
             return {"state": "unreachable", "error": str(e), "nodes": []}
-        return {"state": "up", "error": None, "nodes": parse_sinfo(res.stdout)}
 
     # ---- submit ------------------------------------------------------------------
     def prepare(self, spec: JobSpec) -> tuple[JobSpec, ClusterProfile, bytes]:
@@ -91,8 +64,6 @@ class Client:
         UnknownCluster. Nothing is contacted or written."""
         spec.validate()
         profile = get_profile(spec.cluster)
-        if spec.partition is None and profile.defaults.partition and profile.orchestrator == "slurm":
-            spec.partition = profile.defaults.partition
         path = os.path.expanduser(spec.script)
         if not os.path.isfile(path):
             raise SpecError("script", f"{spec.script} does not exist or is not a file; give the path of "
@@ -120,10 +91,7 @@ class Client:
         try:
             native_id = sched.submit(spec, job_id, script)
         except Exception:
-            try:  # leave nothing half-done: the directory is ours alone (fresh id)
-                sched.remote.run(["rm", "-rf", "--", sched.job_dir(job_id)], check=False)
-            except Exception:
-                pass
+            sched.discard(job_id)  # leave nothing half-done: the directory is ours alone (fresh id)
             raise
         rec = JobRecord(job_id=job_id, name=spec.name, cluster=spec.cluster, orchestrator=profile.orchestrator,
                         native_id=native_id, job_dir=sched.job_dir(job_id), spec=spec.to_dict())
@@ -134,14 +102,8 @@ class Client:
         return rec
 
     def _append_event(self, sched: Scheduler, rec: JobRecord, kind: EventKind, **data) -> Event:
-        path = posixpath.join(events_dir(rec.job_dir), CLIENT_WRITER + ".jsonl")
-        try:
-            seq = sched.remote.read_from(path).count(b"\n")
-        except FileNotFoundError:
-            seq = 0
-        ev = Event(kind=kind.value, job_id=rec.job_id, time=time.time(), writer=CLIENT_WRITER, seq=seq, data=data)
-        sched.remote.append_bytes(path, (ev.to_json() + "\n").encode())
-        return ev
+        """One event of the ``client`` writer, through the backend's file access (SFTP or local)."""
+        return EventWriter(rec.job_dir, CLIENT_WRITER, rec.job_id, files=sched.remote).emit(kind, **data)
 
     # ---- records and state -------------------------------------------------------
     def get(self, job_id: str) -> JobRecord:

@@ -119,64 +119,17 @@ def events_dir(job_dir: str) -> str:
 _WRITER_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 
 
-class EventWriter:
-    """Appends events of one writer to ``<job_dir>/events/<writer>.jsonl``.
-
-    Each event is one ``write()`` of one complete line on an ``O_APPEND`` descriptor followed by
-    ``fsync`` (so a reader never sees half a line from a live writer, and a SIGKILL loses at most
-    the event being written). A restarted writer continues the sequence numbers of its file.
-
-    Args:
-        job_dir: the job's directory on shared storage.
-        writer: file name stem, ``[A-Za-z0-9_.-]``, unique per process (``rank-3``, ``agent-n1``).
-        job_id: hyperpod-lab job id stamped on every event.
-        clock: seconds since the epoch (tests inject one).
-    """
-
-    def __init__(self, job_dir: str, writer: str, job_id: str, clock=time.time):
-        if not _WRITER_RE.match(writer):
-            raise ValueError(f"writer name {writer!r} must match {_WRITER_RE.pattern}")
-        self.path = os.path.join(events_dir(job_dir), writer + ".jsonl")
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        self.writer, self.job_id, self._clock = writer, job_id, clock
-        self._seq = _count_complete_lines(self.path)
-
-    def emit(self, kind: EventKind | str, **data: Any) -> Event:
-        """Write one event and return it. Raises ValueError for a kind outside schema v1."""
-        ev = Event(kind=EventKind(kind).value, job_id=self.job_id, time=self._clock(), writer=self.writer,
-                   seq=self._seq, data=data)
-        line = (ev.to_json() + "\n").encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        self._seq += 1
-        return ev
-
-
-def _count_complete_lines(path: str) -> int:
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        return 0
-    if data and not data.endswith(b"\n"):
-        # a torn last line (writer killed mid-write): terminate it so the next event starts clean;
-        # readers skip it as malformed.
-        with open(path, "ab") as f:
-            f.write(b"\n")
-        data += b"\n"
-    return data.count(b"\n")
-
-
 class FileAccess(Protocol):
-    """What the reader needs of storage: local files, or SFTP (``schedulers.remote``)."""
+    """What event readers and writers need of storage: local files (:class:`LocalFiles`), or
+    SFTP to a cluster's login node (``schedulers.remote.SSHRemote``, which has these methods)."""
 
     def listdir(self, path: str) -> list[str]: ...  # names; [] if the directory is missing
 
-    def read_from(self, path: str, offset: int) -> bytes: ...  # bytes from offset to EOF
+    def read_from(self, path: str, offset: int = 0) -> bytes: ...  # bytes from offset to EOF; FileNotFoundError
+
+    def append_bytes(self, path: str, data: bytes) -> None: ...  # one append of ``data``, created if missing
+
+    def makedirs(self, path: str) -> None: ...  # like ``mkdir -p``
 
 
 class LocalFiles:
@@ -188,10 +141,73 @@ class LocalFiles:
         except FileNotFoundError:
             return []
 
-    def read_from(self, path: str, offset: int) -> bytes:
+    def read_from(self, path: str, offset: int = 0) -> bytes:
         with open(path, "rb") as f:
             f.seek(offset)
             return f.read()
+
+    def append_bytes(self, path: str, data: bytes) -> None:
+        """One ``write()`` of ``data`` on an ``O_APPEND`` descriptor, then ``fsync``."""
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+
+
+class EventWriter:
+    """Appends events of one writer to ``<job_dir>/events/<writer>.jsonl``.
+
+    Each event is one append of one complete line (locally: one ``write()`` on an ``O_APPEND``
+    descriptor followed by ``fsync``), so a reader never sees half a line from a live writer and
+    a SIGKILL loses at most the event being written. A restarted writer continues the sequence
+    numbers of its file, after terminating a torn last line its predecessor left.
+
+    Args:
+        job_dir: the job's directory on shared storage, as ``files`` sees it.
+        writer: file name stem, ``[A-Za-z0-9_.-]``, unique per process (``rank-3``, ``agent-n1``).
+        job_id: hyperpod-lab job id stamped on every event.
+        clock: seconds since the epoch (tests inject one).
+        files: the storage (default: local files); the same :class:`FileAccess` an
+            :class:`EventReader` of the job reads through (e.g. the cluster's SFTP ``Remote``).
+
+    Raises:
+        ValueError: a writer name outside ``[A-Za-z0-9_.-]{1,100}``.
+    """
+
+    def __init__(self, job_dir: str, writer: str, job_id: str, clock=time.time, files: "FileAccess | None" = None):
+        if not _WRITER_RE.match(writer):
+            raise ValueError(f"writer name {writer!r} must match {_WRITER_RE.pattern}")
+        self.files = files or LocalFiles()
+        self.path = f"{events_dir(job_dir)}/{writer}.jsonl"
+        self.files.makedirs(events_dir(job_dir))
+        self.writer, self.job_id, self._clock = writer, job_id, clock
+        self._seq = _count_complete_lines(self.files, self.path)
+
+    def emit(self, kind: EventKind | str, **data: Any) -> Event:
+        """Write one event and return it. Raises ValueError for a kind outside schema v1."""
+        ev = Event(kind=EventKind(kind).value, job_id=self.job_id, time=self._clock(), writer=self.writer,
+                   seq=self._seq, data=data)
+        self.files.append_bytes(self.path, (ev.to_json() + "\n").encode())
+        self._seq += 1
+        return ev
+
+
+def _count_complete_lines(files: "FileAccess", path: str) -> int:
+    try:
+        data = files.read_from(path, 0)
+    except FileNotFoundError:
+        return 0
+    if data and not data.endswith(b"\n"):
+        # a torn last line (writer killed mid-write): terminate it so the next event starts clean;
+        # readers skip it as malformed.
+        files.append_bytes(path, b"\n")
+        data += b"\n"
+    return data.count(b"\n")
 
 
 class EventReader:

@@ -6,6 +6,8 @@ import signal
 import subprocess
 import sys
 
+from hyperpod_lab.jobdir import JobPaths
+
 
 def main() -> int:
     job_dir, sep, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
@@ -14,10 +16,11 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: p.send_signal(signal.SIGTERM))
     code = p.wait()
     code = 128 - code if code < 0 else code
-    tmp = os.path.join(job_dir, f"exit_code.tmp-{os.getpid()}")
+    path = JobPaths(job_dir, join=os.path.join).exit_code
+    tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w") as f:
         f.write(f"{code}\n")
-    os.replace(tmp, os.path.join(job_dir, "exit_code"))
+    os.replace(tmp, path)
     return code
 
 

@@ -8,18 +8,14 @@ the job directory on shared storage is common to all and lives here.
 from __future__ import annotations
 
 import json
-import os
-import posixpath
 from abc import ABC, abstractmethod
 
 from hyperpod_lab.clusters import ClusterProfile
 from hyperpod_lab.errors import HyperPodLabError, JobStateError
+from hyperpod_lab.jobdir import JOBS_SUBDIR, JobPaths  # noqa: F401  (JOBS_SUBDIR: re-exported)
 from hyperpod_lab.jobs import JobRecord, JobStatus
 from hyperpod_lab.schedulers.remote import Remote
 from hyperpod_lab.spec import JobSpec
-
-JOBS_SUBDIR = "hyperpod-lab/jobs"
-JOINS_FILE = "joins.json"
 
 
 class Scheduler(ABC):
@@ -30,35 +26,62 @@ class Scheduler(ABC):
 
     # ---- common ------------------------------------------------------------------
     def job_dir(self, job_id: str) -> str:
-        """The job's directory on shared storage."""
-        return posixpath.join(self.profile.shared_root, JOBS_SUBDIR, job_id)
+        """The job's directory on shared storage, as this backend reaches it."""
+        return JobPaths.for_job(self.profile.shared_root, job_id).folder
+
+    def paths(self, job_id: str) -> JobPaths:
+        """The layout of :meth:`job_dir` (see :class:`hyperpod_lab.jobdir.JobPaths`)."""
+        return JobPaths(self.job_dir(job_id))
 
     def staged_script(self, spec: JobSpec, job_id: str) -> str:
-        return posixpath.join(self.job_dir(job_id), "script", os.path.basename(spec.script))
+        return self.paths(job_id).script(spec.script)
 
     def stage(self, spec: JobSpec, job_id: str, script_bytes: bytes) -> str:
         """Create the job directory and write the script and ``spec.json`` there (SFTP for
         remote clusters). Returns the job directory."""
-        d = self.job_dir(job_id)
-        for sub in ("events", "logs", "ranks", "checkpoints", "script"):
-            self.remote.makedirs(posixpath.join(d, sub))
-        self.remote.write_bytes(self.staged_script(spec, job_id), script_bytes, mode=0o644)
-        self.remote.write_bytes(posixpath.join(d, "spec.json"), spec.to_json().encode())
-        return d
+        paths = self.paths(job_id)
+        for sub in JobPaths.SUBDIRS:
+            self.remote.makedirs(paths.path(sub))
+        self.remote.write_bytes(paths.script(spec.script), script_bytes, mode=0o644)
+        self.remote.write_bytes(paths.spec, spec.to_json().encode())
+        return paths.folder
+
+    def discard(self, job_id: str) -> None:
+        """Remove what :meth:`stage` and :meth:`submit` left of a job whose submission failed
+        (its directory is its own: the job id is fresh). Best effort: errors are swallowed,
+        the submission's own error is the one the user sees."""
+        try:
+            self.remote.run(["rm", "-rf", "--", self.job_dir(job_id)], check=False)
+        except Exception:
+            pass
+
+    def health(self) -> dict:
+        """The cluster's nodes as the scheduler sees them.
+
+        Returns:
+            ``{"state": "up" | "unknown", "error": str | None, "nodes": [{"name", "state", "cpus",
+            "partitions"}]}``; this default (a backend that does not read node health) is
+            ``"unknown"`` with no nodes.
+
+        Raises:
+            ClusterUnreachable, HostKeyError, RemoteCommandError: the backend could not ask
+            (the client reports these as ``"unreachable"``).
+        """
+        return {"state": "unknown", "error": f"node health is not read from {self.profile.orchestrator} clusters yet",
+                "nodes": []}
 
     def rank_info(self, rec: JobRecord, rank: int) -> dict:
         """The ``ranks/rank-R.json`` the runtime wrote. Raises JobStateError if absent."""
-        path = posixpath.join(rec.job_dir, "ranks", f"rank-{int(rank)}.json")
         try:
-            return json.loads(self.remote.read_from(path))
+            return json.loads(self.remote.read_from(JobPaths(rec.job_dir).rank_file(rank)))
         except FileNotFoundError:
             world = self._known_ranks(rec)
             raise JobStateError(f"rank {rank} of job {rec.job_id} has not started (known ranks: "
                                 f"{world or 'none yet'}); wait for the 'started' event") from None
 
     def _known_ranks(self, rec: JobRecord) -> list[int]:
-        names = self.remote.listdir(posixpath.join(rec.job_dir, "ranks"))
-        return sorted(int(n[5:-5]) for n in names if n.startswith("rank-") and n.endswith(".json"))
+        ranks = (JobPaths.rank_of(n) for n in self.remote.listdir(JobPaths(rec.job_dir).ranks))
+        return sorted(r for r in ranks if r is not None)
 
     def rank_log(self, rec: JobRecord, rank: int) -> str:
         info = self.rank_info(rec, rank)
@@ -94,7 +117,7 @@ class Scheduler(ABC):
         """The allocations :meth:`scale` added to the job (``<job_dir>/joins.json``), oldest first:
         ``[{"native_id", "offset", "nodes"}]``."""
         try:
-            return json.loads(self.remote.read_from(posixpath.join(rec.job_dir, JOINS_FILE)))
+            return json.loads(self.remote.read_from(JobPaths(rec.job_dir).joins))
         except FileNotFoundError:
             return []
 
@@ -112,7 +135,7 @@ class Scheduler(ABC):
         offset = spec.nodes + sum(j["nodes"] for j in joins)
         native = self._start_join(rec, spec, offset, add_nodes, len(joins) + 1)
         join = {"native_id": native, "offset": offset, "nodes": add_nodes}
-        self.remote.write_bytes(posixpath.join(rec.job_dir, JOINS_FILE), json.dumps(joins + [join]).encode())
+        self.remote.write_bytes(JobPaths(rec.job_dir).joins, json.dumps(joins + [join]).encode())
         return join
 
     def _start_join(self, rec: JobRecord, spec: JobSpec, offset: int, add_nodes: int, index: int) -> str:

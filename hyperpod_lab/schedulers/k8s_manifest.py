@@ -29,7 +29,9 @@ import posixpath
 import re
 from typing import Any
 
+from hyperpod_lab import jobdir
 from hyperpod_lab._version import __version__
+from hyperpod_lab.jobdir import JobPaths
 from hyperpod_lab.clusters import ClusterProfile
 from hyperpod_lab.errors import ConfigError, SpecError
 from hyperpod_lab.spec import JobSpec
@@ -72,7 +74,7 @@ def configmap_name(job_id: str) -> str:
 
 def pod_job_dir(job_id: str, shared_mount: str = DEFAULT_SHARED_MOUNT) -> str:
     """The job directory inside the pods (on the FSx volume), where the runtime writes events."""
-    return posixpath.join(shared_mount, "hyperpod-lab", "jobs", job_id)
+    return JobPaths.for_job(shared_mount, job_id).folder
 
 
 def k8s_literal(text: str) -> str:
@@ -92,10 +94,7 @@ def job_env(spec: JobSpec, job_id: str, shared_mount: str) -> list[dict[str, str
     """The container environment: the same ``HYPERPOD_LAB_*`` variables ``render_sbatch``
     exports (job id, job dir, spec path, shared root), then the spec's own ``env``."""
     env = {
-        "HYPERPOD_LAB_JOB_ID": job_id,
-        "HYPERPOD_LAB_JOB_DIR": pod_job_dir(job_id, shared_mount),
-        "HYPERPOD_LAB_SPEC": posixpath.join(JOB_MOUNT, SPEC_KEY),
-        "HYPERPOD_LAB_SHARED_ROOT": shared_mount,
+        **jobdir.job_env(job_id, pod_job_dir(job_id, shared_mount), posixpath.join(JOB_MOUNT, SPEC_KEY), shared_mount),
         "OMP_NUM_THREADS": "1",
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
     }
@@ -174,14 +173,14 @@ def render_hyperpod_pytorch_job(spec: JobSpec, job_id: str, profile: ClusterProf
     _check_supported(spec)
     el, res = spec.elastic, spec.resiliency
     max_nodes = el.max_nodes if el.enabled else spec.nodes
-    retries = res.max_retries if res.auto_resume else 0
+    retries = jobdir.effective_restarts(res)
     mount = profile.shared_mount or DEFAULT_SHARED_MOUNT
     # the operator coordinates the rendezvous (--rdzv-backend hyperpod). No --inprocess-restart:
     # that mode needs the script to handle restarts in process; ours restarts the processes and
     # the runtime resumes from its newest checkpoint tier.
     command = ["hyperpodrun", f"--nnodes={el.min_nodes}:{el.max_nodes}" if el.enabled else f"--nnodes={spec.nodes}",
                f"--nproc-per-node={spec.procs_per_node}", "--rdzv-backend=hyperpod", "--tee=3",
-               f"--log-dir={posixpath.join(pod_job_dir(job_id, mount), 'logs', 'hyperpodrun')}"]
+               f"--log-dir={JobPaths(pod_job_dir(job_id, mount)).path('logs', 'hyperpodrun')}"]
     command += [k8s_literal(_script_path(spec)), *map(k8s_literal, spec.args)]
     replica: dict[str, Any] = {
         "name": "workers", "replicas": spec.nodes,
@@ -229,12 +228,12 @@ def render_kubeflow_pytorch_job(spec: JobSpec, job_id: str, profile: ClusterProf
     """
     _check_supported(spec)
     el, res = spec.elastic, spec.resiliency
-    retries = res.max_retries if res.auto_resume else 0
+    retries = jobdir.effective_restarts(res)
     mount = profile.shared_mount or DEFAULT_SHARED_MOUNT
-    command = ["python", "-m", "hyperpod_lab.runtime.launch", f"--nproc-per-node={spec.procs_per_node}",
-               f"--max-restarts={retries}", "--tee=3",
-               f"--log-dir={posixpath.join(pod_job_dir(job_id, mount), 'logs', 'torchrun')}",
-               k8s_literal(_script_path(spec)), *map(k8s_literal, spec.args)]
+    command = jobdir.launcher_argv("python", _script_path(spec), spec.args, nnodes=None,
+                                   nproc_per_node=spec.procs_per_node, max_restarts=retries,
+                                   log_dir=JobPaths(pod_job_dir(job_id, mount)).torchrun_logs, redirects=False,
+                                   quote=k8s_literal)
     restart = "OnFailure" if retries else "Never"
     tmpl = _pod_template(spec, job_id, profile, command, "pytorch", None, res.health_checks)
     if el.enabled:  # an elastic job scales its Worker replicas; a Master cannot scale

@@ -9,13 +9,14 @@ the exit code in ``<job_dir>/exit_code`` so state survives this process.
 from __future__ import annotations
 
 import os
-import posixpath
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 
 from hyperpod_lab.errors import JobStateError
+from hyperpod_lab.jobdir import JobPaths, effective_restarts, ft_local_argv, group_env, job_env, launcher_argv
 from hyperpod_lab.jobs import JobStatus
 from hyperpod_lab.schedulers.base import Scheduler
 from hyperpod_lab.spec import JobSpec
@@ -23,18 +24,15 @@ from hyperpod_lab.spec import JobSpec
 
 def launch_argv(spec: JobSpec, job_dir: str, python: str, script: str) -> list[str]:
     """torchrun (via our launcher) for a single-node run of ``spec`` (pure). A checkpointless
-    spec runs one replica group per node under a Lighthouse (:mod:`hyperpod_lab.runtime.ft_local`)."""
-    restarts = spec.resiliency.max_retries if spec.resiliency.auto_resume else 0
+    spec runs one replica group per node under a Lighthouse (``python -m
+    hyperpod_lab.runtime.ft_local``, started as a process: the submit side never imports torch)."""
+    restarts = effective_restarts(spec.resiliency)
     if spec.resiliency.recovery == "checkpointless":
-        min_replicas = spec.elastic.min_nodes if spec.elastic.enabled else 1
-        return [python, "-m", "hyperpod_lab.runtime.ft_local", f"--groups={spec.nodes}",
-                f"--nproc-per-node={spec.procs_per_node}", f"--max-restarts={restarts}",
-                f"--min-replicas={min_replicas}", script, *spec.args]
-    return [python, "-m", "hyperpod_lab.runtime.launch", "--standalone", "--nnodes=1",
-            f"--nproc-per-node={spec.world_size}",
-            f"--max-restarts={spec.resiliency.max_retries if spec.resiliency.auto_resume else 0}",
-            f"--log-dir={posixpath.join(job_dir, 'logs', 'torchrun')}", "--redirects=3", "--tee=3",
-            script, *spec.args]
+        return ft_local_argv(python, script, spec.args, groups=spec.nodes, nproc_per_node=spec.procs_per_node,
+                             max_restarts=restarts,
+                             min_replicas=spec.elastic.min_nodes if spec.elastic.enabled else 1)
+    return launcher_argv(python, script, spec.args, standalone=True, nproc_per_node=spec.world_size,
+                         max_restarts=restarts, log_dir=JobPaths(job_dir).torchrun_logs)
 
 
 def _alive(pid: int) -> bool:
@@ -54,11 +52,9 @@ class LocalScheduler(Scheduler):
 
     def _env(self, spec, job_id):
         env = dict(os.environ)
-        d = self.job_dir(job_id)
+        paths = self.paths(job_id)
         env.update(spec.env)
-        env.update({"HYPERPOD_LAB_JOB_ID": job_id, "HYPERPOD_LAB_JOB_DIR": d,
-                    "HYPERPOD_LAB_SPEC": posixpath.join(d, "spec.json"),
-                    "HYPERPOD_LAB_SHARED_ROOT": self.profile.shared_root})
+        env.update(job_env(job_id, paths.folder, paths.spec, self.profile.shared_root))
         env.setdefault("OMP_NUM_THREADS", "1")
         return env
 
@@ -68,7 +64,7 @@ class LocalScheduler(Scheduler):
 
     def submit(self, spec, job_id, script_bytes):
         d = self.stage(spec, job_id, script_bytes)
-        out = open(os.path.join(d, "logs", "launcher.log"), "ab")
+        out = open(JobPaths(d).launcher_log, "ab")
         p = subprocess.Popen([sys.executable, "-m", "hyperpod_lab.schedulers._local_wrapper", d, "--",
                               *self._argv(spec, job_id)],
                              env=self._env(spec, job_id), cwd=d, stdin=subprocess.DEVNULL, stdout=out,
@@ -80,11 +76,11 @@ class LocalScheduler(Scheduler):
         out = {}
         for rec in records:
             try:
-                code = int(open(os.path.join(rec.job_dir, "exit_code")).read().strip())
+                code = int(open(JobPaths(rec.job_dir).exit_code).read().strip())
             except (FileNotFoundError, ValueError):
                 code = None
             if code is not None:
-                if os.path.exists(os.path.join(rec.job_dir, "cancelled")):
+                if os.path.exists(JobPaths(rec.job_dir).cancelled):
                     out[rec.job_id] = (JobStatus.CANCELLED, code, "cancelled")
                 else:
                     out[rec.job_id] = (JobStatus.COMPLETED if code == 0 else JobStatus.FAILED, code, None)
@@ -95,7 +91,7 @@ class LocalScheduler(Scheduler):
         return out
 
     def cancel(self, rec):
-        open(os.path.join(rec.job_dir, "cancelled"), "w").close()
+        open(JobPaths(rec.job_dir).cancelled, "w").close()
         # the job's launcher, and the agents ``scale`` started (each in a session of its own)
         pids = [rec.native_id] + [pid for j in self.joins(rec) for pid in j["native_id"].split(",")]
         for pid in pids:
@@ -108,27 +104,32 @@ class LocalScheduler(Scheduler):
         if rank is not None:
             return self.rank_log(rec, rank)
         try:
-            return open(os.path.join(rec.job_dir, "logs", "launcher.log"), errors="replace").read()
+            return open(JobPaths(rec.job_dir).launcher_log, errors="replace").read()
         except FileNotFoundError:
             return ""
 
     def _start_join(self, rec, spec, offset, add_nodes, index):
         """``add_nodes`` more replica-group agents joining the job's Lighthouse; their pids."""
-        from hyperpod_lab.runtime.ft_local import agent_argv, group_env
-
+        paths = JobPaths(rec.job_dir)
         pids = []
         for g in range(offset, offset + add_nodes):
             env = {**self._env(spec, rec.job_id), **group_env(g, spec.nodes)}
-            out = open(os.path.join(rec.job_dir, "logs", f"join-group-{g}.log"), "ab")
-            p = subprocess.Popen(agent_argv(self.profile.python or sys.executable, spec.procs_per_node,
-                                            spec.resiliency.max_retries,
-                                            os.path.join(rec.job_dir, "logs", "torchrun", f"group-{g}"),
-                                            self.staged_script(spec, rec.job_id), spec.args),
+            out = open(paths.group_log(g), "ab")
+            p = subprocess.Popen(launcher_argv(self.profile.python or sys.executable,
+                                               self.staged_script(spec, rec.job_id), spec.args, standalone=True,
+                                               nproc_per_node=spec.procs_per_node,
+                                               max_restarts=effective_restarts(spec.resiliency), monitor_interval=0.1,
+                                               log_dir=paths.group_torchrun_logs(g)),
                                  env=env, cwd=rec.job_dir, stdin=subprocess.DEVNULL, stdout=out,
                                  stderr=subprocess.STDOUT, start_new_session=True)
             out.close()
             pids.append(p.pid)
         return ",".join(map(str, pids))
+
+    def health(self):
+        """This machine as the one node (``idle``, its CPU count); see :meth:`Scheduler.health`."""
+        return {"state": "up", "error": None, "nodes": [
+            {"name": socket.gethostname(), "state": "idle", "cpus": os.cpu_count() or 1, "partitions": []}]}
 
     def inject_fault(self, rec, rank):
         info = self.rank_info(rec, rank)

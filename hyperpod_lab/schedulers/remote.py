@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from hyperpod_lab.clusters import ClusterProfile
 from hyperpod_lab.errors import ClusterUnreachable, HostKeyError, RemoteCommandError
+from hyperpod_lab.events import LocalFiles
 
 
 def quote_argv(argv: list[str]) -> str:
@@ -89,8 +90,9 @@ class Remote(ABC):
         pass
 
 
-class LocalRemote(Remote):
-    """This machine: subprocess without a shell, and the local file system."""
+class LocalRemote(LocalFiles, Remote):
+    """This machine: subprocess without a shell, and the local file system (reads, appends and
+    directories as :class:`hyperpod_lab.events.LocalFiles`)."""
 
     def run(self, argv, check=True, timeout_s=60.0):
         quote_argv(argv)  # same validation as over SSH
@@ -103,17 +105,6 @@ class LocalRemote(Remote):
             raise RemoteCommandError(list(argv), res.exit_status, res.stderr or res.stdout)
         return res
 
-    def read_from(self, path, offset=0):
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read()
-
-    def listdir(self, path):
-        try:
-            return os.listdir(path)
-        except FileNotFoundError:
-            return []
-
     def write_bytes(self, path, data, mode=0o644):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         tmp = f"{path}.tmp-{os.getpid()}"
@@ -123,13 +114,6 @@ class LocalRemote(Remote):
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
-
-    def append_bytes(self, path, data):
-        with open(path, "ab") as f:
-            f.write(data)
-
-    def makedirs(self, path):
-        os.makedirs(path, exist_ok=True)
 
 
 class SSHRemote(Remote):

@@ -23,6 +23,9 @@ import shlex
 
 from hyperpod_lab._version import __version__
 from hyperpod_lab.errors import HyperPodLabError, JobStateError, RemoteCommandError, SpecError
+from hyperpod_lab.jobdir import (ENV_JOB_DIR, ENV_JOB_ID, ENV_REPLICA_GROUP, ENV_REPLICA_GROUP_OFFSET,
+                                 ENV_REPLICA_GROUPS, ENV_SHARED_ROOT, ENV_SPEC, SLURM_REPLICA_GROUP, JobPaths,
+                                 effective_restarts, launcher_argv, lighthouse_argv)
 from hyperpod_lab.jobs import JobStatus
 from hyperpod_lab.schedulers.base import Scheduler
 from hyperpod_lab.spec import JobSpec
@@ -54,7 +57,8 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
         The sbatch script text. Every user-supplied value appears shell-quoted. The job name
         is not in the script: it is passed to ``sbatch --job-name`` as an argv word.
     """
-    script = posixpath.join(job_dir, "script", posixpath.basename(spec.script))
+    paths, sh = JobPaths(job_dir), JobPaths("$JOB_DIR")  # sh: the same paths, as the script spells them
+    script = paths.script(spec.script)
     el = spec.elastic
     nnodes = f"{el.min_nodes}:{el.max_nodes}" if el.enabled else str(spec.nodes)
     joining = join_offset is not None
@@ -69,7 +73,7 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
         f"#SBATCH --nodes={join_nodes if joining else spec.nodes}",
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --cpus-per-task={spec.procs_per_node}",
-        f"#SBATCH --output={job_dir}/logs/slurm-{'join-' if joining else ''}%j.out",
+        f"#SBATCH --output={paths.slurm_log('join-%j' if joining else '%j')}",
         "#SBATCH --open-mode=append",
     ]
     if partition:
@@ -85,10 +89,10 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
     lines += [
         "set -uo pipefail",
         f"JOB_DIR={_q(job_dir)}",
-        f"export HYPERPOD_LAB_JOB_ID={_q(job_id)}",
-        'export HYPERPOD_LAB_JOB_DIR="$JOB_DIR"',
-        'export HYPERPOD_LAB_SPEC="$JOB_DIR/spec.json"',
-        f"export HYPERPOD_LAB_SHARED_ROOT={_q(shared_root)}",
+        f"export {ENV_JOB_ID}={_q(job_id)}",
+        f'export {ENV_JOB_DIR}="$JOB_DIR"',
+        f'export {ENV_SPEC}="{sh.spec}"',
+        f"export {ENV_SHARED_ROOT}={_q(shared_root)}",
         "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}",
         # torch 2.13: agents joining a c10d rendezvous hang unless each runs its own store
         "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
@@ -104,14 +108,14 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
         # e.g. cut off by the network) can neither join the new rendezvous nor hold its port
         "run=${SLURM_RESTART_COUNT:-0}",
         f"rdzv_port=$(( {RDZV_PORT_BASE} + (SLURM_JOB_ID + {RDZV_PORT_RUN_STRIDE} * run) % 20000 ))",
-        'echo "hyperpod-lab: job $HYPERPOD_LAB_JOB_ID slurm $SLURM_JOB_ID restart $run '
+        f'echo "hyperpod-lab: job ${ENV_JOB_ID} slurm $SLURM_JOB_ID restart $run '
         'nodes $SLURM_JOB_NODELIST rendezvous $head_addr:$rdzv_port"',
     ]
     srun = ["srun", "--nodes=$SLURM_JOB_NUM_NODES", "--ntasks-per-node=1", "--kill-on-bad-exit=0"]
     if hyperpod and spec.resiliency.auto_resume:
         srun.append("--auto-resume=1")
-    restarts = f"--max-restarts={spec.resiliency.max_retries if spec.resiliency.auto_resume else 0}"
-    logs = ['--log-dir="$JOB_DIR/logs/torchrun"', "--redirects=3", "--tee=3"]
+    launch_opts = dict(nproc_per_node=spec.procs_per_node, max_restarts=effective_restarts(spec.resiliency),
+                       log_dir=f'"{sh.torchrun_logs}"', quote=_q)
     if spec.resiliency.recovery == "checkpointless":
         # one data-parallel replica group per node (its own torchrun), one torchft Lighthouse per job
         min_replicas = el.min_nodes if el.enabled else 1
@@ -119,29 +123,26 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
             lines += [
                 # the previous run's Lighthouse (before a requeue) died with it: no group may read
                 # its address while this run's Lighthouse starts
-                'rm -f "$JOB_DIR/lighthouse.json"',
-                f"{_q(python)} -m hyperpod_lab.runtime.lighthouse --job-dir \"$JOB_DIR\" "
-                f"--min-replicas={min_replicas} --host \"$head_addr\" >> \"$JOB_DIR/logs/lighthouse.log\" 2>&1 &",
+                f'rm -f "{sh.lighthouse}"',
+                " ".join(lighthouse_argv(_q(python), '"$JOB_DIR"', min_replicas=min_replicas, host='"$head_addr"'))
+                + f' >> "{sh.lighthouse_log}" 2>&1 &',
                 "lighthouse_pid=$!",
-                "export HYPERPOD_LAB_REPLICA_GROUPS=$SLURM_JOB_NUM_NODES",
+                f"export {ENV_REPLICA_GROUPS}=$SLURM_JOB_NUM_NODES",
             ]
-        lines += ["export HYPERPOD_LAB_REPLICA_GROUP=slurm",
-                  f"export HYPERPOD_LAB_REPLICA_GROUP_OFFSET={int(join_offset or 0)}"]
-        launch = [_q(python), "-m", "hyperpod_lab.runtime.launch", "--standalone", "--nnodes=1",
-                  f"--nproc-per-node={spec.procs_per_node}", restarts, "--monitor-interval=0.1", *logs,
-                  _q(script)] + [_q(a) for a in spec.args]
+        lines += [f"export {ENV_REPLICA_GROUP}={SLURM_REPLICA_GROUP}",
+                  f"export {ENV_REPLICA_GROUP_OFFSET}={int(join_offset or 0)}"]
+        launch = launcher_argv(python, script, spec.args, standalone=True, monitor_interval=0.1, **launch_opts)
     else:
-        launch = [_q(python), "-m", "hyperpod_lab.runtime.launch",
-                  f"--nnodes={nnodes}", f"--nproc-per-node={spec.procs_per_node}",
-                  "--rdzv-backend=c10d", '--rdzv-endpoint="$head_addr:$rdzv_port"', '--rdzv-id="$SLURM_JOB_ID.$run"',
-                  "--rdzv-conf=join_timeout=120", restarts, *logs,
-                  _q(script)] + [_q(a) for a in spec.args]
+        launch = launcher_argv(python, script, spec.args, nnodes=nnodes,
+                               rdzv=["--rdzv-backend=c10d", '--rdzv-endpoint="$head_addr:$rdzv_port"',
+                                     '--rdzv-id="$SLURM_JOB_ID.$run"', "--rdzv-conf=join_timeout=120"],
+                               **launch_opts)
     lines.append(" ".join(srun) + " \\\n    " + " ".join(launch))
     lines.append("rc=$?")
     if spec.resiliency.recovery == "checkpointless" and join_offset is None:
         lines.append('kill "$lighthouse_pid" 2>/dev/null')
         # elastic: a node lost on the way fails its srun task, but the job succeeded if training finished
-        lines.append('if [ "$rc" != 0 ] && grep -qs \'"kind":"finished"\' "$JOB_DIR"/events/rank-*.jsonl; then '
+        lines.append(f'if [ "$rc" != 0 ] && grep -qs \'"kind":"finished"\' "{sh.events}"/rank-*.jsonl; then '
                      'echo "hyperpod-lab: training finished (some nodes were lost on the way)"; rc=0; fi')
     lines.append('echo "hyperpod-lab: step exited with $rc"')
     lines.append("exit $rc")
@@ -151,7 +152,7 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
 def sbatch_argv(name: str, job_dir: str) -> list[str]:
     """The sbatch command for a staged job (the name travels as one argv word)."""
     return ["sbatch", "--parsable", f"--job-name={name}", f"--chdir={job_dir}",
-            posixpath.join(job_dir, "job.sbatch")]
+            JobPaths(job_dir).sbatch]
 
 
 def parse_sbatch(stdout: str) -> str:
@@ -201,6 +202,27 @@ def parse_squeue(stdout: str) -> dict[str, tuple[JobStatus, str]]:
     return out
 
 
+SINFO_ARGV = ["sinfo", "-N", "-h", "-o", "%N|%t|%c|%P"]
+
+
+def parse_sinfo(stdout: str) -> list[dict]:
+    """Parse ``sinfo -N -h -o '%N|%t|%c|%P'`` (one line per node and partition) into
+    ``[{"name", "state", "cpus", "partitions"}]``, one entry per node; the default
+    partition's ``*`` is dropped and a state's flag suffix (``*``, ``~``, ``#``...) kept."""
+    nodes: dict[str, dict] = {}
+    for line in stdout.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 4:
+            continue
+        name, state, cpus, part = parts
+        node = nodes.setdefault(name, {"name": name, "state": state,
+                                       "cpus": int(cpus) if cpus.isdigit() else None, "partitions": []})
+        part = part.rstrip("*")
+        if part and part not in node["partitions"]:
+            node["partitions"].append(part)
+    return list(nodes.values())
+
+
 def parse_exit_code(text: str) -> int | None:
     """sacct's ``EXIT:SIGNAL`` into one code (a signal N becomes 128+N, as shells report it)."""
     m = re.fullmatch(r"\s*(\d+):(\d+)\s*", text or "")
@@ -248,8 +270,10 @@ class SlurmScheduler(Scheduler):
         return f"# submit with: {cmd}\n{text}"
 
     def submit(self, spec, job_id, script_bytes):
+        if spec.partition is None:  # the profile's default partition, recorded with the job
+            spec.partition = self.profile.defaults.partition
         job_dir = self.stage(spec, job_id, script_bytes)
-        self.remote.write_bytes(posixpath.join(job_dir, "job.sbatch"),
+        self.remote.write_bytes(JobPaths(job_dir).sbatch,
                                 self._render(spec, job_id, self.is_hyperpod()).encode(), mode=0o755)
         res = self.remote.run(sbatch_argv(spec.name, job_dir), timeout_s=60)
         return parse_sbatch(res.stdout)
@@ -281,6 +305,12 @@ class SlurmScheduler(Scheduler):
                 out[rec.job_id] = (JobStatus.UNKNOWN, None, "not in squeue or sacct")
         return out
 
+    def health(self):
+        """The nodes as ``sinfo -N`` reports them (one command over the remote seam); see
+        :meth:`Scheduler.health`. Raises ClusterUnreachable, HostKeyError, RemoteCommandError."""
+        res = self.remote.run(SINFO_ARGV, check=True, timeout_s=30)
+        return {"state": "up", "error": None, "nodes": parse_sinfo(res.stdout)}
+
     def cancel(self, rec):
         self.remote.run(["scancel", rec.native_id, *[j["native_id"] for j in self.joins(rec)]])
 
@@ -289,7 +319,7 @@ class SlurmScheduler(Scheduler):
         text = render_sbatch(spec, rec.job_id, rec.job_dir, self.profile.python, self.profile.shared_root,
                              partition=spec.partition or self.profile.defaults.partition,
                              hyperpod=self.is_hyperpod(), join_offset=offset, join_nodes=add_nodes)
-        path = posixpath.join(rec.job_dir, f"join-{index}.sbatch")
+        path = JobPaths(rec.job_dir).join_sbatch(index)
         self.remote.write_bytes(path, text.encode(), mode=0o755)
         argv = sbatch_argv(spec.name, rec.job_dir)
         argv[-1] = path
@@ -298,7 +328,7 @@ class SlurmScheduler(Scheduler):
     def logs(self, rec, rank=None):
         if rank is not None:
             return self.rank_log(rec, rank)
-        path = posixpath.join(rec.job_dir, "logs", f"slurm-{rec.native_id}.out")
+        path = JobPaths(rec.job_dir).slurm_log(rec.native_id)
         try:
             return self.remote.read_from(path).decode(errors="replace")
         except FileNotFoundError:

@@ -34,6 +34,6 @@ srun --nodes=$SLURM_JOB_NUM_NODES --ntasks-per-node=1 --kill-on-bad-exit=0 \
 b'
 rc=$?
 kill "$lighthouse_pid" 2>/dev/null
-if [ "$rc" != 0 ] && grep -qs '"kind":"finished"' "$JOB_DIR"/events/rank-*.jsonl; then echo "hyperpod-lab: training finished (some nodes were lost on the way)"; rc=0; fi
+if [ "$rc" != 0 ] && grep -qs '"kind":"finished"' "$JOB_DIR/events"/rank-*.jsonl; then echo "hyperpod-lab: training finished (some nodes were lost on the way)"; rc=0; fi
 echo "hyperpod-lab: step exited with $rc"
 exit $rc

@@ -1,0 +1,198 @@
+"""The job contract (hyperpod_lab/jobdir.py) and the one-way imports around it.
+
+The submit side (server, client, CLI, magics, widgets, schedulers) never imports torch, not even
+lazily: it runs in the Jupyter server and the kernel, where loading torch costs seconds and
+hundreds of MB. The in-job runtime never imports Jupyter or the submit side. The two meet only
+through the JobSpec, the events and ``hyperpod_lab.jobdir``. See docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from hyperpod_lab import jobdir
+from hyperpod_lab.jobdir import JobPaths
+from hyperpod_lab.spec import JobSpec
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PKG = os.path.join(ROOT, "hyperpod_lab")
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "ft_train.py")
+
+SUBMIT_SIDE = ["hyperpod_lab", "hyperpod_lab.jobdir", "hyperpod_lab.server", "hyperpod_lab.server.handlers",
+               "hyperpod_lab.server.watcher", "hyperpod_lab.server.stream", "hyperpod_lab.client",
+               "hyperpod_lab.cli", "hyperpod_lab.magics", "hyperpod_lab.widgets", "hyperpod_lab.goodput",
+               "hyperpod_lab.discovery", "hyperpod_lab.progress", "hyperpod_lab.schedulers",
+               "hyperpod_lab.schedulers.slurm", "hyperpod_lab.schedulers.local", "hyperpod_lab.schedulers.eks",
+               "hyperpod_lab.schedulers.k8s_manifest", "hyperpod_lab.schedulers.remote",
+               "hyperpod_lab.schedulers._local_wrapper"]
+
+# a meta-path finder that makes torch (and torchft) unimportable in this process only: the job's
+# own processes, started by the local backend, import torch as usual
+_NO_TORCH = textwrap.dedent("""
+    import sys
+
+    class NoTorch:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("torch", "torchft"):
+                raise ImportError(f"{name} is blocked: the submit side must not import torch")
+            return None
+
+    sys.meta_path.insert(0, NoTorch())
+""")
+
+
+def _run_without_torch(body: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    code = _NO_TORCH + textwrap.dedent(body)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.path.join(ROOT, "tests"))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT, env=env)
+
+
+def test_submit_side_imports_without_torch():
+    res = _run_without_torch(f"""
+        import importlib, sys
+        for name in {SUBMIT_SIDE!r}:
+            importlib.import_module(name)
+        assert not [m for m in sys.modules if m.split(".")[0] in ("torch", "torchft")]
+        print("OK")
+    """)
+    assert res.returncode == 0 and res.stdout.strip().endswith("OK"), res.stderr[-3000:]
+
+
+def test_scale_on_the_local_backend_runs_without_torch_in_the_submitting_process(tmp_path):
+    """Submit a checkpointless job to the local backend, add a node (``scale``) and cancel, all
+    from a process where torch cannot be imported; the job's processes train with torch."""
+    res = _run_without_torch(f"""
+        import json, sys, time
+        from hyperpod_lab.client import Client
+        from hyperpod_lab.events import EventReader
+        from hyperpod_lab.jobs import JobStore
+        from hyperpod_lab.spec import JobSpec
+
+        client = Client(JobStore({str(tmp_path / "jobs")!r}))
+        spec = JobSpec.from_dict({{"script": {SCRIPT!r}, "cluster": "local", "name": "no-torch", "nodes": 2,
+                                  "procs_per_node": 1, "resiliency": {{"recovery": "checkpointless"}},
+                                  "elastic": {{"min_nodes": 1, "max_nodes": 3}},
+                                  "env": {{"HYPERPOD_LAB_STEP_EVENT_INTERVAL_S": "0.001", "RUST_LOG": "warn"}},
+                                  "args": ["--steps", "400", "--step-sleep", "0.2", "--no-checkpoint"]}})
+        rec = client.submit(spec)
+        reader, seen = EventReader(rec.job_dir), []
+
+        def wait_for(pred, what, timeout=150):
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                seen.extend(reader.poll())
+                if any(pred(e) for e in seen):
+                    return
+                time.sleep(0.2)
+            raise SystemExit(f"timed out waiting for {{what}}: " + client.logs(rec.job_id)[-3000:])
+
+        try:
+            wait_for(lambda e: e.kind == "step" and e.data.get("step", -1) >= 3, "step 3")
+            join = client.scale(rec.job_id, 1)
+            wait_for(lambda e: e.kind == "checkpoint.restored" and e.data.get("replica_group") == 2,
+                     "group 2 joining")
+        finally:
+            client.cancel(rec.job_id)
+        assert not [m for m in sys.modules if m.split(".")[0] in ("torch", "torchft")]
+        print(json.dumps(join))
+    """)
+    assert res.returncode == 0, (res.stdout[-2000:], res.stderr[-3000:])
+    join = json.loads(res.stdout.strip().splitlines()[-1])
+    assert join["offset"] == 2 and join["nodes"] == 1
+
+
+def _imports(path: str) -> list[tuple[int, str]]:
+    tree = ast.parse(open(path).read(), path)
+    out = []
+    for node in ast.walk(tree):  # every import, also those inside functions (lazy ones)
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.append((node.lineno, node.module))
+    return out
+
+
+def _modules():
+    for root, _dirs, files in os.walk(PKG):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(root, f)
+                yield os.path.relpath(path, ROOT), path
+
+
+def test_imports_that_must_never_exist():
+    """The submit side never names torch, torchft or the runtime; the runtime never names Jupyter,
+    tornado, ipywidgets, paramiko or the submit side (docs/architecture.md)."""
+    runtime_may_not = ("jupyter_server", "jupyterlab", "tornado", "ipywidgets", "IPython", "paramiko", "boto3.session")
+    submit_side = ("hyperpod_lab.server", "hyperpod_lab.client", "hyperpod_lab.schedulers", "hyperpod_lab.cli",
+                   "hyperpod_lab.magics", "hyperpod_lab.widgets", "hyperpod_lab.discovery", "hyperpod_lab.devcluster")
+    bad = []
+    for rel, path in _modules():
+        in_runtime = rel.startswith(os.path.join("hyperpod_lab", "runtime") + os.sep)
+        for line, mod in _imports(path):
+            top = mod.split(".")[0]
+            if not in_runtime and (top in ("torch", "torchft") or mod.startswith("hyperpod_lab.runtime")):
+                bad.append(f"{rel}:{line} imports {mod} (submit side -> torch)")
+            if in_runtime and (mod.startswith(runtime_may_not[:-1]) or mod == "boto3.session"
+                               or mod.startswith(submit_side)):
+                bad.append(f"{rel}:{line} imports {mod} (runtime -> Jupyter/submit side)")
+    assert not bad, "\n".join(bad)
+
+
+def test_env_names_are_written_only_through_the_contract():
+    """No module but jobdir spells a ``HYPERPOD_LAB_*`` job variable as a string literal in code
+    (docstrings aside): every writer and reader uses jobdir's constants."""
+    job_vars = {v for k, v in vars(jobdir).items() if k.startswith("ENV_")}
+    bad = []
+    for rel, path in _modules():
+        if rel == os.path.join("hyperpod_lab", "jobdir.py"):
+            continue
+        tree = ast.parse(open(path).read(), path)
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                hits = [v for v in job_vars if v in node.value]
+                if hits:
+                    bad.append(f"{rel}:{node.lineno} spells {hits}")
+    assert not bad, "\n".join(bad)
+
+
+def test_job_paths_layout_is_shared_by_submitter_and_runtime():
+    """The submitter's JobPaths (for_job) and the runtime's (from_env) name the same files."""
+    submit = JobPaths.for_job("/fsx", "j-1")
+    assert submit.folder == "/fsx/hyperpod-lab/jobs/j-1"
+    run = JobPaths.from_env({jobdir.ENV_JOB_DIR: submit.folder})
+    for attr in ("spec", "events", "logs", "ranks", "checkpoints", "joins", "lighthouse", "exit_code", "cancelled"):
+        assert getattr(run, attr) == getattr(submit, attr)
+    assert run.rank_file(3) == "/fsx/hyperpod-lab/jobs/j-1/ranks/rank-3.json"
+    assert run.event_file("rank-3") == "/fsx/hyperpod-lab/jobs/j-1/events/rank-3.jsonl"
+    assert submit.script("/home/me/train.py") == "/fsx/hyperpod-lab/jobs/j-1/script/train.py"
+    assert JobPaths.rank_of("rank-12.json") == 12 and JobPaths.rank_of("rank-x.json") is None
+    assert JobPaths.from_env({}) is None
+
+
+def test_restart_count_and_launcher_argv_are_defined_once():
+    spec = JobSpec.from_dict({"script": "train.py", "nodes": 2, "procs_per_node": 4,
+                              "resiliency": {"auto_resume": True, "max_retries": 5}})
+    assert jobdir.effective_restarts(spec.resiliency) == 5
+    spec.resiliency.auto_resume = False
+    assert jobdir.effective_restarts(spec.resiliency) == 0
+    argv = jobdir.launcher_argv("/py", "s.py", ["--x", "a b"], standalone=True, nproc_per_node=4, max_restarts=2,
+                                log_dir="/j/logs/torchrun", monitor_interval=0.1)
+    assert argv == ["/py", "-m", "hyperpod_lab.runtime.launch", "--standalone", "--nnodes=1", "--nproc-per-node=4",
+                    "--max-restarts=2", "--monitor-interval=0.1", "--log-dir=/j/logs/torchrun", "--redirects=3",
+                    "--tee=3", "s.py", "--x", "a b"]
+    # the runtime's launcher (torchrun's own parser) reads every option the contract writes
+    from hyperpod_lab.runtime import launch
+
+    args = launch._torchrun.parse_args(argv[3:])
+    assert (args.standalone, args.nproc_per_node, args.max_restarts, args.monitor_interval) == (True, "4", 2, 0.1)
+    assert (args.training_script, args.training_script_args) == ("s.py", ["--x", "a b"])
