@@ -11,6 +11,7 @@ from hyperpod_lab.jobs import JobStatus
 from hyperpod_lab.schedulers.slurm import (parse_exit_code, parse_sacct, parse_sbatch, parse_squeue,
                                            render_sbatch, sbatch_argv)
 from hyperpod_lab.spec import ElasticPolicy, JobSpec, ResiliencyPolicy
+from goldens import assert_matches_golden
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 
@@ -37,12 +38,7 @@ def ft_spec():
 def test_render_matches_golden(name, kwargs, make):
     text = render_sbatch(make(), "quick-start-20261123-010203-abcd", "/fsx/hyperpod-lab/jobs/quick-start-20261123-010203-abcd",
                          "/opt/venv/bin/python", "/fsx", **kwargs)
-    path = os.path.join(GOLDEN, name)
-    if os.environ.get("UPDATE_GOLDEN"):
-        with open(path, "w") as f:
-            f.write(text)
-    with open(path) as f:
-        assert text == f.read(), f"rendered sbatch differs from {path}; UPDATE_GOLDEN=1 rewrites it after review"
+    assert_matches_golden(text, os.path.join(GOLDEN, name), "sbatch")
 
 
 def test_checkpointless_renders_replica_groups_under_a_lighthouse():
@@ -119,3 +115,19 @@ def test_parse_sacct_literal():
     assert got["25"][0] == JobStatus.RUNNING  # the last row of a requeued job wins
     assert "26.batch" not in got
     assert parse_exit_code("garbage") is None
+
+
+def test_parse_sinfo_literal():
+    """``sinfo -N -h -o '%N|%t|%c|%P'``: the first two lines were captured from the dev cluster
+    (Slurm 22.05); the others follow the sinfo man page's NODE STATE CODES (a ``*`` suffix: not
+    responding; a node listed once per partition, the default partition marked ``*``)."""
+    from hyperpod_lab.schedulers.slurm import parse_sinfo
+
+    text = "n1|idle|2|dev*\nn2|idle|2|dev*\nn3|down*|8|dev*\nn3|down*|8|gpu\nn4|drain|N/A|gpu\nnot a row\n"
+    assert parse_sinfo(text) == [
+        {"name": "n1", "state": "idle", "cpus": 2, "partitions": ["dev"]},
+        {"name": "n2", "state": "idle", "cpus": 2, "partitions": ["dev"]},
+        {"name": "n3", "state": "down*", "cpus": 8, "partitions": ["dev", "gpu"]},
+        {"name": "n4", "state": "drain", "cpus": None, "partitions": ["gpu"]},
+    ]
+    assert parse_sinfo("") == []
