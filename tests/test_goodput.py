@@ -366,6 +366,99 @@ def test_project_from_measurement():
         gp.measure_from_events([ev("submitted", 1.0, "client")])
 
 
+def checkpointless_events(downtime_written):
+    """0.5 s steps from t=40; group 1 killed after step 20 (t=50.5); its agent detects it at
+    50.7, the survivors' leader at 50.9 (written at the first commit after the loss, 51.9, with
+    recovery.completed); steps 21-24 follow, as in job_events."""
+    ev.seq = {}
+    out = [ev("started", 40.0, world_size=1)]
+    out += [ev("step", 40.5 + s * 0.5, step=s, loss=1.0) for s in range(21)]
+    out += [ev("fault.detected", 50.7, "agent-n1", rank=1, signal="SIGKILL", replica_group=1),
+            ev("fault.detected", 51.9, rank=[1], replica_group=1, detected_by=0, detection_s=0.4, detected_at=50.9),
+            ev("recovery.completed", 51.9, mode="checkpointless", restored_step=None, restored_from="none",
+               resumed_step=21, downtime_s=downtime_written, replicas=2, lost_replica_groups=[1], restart_count=0)]
+    out += [ev("step", 51.9 + s * 0.5, step=21 + s, loss=1.0) for s in range(4)]
+    out.append(ev("finished", 53.9, status="succeeded", steps=25))
+    return out
+
+
+# written: the fold's meaning (from the first detection), and the old checkpointless one (from the
+# last committed step: the detection lag again, which the measurement used to add to detect_s)
+@pytest.mark.parametrize("written", [1.2, 1.4])
+def test_measurement_counts_detection_once(written):
+    m = gp.measure_from_events(checkpointless_events(written))
+    assert m["faults"] == 1 and m["step_time_s"] == pytest.approx(0.5)
+    (r,) = m["recoveries"]
+    assert r["downtime_s"] == pytest.approx(1.2)  # first detection (50.7) to the first step after (51.9)
+    assert r["detect_s"] == pytest.approx(0.2) and r["restore_s"] == 0.0 and r["recomputed_steps"] == 0
+    # from the last step before the fault to the first after it, each second counted once
+    assert r["detect_s"] + r["restart_s"] + r["restore_s"] == pytest.approx(51.9 - 50.5)
+    lost = m["lost_s"]
+    assert lost["detect"] + lost["restart"] + lost["restore"] == pytest.approx(1.4)
+    assert lost["other"] == pytest.approx(0.0, abs=1e-9)
+    assert m["useful_s"] + sum(lost.values()) == pytest.approx(m["wall_s"])
+
+
+@st.composite
+def jobs(draw):
+    """Random jobs: runs of steps, checkpoints of any cost, faults reported by one or two agents
+    at any delay, restores of any length (even longer than the downtime), any restored step."""
+    seq: dict = {}
+
+    def e(kind, t, writer="rank-0", **data):
+        seq[writer] = seq.get(writer, -1) + 1
+        return Event(kind=kind, job_id="j", time=t, writer=writer, seq=seq[writer], data=data)
+
+    t, step, out = 0.0, 0, [e("started", 0.0)]
+    for i in range(draw(st.integers(0, 3)) + 1):
+        dt = draw(st.floats(0.01, 2.0))
+        for _ in range(draw(st.integers(1, 8))):
+            t += dt
+            out.append(e("step", t, step=step, loss=1.0))
+            if draw(st.booleans()):
+                blocked = draw(st.floats(0.0, 3.0))
+                out.append(e("checkpoint.saved", t + blocked, tier=draw(st.sampled_from(["memory", "persistent"])),
+                             step=step, blocked_s=blocked, total_s=blocked))
+                t += blocked
+            step += 1
+        if draw(st.booleans()):
+            t += draw(st.floats(0.0, 5.0))
+            out.append(e("fault.detected", t, "agent-n1", rank=1))
+            if draw(st.booleans()):
+                out.append(e("fault.detected", t + draw(st.floats(0.0, 3.0)), "agent-n0", rank=0))
+            down = draw(st.floats(0.0, 20.0))
+            out.append(e("checkpoint.restored", t + draw(st.floats(0.0, 25.0)), tier="persistent", step=0,
+                         seconds=draw(st.floats(0.0, 30.0))))
+            t += down
+            rstep = draw(st.none() | st.integers(0, 40))
+            out.append(e("recovery.completed", t, restored_step=rstep, restart_count=i + 1,
+                         downtime_s=draw(st.floats(0.0, 30.0)), restored_from="persistent"))
+            step = 0 if rstep is None else rstep + 1
+    t += 0.5
+    out.append(e("step", t, step=step, loss=1.0))
+    if draw(st.booleans()):
+        out.append(e("finished", t + draw(st.floats(0.0, 2.0)), status="succeeded", steps=step + 1))
+    return out
+
+
+@PROPS
+@given(events=jobs())
+def test_lost_time_adds_up_to_the_wall_time_with_no_negative_part(events):
+    m = gp.measure_from_events(events)
+    lost = m["lost_s"]
+    parts = [v for v in lost.values() if v is not None]
+    assert all(v >= 0.0 for v in parts), lost
+    assert m["wall_s"] >= 0.0
+    if m["useful_s"] is None:
+        assert lost["other"] is None and sum(parts) <= m["wall_s"] + 1e-9
+    else:
+        assert m["useful_s"] >= 0.0 and 0.0 <= (m["goodput"] or 0.0) <= 1.0
+        assert m["useful_s"] + sum(parts) == pytest.approx(m["wall_s"], abs=1e-9)
+    for r in m["recoveries"]:
+        assert min(r["downtime_s"], r["restore_s"], r["restart_s"]) >= 0.0
+        assert r["restore_s"] + r["restart_s"] == pytest.approx(r["downtime_s"])
+
+
 def test_advise_is_json_and_recommends_daly():
     a = gp.advise(512, "0.04%", 30, 2.0, work_gpu_hours=1e6)
     json.dumps(a, allow_nan=False)
@@ -462,9 +555,17 @@ def test_magic_shows_the_plot_inline(tmp_path, monkeypatch):
 
 def test_docstring_examples_hold():
     import doctest
+    import importlib
+    import pkgutil
 
-    result = doctest.testmod(gp)
-    assert result.attempted >= 1 and result.failed == 0
+    attempted = 0
+    for info in pkgutil.iter_modules(gp.__path__):  # the package's modules hold the docstrings
+        if info.name == "__main__":
+            continue
+        result = doctest.testmod(importlib.import_module(f"hyperpod_lab.goodput.{info.name}"))
+        assert result.failed == 0, info.name
+        attempted += result.attempted
+    assert attempted >= 1
 
 
 def test_module_imports_neither_torch_nor_jupyter_nor_matplotlib():

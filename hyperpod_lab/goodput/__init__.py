@@ -1,0 +1,93 @@
+"""Goodput model and checkpoint-interval advisor, calibrated from a job's own events.
+
+*Goodput* is the fraction of wall time a job spends on useful training steps: steps that are
+never lost. Time is lost to checkpoint stalls (the seconds the training loop is blocked by a
+save), and on every failure to detection, restart (or peer healing), checkpoint restore and the
+recomputation of the steps since the restore point.
+
+The model (formulas and the public figures it reproduces: ``docs/goodput.md``):
+
+* Failures are a Poisson process per instance with rate ``failure_rate_per_instance_hour``
+  (a fraction, ``0.0004`` = 0.04 %); a cluster of ``instances`` fails at ``instances × rate``
+  per hour: the cluster MTBF is ``1 / (instances × rate)`` hours.
+* Checkpoint tiers (``memory``, ``peer``, ``persistent``, ``s3``) each save every
+  ``interval_steps`` steps and block training ``blocked_s`` seconds per save.
+* Recovery mode ``"checkpoint-restart"``: the whole job restarts (``detect_s + restart_s``),
+  restores the newest surviving checkpoint (``restore_s`` of its tier) and recomputes the steps
+  since it (on average half the tier's interval).
+* Recovery mode ``"checkpointless"``: surviving data-parallel replicas heal the replacement
+  (``detect_s + heal_s``, at most the step in flight is recomputed); when every replica of some
+  state is lost (probability ``fallback_probability``, or modeled from ``replicas``) it falls
+  back to checkpoint-restart from a tier.
+
+:func:`expected_goodput` is the first-order closed form; :func:`exponential_goodput` the exact
+expected value for one tier and checkpoint-restart (Daly 2006); :func:`simulate` a seeded
+Monte Carlo simulator of the same model (per-instance failure times, several tiers, peers lost
+within the healing window) that checks both. :func:`measure_from_events` measures a job from
+its events; :func:`project` and :func:`advise` give the goodput at N instances.
+
+The package, one module per idea (``from hyperpod_lab.goodput import X`` works for each public
+name): ``scenario`` (units, failure arithmetic, :class:`Tier`, :class:`Scenario`),
+``closed_form`` (Young/Daly intervals, the exact one-tier form, the multi-tier breakdown),
+``simulation`` (Monte Carlo), ``measure`` (a job's events, through the job facts fold of
+:mod:`hyperpod_lab.facts`, and projection), ``advice`` (advice, curve, plot, report) and
+``figures`` (the public-figures table; ``python -m hyperpod_lab.goodput --table``).
+
+Pure Python + numpy (matplotlib only inside :func:`plot_goodput_vs_interval`); no torch, no
+Jupyter.
+
+Sources: J. W. Young, "A first order approximation to the optimum checkpoint interval",
+CACM 17(9):530-531, 1974. J. T. Daly, "A higher order estimate of the optimum checkpoint
+interval for restart dumps", Future Generation Computer Systems 22(3):303-312, 2006.
+"""
+
+from __future__ import annotations
+
+from hyperpod_lab.goodput.advice import (
+    advise,
+    figure_png,
+    goodput_curve,
+    plot_goodput_vs_interval,
+    report_text,
+)
+from hyperpod_lab.goodput.closed_form import (
+    daly_interval_s,
+    expected_goodput,
+    exponential_goodput,
+    goodput_breakdown,
+    training_days,
+    young_daly_interval,
+    young_interval_s,
+)
+from hyperpod_lab.goodput.figures import LLAMA3_ASSUMPTIONS, figures_table_markdown, main, public_figures
+from hyperpod_lab.goodput.measure import measure_from_events, project
+from hyperpod_lab.goodput.scenario import (
+    CHECKPOINT_RESTART,
+    CHECKPOINTLESS,
+    DEFAULT_DETECT_S,
+    DEFAULT_GPUS_PER_INSTANCE,
+    DEFAULT_HEAL_S,
+    DEFAULT_MAX_INTERVAL_S,
+    DEFAULT_REPLICAS,
+    DEFAULT_RESTART_S,
+    LOST_KINDS,
+    RECOVERY_MODES,
+    SECONDS_PER_HOUR,
+    TIER_ORDER,
+    Scenario,
+    Tier,
+    cluster_mtbf_hours,
+    failure_rate_from_counts,
+    parse_failure_rate,
+)
+from hyperpod_lab.goodput.simulation import simulate
+
+__all__ = [
+    "CHECKPOINTLESS", "CHECKPOINT_RESTART", "DEFAULT_DETECT_S", "DEFAULT_GPUS_PER_INSTANCE", "DEFAULT_HEAL_S",
+    "DEFAULT_MAX_INTERVAL_S", "DEFAULT_REPLICAS", "DEFAULT_RESTART_S", "LLAMA3_ASSUMPTIONS", "LOST_KINDS",
+    "RECOVERY_MODES", "SECONDS_PER_HOUR", "TIER_ORDER", "Scenario", "Tier", "advise", "cluster_mtbf_hours",
+    "daly_interval_s", "expected_goodput", "exponential_goodput", "failure_rate_from_counts", "figure_png",
+    "figures_table_markdown", "goodput_breakdown", "goodput_curve", "main", "measure_from_events",
+    "parse_failure_rate", "plot_goodput_vs_interval", "project", "public_figures", "report_text", "simulate",
+    "training_days", "young_daly_interval", "young_interval_s",
+]
