@@ -40,24 +40,32 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from hyperpod_lab.events import Event, EventKind, EventReader, EventSchemaError, EventWriter, events_dir
+from hyperpod_lab.events import Event, EventKind, EventReader, EventSchemaError, EventWriter
+from hyperpod_lab.jobdir import (
+    ENV_CHECKPOINT_TIMEOUT,
+    ENV_COLLECTIVE_TIMEOUT,
+    ENV_JOB_DIR,
+    ENV_JOB_ID,
+    ENV_REPLICA_GROUP,
+    ENV_SPEC,
+    ENV_STEP_INTERVAL,
+    JobPaths,
+)
 from hyperpod_lab.spec import JobSpec
 
 if TYPE_CHECKING:  # pragma: no cover
-    from hyperpod_lab.runtime.checkpoint import Checkpointer
+    from typing import Protocol
 
-ENV_JOB_ID = "HYPERPOD_LAB_JOB_ID"
-ENV_JOB_DIR = "HYPERPOD_LAB_JOB_DIR"
-ENV_SPEC = "HYPERPOD_LAB_SPEC"
-ENV_COLLECTIVE_TIMEOUT = "HYPERPOD_LAB_COLLECTIVE_TIMEOUT_S"
-ENV_CHECKPOINT_TIMEOUT = "HYPERPOD_LAB_CHECKPOINT_TIMEOUT_S"
-ENV_STEP_INTERVAL = "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S"
-ENV_REPLICA_GROUP = "HYPERPOD_LAB_REPLICA_GROUP"
+    class Closable(Protocol):
+        """What :meth:`JobContext.register_checkpointer` takes."""
+
+        def wait(self) -> Any: ...
+
+        def close(self) -> Any: ...
 
 DEFAULT_COLLECTIVE_TIMEOUT_S = 60.0
 DEFAULT_CHECKPOINT_TIMEOUT_S = 600.0
 DEFAULT_STEP_INTERVAL_S = 1.0
-RANKS_DIRNAME = "ranks"
 
 
 def node_name() -> str:
@@ -117,7 +125,7 @@ def _json_safe(value: Any) -> Any:
 
 def _has_event(job_dir: str, writer: str, kind: str) -> bool:
     """Whether ``<job_dir>/events/<writer>.jsonl`` holds an event of ``kind``."""
-    path = os.path.join(events_dir(job_dir), writer + ".jsonl")
+    path = JobPaths(job_dir, join=os.path.join).event_file(writer)
     try:
         with open(path, "rb") as f:
             for line in f:
@@ -149,6 +157,7 @@ class JobContext:
         node: ``$SLURMD_NODENAME`` or the host name.
         device: ``cuda:<local_rank>`` when CUDA is available, else ``cpu``.
         job_id, job_dir: the job's id and directory on shared storage.
+        paths: the job directory's layout (:class:`~hyperpod_lab.jobdir.JobPaths` of ``job_dir``).
         spec: the job's :class:`~hyperpod_lab.spec.JobSpec`, or None.
         restart_count: how many times torchrun restarted the workers, the maximum over all ranks
             (an agent restarted only because a peer re-rendezvoused reports a lower count).
@@ -180,19 +189,66 @@ class JobContext:
         self.group_rank, self.nodes, self.node = group_rank, nodes, node
         self.device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
         self.job_id, self.job_dir, self.spec = job_id, job_dir, spec
+        self.paths = JobPaths(job_dir, join=os.path.join)
         self.restart_count, self.is_restart = restart_count, is_restart
         self.cpu_group = cpu_group
         self.step_interval_s = step_interval_s
         self.writer = EventWriter(job_dir, f"rank-{self.global_rank}", job_id)
         self._emit_lock = threading.Lock()
         self._owns_default_group = owns_default_group
-        self._checkpointers: list["Checkpointer"] = []
-        self._restored: dict[str, Any] | None = None  # set by Checkpointer.restore
+        self._checkpointers: list["Closable"] = []  # see register_checkpointer
+        self._restored: dict[str, Any] | None = None  # see note_restored
         self._steps_done = 0
         self._stepped = False
         self._last_emit: tuple[float, int] | None = None  # (monotonic time, step) of last step event
         self._last_print: float | None = None  # monotonic time of the last stdout step line
         self._closed = False
+
+    # ---- registration by the checkpoint tiers ---------------------------------------------
+    def register_checkpointer(self, checkpointer: "Closable", *, before: "Closable | None" = None) -> None:
+        """Have :meth:`finish` wait for ``checkpointer`` and the teardown close it.
+
+        :meth:`finish` calls every registered object's ``wait()`` in registration order, then
+        (also on an exception) its ``close()``. Registering an object again moves it to the end.
+
+        Args:
+            checkpointer: an object with ``wait()`` and ``close()`` (a
+                :class:`~hyperpod_lab.runtime.checkpoint.Checkpointer`, an
+                :class:`~hyperpod_lab.runtime.s3tier.S3Tier`, a
+                :class:`~hyperpod_lab.runtime.tiered.TieredCheckpointer`).
+            before: when given and already registered, it is moved behind ``checkpointer``, so
+                it is waited for later (e.g. the S3 tier after the checkpointer whose last commit
+                may still hand it an upload).
+        """
+        if checkpointer in self._checkpointers:
+            self._checkpointers.remove(checkpointer)
+        self._checkpointers.append(checkpointer)
+        if before is not None and before in self._checkpointers:
+            self._checkpointers.remove(before)
+            self._checkpointers.append(before)
+
+    @property
+    def checkpointers(self) -> tuple["Closable", ...]:
+        """The registered checkpointers, in the order :meth:`finish` waits for them."""
+        return tuple(self._checkpointers)
+
+    def note_restored(self, tier: str | None, step: int | None = None) -> None:
+        """Record which tier the training state was last restored from, or that none was.
+
+        The first :meth:`step` after a restart reports it in ``recovery.completed``
+        (``restored_from``, ``restored_step``).
+
+        Args:
+            tier: a tier name (:data:`~hyperpod_lab.jobdir.TIERS`, or ``"replica"`` for a
+                checkpointless heal from a live replica); None: nothing was restored.
+            step: the 0-based step the restored state was saved after (None with ``tier=None``).
+        """
+        self._restored = None if tier is None else {"tier": tier, "step": None if step is None else int(step)}
+
+    @property
+    def restored(self) -> dict[str, Any] | None:
+        """``{"tier": str, "step": int}`` of the last :meth:`note_restored`, or None (a copy)."""
+        return dict(self._restored) if self._restored is not None else None
 
     # ---- events -------------------------------------------------------------------------
     def emit(self, kind: EventKind | str, **data: Any) -> Event:
@@ -361,7 +417,7 @@ def _default_job_dir(job_id: str, in_torchrun: bool) -> str:
 
 
 def _load_spec(job_dir: str) -> JobSpec | None:
-    path = os.environ.get(ENV_SPEC) or os.path.join(job_dir, "spec.json")
+    path = os.environ.get(ENV_SPEC) or JobPaths(job_dir, join=os.path.join).spec
     if not os.environ.get(ENV_SPEC) and not os.path.exists(path):
         return None
     with open(path) as f:
@@ -423,7 +479,8 @@ def init() -> JobContext:
 
     job_id = _default_job_id(in_torchrun)
     job_dir = os.path.abspath(_default_job_dir(job_id, in_torchrun))
-    os.makedirs(os.path.join(job_dir, RANKS_DIRNAME), exist_ok=True)
+    paths = JobPaths(job_dir, join=os.path.join)
+    os.makedirs(paths.ranks, exist_ok=True)
     spec = _load_spec(job_dir)
 
     local_rank = int(env.get("LOCAL_RANK", 0)) if in_torchrun else 0
@@ -456,7 +513,7 @@ def init() -> JobContext:
 
     node = node_name()
     err = env.get("TORCHELASTIC_ERROR_FILE")
-    write_json_atomic(os.path.join(job_dir, RANKS_DIRNAME, f"rank-{global_rank}.json"), {
+    write_json_atomic(paths.rank_file(global_rank), {
         "rank": global_rank, "local_rank": local_rank, "world_size": world_size, "node": node,
         "replica_group": replica_group,
         "host": socket.gethostname(), "pid": os.getpid(), "restart_count": restart_count,

@@ -54,7 +54,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from hyperpod_lab.events import EventKind
+from hyperpod_lab.events import EventKind, EventReader
+from hyperpod_lab.jobdir import (
+    ENV_FT_QUORUM_TIMEOUT,
+    ENV_FT_TIMEOUT,
+    ENV_REPLICA_GROUP,
+    ENV_REPLICA_GROUPS,
+    TIER_REPLICA,
+    JobPaths,
+)
 from hyperpod_lab.runtime.context import env_seconds, write_json_atomic
 from hyperpod_lab.runtime.elastic import ElasticBatches, StepPlan
 
@@ -63,14 +71,15 @@ if TYPE_CHECKING:
     from hyperpod_lab.spec import CheckpointPolicy
 
 ENV_LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"
-ENV_TIMEOUT = "HYPERPOD_LAB_FT_TIMEOUT_S"
-ENV_QUORUM_TIMEOUT = "HYPERPOD_LAB_FT_QUORUM_TIMEOUT_S"
-ENV_INITIAL_GROUPS = "HYPERPOD_LAB_REPLICA_GROUPS"
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_QUORUM_TIMEOUT_S = 60.0
 MAX_REPLICA_GROUPS = 1024
-REPLICAS_DIRNAME = "replicas"
-TIER_REPLICA = "replica"
+REPLICAS_DIRNAME = "replicas"  # <job_dir>/replicas/group-<G>.json: the replica-group registry
+
+
+def replica_file(paths: JobPaths, group: int) -> str:
+    """``<job_dir>/replicas/group-<G>.json``: what replica group ``group`` registered (node, pid)."""
+    return paths.path(REPLICAS_DIRNAME, f"group-{int(group)}.json")
 
 
 class Checkpointless:
@@ -105,7 +114,7 @@ class Checkpointless:
 
         if ctx.replica_group is None:
             raise ValueError("Checkpointless needs a replica group: launch each node with "
-                             "$HYPERPOD_LAB_REPLICA_GROUP and $TORCHFT_LIGHTHOUSE (the Slurm and local backends do "
+                             f"${ENV_REPLICA_GROUP} and ${ENV_LIGHTHOUSE} (the Slurm and local backends do "
                              "this when the job's resiliency.recovery is 'checkpointless')")
         if not os.environ.get(ENV_LIGHTHOUSE):  # the job's lighthouse publishes its address on shared storage
             from hyperpod_lab.runtime.lighthouse import read_address
@@ -127,16 +136,16 @@ class Checkpointless:
             if self.extra_state:
                 state["extra"] = self.extra_state
             self.fallback = TieredCheckpointer(ctx, state, policy, replicas=0)
-        self.timeout = timedelta(seconds=env_seconds(ENV_TIMEOUT, DEFAULT_TIMEOUT_S))
-        quorum_timeout = timedelta(seconds=env_seconds(ENV_QUORUM_TIMEOUT, DEFAULT_QUORUM_TIMEOUT_S))
+        self.timeout = timedelta(seconds=env_seconds(ENV_FT_TIMEOUT, DEFAULT_TIMEOUT_S))
+        quorum_timeout = timedelta(seconds=env_seconds(ENV_FT_QUORUM_TIMEOUT, DEFAULT_QUORUM_TIMEOUT_S))
         self._healed: dict[str, Any] | None = None
-        if _job_finished(ctx.job_dir):  # a group that joins (or restarts) after the job ended
+        if job_finished(ctx.job_dir):  # a group that joins (or restarts) after the job ended
             raise JobAlreadyFinished(0)
         # an initial group on the job's first start: its first-quorum "heal" is torchft's initial
         # weight sync (init_sync), not a recovery
-        registry = os.path.join(ctx.job_dir, REPLICAS_DIRNAME, f"group-{ctx.replica_group}.json")
+        registry = replica_file(ctx.paths, ctx.replica_group)
         self._initial = (not os.path.exists(registry) and not ctx.is_restart
-                         and ctx.replica_group < int(os.environ.get(ENV_INITIAL_GROUPS, "0") or 0))
+                         and ctx.replica_group < int(os.environ.get(ENV_REPLICA_GROUPS, "0") or 0))
         self.manager = Manager(
             pg=ProcessGroupGloo(timeout=self.timeout), load_state_dict=self._load_state,
             state_dict=self._state, min_replica_size=self.min_replicas, use_async_quorum=False,
@@ -308,7 +317,7 @@ class Checkpointless:
                       bytes=healed["bytes"], seconds=round(time.time() - t0, 3),
                       replica_group=self.ctx.replica_group, node=self.ctx.node,
                       path=None)
-        self.ctx._restored = {"step": self.step, "tier": TIER_REPLICA}
+        self.ctx.note_restored(TIER_REPLICA, self.step)
 
     def _fall_back(self) -> bool:
         """No live replica was ahead of us at our first quorum: restore the tiered checkpoint.
@@ -317,7 +326,7 @@ class Checkpointless:
         if restored <= 0:
             return False
         self.manager.load_state_dict({"step": restored, "batches_committed": 0})
-        tier = (self.ctx._restored or {}).get("tier", "unknown")
+        tier = (self.ctx.restored or {}).get("tier", "unknown")
         if self.ctx.rank == 0:
             self.ctx.emit(EventKind.RECOVERY_FALLBACK, replica_group=self.ctx.replica_group, step=restored,
                           tier=tier, reason="no live replica holds the training state; restored the tiered checkpoint")
@@ -327,7 +336,7 @@ class Checkpointless:
     def _register(self) -> None:
         """Write ``<job_dir>/replicas/group-<G>.json`` (node, pid): names the group in others'
         ``fault.detected`` and tells the initial groups that this one is up."""
-        path = os.path.join(self.ctx.job_dir, REPLICAS_DIRNAME, f"group-{self.ctx.replica_group}.json")
+        path = replica_file(self.ctx.paths, self.ctx.replica_group)
         if self.ctx.rank == 0:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             write_json_atomic(path, {"replica_group": self.ctx.replica_group, "node": self.ctx.node,
@@ -337,11 +346,11 @@ class Checkpointless:
         """On the job's first start, wait (up to the quorum timeout) until the initial replica
         groups (``$HYPERPOD_LAB_REPLICA_GROUPS``) have registered, so the first quorum holds them
         all instead of one group starting alone and the others healing from it."""
-        expected = int(os.environ.get(ENV_INITIAL_GROUPS, "0") or 0)
+        expected = int(os.environ.get(ENV_REPLICA_GROUPS, "0") or 0)
         if self.ctx.replica_group >= expected:
             return  # a group that joins later
-        rdir = os.path.join(self.ctx.job_dir, REPLICAS_DIRNAME)
-        deadline = time.monotonic() + env_seconds(ENV_QUORUM_TIMEOUT, DEFAULT_QUORUM_TIMEOUT_S)
+        rdir = self.ctx.paths.path(REPLICAS_DIRNAME)
+        deadline = time.monotonic() + env_seconds(ENV_FT_QUORUM_TIMEOUT, DEFAULT_QUORUM_TIMEOUT_S)
         while time.monotonic() < deadline:
             have = {n for n in os.listdir(rdir) if n.startswith("group-")} if os.path.isdir(rdir) else set()
             if all(f"group-{g}.json" in have for g in range(expected)):
@@ -350,7 +359,7 @@ class Checkpointless:
 
     def _replica_info(self, group: int) -> dict[str, Any]:
         try:
-            with open(os.path.join(self.ctx.job_dir, REPLICAS_DIRNAME, f"group-{group}.json")) as f:
+            with open(replica_file(self.ctx.paths, group)) as f:
                 return json.load(f)
         except (OSError, ValueError):
             return {}
@@ -365,9 +374,8 @@ class JobAlreadyFinished(SystemExit):
     there is nothing left to train, and no state to heal from."""
 
 
-def _job_finished(job_dir: str) -> bool:
-    from hyperpod_lab.events import EventReader
-
+def job_finished(job_dir: str) -> bool:
+    """Whether the job in ``job_dir`` has a ``finished`` event (any writer)."""
     return any(e.kind == EventKind.FINISHED.value for e in EventReader(job_dir).poll())
 
 

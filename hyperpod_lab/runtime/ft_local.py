@@ -19,21 +19,7 @@ import signal
 import subprocess
 import sys
 
-from hyperpod_lab.runtime.context import ENV_JOB_DIR, ENV_REPLICA_GROUP
-
-
-def agent_argv(python: str, nproc_per_node: int, max_restarts: int, log_dir: str, script: str,
-               args: list[str]) -> list[str]:
-    """The launch-agent command of one replica group (pure)."""
-    return [python, "-m", "hyperpod_lab.runtime.launch", "--standalone", "--nnodes=1",
-            f"--nproc-per-node={nproc_per_node}", f"--max-restarts={max_restarts}", "--monitor-interval=0.1",
-            f"--log-dir={log_dir}", "--redirects=3", "--tee=3", script, *args]
-
-
-def group_env(group: int, groups: int) -> dict[str, str]:
-    """The variables that make an agent replica group ``group`` of ``groups`` initial ones."""
-    return {ENV_REPLICA_GROUP: str(group), "HYPERPOD_LAB_REPLICA_GROUPS": str(groups),
-            "SLURMD_NODENAME": f"local-g{group}"}
+from hyperpod_lab.jobdir import ENV_JOB_DIR, JobPaths, group_env, launcher_argv, lighthouse_argv
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,18 +31,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("script")
     p.add_argument("args", nargs=argparse.REMAINDER)
     a = p.parse_args(argv)
-    job_dir = os.environ[ENV_JOB_DIR]
+    paths = JobPaths.from_env()
+    if paths is None:
+        p.error(f"${ENV_JOB_DIR} is not set (run it in a job's environment)")
     from hyperpod_lab.runtime.lighthouse import read_address
 
     # the supervised Lighthouse, as on Slurm: a crashed one is restarted on the same port
-    with open(os.path.join(job_dir, "logs", "lighthouse.log"), "ab") as log:
-        lighthouse = subprocess.Popen([sys.executable, "-m", "hyperpod_lab.runtime.lighthouse", "--job-dir", job_dir,
-                                       f"--min-replicas={a.min_replicas}", "--host", "127.0.0.1"],
+    with open(paths.lighthouse_log, "ab") as log:
+        lighthouse = subprocess.Popen(lighthouse_argv(sys.executable, paths.folder, min_replicas=a.min_replicas,
+                                                      host="127.0.0.1"),
                                       stdout=log, stderr=subprocess.STDOUT)
-    read_address(job_dir, timeout_s=30)  # published: the agents find it
-    log_dir = os.path.join(job_dir, "logs", "torchrun")
-    agents = [subprocess.Popen(agent_argv(sys.executable, a.nproc_per_node, a.max_restarts,
-                                          os.path.join(log_dir, f"group-{g}"), a.script, a.args),
+    read_address(paths.folder, timeout_s=30)  # published: the agents find it
+    agents = [subprocess.Popen(launcher_argv(sys.executable, a.script, a.args, nproc_per_node=a.nproc_per_node,
+                                             max_restarts=a.max_restarts, log_dir=paths.group_torchrun_logs(g),
+                                             nnodes=1, standalone=True, monitor_interval=0.1),
                                env={**os.environ, **group_env(g, a.groups)}) for g in range(a.groups)]
 
     def stop(*_):
@@ -68,9 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     codes = [proc.wait() for proc in agents]
     lighthouse.terminate()
     lighthouse.wait()
-    from hyperpod_lab.runtime.ft import _job_finished
+    from hyperpod_lab.runtime.ft import job_finished
 
-    if _job_finished(job_dir):
+    if job_finished(paths.folder):
         return 0
     return next((c for c in codes if c != 0), 0)
 

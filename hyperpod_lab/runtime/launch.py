@@ -82,7 +82,14 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from hyperpod_lab.events import EventKind, EventWriter
-from hyperpod_lab.runtime.context import ENV_JOB_DIR, ENV_JOB_ID, ENV_REPLICA_GROUP, node_name, safe_name
+from hyperpod_lab.jobdir import (
+    ENV_JOB_DIR,
+    ENV_JOB_ID,
+    ENV_REPLICA_GROUP,
+    ENV_REPLICA_GROUP_OFFSET,
+    SLURM_REPLICA_GROUP,
+)
+from hyperpod_lab.runtime.context import node_name, safe_name
 
 log = logging.getLogger(__name__)
 
@@ -248,9 +255,9 @@ def main(argv: list[str] | None = None) -> None:
     # reads the previous attempt's keys (gloo: "connectFullMesh failed ... Connection refused";
     # NCCL: stale unique id), see pytorch/pytorch#135712. Restarts are this launcher's purpose.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    if os.environ.get(ENV_REPLICA_GROUP) == "slurm":  # checkpointless: one replica group per node
+    if os.environ.get(ENV_REPLICA_GROUP) == SLURM_REPLICA_GROUP:  # checkpointless: one replica group per node
         os.environ[ENV_REPLICA_GROUP] = str(int(os.environ.get("SLURM_NODEID", "0"))
-                                            + int(os.environ.get("HYPERPOD_LAB_REPLICA_GROUP_OFFSET", "0") or 0))
+                                            + int(os.environ.get(ENV_REPLICA_GROUP_OFFSET, "0") or 0))
     job_dir = os.environ.get(ENV_JOB_DIR)
     if job_dir:
         job_id = os.environ.get(ENV_JOB_ID)

@@ -26,9 +26,9 @@ import subprocess
 import sys
 import time
 
+from hyperpod_lab.jobdir import ENV_LIGHTHOUSE_HOST, JobPaths
 from hyperpod_lab.runtime.context import node_name, write_json_atomic
 
-LIGHTHOUSE_FILE = "lighthouse.json"
 DEFAULT_HEARTBEAT_MS = 500
 DEFAULT_JOIN_TIMEOUT_MS = 5000
 DEFAULT_MAX_RESTARTS = 10  # restarts of a crashed Lighthouse, on the same port
@@ -56,7 +56,7 @@ def read_address(job_dir: str, timeout_s: float = 60.0) -> str:
     Raises:
         TimeoutError: no ``lighthouse.json`` appeared in time (the lighthouse did not start).
     """
-    path = os.path.join(job_dir, LIGHTHOUSE_FILE)
+    path = JobPaths(job_dir, join=os.path.join).lighthouse
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -87,7 +87,7 @@ def start(job_dir: str, min_replicas: int, *, host: str | None = None, heartbeat
     """
     if min_replicas < 1:
         raise ValueError(f"min_replicas must be >= 1, got {min_replicas}")
-    host = host or os.environ.get("HYPERPOD_LAB_LIGHTHOUSE_HOST") or socket.gethostbyname(socket.gethostname())
+    host = host or os.environ.get(ENV_LIGHTHOUSE_HOST) or socket.gethostbyname(socket.gethostname())
     port = port or _free_port("")
     argv = [lighthouse_binary(), "--min_replicas", str(min_replicas), "--bind", f"[::]:{port}",
             "--heartbeat_timeout_ms", str(heartbeat_ms), "--join_timeout_ms", str(join_timeout_ms),
@@ -103,7 +103,7 @@ def start(job_dir: str, min_replicas: int, *, host: str | None = None, heartbeat
                 proc.kill()
                 raise RuntimeError(f"torchft_lighthouse did not start on port {port} (exit {proc.poll()})")
             time.sleep(0.05)
-    write_json_atomic(os.path.join(job_dir, LIGHTHOUSE_FILE), {
+    write_json_atomic(JobPaths(job_dir, join=os.path.join).lighthouse, {
         "address": f"http://{host}:{port}", "pid": proc.pid, "node": node_name(), "time": time.time(),
         "min_replicas": min_replicas, "heartbeat_ms": heartbeat_ms, "join_timeout_ms": join_timeout_ms})
     return proc
