@@ -92,3 +92,50 @@ def test_poll_located_keeps_file_order_so_per_event_cursors_never_skip(tmp_path)
             cursor[f2] = o2
         rest = EventReader(str(tmp_path), cursor=cursor).poll()
         assert sorted(e.key for e in rest) == sorted(e.key for e, _, _ in located[i + 1:])
+
+
+def test_status_is_sent_when_faults_or_recoveries_change(tmp_path):
+    """A streamed job's subscribers get a status message right after the event that opens a
+    failure incident and after the one that recovers it (not for the second agent's report of
+    the same incident), with the fold's progress."""
+    client = Client(JobStore(str(tmp_path / "store")))
+    d = tmp_path / "job"
+    (d / "events").mkdir(parents=True)
+    rec = JobRecord(job_id="f-1", name="f", cluster="local", orchestrator="local", native_id=str(os.getpid()),
+                    job_dir=str(d), spec={"args": ["--steps", "10"]})
+    client.store.put(rec)
+    clock = [100.0]
+    writers = {n: EventWriter(str(d), n, "f-1", clock=lambda: clock[0]) for n in ("rank-0", "agent-n0", "agent-n1")}
+
+    async def scenario():
+        w = Watcher(client, min_interval_s=0.2, max_interval_s=1.0, stream_interval_s=0.05, idle_max_interval_s=2.0)
+        w.start()
+        inbox = []
+        await w.subscribe("f-1", {}, lambda m: inbox.append(m) or True)
+        for at, writer, kind, data in [(100.0, "rank-0", "step", {"step": 4, "loss": 1.0}),
+                                       (101.0, "agent-n1", "fault.detected", {"rank": 1}),
+                                       (101.2, "agent-n0", "fault.detected", {"rank": 0}),
+                                       (105.0, "rank-0", "recovery.completed", {"restored_step": 3, "restart_count": 1,
+                                                                                "downtime_s": 4.0}),
+                                       (105.0, "rank-0", "step", {"step": 4, "loss": 1.0})]:
+            clock[0] = at
+            writers[writer].emit(kind, **data)
+            await asyncio.sleep(0.3)
+        await w.stop()
+        return inbox
+
+    inbox = asyncio.run(scenario())
+    kinds = [m["event"]["kind"] if m["type"] == "event" else m["type"] for m in inbox]
+    assert [k for k in kinds if k != "status"] == ["step", "fault.detected", "fault.detected",
+                                                   "recovery.completed", "step"], kinds
+    first_fault, recovery = kinds.index("fault.detected"), kinds.index("recovery.completed")
+    opened, recovered = inbox[first_fault + 1], inbox[recovery + 1]  # right after the event
+    assert opened["type"] == recovered["type"] == "status", kinds
+    # (the status loop may also send one for the pending -> running change; it changes no count)
+    counts = [(m["job"]["progress"]["faults"], m["job"]["progress"]["recoveries"]) for m in inbox if m["type"] == "status"]
+    assert [c for i, c in enumerate(counts) if i == 0 or c != counts[i - 1]] == [(0, 0), (1, 0), (1, 1)]
+    opened, recovered = opened["job"]["progress"], recovered["job"]["progress"]
+    assert (opened["faults"], opened["recoveries"], opened["downtime_s"], opened["last_downtime_s"]) == (1, 0, 0.0, None)
+    assert (recovered["faults"], recovered["recoveries"]) == (1, 1)
+    assert recovered["downtime_s"] == recovered["last_downtime_s"] == 4.0
+    assert recovered["fault_events"] == 2

@@ -232,7 +232,9 @@ class GoodputAdviceHandler(HyperPodHandler):
 
 
 class JobGoodputHandler(HyperPodHandler):
-    """A job's measured goodput and where the lost time went, from its events."""
+    """A job's measured goodput and where the lost time went, from its events
+    (``hyperpod_lab.goodput.measure_from_events``: faults, recoveries and downtime from the job
+    facts fold, as in the JobView's ``progress``)."""
 
     @tornado.web.authenticated
     @authorized

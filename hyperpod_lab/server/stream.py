@@ -2,7 +2,11 @@
 
 The server pushes JSON text messages:
 
-* ``{"type": "status", "job": JobView}`` first and on every state change;
+* ``{"type": "status", "job": JobView}`` first, on every state change, and right after the
+  event that changes the job's ``progress.faults`` (a failure incident opened) or
+  ``progress.recoveries`` (one recovered; ``progress.last_downtime_s`` then holds its
+  downtime, s) — the fold of :mod:`hyperpod_lab.facts`, so a client notifies from the
+  server's count instead of counting events itself;
 * ``{"type": "event", "event": Event, "cursor": str}`` for each event after ``cursor``
   (history first, then live); reconnecting with the last ``cursor`` resumes with no loss and
   no duplicates;

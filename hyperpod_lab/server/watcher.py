@@ -9,6 +9,11 @@
   tabs). Watched jobs are read every ``stream_interval_s``, in their own worker call ahead of
   the others; unwatched running jobs (for the jobs list's progress) are read at most
   ``idle_batch`` per call and back off to ``idle_max_interval_s``.
+* Each job's ``progress`` is the job facts fold (:mod:`hyperpod_lab.facts`, through
+  :class:`~hyperpod_lab.progress.Progress`) over its events: the same faults, recoveries and
+  downtime as ``client.summarize`` and the goodput measurement. Subscribers get a ``status``
+  message on each state change and whenever ``progress.faults`` or ``progress.recoveries``
+  changes (right after the event that changed it).
 * Each tailer's cursor and progress summary are saved in the JobStore, so a restarted server
   resumes where it was.
 
@@ -170,7 +175,9 @@ class Watcher:
 
     # ---- views -----------------------------------------------------------------------
     def view(self, rec: JobRecord) -> dict[str, Any]:
-        """JobView: the record's fields plus ``progress`` (see :class:`Progress`)."""
+        """JobView: the record's fields plus ``progress`` (:class:`Progress`'s ``to_dict()``: step,
+        total_steps, loss, steps_per_s, last_event, faults, recoveries, downtime_s (s),
+        last_downtime_s (s or None) and the other job facts)."""
         d = asdict(rec)
         t = self.tailers.get(rec.job_id)
         if t is not None:
@@ -322,11 +329,14 @@ class Watcher:
         t.polled = True
         for ev, fname, end in located:
             t.items.append((ev, fname, end))
+            counts = (t.progress.faults, t.progress.recoveries)
             t.progress.update(ev)
             t.finished_seen |= ev.kind == EventKind.FINISHED.value
             for sub in list(t.subs):
                 if sub.deliver(ev, fname, end) is False:
                     self.unsubscribe(sub)
+            if t.subs and (t.progress.faults, t.progress.recoveries) != counts:
+                self._send_status(t)  # a fault opened or recovered: the sidebar notifies from it
         if located or cursor != t.cursor:
             t.dirty = True
         t.cursor = dict(cursor)
@@ -338,6 +348,17 @@ class Watcher:
             t.complete = True
             for sub in list(t.subs):
                 self._end(t, sub)
+
+    def _send_status(self, t: Tailer) -> None:
+        """Send ``{"type": "status", "job": JobView}`` to every subscriber of ``t``'s job."""
+        try:
+            rec = self.store.get(t.job_id)
+        except HyperPodLabError:
+            return
+        msg = {"type": "status", "job": self.view(rec)}
+        for sub in list(t.subs):
+            if sub.send(msg) is False:
+                self.unsubscribe(sub)
 
     async def _poll_now(self, t: Tailer, rec: JobRecord) -> None:
         started = time.monotonic()
