@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 
@@ -70,6 +71,18 @@ def complete_steps(job_dir: str) -> list[int]:
     root = os.path.join(job_dir, "checkpoints")
     return sorted(int(n[5:]) for n in os.listdir(root)
                   if n.startswith("step-") and os.path.exists(os.path.join(root, n, "COMMITTED")))
+
+
+def job_with_checkpoints_of(src_job_dir: str, base) -> tuple[str, str]:
+    """A new job directory ``<base>/job`` holding a copy of ``src_job_dir``'s persistent checkpoints.
+
+    Returns:
+        ``(job_dir, its checkpoints directory)``.
+    """
+    job_dir = os.path.join(str(base), "job")
+    ck = os.path.join(job_dir, "checkpoints")
+    shutil.copytree(os.path.join(src_job_dir, "checkpoints"), ck)
+    return job_dir, ck
 
 
 def load_dump(job_dir: str, name: str) -> dict:

@@ -1,5 +1,5 @@
 """Test helpers: a real moto S3 server on a free loopback port, and a TCP proxy in front of it that
-can hold one request (to catch an upload in flight). Tests only.
+can hold one request (to catch an upload in flight); AWS credentials for it, or none at all. Tests only.
 
 ``MotoServer`` runs the ``moto_server`` command (``pip install 'moto[server]'``) as a separate
 process: ``start()``, ``kill()`` (SIGKILL, as a crashed endpoint), ``start()`` again on the same
@@ -27,6 +27,18 @@ import pytest
 from ports import free_port
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def without_aws_credentials(monkeypatch, tmp_path) -> None:
+    """Make boto3 find no AWS credentials at all: no key, profile, web-identity or container
+    variables, empty shared credentials and config files, no EC2 instance metadata."""
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+              "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+              "AWS_CONTAINER_CREDENTIALS_FULL_URI"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
 
 
 def require_moto_server() -> str:

@@ -22,10 +22,8 @@ This file is also the training script of these tests and of ``tests/test_s3_tier
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -37,10 +35,6 @@ HIDDEN = 64
 
 
 # ---- the training script ----------------------------------------------------------------------
-def _model_state(model) -> dict:
-    return {k: v.detach().clone() for k, v in model.module.state_dict().items()}
-
-
 def train_main(argv: list[str] | None = None) -> None:
     """A deterministic DDP training run with a per-rank "blob" that makes every rank write a
     large shard. Batches depend only on (step, rank); the blob of rank r holds
@@ -51,11 +45,10 @@ def train_main(argv: list[str] | None = None) -> None:
     ``--hold STEP:PATH`` (repeatable; first incarnation: wait before STEP until PATH exists);
     ``--dump`` (torch.save model/blob facts at every save, after restore and at the end).
     """
-    p = argparse.ArgumentParser()
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--every", type=int, default=4)
-    p.add_argument("--keep", type=int, default=2)
-    p.add_argument("--sleep", type=float, default=0.0)
+    sys.path.insert(0, os.path.join(os.path.dirname(SCRIPT), "scripts"))
+    from toy_training import arg_parser, mlp, model_state, regression_step, setup
+
+    p = arg_parser(steps=20, every=4, sleep=0.0)
     p.add_argument("--blob-mb", type=float, default=1.0)
     p.add_argument("--kill-during-write", type=int, default=None)
     p.add_argument("--kill-rank", type=int, default=1)
@@ -70,18 +63,13 @@ def train_main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
 
     import torch
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     import hyperpod_lab.runtime as hp
     from hyperpod_lab.runtime.s3tier import S3Tier
 
     with hp.init() as ctx:
-        torch.manual_seed(0)
-        model = DDP(torch.nn.Sequential(torch.nn.Linear(8, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, 1)))
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         n = max(1, int(a.blob_mb * (1 << 20)) // 4)
-        local = {"blob": torch.zeros(n), "samples_seen": torch.zeros((), dtype=torch.int64)}
-        state = {"model": model, "optim": opt, f"rank{ctx.rank}": local}
+        model, opt, local, state = setup(ctx, lambda: mlp(HIDDEN), blob=torch.zeros(n))
         s3 = None
         if a.s3_uri:
             s3 = S3Tier(ctx, a.s3_uri, every_steps=a.s3_every or a.every, keep_last=a.s3_keep,
@@ -97,7 +85,7 @@ def train_main(argv: list[str] | None = None) -> None:
             if a.dump:
                 os.makedirs(dumps, exist_ok=True)
                 blob = local["blob"]
-                torch.save({"model": _model_state(model), "optim": opt.state_dict(), "rank": ctx.rank,
+                torch.save({"model": model_state(model), "optim": opt.state_dict(), "rank": ctx.rank,
                             "blob_min": float(blob.min()), "blob_max": float(blob.max()),
                             "samples_seen": int(local["samples_seen"])},
                            os.path.join(dumps, f"{name}-rank-{ctx.rank}.pt"))
@@ -108,14 +96,7 @@ def train_main(argv: list[str] | None = None) -> None:
             if first and step in holds:
                 while not os.path.exists(holds[step]):
                     time.sleep(0.05)
-            g = torch.Generator().manual_seed(1000 * step + ctx.rank)
-            x = torch.randn(32, 8, generator=g)
-            y = x.sum(dim=1, keepdim=True).sin()
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            local["samples_seen"] += x.shape[0]
+            loss = regression_step(ctx, step, model, opt, local)
             local["blob"].fill_(float(step + 1 + 1000 * ctx.rank))
             saved = ckpt.maybe_save(step, state)
             if saved and first and a.kill_during_write == step and ctx.rank == a.kill_rank:
@@ -144,8 +125,8 @@ if __name__ == "__main__":
 # ---- the tests ----------------------------------------------------------------------------------
 import pytest  # noqa: E402
 
-from agents import (assert_same, complete_steps, kinds, load_dump, read_events,  # noqa: E402
-                    stop_launchers, tail_logs)
+from agents import (assert_same, complete_steps, job_with_checkpoints_of, kinds, load_dump,  # noqa: E402
+                    read_events, stop_launchers, tail_logs)
 
 STEPS, EVERY, KEEP, BLOB_MB = 20, 4, 5, 24.0
 
@@ -203,9 +184,7 @@ def killed_write(tmp_path_factory):
 @pytest.fixture(scope="module")
 def corrupted_resume(killed_write, tmp_path_factory):
     base = tmp_path_factory.mktemp("corrupted")
-    job_dir = str(base / "job")
-    ck = os.path.join(job_dir, "checkpoints")
-    shutil.copytree(os.path.join(killed_write["job_dir"], "checkpoints"), ck)
+    job_dir, ck = job_with_checkpoints_of(killed_write["job_dir"], base)
     assert complete_steps(job_dir) == [3, 7, 11, 15, 19]
     flipped = os.path.join(ck, "step-00000019", "__0_0.distcp")
     with open(flipped, "r+b") as f:  # one flipped byte in the middle of the tensor data

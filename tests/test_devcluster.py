@@ -48,16 +48,21 @@ def cluster(config):
     return {"profile": second, "first": first, "t_first": t1 - t0, "t_second": t2 - t1}
 
 
-@pytest.fixture(scope="module")
-def ssh(cluster):
+def _ssh_connect(p):
+    """A paramiko client logged in to the dev cluster of profile ``p`` (known host keys only)."""
     import paramiko
 
-    p = cluster["profile"]
     client = paramiko.SSHClient()
     client.load_host_keys(p.known_hosts)
     client.set_missing_host_key_policy(paramiko.RejectPolicy())
     client.connect(p.host, port=p.port, username=p.user, key_filename=p.key_file,
                    allow_agent=False, look_for_keys=False, timeout=10)
+    return client
+
+
+@pytest.fixture(scope="module")
+def ssh(cluster):
+    client = _ssh_connect(cluster["profile"])
     yield client
     client.close()
 
@@ -239,13 +244,7 @@ def test_down_then_up_keeps_job_ids(cluster, ssh):
     assert all(d["state"] == "stopped" for n, d in st["daemons"].items() if n != "munged")
     devcluster.up(quiet=True)
     assert devcluster.status()["ok"]
-    import paramiko
-    p = cluster["profile"]
-    c = paramiko.SSHClient()
-    c.load_host_keys(p.known_hosts)
-    c.set_missing_host_key_policy(paramiko.RejectPolicy())
-    c.connect(p.host, port=p.port, username=p.user, key_filename=p.key_file,
-              allow_agent=False, look_for_keys=False, timeout=10)
+    c = _ssh_connect(cluster["profile"])
     try:
         rc, out, err = run(c, "sbatch --parsable -o /dev/null --wrap true")
         assert rc == 0, err

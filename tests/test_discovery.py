@@ -28,7 +28,7 @@ from hyperpod_lab.errors import ClusterUnreachable, ConfigError
 from hyperpod_lab.schedulers import for_profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from moto_server import CREDENTIALS, MotoServer  # noqa: E402
+from moto_server import CREDENTIALS, MotoServer, without_aws_credentials  # noqa: E402
 
 IG = [{"InstanceGroupName": "workers", "InstanceType": "ml.c5.xlarge", "InstanceCount": 2, "ThreadsPerCore": 1,
        "LifeCycleConfig": {"SourceS3Uri": "s3://sagemaker-lifecycle-bkt/lc/", "OnCreate": "on_create.sh"},
@@ -95,11 +95,7 @@ def test_eks_profile_from_a_described_eks_cluster(tmp_path):
 
 
 def test_missing_credentials(moto, monkeypatch, tmp_path):
-    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    without_aws_credentials(monkeypatch, tmp_path)
     with pytest.raises(ConfigError, match="aws configure.*AWS_PROFILE"):
         discover_clusters(region="us-east-1", endpoint_url=moto.url)
     with pytest.raises(ConfigError, match="AWS profile 'nosuch' is not configured"):

@@ -23,6 +23,7 @@ from hyperpod_lab.schedulers import for_profile
 from hyperpod_lab.schedulers.k8s_manifest import (DEEP_HEALTH_CHECK_LABEL, STEP_LOG_PATTERN, render_hyperpod_pytorch_job,
                                                   render_job_configmap, render_kubeflow_pytorch_job, to_yaml)
 from hyperpod_lab.spec import ElasticPolicy, JobSpec, ResiliencyPolicy
+from goldens import assert_matches_golden
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -80,13 +81,7 @@ def rendered():
 
 @pytest.mark.parametrize("name", sorted(rendered()))
 def test_render_matches_golden(name):
-    text = to_yaml(rendered()[name])
-    path = os.path.join(GOLDEN, name)
-    if os.environ.get("UPDATE_GOLDEN"):
-        with open(path, "w") as f:
-            f.write(text)
-    with open(path) as f:
-        assert text == f.read(), f"rendered manifest differs from {path}; UPDATE_GOLDEN=1 rewrites it after review"
+    assert_matches_golden(to_yaml(rendered()[name]), os.path.join(GOLDEN, name), "manifest")
 
 
 def test_every_rendered_resource_is_valid_for_the_sdk():

@@ -23,7 +23,7 @@ from hyperpod_lab.spec import ElasticPolicy, JobSpec
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fake_k8s import FakeKube  # noqa: E402
-from moto_server import CREDENTIALS, MotoServer  # noqa: E402
+from moto_server import CREDENTIALS, MotoServer, without_aws_credentials  # noqa: E402
 from ports import free_port  # noqa: E402
 from test_eks_render import sdk_validate  # noqa: E402
 
@@ -225,11 +225,7 @@ def test_eks_token_path(fake, tmp_path, client, moto_eks, monkeypatch):
 
 
 def test_eks_token_without_credentials(monkeypatch, tmp_path):
-    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    without_aws_credentials(monkeypatch, tmp_path)
     with pytest.raises(ConfigError, match="aws configure"):
         eks_token("ml-eks", "us-east-1")
 

@@ -29,8 +29,8 @@ import pytest
 
 import torch  # noqa: E402  (a hard dependency: missing torch fails, never skips)
 
-from agents import (assert_same, complete_steps, is_our_worker, kinds, load_dump,  # noqa: E402
-                    read_events, stop_launchers, tail_logs)
+from agents import (assert_same, complete_steps, is_our_worker, job_with_checkpoints_of, kinds,  # noqa: E402
+                    load_dump, read_events, stop_launchers, tail_logs)
 from ports import free_port  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -104,9 +104,7 @@ def killed_run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def resumed_run(killed_run, tmp_path_factory):
     base = tmp_path_factory.mktemp("resumed")
-    job_dir = str(base / "job")
-    ck = os.path.join(job_dir, "checkpoints")
-    shutil.copytree(os.path.join(killed_run["job_dir"], "checkpoints"), ck)
+    job_dir, ck = job_with_checkpoints_of(killed_run["job_dir"], base)
     newest = complete_steps(job_dir)[-1]
     os.remove(os.path.join(ck, f"step-{newest:08d}", "COMMITTED"))       # a save that never committed
     os.makedirs(os.path.join(ck, "step-00000042"))                       # committed, but garbage

@@ -32,7 +32,7 @@ import time
 
 import pytest
 
-from moto_server import CREDENTIALS, HoldingProxy, MotoServer
+from moto_server import CREDENTIALS, HoldingProxy, MotoServer, without_aws_credentials
 from agents import kinds, read_events, stop_launchers, tail_logs
 from test_checkpoint_integrity import (
     ROOT,
@@ -336,12 +336,7 @@ def test_bad_uri_bucket_and_credentials_are_events_not_crashes(moto, tmp_path, m
     nobucket.wait(timeout_s=30)  # returns once a round failed: the upload stays queued for later
     nobucket.close()
 
-    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_WEB_IDENTITY_TOKEN_FILE",
-              "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI"):
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    without_aws_credentials(monkeypatch, tmp_path)
     nocreds = S3Tier(_ctx(job_dir, "bad"), URI, every_steps=1, endpoint_url=moto.url, max_attempts=1,
                      requeue_after_s=60)
     assert nocreds.maybe_upload(0, d) is True

@@ -89,6 +89,25 @@ def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
     raise AssertionError("the first agent never listened")
 
 
+def _start_agents(base, job_id: str, shm: str, args: list[str], **fault: str) -> tuple[str, int, list]:
+    """A new job ``base/job`` and its two agents: n1 (the c10d store's host) first, then n2.
+
+    Returns:
+        ``(job_dir, rendezvous port, [agent n1, agent n2])``; on failure both are stopped.
+    """
+    job_dir = str(base / "job")
+    os.makedirs(job_dir)
+    port = free_port()
+    procs = [_agent(job_dir, job_id, "n1", port, shm, str(base / "agent-n1.log"), args, **fault)]
+    try:
+        _wait_port(port, procs[0])
+        procs.append(_agent(job_dir, job_id, "n2", port, shm, str(base / "agent-n2.log"), args, **fault))
+    except BaseException:
+        stop_launchers(procs, job_dir, "tiered_train.py")
+        raise
+    return job_dir, port, procs
+
+
 
 
 def _logs(base) -> str:
@@ -131,16 +150,11 @@ def shm_dir():
 # ---- launches -----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def node_loss_run(tmp_path_factory, shm_dir):
-    base = tmp_path_factory.mktemp("nodeloss")
-    job_dir, job_id = str(base / "job"), "tiered-nodeloss"
-    os.makedirs(job_dir)
-    port = free_port()
+    base, job_id = tmp_path_factory.mktemp("nodeloss"), "tiered-nodeloss"
     args = ["--steps", "40", "--memory-every", "5", "--every", "20", "--sleep", "0.1", "--dump"]
     fault = {"TIERED_KILL_RANK": "1", "TIERED_KILL_AT_STEP": str(KILL_STEP)}
-    procs = [_agent(job_dir, job_id, "n1", port, shm_dir, str(base / "agent-n1.log"), args, **fault)]
+    job_dir, port, procs = _start_agents(base, job_id, shm_dir, args, **fault)
     try:
-        _wait_port(port, procs[0])
-        procs.append(_agent(job_dir, job_id, "n2", port, shm_dir, str(base / "agent-n2.log"), args, **fault))
         deadline = time.monotonic() + 90
         # incarnation 1 (after the self-kill) restored; wait until rank 1's replica of a step >= 19
         # is committed on n1
@@ -175,16 +189,11 @@ def node_loss_run(tmp_path_factory, shm_dir):
 
 @pytest.fixture(scope="module")
 def fallback_run(tmp_path_factory, shm_dir):
-    base = tmp_path_factory.mktemp("fallback")
-    job_dir, job_id = str(base / "job"), "tiered-fallback"
-    os.makedirs(job_dir)
-    port = free_port()
+    base, job_id = tmp_path_factory.mktemp("fallback"), "tiered-fallback"
     args = ["--steps", "30", "--memory-every", "5", "--every", "10", "--sleep", "0.02", "--overlap", "--dump"]
     fault = {"TIERED_WIPE_AT_STEP": str(KILL_STEP), "TIERED_SLOW_COPY_S": "0.02"}
-    procs = [_agent(job_dir, job_id, "n1", port, shm_dir, str(base / "agent-n1.log"), args, **fault)]
+    job_dir, _, procs = _start_agents(base, job_id, shm_dir, args, **fault)
     try:
-        _wait_port(port, procs[0])
-        procs.append(_agent(job_dir, job_id, "n2", port, shm_dir, str(base / "agent-n2.log"), args, **fault))
         rcs = [p.wait(timeout=120) for p in procs]
     except BaseException:
         stop_launchers(procs, job_dir, "tiered_train.py")

@@ -30,8 +30,6 @@ Fault injection (environment, first incarnation only, i.e. restart count 0):
         of the copy with the next forward/backward certain)
 """
 
-import argparse
-import copy
 import json
 import os
 import shutil
@@ -42,11 +40,12 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 import hyperpod_lab.runtime as hp
 from hyperpod_lab.runtime import memory_tier
 from hyperpod_lab.spec import CheckpointPolicy
+
+import toy_training as toy
 
 _saving_step = [-1]
 
@@ -81,14 +80,8 @@ def save_dump(obj, path):
     os.replace(path + ".tmp", path)
 
 
-def export(ctx, model, opt, local):
-    return {"model": {k: v.detach().clone() for k, v in model.module.state_dict().items()},
-            "optim": copy.deepcopy(opt.state_dict()), "local": {k: v.clone() for k, v in local.items()},
-            "rank": ctx.rank}
-
-
 def export_tree(ctx, tree):
-    """A snapshot tree (read back from shm) in export()'s format."""
+    """A snapshot tree (read back from shm) in toy_training.export()'s format."""
     return {"model": {k.removeprefix("module."): v for k, v in tree["model"].items()},
             "optim": tree["optim"], "local": tree[f"rank{ctx.rank}"], "rank": ctx.rank}
 
@@ -99,17 +92,14 @@ def build_model(kind):
         from train_lm import ByteLM
 
         return ByteLM()
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Tanh(),
-                               torch.nn.Linear(16, 1))
+    return toy.mlp(batchnorm=True)
 
 
 def batch(kind, step, rank):
-    g = torch.Generator().manual_seed(1000 * step + rank)
     if kind == "lm":
-        x = torch.randint(0, 256, (8, 128), generator=g)
+        x = torch.randint(0, 256, (8, 128), generator=torch.Generator().manual_seed(1000 * step + rank))
         return x, x
-    x = torch.randn(32, 8, generator=g)
-    return x, x.sum(dim=1, keepdim=True).sin()
+    return toy.batch(step, rank)
 
 
 def loss_fn(kind, model, x, y):
@@ -120,14 +110,10 @@ def loss_fn(kind, model, x, y):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--steps", type=int, default=40)
+    p = toy.arg_parser(steps=40, every=20, sleep=0.05)
     p.add_argument("--memory-every", type=int, default=5)
-    p.add_argument("--every", type=int, default=20)
-    p.add_argument("--keep", type=int, default=2)
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--overlap", action="store_true")
-    p.add_argument("--sleep", type=float, default=0.05)
     p.add_argument("--model", choices=("tiny", "lm"), default="tiny")
     p.add_argument("--dump", action="store_true")
     p.add_argument("--bench-out", default=None)
@@ -135,11 +121,7 @@ def main():
 
     with hp.init() as ctx:
         install_fault_injection(ctx)
-        torch.manual_seed(0)
-        model = DDP(build_model(a.model))
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        local = {"samples_seen": torch.zeros((), dtype=torch.int64)}
-        state = {"model": model, "optim": opt, f"rank{ctx.rank}": local}
+        model, opt, local, state = toy.setup(ctx, lambda: build_model(a.model))
         policy = CheckpointPolicy(every_steps=a.every, keep_last=a.keep, memory_every_steps=a.memory_every)
         ckpt = hp.TieredCheckpointer(ctx, state, policy, replicas=a.replicas, overlap=a.overlap)
         start = ckpt.restore()
@@ -147,7 +129,7 @@ def main():
         dumps = os.path.join(ctx.job_dir, "dumps")
         if a.dump:
             os.makedirs(dumps, exist_ok=True)
-            save_dump(dict(export(ctx, model, opt, local), start=start),
+            save_dump(dict(toy.export(ctx, model, opt, local), start=start),
                        os.path.join(dumps, f"inc{inc}-restored-rank-{ctx.rank}.pt"))
         print(f"rank {ctx.rank}/{ctx.world_size} node={ctx.node} restart_count={inc} start={start} "
               f"partners={ckpt.partners} sources={ckpt.sources}", flush=True)
@@ -156,10 +138,7 @@ def main():
         timings = []
         for step in range(start, a.steps):
             x, y = batch(a.model, step, ctx.rank)
-            loss = loss_fn(a.model, model, x, y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()  # overlap mode: waits here for the previous snapshot's copy
+            loss = toy.train_step(opt, loss_fn(a.model, model, x, y))  # overlap: opt.step waits for the last copy
             local["samples_seen"] += x.shape[0]
             if to_read_back is not None:  # overlap: the snapshot is final now; compare it later
                 ckpt.wait()
@@ -174,7 +153,7 @@ def main():
             if saved and (step + 1) % a.memory_every == 0:
                 timings.append({"step": step, "call_s": call_s})
                 if a.dump:
-                    save_dump(export(ctx, model, opt, local), os.path.join(dumps, f"inc{inc}-step-{step}-rank-{ctx.rank}.pt"))
+                    save_dump(toy.export(ctx, model, opt, local), os.path.join(dumps, f"inc{inc}-step-{step}-rank-{ctx.rank}.pt"))
                     if a.overlap:
                         to_read_back = step
             if step == wipe_at:
@@ -192,7 +171,7 @@ def main():
             time.sleep(a.sleep)
         ckpt.wait()
         if a.dump:
-            save_dump(export(ctx, model, opt, local), os.path.join(dumps, f"final-rank-{ctx.rank}.pt"))
+            save_dump(toy.export(ctx, model, opt, local), os.path.join(dumps, f"final-rank-{ctx.rank}.pt"))
         if a.bench_out and ctx.rank == 0:
             with open(a.bench_out, "w") as f:
                 json.dump({"timings": timings, "memory_bytes": ckpt.memory_bytes,
