@@ -76,6 +76,26 @@ stop_pid() {  # PID COMM NAME : SIGTERM, wait up to 15 s, then SIGKILL
   for i in $(seq 50); do alive_pid "$pid" "$comm" || break; sleep 0.1; done
   say "$name: killed (pid $pid)"
 }
+stop_if_changed() {  # PIDFILE COMM CHANGED NAME : stop the daemon of PIDFILE when CHANGED=1 (its config changed)
+  if [ "$3" = 1 ] && alive_file "$1" "$2"; then stop_pid "$(pidof_file "$1")" "$2" "$4 (config changed)"; fi
+}
+start_daemon() {  # NAME PIDFILE COMM PORT LOG WAIT_S READY -- COMMAND...
+  # Unless the daemon of PIDFILE runs: start COMMAND (it daemonizes and writes PIDFILE; output to
+  # LOG; no inherited lock fd 9, which would outlive this script), then wait up to WAIT_S s until
+  # the shell condition READY holds. On failure show LOG's tail and die.
+  local name=$1 pidfile=$2 comm=$3 port=$4 log=$5 wait_s=$6 ready=$7
+  shift 7; [ "${1:-}" = -- ] && shift
+  if alive_file "$pidfile" "$comm"; then say "$name: running (pid $(pidof_file "$pidfile"))"; return 0; fi
+  port_open "$port" && die "port $port ($name) is taken by a process we did not start (another Slurm on this host?); stop it first"
+  "$@" </dev/null >>"$log" 2>&1 9>&- || { tail -n 20 "$log" >&2; die "$name failed to start"; }
+  wait_for "$wait_s" "$name" eval "$ready" \
+    || { tail -n 20 "$log" >&2; die "$name is not ready after $wait_s s: $ready (see $log)"; }
+  say "$name: started (pid $(pidof_file "$pidfile"))"
+}
+replace_if_changed() {  # FILE : install FILE.new as FILE if they differ (status 0), else drop FILE.new (status 1)
+  if cmp -s "$1.new" "$1"; then rm -f "$1.new"; return 1; fi
+  mv "$1.new" "$1"
+}
 
 # ---------------------------------------------------------------- packages
 ensure_packages() {
@@ -182,24 +202,13 @@ StorageLoc=slurm_acct_db
 EOF
   )
   chmod 600 "$DBD_CONF.new"          # slurmdbd refuses a group/world-readable conf
-  if cmp -s "$DBD_CONF.new" "$DBD_CONF"; then rm -f "$DBD_CONF.new"; return 1; fi
-  mv "$DBD_CONF.new" "$DBD_CONF"; return 0
+  replace_if_changed "$DBD_CONF"
 }
 
 start_slurmdbd() {
-  local changed=$1
-  if alive_file "$RUN/slurmdbd.pid" slurmdbd && [ "$changed" = 1 ]; then
-    stop_pid "$(pidof_file "$RUN/slurmdbd.pid")" slurmdbd "slurmdbd (config changed)"
-  fi
-  if alive_file "$RUN/slurmdbd.pid" slurmdbd; then
-    say "slurmdbd: running (pid $(pidof_file "$RUN/slurmdbd.pid"))"
-  else
-    port_open "$DBD_PORT" && die "port $DBD_PORT is taken by a slurmdbd we did not start; stop it first"
-    slurmdbd </dev/null >>"$LOG/slurmdbd.log" 2>&1 9>&- || { tail -n 20 "$LOG/slurmdbd.log" >&2; die "slurmdbd failed to start"; }
-    wait_for 20 slurmdbd port_open "$DBD_PORT" \
-      || { tail -n 20 "$LOG/slurmdbd.log" >&2; die "slurmdbd does not listen on $DBD_PORT (see $LOG/slurmdbd.log)"; }
-    say "slurmdbd: started (pid $(pidof_file "$RUN/slurmdbd.pid"))"
-  fi
+  stop_if_changed "$RUN/slurmdbd.pid" slurmdbd "$1" slurmdbd
+  start_daemon slurmdbd "$RUN/slurmdbd.pid" slurmdbd "$DBD_PORT" "$LOG/slurmdbd.log" 20 \
+    "port_open $DBD_PORT" -- slurmdbd
 }
 
 # ---------------------------------------------------------------- slurm.conf
@@ -254,38 +263,20 @@ NodeName=n1 NodeAddr=127.0.0.1 Port=${NODE_PORT[n1]} CPUs=$ncpu RealMemory=$mem_
 NodeName=n2 NodeAddr=127.0.0.1 Port=${NODE_PORT[n2]} CPUs=$ncpu RealMemory=$mem_node State=UNKNOWN
 PartitionName=$PARTITION Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 EOF
-  if cmp -s "$CONF.new" "$CONF"; then rm -f "$CONF.new"; return 1; fi
-  mv "$CONF.new" "$CONF"; return 0
+  replace_if_changed "$CONF"
 }
 
 start_slurm() {
   local changed=$1 n
-  if [ "$changed" = 1 ]; then   # plugin/node changes need restarts, not `scontrol reconfigure`
-    for n in "${NODES[@]}"; do
-      alive_file "$RUN/slurmd-$n.pid" slurmd && stop_pid "$(pidof_file "$RUN/slurmd-$n.pid")" slurmd "slurmd $n (config changed)"
-    done
-    alive_file "$RUN/slurmctld.pid" slurmctld && stop_pid "$(pidof_file "$RUN/slurmctld.pid")" slurmctld "slurmctld (config changed)"
-  fi
-  if alive_file "$RUN/slurmctld.pid" slurmctld; then
-    say "slurmctld: running (pid $(pidof_file "$RUN/slurmctld.pid"))"
-  else
-    port_open "$CTLD_PORT" && die "port $CTLD_PORT is taken by a slurmctld we did not start (another Slurm on this host?); stop it first"
-    slurmctld </dev/null >>"$LOG/slurmctld.log" 2>&1 9>&- || { tail -n 20 "$LOG/slurmctld.log" >&2; die "slurmctld failed to start"; }
-    wait_for 20 slurmctld eval 'scontrol ping 2>/dev/null | grep -q UP' \
-      || { tail -n 20 "$LOG/slurmctld.log" >&2; die "slurmctld does not answer (see $LOG/slurmctld.log)"; }
-    say "slurmctld: started (pid $(pidof_file "$RUN/slurmctld.pid"))"
-  fi
+  # plugin/node changes need restarts, not `scontrol reconfigure`
+  for n in "${NODES[@]}"; do stop_if_changed "$RUN/slurmd-$n.pid" slurmd "$changed" "slurmd $n"; done
+  stop_if_changed "$RUN/slurmctld.pid" slurmctld "$changed" slurmctld
+  start_daemon slurmctld "$RUN/slurmctld.pid" slurmctld "$CTLD_PORT" "$LOG/slurmctld.log" 20 \
+    'scontrol ping 2>/dev/null | grep -q UP' -- slurmctld
   for n in "${NODES[@]}"; do
-    if alive_file "$RUN/slurmd-$n.pid" slurmd; then
-      say "slurmd $n: running (pid $(pidof_file "$RUN/slurmd-$n.pid"))"
-    else
-      port_open "${NODE_PORT[$n]}" && die "port ${NODE_PORT[$n]} (slurmd $n) is taken by a process we did not start; stop it first"
-      mkdir -p "$BASE/slurm/spool/$n"
-      slurmd -N "$n" </dev/null >>"$LOG/slurmd-$n.log" 2>&1 9>&- || { tail -n 20 "$LOG/slurmd-$n.log" >&2; die "slurmd $n failed to start"; }
-      wait_for 10 "slurmd $n" alive_file "$RUN/slurmd-$n.pid" slurmd \
-        || { tail -n 20 "$LOG/slurmd-$n.log" >&2; die "slurmd $n did not start (see $LOG/slurmd-$n.log)"; }
-      say "slurmd $n: started (pid $(pidof_file "$RUN/slurmd-$n.pid"))"
-    fi
+    mkdir -p "$BASE/slurm/spool/$n"
+    start_daemon "slurmd $n" "$RUN/slurmd-$n.pid" slurmd "${NODE_PORT[$n]}" "$LOG/slurmd-$n.log" 10 \
+      "alive_file '$RUN/slurmd-$n.pid' slurmd" -- slurmd -N "$n"
   done
 }
 
@@ -313,8 +304,7 @@ write_sshd_conf() {
   install -m 0600 "$SSH_DIR/id_ed25519.pub" "$SSH_DIR/authorized_keys"
   # known_hosts of ours: the login node's host key, for strict verification by clients
   echo "[127.0.0.1]:$SSH_PORT $(cut -d' ' -f1,2 "$SSH_DIR/ssh_host_ed25519_key.pub")" >"$SSH_DIR/known_hosts.new"
-  if cmp -s "$SSH_DIR/known_hosts.new" "$SSH_DIR/known_hosts"; then rm -f "$SSH_DIR/known_hosts.new"
-  else mv "$SSH_DIR/known_hosts.new" "$SSH_DIR/known_hosts"; fi
+  replace_if_changed "$SSH_DIR/known_hosts" || true
   chmod 644 "$SSH_DIR/known_hosts"
   cat >"$SSH_DIR/sshd_config.new" <<EOF
 # written by hyperpod-lab devcluster.sh -- do not edit (regenerated by 'dev-cluster up')
@@ -338,8 +328,7 @@ Subsystem sftp internal-sftp
 LogLevel INFO
 EOF
   /usr/sbin/sshd -t -f "$SSH_DIR/sshd_config.new" || die "sshd rejects its config ($SSH_DIR/sshd_config.new)"
-  if cmp -s "$SSH_DIR/sshd_config.new" "$SSH_DIR/sshd_config"; then rm -f "$SSH_DIR/sshd_config.new"; return 1; fi
-  mv "$SSH_DIR/sshd_config.new" "$SSH_DIR/sshd_config"; return 0
+  replace_if_changed "$SSH_DIR/sshd_config"
 }
 ssh_ok() {
   ssh -q -p "$SSH_PORT" -i "$SSH_DIR/id_ed25519" -o BatchMode=yes -o IdentitiesOnly=yes \
@@ -347,10 +336,7 @@ ssh_ok() {
     -o GlobalKnownHostsFile=/dev/null -o ConnectTimeout=3 root@127.0.0.1 true </dev/null 2>/dev/null
 }
 start_sshd() {
-  local changed=$1
-  if alive_file "$RUN/sshd.pid" sshd && [ "$changed" = 1 ]; then
-    stop_pid "$(pidof_file "$RUN/sshd.pid")" sshd "sshd (config changed)"
-  fi
+  stop_if_changed "$RUN/sshd.pid" sshd "$1" sshd
   if alive_file "$RUN/sshd.pid" sshd; then
     say "sshd: running on 127.0.0.1:$SSH_PORT (pid $(pidof_file "$RUN/sshd.pid"))"
   else
