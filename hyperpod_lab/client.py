@@ -19,6 +19,7 @@ from hyperpod_lab.schedulers import Scheduler, for_profile
 from hyperpod_lab.spec import JobSpec
 
 CLIENT_WRITER = "client"
+SUBMITTING = "submitting"  # the reason of a record whose scheduler id is not known yet
 
 
 class Client:
@@ -88,13 +89,19 @@ class Client:
         spec, profile, script = self.prepare(spec)
         sched = self.scheduler(spec.cluster)
         job_id = new_job_id(spec.name)
+        # the record first (refusing a taken id before anything is staged), so that a client
+        # killed between the scheduler's submit and the record's update leaves a record that
+        # :meth:`refresh` completes (Scheduler.find_native_id) instead of a job nobody tracks
+        rec = JobRecord(job_id=job_id, name=spec.name, cluster=spec.cluster, orchestrator=profile.orchestrator,
+                        native_id="", job_dir=sched.job_dir(job_id), spec=spec.to_dict(), reason=SUBMITTING)
+        self.store.add(rec)
         try:
             native_id = sched.submit(spec, job_id, script)
-        except Exception:
-            sched.discard(job_id)  # leave nothing half-done: the directory is ours alone (fresh id)
+        except BaseException:
+            sched.discard(job_id)  # leave nothing half-done: the directory and record are ours alone
+            self.store.remove(job_id)
             raise
-        rec = JobRecord(job_id=job_id, name=spec.name, cluster=spec.cluster, orchestrator=profile.orchestrator,
-                        native_id=native_id, job_dir=sched.job_dir(job_id), spec=spec.to_dict())
+        rec.native_id, rec.spec, rec.reason = native_id, spec.to_dict(), None
         self.store.put(rec)
         self._append_event(sched, rec, EventKind.SUBMITTED, cluster=spec.cluster, native_id=native_id,
                            name=spec.name, nodes=spec.nodes, procs_per_node=spec.procs_per_node,
@@ -124,7 +131,8 @@ class Client:
                 by_cluster.setdefault(r.cluster, []).append(r)
         for cluster, recs in by_cluster.items():
             sched = self.scheduler(cluster)
-            states = sched.poll(recs)
+            recs = [r for r in recs if r.native_id or self._adopt_native_id(sched, r)]
+            states = sched.poll(recs) if recs else {}
             for rec in recs:
                 st, code, reason = states.get(rec.job_id, (JobStatus.UNKNOWN, None, None))
                 if st == JobStatus.UNKNOWN and rec.state != JobStatus.PENDING:
@@ -134,6 +142,16 @@ class Client:
                 if st.is_terminal() and not was_terminal:
                     self._finish_if_silent(sched, rec, st, code, reason)
         return records
+
+    def _adopt_native_id(self, sched: Scheduler, rec: JobRecord) -> bool:
+        """A record left without a scheduler id (its client died mid-submit): look the id up
+        through the backend and store it. False while it cannot be found (still submitting)."""
+        native_id = sched.find_native_id(rec)
+        if not native_id:
+            return False
+        rec.native_id, rec.reason = native_id, None
+        self.store.put(rec)
+        return True
 
     def _finish_if_silent(self, sched, rec, st, code, reason):
         kinds = {e.kind for e in EventReader(rec.job_dir, sched.remote).poll()}
@@ -190,7 +208,11 @@ class Client:
         return self.scheduler(rec.cluster).logs(rec, rank)
 
     def cancel(self, job_id: str) -> JobRecord:
+        """Stop the job. Raises JobStateError while its submission has not reached the scheduler."""
         rec = self.status(job_id)
+        if not rec.native_id:
+            raise JobStateError(f"job {job_id} is still being submitted (no scheduler id yet); cancel it again "
+                                "in a few seconds")
         if not rec.state.is_terminal():
             self.scheduler(rec.cluster).cancel(rec)
         return rec

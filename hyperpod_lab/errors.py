@@ -70,3 +70,7 @@ class UnknownJob(HyperPodLabError, KeyError):
 
 class JobStateError(HyperPodLabError):
     """The operation does not fit the job's state (e.g. inject a fault into a finished job)."""
+
+
+class DuplicateJob(JobStateError):
+    """A job record with that id exists already; the new one is refused, the old one kept."""

@@ -105,6 +105,7 @@ class JobPaths:
         <folder>/checkpoints/           the persistent checkpoint tier
         <folder>/joins.json             allocations added by elastic scale-up
         <folder>/lighthouse.json        checkpointless: the Lighthouse's published address
+        <folder>/native_id              the scheduler's job id, written by the job when it starts
         <folder>/job.sbatch, join-N.sbatch, exit_code, cancelled   backend files
     """
 
@@ -183,6 +184,11 @@ class JobPaths:
     @property
     def sbatch(self) -> str:
         return self.path("job.sbatch")
+
+    @property
+    def native_id(self) -> str:
+        """The scheduler's job id, written by the job itself when it starts."""
+        return self.path("native_id")
 
     @property
     def exit_code(self) -> str:

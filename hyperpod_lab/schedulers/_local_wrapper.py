@@ -12,11 +12,14 @@ from hyperpod_lab.jobdir import JobPaths
 def main() -> int:
     job_dir, sep, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
     assert sep == "--" and argv, "usage: _local_wrapper JOB_DIR -- ARGV..."
+    paths = JobPaths(job_dir, join=os.path.join)
+    with open(paths.native_id, "w") as f:  # the local backend's native id is this process's pid
+        f.write(f"{os.getpid()}\n")
     p = subprocess.Popen(argv)
     signal.signal(signal.SIGTERM, lambda *_: p.send_signal(signal.SIGTERM))
     code = p.wait()
     code = 128 - code if code < 0 else code
-    path = JobPaths(job_dir, join=os.path.join).exit_code
+    path = paths.exit_code
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w") as f:
         f.write(f"{code}\n")

@@ -55,6 +55,15 @@ class Scheduler(ABC):
         except Exception:
             pass
 
+    def find_native_id(self, rec: JobRecord) -> str | None:
+        """The scheduler's id of a job whose submitter died before recording it: the id the job
+        wrote into ``JobPaths.native_id`` when it started; backends may also ask the scheduler.
+        None when not (yet) known."""
+        try:
+            return self.remote.read_from(JobPaths(rec.job_dir).native_id).decode().strip() or None
+        except FileNotFoundError:
+            return None
+
     def health(self) -> dict:
         """The cluster's nodes as the scheduler sees them.
 

@@ -63,8 +63,13 @@ GRACEFUL_SHUTDOWN_S = 120
 
 def resource_name(job_id: str) -> str:
     """The Kubernetes name of a job's resources: ``job_id`` as a DNS-1123 label (<= 53 chars,
-    leaving room for the operator's pod suffixes)."""
-    name = re.sub(r"[^a-z0-9-]+", "-", job_id.lower()).strip("-")[:53].rstrip("-")
+    leaving room for the operator's pod suffixes). A longer id loses characters of its name
+    part, never of its random tail, so two jobs never share a name."""
+    name = re.sub(r"[^a-z0-9-]+", "-", job_id.lower()).strip("-")
+    if len(name) > 53:  # shorten the name part, keep the id's random tail (distinct jobs, distinct names)
+        head, _, tail = name.rpartition("-")
+        tail = tail[-16:]
+        name = (head[:52 - len(tail)].rstrip("-") + "-" + tail).lstrip("-")
     return name or "job"
 
 

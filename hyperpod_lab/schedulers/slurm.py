@@ -34,6 +34,8 @@ HYPERPOD_MARKER = "/opt/sagemaker_cluster"
 RDZV_PORT_BASE = 29500  # + (SLURM_JOB_ID + RDZV_PORT_RUN_STRIDE * SLURM_RESTART_COUNT) % 20000
 RDZV_PORT_RUN_STRIDE = 7919  # a prime: a requeued run's port is far from its neighbours' ports
 
+COMMENT_PREFIX = "hyperpod-lab:"  # + job id, in #SBATCH --comment
+
 _q = shlex.quote
 
 
@@ -80,6 +82,8 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
         lines.append(f"#SBATCH --partition={partition}")
     if spec.time_limit_min:
         lines.append(f"#SBATCH --time={spec.time_limit_min}")
+    if not joining:  # finds the job in squeue if its submitter died before recording the Slurm id
+        lines.append(f"#SBATCH --comment={COMMENT_PREFIX}{job_id}")
     if spec.resiliency.recovery == "checkpointless":
         lines.append("#SBATCH --no-kill")  # a lost node does not end the allocation: the others go on
     if spec.resiliency.auto_resume and not hyperpod and not joining:
@@ -89,6 +93,10 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
     lines += [
         "set -uo pipefail",
         f"JOB_DIR={_q(job_dir)}",
+    ]
+    if not joining:  # the job's own record of its Slurm id (see Scheduler.find_native_id)
+        lines.append(f'echo "$SLURM_JOB_ID" > "{sh.native_id}"')
+    lines += [
         f"export {ENV_JOB_ID}={_q(job_id)}",
         f'export {ENV_JOB_DIR}="$JOB_DIR"',
         f'export {ENV_SPEC}="{sh.spec}"',
@@ -304,6 +312,19 @@ class SlurmScheduler(Scheduler):
             else:
                 out[rec.job_id] = (JobStatus.UNKNOWN, None, "not in squeue or sacct")
         return out
+
+    def find_native_id(self, rec):
+        """The job's own record (it started), else squeue's job with the job's ``--comment``
+        among those of its name (pending, or finished within MinJobAge)."""
+        found = super().find_native_id(rec)
+        if found:
+            return found
+        res = self.remote.run(["squeue", "-h", "--states=all", f"--name={rec.name}", "-o", "%i|%k"], check=False)
+        for line in res.stdout.splitlines():
+            jid, _, comment = line.strip().partition("|")
+            if comment == COMMENT_PREFIX + rec.job_id and jid.isdigit():
+                return jid
+        return None
 
     def health(self):
         """The nodes as ``sinfo -N`` reports them (one command over the remote seam); see

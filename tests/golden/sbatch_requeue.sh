@@ -6,9 +6,11 @@
 #SBATCH --output=/fsx/hyperpod-lab/jobs/quick-start-20261123-010203-abcd/logs/slurm-%j.out
 #SBATCH --open-mode=append
 #SBATCH --partition=dev
+#SBATCH --comment=hyperpod-lab:quick-start-20261123-010203-abcd
 #SBATCH --requeue
 set -uo pipefail
 JOB_DIR=/fsx/hyperpod-lab/jobs/quick-start-20261123-010203-abcd
+echo "$SLURM_JOB_ID" > "$JOB_DIR/native_id"
 export HYPERPOD_LAB_JOB_ID=quick-start-20261123-010203-abcd
 export HYPERPOD_LAB_JOB_DIR="$JOB_DIR"
 export HYPERPOD_LAB_SPEC="$JOB_DIR/spec.json"
