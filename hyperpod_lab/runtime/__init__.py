@@ -21,6 +21,26 @@ Checkpointless recovery and elastic data parallelism (``--recovery checkpointles
 Launch it with ``python -m hyperpod_lab.runtime.launch`` (torchrun plus fault/recovery events),
 with plain ``torchrun``, or with plain ``python`` (a single-member job).
 
+Modules, one idea each:
+
+===================== ========================================================================
+``context``           ``init()`` and :class:`JobContext`: who this process is, its events, the
+                      registry of checkpointers (``register_checkpointer``, ``note_restored``)
+``state``             what a training state may hold (one classifier), its DCP and flat views
+``checkpoint_format`` the persistent tier's on-disk format: step dirs, commit marker, CRC-32
+``checkpoint``        :class:`Checkpointer`, the persistent tier (DCP to ``<job_dir>/checkpoints``)
+``s3tier``            the S3 tier: uploads of committed checkpoints, the S3 link of the restore chain
+``slots``             the memory tier's shared-memory slots (layout under /dev/shm, records, XXH3)
+``memory_tier``       :class:`~hyperpod_lab.runtime.memory_tier.MemoryTier`, the asynchronous
+                      snapshot engine
+``peer``              replication of snapshots to other nodes (transports, placement)
+``tiered``            :class:`TieredCheckpointer`: the tiers together, restore from the fastest
+``ft``                :class:`Checkpointless` (torchft); ``elastic``: the global-batch plan
+``lighthouse``        the job's torchft Lighthouse; ``ft_local``: a checkpointless job on one machine
+``launch``            the launch agent: torchrun plus fault/recovery events
+===================== ========================================================================
+
+Environment variable names and the job directory layout come from :mod:`hyperpod_lab.jobdir`.
 This package never imports Jupyter, IPython or paramiko; it imports torch.
 """
 

@@ -1,41 +1,25 @@
 """The persistent checkpoint tier: torch.distributed.checkpoint (DCP) to the job directory.
 
-Layout on shared storage::
+:class:`Checkpointer` saves to ``<job_dir>/checkpoints/step-XXXXXXXX/`` (the format, the commit
+marker and the integrity checks are :mod:`hyperpod_lab.runtime.checkpoint_format`; its public
+names are importable from here too).
 
-    <job_dir>/checkpoints/step-00000019/      one DCP checkpoint (all ranks' files + .metadata)
-    <job_dir>/checkpoints/step-00000019/COMMITTED   commit marker (JSON, see below)
-    <job_dir>/checkpoints/corrupt-step-00000039-<epoch>/   a committed one that failed to verify
-                                          or load, set aside by restore(); never deleted automatically
-
-A checkpoint is *complete* only when its ``COMMITTED`` marker exists. Rank 0 writes the marker
-(temporary file + ``os.replace``) only after DCP's save returned, which happens on every rank
+Commit: rank 0 writes the marker only after DCP's save returned, which happens on every rank
 after every rank's data files were written and fsynced and the ``.metadata`` file was written
 (DCP's coordinator gathers all ranks' write results before it finishes). A save killed half-way
 therefore leaves a directory without a marker, which :meth:`Checkpointer.restore` never loads.
-
-The marker also lists every file of the checkpoint with its size and checksum::
-
-    {"step": 19, "world_size": 2, "bytes": 1234, "time": 1795395723.4, "checksum": "crc32",
-     "files": {".metadata": {"bytes": 1034, "checksum": "crc32:9f0c1a2b"},
-               "__0_0.distcp": {"bytes": 200, "checksum": "crc32:..."}, ...}}
-
 The checksums are computed after DCP's save returned: each rank hashes the data files it wrote
-itself (DCP names them ``__<rank>_<n>.distcp``), in parallel and while they are still in its
-page cache, and sends the result to rank 0 (one ``gather_object``); rank 0 hashes the rest
-(``.metadata``, any file no rank claimed), writes the marker and broadcasts the outcome. The
-checksum is zlib's CRC-32: measured here on one core, 2.6 GB/s over memory and 2.0 GB/s reading
-a file from the page cache, against 0.56 GB/s for BLAKE2b and 1.5 GB/s for SHA-256; it guards
-against torn writes, truncation and bit rot, not against tampering.
-:meth:`Checkpointer.restore` verifies sizes and checksums before loading: the files are split
-between the ranks by size, each rank verifies its share, and the verdicts are all-gathered, so
-every file is read once and every rank agrees on the outcome. A missing, truncated or altered
+itself, in parallel and while they are still in its page cache, and sends the result to rank 0
+(one ``gather_object``); rank 0 hashes the rest (``.metadata``, any file no rank claimed),
+writes the marker and broadcasts the outcome.
+
+Restore: :meth:`Checkpointer.restore` verifies sizes and checksums before loading: the files are
+split between the ranks by size, each rank verifies its share, and the verdicts are all-gathered,
+so every file is read once and every rank agrees on the outcome. A missing, truncated or altered
 file makes the whole step skipped (``checkpoint.corrupt`` naming the file) and the next older
 complete step is tried; nothing is loaded from a checkpoint that failed verification, and a load
 goes into scratch copies applied only when every rank succeeded, so a partial checkpoint is never
-loaded. A marker without a file list (written by an older hyperpod-lab) is loaded unverified.
-
-The directories stay standard DCP checkpoints: ``torch.distributed.checkpoint.load`` reads them
-without this library (the marker is one more file DCP ignores).
+loaded.
 
 Saving is asynchronous by default (``dcp.async_save``, thread executor, on the context's gloo
 ``cpu_group`` so the background collectives never interleave with the training loop's DDP
@@ -48,23 +32,22 @@ step mutate parameters while they are being copied. A new save first waits for t
 With an :class:`~hyperpod_lab.runtime.s3tier.S3Tier` (``Checkpointer(ctx, s3=tier)``), rank 0
 hands every committed checkpoint to ``tier.maybe_upload`` (which uploads every
 ``tier.every_steps`` steps, in the background), retention keeps directories still queued for
-upload, and :meth:`Checkpointer.restore` falls back to the newest complete S3 step when no local
+upload, and :meth:`Checkpointer.restore` falls back to the newest complete S3 step
+(:meth:`S3Tier.restore_into <hyperpod_lab.runtime.s3tier.S3Tier.restore_into>`) when no local
 checkpoint loads.
 
-Per-rank state: DCP deduplicates by key, so a plain tensor stored under the same key on every
-rank is saved once (rank 0's copy). Give per-rank state (RNG, data-loader position) per-rank
-keys, e.g. ``state[f"rng-rank{ctx.rank}"] = {...}``.
+What a state may hold: :mod:`hyperpod_lab.runtime.state`. Per-rank state: DCP deduplicates by
+key, so a plain tensor stored under the same key on every rank is saved once (rank 0's copy).
+Give per-rank state (RNG, data-loader position) per-rank keys, e.g.
+``state[f"rng-rank{ctx.rank}"] = {...}``.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import shutil
 import threading
 import time
-import zlib
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -72,259 +55,36 @@ import torch
 import torch.distributed as dist
 
 from hyperpod_lab.events import EventKind
-from hyperpod_lab.runtime.context import write_json_atomic
+from hyperpod_lab.jobdir import TIER_PERSISTENT, TIER_S3
+from hyperpod_lab.runtime.checkpoint_format import (
+    CHECKSUM_ALGORITHM,
+    COMMIT_MARKER,
+    METADATA_FILE,
+    check_file,
+    dir_bytes,
+    file_checksum,
+    hash_rank_files,
+    hash_remaining,
+    list_checkpoints,
+    parse_marker,
+    partition_files,
+    read_marker,
+    safe_relpath,
+    set_aside,
+    step_dir_name,
+    write_marker,
+)
+from hyperpod_lab.runtime.state import copy_into, to_dcp
 
 if TYPE_CHECKING:  # pragma: no cover
     from hyperpod_lab.runtime.context import JobContext
     from hyperpod_lab.runtime.s3tier import S3Tier
 
-COMMIT_MARKER = "COMMITTED"
-CHECKPOINTS_DIRNAME = "checkpoints"
-METADATA_FILE = ".metadata"
-TIER = "persistent"
-CHECKSUM_ALGORITHM = "crc32"
-_STEP_DIR = re.compile(r"^step-(\d{8,})$")
-_READ_CHUNK = 8 << 20  # bytes read per crc32 update
-
-
-def step_dir_name(step: int) -> str:
-    """``step-<step:08d>``, the directory of the checkpoint taken after 0-based ``step``."""
-    return f"step-{step:08d}"
-
-
-def list_checkpoints(root: str) -> list[tuple[int, str, bool]]:
-    """Checkpoint directories under ``root``, newest first.
-
-    Returns:
-        ``[(step, path, complete), ...]`` sorted by step descending; ``complete`` is whether the
-        commit marker exists. A missing ``root`` gives ``[]``.
-    """
-    out = []
-    try:
-        names = os.listdir(root)
-    except FileNotFoundError:
-        return []
-    for name in names:
-        m = _STEP_DIR.match(name)
-        path = os.path.join(root, name)
-        if m and os.path.isdir(path):
-            out.append((int(m.group(1)), path, os.path.exists(os.path.join(path, COMMIT_MARKER))))
-    out.sort(reverse=True)
-    return out
-
-
-def dir_bytes(path: str) -> int:
-    """Total size in bytes of the checkpoint's files under ``path`` (the commit marker excluded)."""
-    total = 0
-    for base, _dirs, files in os.walk(path):
-        for f in files:
-            if f == COMMIT_MARKER and base == path:
-                continue
-            try:
-                total += os.path.getsize(os.path.join(base, f))
-            except OSError:
-                pass
-    return total
-
-
-# ---- integrity: checksums and the commit marker ---------------------------------------------
-def file_checksum(path: str) -> tuple[int, str]:
-    """Size and CRC-32 of a file, read in 8 MiB chunks (zlib releases the GIL while hashing).
-
-    Returns:
-        ``(bytes, "crc32:<8 hex digits>")``.
-
-    Raises:
-        OSError: the file cannot be read.
-    """
-    crc, size = 0, 0
-    buf = bytearray(_READ_CHUNK)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while True:
-            n = f.readinto(buf)
-            if not n:
-                break
-            crc = zlib.crc32(view[:n], crc)
-            size += n
-    return size, f"{CHECKSUM_ALGORITHM}:{crc:08x}"
-
-
-def _is_marker_temp(name: str) -> bool:
-    return name.startswith(COMMIT_MARKER + ".tmp-")
-
-
-def safe_relpath(rel: Any) -> bool:
-    """Whether a marker's file name is a plain relative path inside the checkpoint directory."""
-    if not isinstance(rel, str) or not rel or rel.startswith(("/", "\\")) or "\\" in rel or "\0" in rel:
-        return False
-    return all(part not in ("", ".", "..") for part in rel.split("/"))
-
-
-def parse_marker(raw: bytes | str) -> dict[str, Any]:
-    """Parse and check a commit marker.
-
-    Returns:
-        The marker dict; ``files`` (when present) maps safe relative paths to
-        ``{"bytes": int, "checksum": str}``.
-
-    Raises:
-        ValueError: not JSON, not an object, or a malformed ``files`` table (the message says what).
-    """
-    try:
-        marker = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"commit marker is not JSON ({e})") from None
-    if not isinstance(marker, dict):
-        raise ValueError("commit marker is not a JSON object")
-    files = marker.get("files")
-    if files is None:
-        return marker
-    if not isinstance(files, dict) or not files:
-        raise ValueError("commit marker's 'files' is not a non-empty object")
-    for rel, meta in files.items():
-        if not safe_relpath(rel):
-            raise ValueError(f"commit marker lists an unsafe path {rel!r}")
-        if (not isinstance(meta, dict) or isinstance(meta.get("bytes"), bool) or not isinstance(meta.get("bytes"), int)
-                or not isinstance(meta.get("checksum"), str)):
-            raise ValueError(f"commit marker entry for {rel!r} lacks bytes/checksum")
-    return marker
-
-
-def read_marker(step_dir: str) -> dict[str, Any]:
-    """Read and parse ``<step_dir>/COMMITTED``.
-
-    Raises:
-        FileNotFoundError: no marker. ValueError: as :func:`parse_marker`. OSError: unreadable.
-    """
-    with open(os.path.join(step_dir, COMMIT_MARKER), "rb") as f:
-        return parse_marker(f.read())
-
-
-def check_file(step_dir: str, rel: str, meta: dict[str, Any]) -> str | None:
-    """Verify one file of a checkpoint against its marker entry.
-
-    Args:
-        step_dir: the checkpoint directory.
-        rel: the file's path relative to it.
-        meta: ``{"bytes": int, "checksum": "crc32:<hex>"}`` from the marker.
-
-    Returns:
-        None when size and checksum match, else the reason (missing, truncated/torn, mismatch).
-    """
-    path = os.path.join(step_dir, rel)
-    try:
-        size = os.path.getsize(path)
-    except FileNotFoundError:
-        return "missing (the commit marker lists it)"
-    except OSError as e:
-        return f"unreadable: {e}"
-    if size != meta["bytes"]:
-        return f"size is {size} bytes, the commit marker says {meta['bytes']} (truncated or torn write)"
-    algo = meta["checksum"].split(":", 1)[0]
-    if algo != CHECKSUM_ALGORITHM:
-        return f"unsupported checksum algorithm {algo!r}"
-    try:
-        size, checksum = file_checksum(path)
-    except OSError as e:
-        return f"unreadable: {e}"
-    if size != meta["bytes"]:
-        return f"size is {size} bytes, the commit marker says {meta['bytes']} (changed while reading)"
-    if checksum != meta["checksum"]:
-        return f"checksum mismatch: {checksum}, the commit marker says {meta['checksum']} (corrupt data)"
-    return None
-
-
-def partition_files(files: dict[str, dict[str, Any]], parts: int) -> list[list[str]]:
-    """Split a marker's files into ``parts`` lists of about equal total size (greedy, largest
-    first; deterministic, so every rank computes the same split)."""
-    out: list[list[str]] = [[] for _ in range(parts)]
-    load = [0] * parts
-    for rel in sorted(files, key=lambda r: (-files[r]["bytes"], r)):
-        i = min(range(parts), key=lambda k: (load[k], k))
-        out[i].append(rel)
-        load[i] += files[rel]["bytes"]
-    return out
-
-
-# torch.distributed.checkpoint costs ~1.3 s to import (it pulls in DTensor); it is imported on
-# first use so that importing this package (e.g. by the launcher) stays cheap. The adapters below
-# satisfy DCP's runtime-checkable ``Stateful`` protocol structurally.
-
-
-class _ModelState:
-    """An ``nn.Module`` as DCP state, via ``get/set_model_state_dict`` (FQN keys; DDP/FSDP aware)."""
-
-    def __init__(self, model: torch.nn.Module):
-        self.model = model
-
-    def state_dict(self) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-        return get_model_state_dict(self.model)
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
-        set_model_state_dict(self.model, state_dict)
-
-
-class _OptimState:
-    """An optimizer as DCP state, keyed by parameter FQNs of ``model`` (so it reshards)."""
-
-    def __init__(self, model: torch.nn.Module, optim: torch.optim.Optimizer):
-        self.model, self.optim = model, optim
-
-    def state_dict(self) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-        return get_optimizer_state_dict(self.model, self.optim)
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-
-        set_optimizer_state_dict(self.model, self.optim, state_dict)
-
-
-class _PlainOptimState:
-    """An optimizer whose parameters belong to no module in the state: its own state_dict."""
-
-    def __init__(self, optim: torch.optim.Optimizer):
-        self.optim = optim
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.optim.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.optim.load_state_dict(state_dict)
-
-
-def _adapt(state: dict[str, Any]) -> dict[str, Any]:
-    """Map user state to DCP state: modules and optimizers become Stateful adapters, pairing each
-    optimizer with the module that owns all its parameters; Stateful and plain dicts pass through.
-
-    Raises:
-        TypeError: a value is none of nn.Module, Optimizer, Stateful or dict.
-    """
-    if not isinstance(state, dict) or not state:
-        raise TypeError("state must be a non-empty dict such as {'model': model, 'optim': optimizer}")
-    modules = {k: v for k, v in state.items() if isinstance(v, torch.nn.Module)}
-    out: dict[str, Any] = {}
-    for key, value in state.items():
-        if isinstance(value, torch.nn.Module):
-            out[key] = _ModelState(value)
-        elif isinstance(value, torch.optim.Optimizer):
-            params = {id(p) for g in value.param_groups for p in g["params"]}
-            owner = next((m for m in modules.values() if params <= {id(p) for p in m.parameters()}), None)
-            out[key] = _OptimState(owner, value) if owner is not None else _PlainOptimState(value)
-        elif callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None)):
-            out[key] = value
-        elif isinstance(value, dict):
-            out[key] = value
-        else:
-            raise TypeError(f"state[{key!r}] is a {type(value).__name__}; give an nn.Module, an Optimizer, "
-                            f"an object with state_dict()/load_state_dict(), or a dict of tensors/numbers")
-    return out
+__all__ = [  # the format's public names stay importable from here
+    "Checkpointer", "short_error", "COMMIT_MARKER", "METADATA_FILE", "CHECKSUM_ALGORITHM", "step_dir_name",
+    "list_checkpoints", "dir_bytes", "file_checksum", "safe_relpath", "parse_marker", "read_marker", "check_file",
+    "partition_files", "hash_rank_files", "hash_remaining", "write_marker", "set_aside",
+]
 
 
 def _empty_like_tree(obj: Any) -> Any:
@@ -343,21 +103,7 @@ def _empty_like_tree(obj: Any) -> Any:
     return obj
 
 
-def _copy_into(dst: dict[str, Any], src: dict[str, Any]) -> None:
-    """Update a user's plain dict in place from a loaded one: tensors are ``copy_``-ed (so
-    references the caller holds stay valid), everything else replaced."""
-    for k, v in src.items():
-        cur = dst.get(k)
-        if isinstance(cur, torch.Tensor) and isinstance(v, torch.Tensor) and cur.shape == v.shape:
-            with torch.no_grad():
-                cur.copy_(v)
-        elif isinstance(cur, dict) and isinstance(v, dict):
-            _copy_into(cur, v)
-        else:
-            dst[k] = v
-
-
-def _short(exc: BaseException, limit: int = 500) -> str:
+def short_error(exc: BaseException, limit: int = 500) -> str:
     """One line: ``Type: message``; for DCP's CheckpointException, the first failing rank's cause."""
     failures = getattr(exc, "failures", None)
     if isinstance(failures, dict) and failures:
@@ -369,8 +115,6 @@ def _short(exc: BaseException, limit: int = 500) -> str:
         text = f"{type(exc).__name__}: {exc}"
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 
 
 class Checkpointer:
@@ -404,7 +148,7 @@ class Checkpointer:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"Checkpointer {name} must be a whole number >= 1, got {v!r}")
         self.ctx = ctx
-        self.root = root or os.path.join(ctx.job_dir, CHECKPOINTS_DIRNAME)
+        self.root = root or ctx.paths.checkpoints
         self.async_save = async_save
         self.s3 = s3
         self._pg = ctx.cpu_group
@@ -413,16 +157,17 @@ class Checkpointer:
         self._pending_error: BaseException | None = None
         self.last_saved_step: int | None = None  # newest step committed by this process
         os.makedirs(self.root, exist_ok=True)
-        ctx._checkpointers.append(self)
-        if s3 is not None and s3 in ctx._checkpointers:
-            # ctx.finish waits for its checkpointers in order: the S3 tier after this one, whose
-            # last commit may still enqueue an upload
-            ctx._checkpointers.remove(s3)
-            ctx._checkpointers.append(s3)
+        # ctx.finish waits for its checkpointers in order: the S3 tier after this one, whose last
+        # commit may still enqueue an upload
+        ctx.register_checkpointer(self, before=s3)
 
     # ---- collectives on the checkpoint group ------------------------------------------------
-    def _broadcast(self, obj: Any) -> Any:
-        """Rank 0's ``obj`` on every rank."""
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank (collective on the checkpoint group; picklable objects).
+
+        Raises:
+            RuntimeError: a peer died (the group's timeout, ``$HYPERPOD_LAB_CHECKPOINT_TIMEOUT_S``).
+        """
         if self.ctx.world_size == 1:
             return obj
         box = [obj]
@@ -471,8 +216,22 @@ class Checkpointer:
             TypeError: ``state`` holds an unsupported value.
             RuntimeError: a collective failed (a peer died) while agreeing on the result.
         """
-        adapters = _adapt(state)
+        adapters = to_dcp(state)
         self.wait()
+        step = self._restore_local(adapters)
+        tier = TIER_PERSISTENT
+        if step is None and self.s3 is not None:
+            step, tier = self.s3.restore_into(self, adapters), TIER_S3
+        if step is None:
+            self.ctx.note_restored(None)
+            return 0
+        self.ctx.note_restored(tier, step)
+        self.last_saved_step = step
+        return step + 1
+
+    def _restore_local(self, adapters: dict[str, Any]) -> int | None:
+        """Collective: load the newest complete, intact local checkpoint (see :meth:`restore`).
+        Returns its step, or None when none loaded."""
         listing = None
         if self.ctx.rank == 0:
             listing = []
@@ -484,7 +243,7 @@ class Checkpointer:
                     except (OSError, ValueError) as e:
                         marker_error = str(e) if isinstance(e, ValueError) else f"commit marker unreadable: {e}"
                 listing.append((step, path, complete, marker, marker_error))
-        candidates = self._broadcast(listing)
+        candidates = self.broadcast(listing)
         skipped: list[tuple[str, bool]] = []  # (path, committed)
         for step, path, complete, marker, marker_error in candidates:
             t0 = time.monotonic()
@@ -503,7 +262,7 @@ class Checkpointer:
                     self._corrupt(step, os.path.join(path, bad[0]), bad[1])
                     skipped.append((path, True))
                     continue
-            error = self._try_load(adapters, path)
+            error = self.load_dir(adapters, path)
             if error is not None:
                 self._corrupt(step, os.path.join(path, METADATA_FILE), error)
                 skipped.append((path, True))
@@ -512,17 +271,12 @@ class Checkpointer:
             if self.ctx.rank == 0:
                 self._remove_skipped(skipped)
                 nbytes = marker.get("bytes") if isinstance(marker.get("bytes"), int) else dir_bytes(path)
-                self.ctx.emit(EventKind.CHECKPOINT_RESTORED, tier=TIER, step=step, bytes=nbytes,
+                self.ctx.emit(EventKind.CHECKPOINT_RESTORED, tier=TIER_PERSISTENT, step=step, bytes=nbytes,
                               seconds=seconds, path=path)
-            self.ctx._restored = {"tier": TIER, "step": step}
-            self.last_saved_step = step
-            return step + 1
+            return step
         if self.ctx.rank == 0:
             self._remove_skipped(skipped)
-        if self.s3 is not None:
-            return self._restore_from_s3(adapters)
-        self.ctx._restored = None
-        return 0
+        return None
 
     def _verify(self, path: str, files: dict[str, dict[str, Any]]) -> tuple[str, str] | None:
         """Collective: each rank checks its share of ``files``; returns the first failure in
@@ -536,100 +290,53 @@ class Checkpointer:
                 break
         return next((b for b in self._all_gather(bad) if b is not None), None)
 
-    def _restore_from_s3(self, adapters: dict[str, Any]) -> int:
-        """Collective: load the newest complete S3 step that downloads, verifies and loads."""
-        from hyperpod_lab.runtime.s3tier import S3CheckpointCorrupt, TIER as S3_TIER
+    def load_dir(self, dcp_state: dict[str, Any], path: str) -> str | None:
+        """Load the checkpoint directory ``path`` into scratch copies, agree across ranks, and
+        apply them to ``dcp_state`` only when every rank succeeded (a failed attempt leaves the
+        state untouched). Verifies nothing: check the files first. Collective.
 
-        steps: list[int] = []
-        if self.ctx.rank == 0:
-            try:
-                steps = self.s3.complete_steps()
-            except Exception as e:  # noqa: BLE001 - an unreachable S3 must not stop a restart
-                self.ctx.emit(EventKind.CHECKPOINT_FAILED, tier=S3_TIER, step=None, attempt=1, will_retry=False,
-                              reason=f"cannot list the S3 checkpoints to restore from: {_short(e)}",
-                              path=self.s3.uri)
-        for step in self._broadcast(steps):
-            t0 = time.monotonic()
-            path = os.path.join(self.root, step_dir_name(step))
-            failure = None
-            if self.ctx.rank == 0:
-                shutil.rmtree(path, ignore_errors=True)
-                try:
-                    self.s3.download(step, path)
-                except S3CheckpointCorrupt as e:
-                    failure = ("corrupt", e.key, e.reason)
-                except Exception as e:  # noqa: BLE001
-                    failure = ("failed", self.s3.step_uri(step), _short(e))
-                if failure is not None:
-                    shutil.rmtree(path, ignore_errors=True)
-                    if failure[0] == "corrupt":
-                        self._corrupt(step, failure[1], failure[2], tier=S3_TIER)
-                    else:
-                        self.ctx.emit(EventKind.CHECKPOINT_FAILED, tier=S3_TIER, step=step, attempt=1,
-                                      will_retry=False, reason=f"download failed: {failure[2]}", path=failure[1])
-            if self._broadcast(failure) is not None:
-                continue
-            error = self._try_load(adapters, path)  # the download verified every file
-            if error is not None:
-                self._corrupt(step, f"{self.s3.step_uri(step)}{METADATA_FILE}", error, tier=S3_TIER)
-                if self.ctx.rank == 0:
-                    self._remove_skipped([(path, True)])
-                continue
-            seconds = time.monotonic() - t0
-            if self.ctx.rank == 0:
-                try:
-                    nbytes = int(read_marker(path).get("bytes") or 0) or dir_bytes(path)
-                except (OSError, ValueError):
-                    nbytes = dir_bytes(path)
-                self.ctx.emit(EventKind.CHECKPOINT_RESTORED, tier=S3_TIER, step=step, bytes=nbytes, seconds=seconds,
-                              path=self.s3.step_uri(step), local_path=path)
-            self.ctx._restored = {"tier": S3_TIER, "step": step}
-            self.last_saved_step = step
-            return step + 1
-        self.ctx._restored = None
-        return 0
+        Args:
+            dcp_state: :func:`hyperpod_lab.runtime.state.to_dcp` of the training state.
+            path: a DCP checkpoint directory.
 
-    def _try_load(self, adapters: dict[str, Any], path: str) -> str | None:
-        """Load ``path`` into scratch copies, agree across ranks, apply on success.
-        Returns None on success, else the reason (the same on every rank)."""
+        Returns:
+            None on success, else the reason (the same on every rank).
+
+        Raises:
+            RuntimeError: a peer died while the ranks agreed.
+        """
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException
 
         error: str | None = None
         scratch: dict[str, Any] = {}
         try:
-            for key, value in adapters.items():
+            for key, value in dcp_state.items():
                 scratch[key] = _empty_like_tree(value if isinstance(value, dict) else value.state_dict())
             dcp.load(scratch, checkpoint_id=path, process_group=self._pg)
         except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
-            error = _short(e)
+            error = short_error(e)
         ok = torch.tensor([0 if error else 1], dtype=torch.int64)
         if self.ctx.world_size > 1:
             dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=self._pg)
         if not ok.item():
             return error or "the load failed on another rank"
-        for key, value in adapters.items():
+        for key, value in dcp_state.items():
             if isinstance(value, dict):
-                _copy_into(value, scratch[key])
+                copy_into(value, scratch[key])
             else:
                 value.load_state_dict(scratch[key])
         return None
 
-    def _corrupt(self, step: int, path: str, reason: str, tier: str = TIER) -> None:
+    def _corrupt(self, step: int, path: str, reason: str) -> None:
         if self.ctx.rank == 0:
-            self.ctx.emit(EventKind.CHECKPOINT_CORRUPT, tier=tier, step=step, path=path, reason=reason)
+            self.ctx.emit(EventKind.CHECKPOINT_CORRUPT, tier=TIER_PERSISTENT, step=step, path=path, reason=reason)
 
-    def _remove_skipped(self, skipped: list[tuple[str, bool]]) -> None:
+    @staticmethod
+    def _remove_skipped(skipped: list[tuple[str, bool]]) -> None:
         """Rank 0: move the skipped directories out of the way of the saves that will redo them."""
         for path, committed in skipped:
-            if committed:  # keep the evidence, out of the step-* namespace
-                dest = os.path.join(os.path.dirname(path), f"corrupt-{os.path.basename(path)}-{int(time.time())}")
-                try:
-                    os.replace(path, dest)
-                except OSError:
-                    shutil.rmtree(path, ignore_errors=True)
-            else:
-                shutil.rmtree(path, ignore_errors=True)
+            set_aside(path, committed)
 
     # ---- save ---------------------------------------------------------------------------
     def maybe_save(self, step: int, state: dict[str, Any]) -> bool:
@@ -672,7 +379,7 @@ class Checkpointer:
 
         t0 = time.monotonic()
         self.wait()
-        adapters = _adapt(state)
+        adapters = to_dcp(state)
         path = os.path.join(self.root, step_dir_name(int(step)))
         if self.ctx.rank == 0 and os.path.lexists(path):
             # a re-save of a step (after a restore) must not look committed early, nor keep files
@@ -713,8 +420,8 @@ class Checkpointer:
         except BaseException as e:  # noqa: BLE001 - CheckpointException is a BaseException
             self._pending_error = e
             if self.ctx.rank == 0:
-                self.ctx.emit(EventKind.CHECKPOINT_FAILED, tier=TIER, step=step, reason=_short(e), attempt=1,
-                              will_retry=False, path=path)
+                self.ctx.emit(EventKind.CHECKPOINT_FAILED, tier=TIER_PERSISTENT, step=step, reason=short_error(e),
+                              attempt=1, will_retry=False, path=path)
         finally:
             done.set()
 
@@ -724,12 +431,8 @@ class Checkpointer:
         world, rank = self.ctx.world_size, self.ctx.rank
         own: dict[str, dict[str, Any]] = {}
         error = None
-        prefix = f"__{rank}_"
         try:
-            for name in sorted(os.listdir(path)):
-                if name.startswith(prefix) and name.endswith(".distcp") and os.path.isfile(os.path.join(path, name)):
-                    size, checksum = file_checksum(os.path.join(path, name))
-                    own[name] = {"bytes": size, "checksum": checksum}
+            own = hash_rank_files(path, rank)
         except OSError as e:
             error = f"rank {rank} could not hash its files: {e}"
         if world > 1:
@@ -745,15 +448,7 @@ class Checkpointer:
                 files.update(part)
             try:
                 if not errors:
-                    for base, dirs, names in os.walk(path):
-                        dirs.sort()
-                        for name in sorted(names):
-                            full = os.path.join(base, name)
-                            rel = os.path.relpath(full, path).replace(os.sep, "/")
-                            if rel in files or rel == COMMIT_MARKER or _is_marker_temp(rel) or rel.endswith(".tmp"):
-                                continue
-                            size, checksum = file_checksum(full)
-                            files[rel] = {"bytes": size, "checksum": checksum}
+                    hash_remaining(path, files)
                     if METADATA_FILE not in files:
                         errors.append(f"{METADATA_FILE} is missing after the save")
             except OSError as e:
@@ -761,28 +456,25 @@ class Checkpointer:
             if errors:
                 outcome = "; ".join(errors)
             else:
-                nbytes = sum(f["bytes"] for f in files.values())
                 try:
-                    write_json_atomic(os.path.join(path, COMMIT_MARKER), {
-                        "step": step, "world_size": world, "bytes": nbytes, "time": time.time(),
-                        "checksum": CHECKSUM_ALGORITHM, "files": files})
+                    nbytes = write_marker(path, step, world, files)
                 except OSError as e:
                     outcome = f"could not write the commit marker: {e}"
-        outcome = self._broadcast(outcome)
+        outcome = self.broadcast(outcome)
         if outcome is not None:
             if rank == 0:
-                self.ctx.emit(EventKind.CHECKPOINT_FAILED, tier=TIER, step=step, reason=outcome, attempt=1,
+                self.ctx.emit(EventKind.CHECKPOINT_FAILED, tier=TIER_PERSISTENT, step=step, reason=outcome, attempt=1,
                               will_retry=False, path=path)
             return outcome
         self.last_saved_step = step
         if rank == 0:
-            self.ctx.emit(EventKind.CHECKPOINT_SAVED, tier=TIER, step=step, bytes=nbytes, blocked_s=blocked,
+            self.ctx.emit(EventKind.CHECKPOINT_SAVED, tier=TIER_PERSISTENT, step=step, bytes=nbytes, blocked_s=blocked,
                           total_s=time.monotonic() - t0, path=path)
             if self.s3 is not None:
                 try:
                     self.s3.maybe_upload(step, path)
                 except Exception as e:  # noqa: BLE001 - the S3 tier must never break a commit
-                    self.ctx.emit(EventKind.CHECKPOINT_FAILED, tier="s3", step=step, reason=_short(e), attempt=0,
+                    self.ctx.emit(EventKind.CHECKPOINT_FAILED, tier=TIER_S3, step=step, reason=short_error(e), attempt=0,
                                   will_retry=False, path=path)
             self._retain()
         return None
@@ -817,7 +509,7 @@ class Checkpointer:
         done.wait()
         if self._pending_error is not None:
             err, self._pending_error = self._pending_error, None
-            raise RuntimeError(f"asynchronous checkpoint of step {step} failed: {_short(err)}") from err
+            raise RuntimeError(f"asynchronous checkpoint of step {step} failed: {short_error(err)}") from err
 
     def close(self) -> None:
         """Release the staging buffers (called by ``ctx.finish``). Does not wait."""

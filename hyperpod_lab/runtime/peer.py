@@ -5,7 +5,7 @@ Losing a node loses its processes and its ``/dev/shm``. So each rank's snapshot 
 snapshot commits locally, a background thread sends it over ``torch.distributed`` to its
 partner(s), which store it in their node's shared memory under
 ``<shm_root>/<job>/<node>/replica-of-rank-<R>/`` with the memory tier's commit-record scheme
-(:mod:`hyperpod_lab.runtime.memory_tier`); the receiver checks the checksums before committing.
+(:mod:`hyperpod_lab.runtime.slots`); the receiver checks the checksums before committing.
 
 Placement (:func:`partner_map`): nodes are ordered by their lowest rank; rank ``r`` on node
 ``i`` (``j``-th rank there) sends replica ``k`` (1..replicas) to the ``j``-th rank (modulo that
@@ -37,10 +37,11 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence
 import torch
 import torch.distributed as dist
 
-from hyperpod_lab.runtime.memory_tier import FORMAT, SlotRing, checksum
+from hyperpod_lab.runtime.slots import SlotRing, checksum
+from hyperpod_lab.runtime.state import FORMAT
 
 if TYPE_CHECKING:  # pragma: no cover
-    from hyperpod_lab.runtime.memory_tier import Slot
+    from hyperpod_lab.runtime.slots import Slot
 
 TAG_HEADER, TAG_META, TAG_DATA = 71, 72, 73
 _HEADER_LEN = 8  # int64: format, step, nbytes, meta_len, data_checksum, meta_checksum, world_size, rank

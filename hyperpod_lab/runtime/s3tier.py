@@ -45,6 +45,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
 import threading
 import time
@@ -52,21 +53,25 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hyperpod_lab.events import EventKind
-from hyperpod_lab.runtime.checkpoint import (
+from hyperpod_lab.jobdir import ENV_S3_ENDPOINT, TIER_S3
+from hyperpod_lab.runtime.checkpoint import short_error
+from hyperpod_lab.runtime.checkpoint_format import (
     COMMIT_MARKER,
     METADATA_FILE,
     check_file,
+    dir_bytes,
     file_checksum,
     parse_marker,
+    read_marker,
     safe_relpath,
+    set_aside,
     step_dir_name,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
+    from hyperpod_lab.runtime.checkpoint import Checkpointer
     from hyperpod_lab.runtime.context import JobContext
 
-TIER = "s3"
-ENV_S3_ENDPOINT = "HYPERPOD_LAB_S3_ENDPOINT_URL"
 MIN_PART_BYTES = 5 << 20  # S3's minimum multipart part size (all parts but the last)
 _URI = re.compile(r"^s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?:/(.*))?$")
 _STEP_KEY = re.compile(r"^step-(\d{8,})/(.+)$")
@@ -202,7 +207,7 @@ class S3Tier:
         except ValueError as e:
             self.error = str(e)
             if ctx.rank == 0:
-                ctx.emit(EventKind.CHECKPOINT_FAILED, tier=TIER, step=None, attempt=0, will_retry=False,
+                ctx.emit(EventKind.CHECKPOINT_FAILED, tier=TIER_S3, step=None, attempt=0, will_retry=False,
                          reason=f"S3 tier disabled: {e}", path=str(uri))
             print(f"hyperpod-lab: S3 tier disabled: {e}", file=sys.stderr, flush=True)
         self.base = f"{self.prefix}{ctx.job_id}/"  # key prefix of this job's steps
@@ -213,7 +218,7 @@ class S3Tier:
         self._inflight: _Upload | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
-        ctx._checkpointers.append(self)
+        ctx.register_checkpointer(self)
 
     @classmethod
     def from_spec(cls, ctx: "JobContext", **kwargs: Any) -> "S3Tier | None":
@@ -295,7 +300,7 @@ class S3Tier:
             return dirs
 
     def _failed(self, job: _Upload, reason: str, will_retry: bool, retry_in_s: float | None = None) -> None:
-        self.ctx.emit(EventKind.CHECKPOINT_FAILED, tier=TIER, step=job.step, reason=reason, attempt=job.attempts,
+        self.ctx.emit(EventKind.CHECKPOINT_FAILED, tier=TIER_S3, step=job.step, reason=reason, attempt=job.attempts,
                       will_retry=will_retry, retry_in_s=retry_in_s, path=self.step_uri(job.step))
 
     def _worker(self) -> None:
@@ -343,7 +348,7 @@ class S3Tier:
                     with self._cv:
                         self._cv.wait_for(lambda: self._closed, timeout=delay)
                 continue
-            self.ctx.emit(EventKind.CHECKPOINT_SAVED, tier=TIER, step=job.step, bytes=nbytes,
+            self.ctx.emit(EventKind.CHECKPOINT_SAVED, tier=TIER_S3, step=job.step, bytes=nbytes,
                           blocked_s=job.blocked_s, total_s=time.monotonic() - job.enqueued,
                           path=self.step_uri(job.step), attempts=job.attempts)
             try:
@@ -535,6 +540,85 @@ class S3Tier:
             os.fsync(f.fileno())
         os.replace(tmp, os.path.join(dest_dir, COMMIT_MARKER))
         return dest_dir
+
+    # ---- restoring ----------------------------------------------------------------------------
+    def restore_into(self, checkpointer: "Checkpointer", dcp_state: dict[str, Any]) -> int | None:
+        """The last link of the restore chain: load the newest complete S3 step that downloads,
+        verifies and loads. Called by :meth:`Checkpointer.restore
+        <hyperpod_lab.runtime.checkpoint.Checkpointer.restore>` when no local checkpoint loaded;
+        collective (every rank, on the checkpointer's group).
+
+        Rank 0 lists the complete steps and downloads each, newest first, into
+        ``<checkpointer.root>/step-XXXXXXXX/`` (:meth:`download`: files verified, marker last);
+        every rank then loads it. A step that fails to download or verify emits
+        ``checkpoint.corrupt`` {tier: "s3", step, path: the S3 key, reason} or ``checkpoint.failed``
+        {tier: "s3", step, attempt: 1, will_retry: false, reason, path}; one whose load fails emits
+        ``checkpoint.corrupt`` naming its ``.metadata`` and is set aside; the next older step is
+        tried. Success emits ``checkpoint.restored`` {tier: "s3", step, bytes, seconds (download
+        and load), path (the step's S3 URI), local_path} on rank 0. An S3 that cannot be listed
+        emits ``checkpoint.failed`` {tier: "s3", step: null} and restores nothing.
+
+        Args:
+            checkpointer: the persistent tier this one backs (its directory, its process group).
+            dcp_state: :func:`hyperpod_lab.runtime.state.to_dcp` of the training state.
+
+        Returns:
+            The step restored, or None when none loaded.
+
+        Raises:
+            RuntimeError: a collective failed (a peer died).
+        """
+        rank0 = self.ctx.rank == 0
+        steps: list[int] = []
+        if rank0:
+            try:
+                steps = self.complete_steps()
+            except Exception as e:  # noqa: BLE001 - an unreachable S3 must not stop a restart
+                self.ctx.emit(EventKind.CHECKPOINT_FAILED, tier=TIER_S3, step=None, attempt=1, will_retry=False,
+                              reason=f"cannot list the S3 checkpoints to restore from: {short_error(e)}",
+                              path=self.uri)
+        for step in checkpointer.broadcast(steps):
+            t0 = time.monotonic()
+            path = os.path.join(checkpointer.root, step_dir_name(step))
+            failure = self._fetch(step, path) if rank0 else None
+            if checkpointer.broadcast(failure) is not None:
+                continue
+            error = checkpointer.load_dir(dcp_state, path)  # the download verified every file
+            if error is not None:
+                if rank0:
+                    self.ctx.emit(EventKind.CHECKPOINT_CORRUPT, tier=TIER_S3, step=step,
+                                  path=f"{self.step_uri(step)}{METADATA_FILE}", reason=error)
+                    set_aside(path, committed=True)
+                continue
+            seconds = time.monotonic() - t0
+            if rank0:
+                try:
+                    nbytes = int(read_marker(path).get("bytes") or 0) or dir_bytes(path)
+                except (OSError, ValueError):
+                    nbytes = dir_bytes(path)
+                self.ctx.emit(EventKind.CHECKPOINT_RESTORED, tier=TIER_S3, step=step, bytes=nbytes, seconds=seconds,
+                              path=self.step_uri(step), local_path=path)
+            return step
+        return None
+
+    def _fetch(self, step: int, path: str) -> tuple[str, str, str] | None:
+        """Rank 0: download ``step`` into ``path`` afresh. Returns None, or ``(what, where,
+        reason)`` after emitting the failure (``path`` then removed)."""
+        shutil.rmtree(path, ignore_errors=True)
+        try:
+            self.download(step, path)
+            return None
+        except S3CheckpointCorrupt as e:
+            failure = ("corrupt", e.key, e.reason)
+        except Exception as e:  # noqa: BLE001
+            failure = ("failed", self.step_uri(step), short_error(e))
+        shutil.rmtree(path, ignore_errors=True)
+        if failure[0] == "corrupt":
+            self.ctx.emit(EventKind.CHECKPOINT_CORRUPT, tier=TIER_S3, step=step, path=failure[1], reason=failure[2])
+        else:
+            self.ctx.emit(EventKind.CHECKPOINT_FAILED, tier=TIER_S3, step=step, attempt=1, will_retry=False,
+                          reason=f"download failed: {failure[2]}", path=failure[1])
+        return failure
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def wait(self, timeout_s: float | None = None) -> None:

@@ -88,23 +88,11 @@ import torch
 import torch.distributed as dist
 
 from hyperpod_lab.events import EventKind
-from hyperpod_lab.runtime.checkpoint import Checkpointer, list_checkpoints
+from hyperpod_lab.jobdir import ENV_PEER_TIMEOUT, TIER_MEMORY, TIER_PEER, TIER_RANK
+from hyperpod_lab.runtime.checkpoint import Checkpointer
+from hyperpod_lab.runtime.checkpoint_format import list_checkpoints
 from hyperpod_lab.runtime.context import env_seconds, safe_name
-from hyperpod_lab.runtime.memory_tier import (
-    MemoryTier,
-    Slot,
-    SlotRing,
-    Snapshot,
-    apply,
-    check_state,
-    compatible,
-    load_meta,
-    own_dirname,
-    parse_dirname,
-    replica_dirname,
-    shm_root,
-    unflatten,
-)
+from hyperpod_lab.runtime.memory_tier import MemoryTier, Snapshot
 from hyperpod_lab.runtime.peer import (
     GlooTransport,
     Outgoing,
@@ -114,16 +102,15 @@ from hyperpod_lab.runtime.peer import (
     partner_map,
     sources_of,
 )
+from hyperpod_lab.runtime.slots import Slot, SlotRing, own_dirname, parse_dirname, replica_dirname, shm_root
+from hyperpod_lab.runtime.state import KIND_OPTIMIZER, apply, classify, compatible, load_meta, unflatten
 from hyperpod_lab.spec import CheckpointPolicy
 
 if TYPE_CHECKING:  # pragma: no cover
     from hyperpod_lab.runtime.context import JobContext
 
-ENV_PEER_TIMEOUT = "HYPERPOD_LAB_PEER_TIMEOUT_S"
 DEFAULT_PEER_TIMEOUT_S = 120.0
 DEFAULT_MEMORY_EVERY = 5
-TIER_MEMORY, TIER_PEER = "memory", "peer"
-_TIER_ORDER = {TIER_MEMORY: 0, TIER_PEER: 1, "persistent": 2, "s3": 3}
 
 
 def _peer_timeout() -> timedelta:
@@ -172,10 +159,10 @@ class TieredCheckpointer:
 
     def __init__(self, ctx: "JobContext", state: dict[str, Any], policy: CheckpointPolicy | None = None, *,
                  replicas: int = 1, overlap: bool = False):
-        kinds = check_state(state)
+        kinds = classify(state)
         if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
             raise ValueError(f"replicas must be a whole number >= 0, got {replicas!r}")
-        optimizers = [v for k, v in state.items() if kinds[k] == "optimizer"]
+        optimizers = [v for k, v in state.items() if kinds[k] == KIND_OPTIMIZER]
         if overlap and not optimizers:
             raise ValueError("overlap=True needs an optimizer in state: its step pre-hook is where the "
                              "background copy is awaited")
@@ -201,7 +188,7 @@ class TieredCheckpointer:
             s3 = S3Tier(ctx, uri, policy.s3_every_steps, keep_last=policy.keep_last)
         extra = {"s3": s3} if s3 is not None else {}
         if group_dir is not None:
-            extra["root"] = os.path.join(ctx.job_dir, "checkpoints", group_dir)
+            extra["root"] = os.path.join(ctx.paths.checkpoints, group_dir)
         self.persistent = Checkpointer(ctx, every_steps=policy.every_steps, keep_last=policy.keep_last, **extra)
 
         # process groups: gloo for headers, layouts and agreement; the data group moves bytes
@@ -240,7 +227,7 @@ class TieredCheckpointer:
         self._peer_broken: str | None = None
         self._hooks = [opt.register_step_pre_hook(self._pre_step) for opt in optimizers] if self.overlap else []
         self._closed = False
-        ctx._checkpointers.append(self)
+        ctx.register_checkpointer(self)
 
     # ---- saving -------------------------------------------------------------------------------
     def maybe_save(self, step: int) -> bool:
@@ -416,8 +403,8 @@ class TieredCheckpointer:
             extra = {"from_rank": source["holder"], "from_node": source["node"]} if tier == TIER_PEER else {}
             self.ctx.emit(EventKind.CHECKPOINT_RESTORED, tier=tier, step=step, bytes=record["nbytes"],
                           seconds=seconds, path=slot.data_path, rank=self.rank, node=self.ctx.node, **extra)
-            worst = max((t for t, _h in assign.values()), key=lambda t: _TIER_ORDER[t])
-            self.ctx._restored = {"tier": worst, "step": step}
+            worst = max((t for t, _h in assign.values()), key=lambda t: TIER_RANK[t])
+            self.ctx.note_restored(worst, step)
             self._after_restore(step)
             return step + 1
         start = self.persistent.restore(self.state)
