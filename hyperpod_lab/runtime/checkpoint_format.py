@@ -27,8 +27,8 @@ truncation and bit rot, not against tampering. Before a load every listed file i
 without a file list (written by an older hyperpod-lab) is loaded unverified.
 
 The directories stay standard DCP checkpoints: ``torch.distributed.checkpoint.load`` reads them
-without this library (the marker is one more file DCP ignores). This module imports no torch
-beyond :func:`hyperpod_lab.runtime.context.write_json_atomic`'s module.
+without this library (the marker is one more file DCP ignores). Nothing here touches torch or
+a process group: the collectives around these functions are :class:`~hyperpod_lab.runtime.checkpoint.Checkpointer`'s.
 """
 
 from __future__ import annotations
@@ -114,6 +114,7 @@ def file_checksum(path: str) -> tuple[int, str]:
 
 
 def is_marker_temp(name: str) -> bool:
+    """Whether ``name`` is a temporary file of a marker being written (``COMMITTED.tmp-<pid>``)."""
     return name.startswith(COMMIT_MARKER + ".tmp-")
 
 
