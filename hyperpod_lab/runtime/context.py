@@ -239,8 +239,8 @@ class JobContext:
         (``restored_from``, ``restored_step``).
 
         Args:
-            tier: a tier name (:data:`~hyperpod_lab.jobdir.TIERS`, or ``"replica"`` for a
-                checkpointless heal from a live replica); None: nothing was restored.
+            tier: a tier name from :data:`~hyperpod_lab.jobdir.TIERS` (``"replica"``: a
+                checkpointless heal from a live replica group); None: nothing was restored.
             step: the 0-based step the restored state was saved after (None with ``tier=None``).
         """
         self._restored = None if tier is None else {"tier": tier, "step": None if step is None else int(step)}
