@@ -1,285 +1,43 @@
 """EKS backend: a JobSpec as a HyperPodPyTorchJob (or Kubeflow PyTorchJob) custom resource.
 
-Talks to the Kubernetes API through the ``kubernetes`` Python client, authenticated either by a
-kubeconfig context (``kube_context`` / ``kubeconfig`` in the cluster profile) or, for
-``eks_cluster`` + ``region``, by an EKS bearer token made with boto3 exactly as
-``aws eks get-token`` makes it (:func:`eks_token`) plus the endpoint and CA from
-``eks.describe_cluster``. Nothing is contacted until the first API call, so ``--dry-run`` works
-offline.
+Talks to the Kubernetes API through the ``kubernetes`` Python client, configured by
+:mod:`hyperpod_lab.schedulers.eks_auth` (a kubeconfig context, or an EKS token made with boto3;
+nothing is contacted until the first API call, so ``--dry-run`` works offline). The operator's
+view of the job becomes events of the writer ``operator`` in the job's local directory through
+:mod:`hyperpod_lab.schedulers.eks_status`. The local job directory is the
+:class:`~hyperpod_lab.jobdir.JobPaths` of the job below the profile's ``shared_root`` when it sets
+one (the FSx file system mounted on the notebook host: the runtime's own events appear there too),
+else ``<data dir>/eks/<cluster>/<job id>``.
 
-The operator's view of the job (``status.conditions``, ``restartCount``,
-``latestFaultyPodInstanceList``, ``elasticScalingStatus``) becomes events of the writer
-``operator`` in the job's local directory (:func:`status_events`), so the sidebar, widgets and
-``EventReader`` show faults and recoveries the operator saw like those the runtime writes. The
-local job directory is ``<shared_root>/hyperpod-lab/jobs/<job id>`` when the profile sets
-``shared_root`` (the FSx file system mounted on the notebook host: the runtime's own events
-appear there too), else ``<data dir>/eks/<cluster>/<job id>``.
+The names of both helper modules that callers use (``eks_token``, ``kube_configuration``,
+``job_status``, ``status_events``, ``OPERATOR_WRITER``) are importable from here too.
 """
 
 from __future__ import annotations
 
-import atexit
-import base64
 import json
 import os
-import posixpath
-import tempfile
 import threading
 import time
 from typing import Any, Iterator
 
 from hyperpod_lab.clusters import ClusterProfile, data_dir
 from hyperpod_lab.errors import ClusterUnreachable, ConfigError, HyperPodLabError, JobStateError
-from hyperpod_lab.events import Event, EventKind, EventWriter
-from hyperpod_lab.jobs import JobRecord, JobStatus
+from hyperpod_lab.events import Event, EventWriter
+from hyperpod_lab.jobdir import JobPaths
+from hyperpod_lab.jobs import JobRecord
 from hyperpod_lab.schedulers import k8s_manifest as km
-from hyperpod_lab.schedulers.base import JOBS_SUBDIR, Scheduler
+from hyperpod_lab.schedulers.base import Scheduler
+from hyperpod_lab.schedulers.eks_auth import TOKEN_PREFIX, eks_token, kube_configuration
+from hyperpod_lab.schedulers.eks_status import OPERATOR_WRITER, job_status, status_events
 from hyperpod_lab.schedulers.remote import LocalRemote
 from hyperpod_lab.spec import JobSpec
 
-OPERATOR_WRITER = "operator"
+__all__ = ["EksScheduler", "STATE_FILE", "OPERATOR_WRITER", "TOKEN_PREFIX", "eks_token", "kube_configuration",
+           "job_status", "status_events"]
+
 STATE_FILE = "operator-state.json"
-CANCELLED_MARKER = "cancelled"
-TOKEN_PREFIX = "k8s-aws-v1."
-TOKEN_LIFETIME_S = 60  # presigned URL expiry; EKS accepts a token for up to 15 minutes
-TOKEN_REFRESH_S = 600
-
-_COMPLETED = ("Completed", "Succeeded")
-_FAILED = ("Failed",)
-_RUNNING = ("Running", "PodsRunning")
-_RESTARTING = ("Restarting",)
-
-
-# ---- authentication ------------------------------------------------------------------------
-def eks_token(cluster_name: str, region: str, session: Any = None) -> str:
-    """A bearer token for an EKS cluster's API server, as ``aws eks get-token`` makes it.
-
-    The token is ``k8s-aws-v1.`` + base64url (no padding) of a presigned STS
-    ``GetCallerIdentity`` URL whose signed headers include ``x-k8s-aws-id: <cluster_name>``;
-    EKS calls that URL to learn the caller's IAM identity. Valid for 15 minutes.
-
-    Args:
-        cluster_name: EKS cluster name.
-        region: its AWS region.
-        session: a ``boto3.Session`` (default: a new one, using the standard credential chain).
-
-    Raises:
-        ConfigError: no AWS credentials (names ``aws configure`` / ``AWS_PROFILE``).
-    """
-    import boto3
-    import botocore.exceptions
-
-    session = session or boto3.Session()
-    sts = session.client("sts", region_name=region)
-
-    def add_cluster_header(request, **_):
-        request.headers["x-k8s-aws-id"] = cluster_name
-
-    sts.meta.events.register("before-sign.sts.GetCallerIdentity", add_cluster_header)
-    try:
-        url = sts.generate_presigned_url("get_caller_identity", Params={}, ExpiresIn=TOKEN_LIFETIME_S,
-                                         HttpMethod="GET")
-    except botocore.exceptions.NoCredentialsError:
-        raise ConfigError("no AWS credentials to make an EKS token; run 'aws configure' or set AWS_PROFILE "
-                          "(or use a kubeconfig context: kube_context in the cluster profile)") from None
-    return TOKEN_PREFIX + base64.urlsafe_b64encode(url.encode()).decode().rstrip("=")
-
-
-def kube_configuration(profile: ClusterProfile):
-    """A ``kubernetes.client.Configuration`` for the profile (kubeconfig context, or EKS token).
-
-    Raises:
-        ConfigError: the kubeconfig/context cannot be loaded, or no AWS credentials.
-        ClusterUnreachable: ``eks.describe_cluster`` failed (wrong name or region, no network).
-    """
-    from kubernetes import client as kclient, config as kconfig
-
-    cfg = kclient.Configuration()
-    if profile.kube_context or profile.kubeconfig:
-        try:
-            kconfig.load_kube_config(config_file=os.path.expanduser(profile.kubeconfig) if profile.kubeconfig else None,
-                                     context=profile.kube_context, client_configuration=cfg)
-        except (kconfig.ConfigException, OSError, TypeError) as e:
-            raise ConfigError(f"cluster profile '{profile.name}': cannot load kubeconfig "
-                              f"{profile.kubeconfig or '$KUBECONFIG / ~/.kube/config'} context "
-                              f"{profile.kube_context or '(current)'}: {e}. Fix 'kube_context'/'kubeconfig', or "
-                              f"run 'aws eks update-kubeconfig --name CLUSTER --region REGION'") from None
-        if profile.api_server:
-            cfg.host = profile.api_server
-            inner = cfg.refresh_api_key_hook  # the kubeconfig loader's hook resets host on each request
-
-            def keep_host(conf):
-                if inner:
-                    inner(conf)
-                conf.host = profile.api_server
-
-            cfg.refresh_api_key_hook = keep_host
-        return cfg
-    import boto3
-    import botocore.exceptions
-
-    session = boto3.Session(profile_name=profile.aws_profile) if profile.aws_profile else boto3.Session()
-    endpoint, ca_file = profile.api_server, None
-    try:
-        desc = session.client("eks", region_name=profile.region).describe_cluster(name=profile.eks_cluster)["cluster"]
-    except botocore.exceptions.NoCredentialsError:
-        raise ConfigError("no AWS credentials to reach EKS; run 'aws configure' or set AWS_PROFILE") from None
-    except botocore.exceptions.ClientError as e:
-        raise ClusterUnreachable(f"eks.describe_cluster({profile.eks_cluster!r}) in {profile.region} failed: "
-                                 f"{e.response.get('Error', {}).get('Message', e)}; check 'eks_cluster' and 'region' "
-                                 f"of cluster profile '{profile.name}'") from None
-    except botocore.exceptions.EndpointConnectionError as e:
-        raise ClusterUnreachable(f"cannot reach the EKS API in {profile.region}: {e}") from None
-    endpoint = endpoint or desc.get("endpoint")
-    ca = (desc.get("certificateAuthority") or {}).get("data")
-    if ca:
-        fd, ca_file = tempfile.mkstemp(prefix="hyperpod-lab-eks-ca-", suffix=".crt")
-        with os.fdopen(fd, "wb") as f:
-            f.write(base64.b64decode(ca))
-        atexit.register(_unlink_quietly, ca_file)
-    if not endpoint:
-        raise ClusterUnreachable(f"EKS cluster {profile.eks_cluster!r} has no API endpoint yet (is it ACTIVE?)")
-    cfg.host = endpoint
-    if ca_file:
-        cfg.ssl_ca_cert = ca_file
-    made = [0.0]
-
-    def refresh(conf):
-        if time.time() - made[0] > TOKEN_REFRESH_S:
-            conf.api_key["authorization"] = eks_token(profile.eks_cluster, profile.region, session)
-            made[0] = time.time()
-
-    cfg.api_key_prefix["authorization"] = "Bearer"
-    cfg.refresh_api_key_hook = refresh
-    refresh(cfg)
-    return cfg
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-# ---- status -> events (pure) -----------------------------------------------------------------
-def job_status(obj: dict[str, Any] | None, cancelled: bool = False) -> tuple[JobStatus, int | None, str | None]:
-    """Our JobStatus from a custom resource's ``status`` (``conditions``: the newest True one wins).
-
-    ``None`` (the resource is gone) is CANCELLED when we cancelled it, else FAILED.
-    """
-    if obj is None:
-        return ((JobStatus.CANCELLED, None, "cancelled") if cancelled
-                else (JobStatus.FAILED, None, "the job's resource was deleted outside hyperpod-lab"))
-    conds = [c for c in (obj.get("status") or {}).get("conditions") or [] if str(c.get("status")) == "True"]
-    if not conds:
-        return JobStatus.PENDING, None, None
-    last = sorted(conds, key=lambda c: c.get("lastTransitionTime") or "")[-1]
-    kind, reason = last.get("type"), last.get("message") or last.get("reason")
-    if kind in _COMPLETED:
-        return JobStatus.COMPLETED, 0, reason
-    if kind in _FAILED:
-        return JobStatus.FAILED, None, reason
-    if kind in _RUNNING or kind in _RESTARTING:
-        return JobStatus.RUNNING, None, reason
-    return JobStatus.PENDING, None, reason
-
-
-def status_events(prev: dict[str, Any], obj: dict[str, Any] | None, procs_per_node: int, now: float,
-                  cancelled: bool = False) -> tuple[list[tuple[EventKind, dict[str, Any]]], dict[str, Any]]:
-    """Events the operator's status implies since ``prev`` (pure; ``prev`` = ``{}`` at first).
-
-    * first Running condition -> ``started`` {nodes, world_size, source};
-    * ``restartCount`` up -> ``fault.detected`` {rank, ranks, pods, instances, restart_type (PLR:
-      process-level, JLR: job-level), restart_count, reason, source} and ``recovery.started``
-      {restart_count, reason, node: null, source};
-    * Running again after a restart -> ``recovery.completed`` {restart_count, downtime_s (seconds
-      from the ``Restarting`` condition to the ``Running`` one after it, by their
-      ``lastTransitionTime``; else from when the fault was first seen to ``now``),
-      restored_step: null, restored_from: null, source};
-    * ``elasticScalingStatus.targetReplicas`` changed -> ``elastic.scaled`` {old_nodes, new_nodes,
-      old_world_size, new_world_size, source};
-    * a terminal condition (or the resource gone) -> ``finished`` {status, exit_code, reason, source}.
-
-    Returns:
-        (events as (kind, data) pairs, the new state to pass as ``prev`` next time).
-    """
-    st = dict(prev)
-    out: list[tuple[EventKind, dict[str, Any]]] = []
-    src = {"source": "operator"}
-    if st.get("finished"):
-        return out, st
-    state, code, reason = job_status(obj, cancelled)
-    status = (obj or {}).get("status") or {}
-    if state == JobStatus.RUNNING and not st.get("started"):
-        nodes = _replicas(obj)
-        out.append((EventKind.STARTED, {"nodes": nodes, "world_size": nodes * procs_per_node, **src}))
-        st["started"] = True
-        st["nodes"] = nodes
-    restarts = int(status.get("restartCount") or 0)
-    if restarts > int(st.get("restart_count", 0)):
-        faulty = status.get("latestFaultyPodInstanceList") or {}
-        ranks = [int(r) for r in faulty.get("faultyRankList") or [] if str(r).lstrip("-").isdigit()]
-        rtype = faulty.get("restartType")
-        out.append((EventKind.FAULT_DETECTED, {
-            "rank": ranks[0] if ranks else None, "ranks": ranks, "pods": list(faulty.get("faultyPodList") or []),
-            "instances": list(faulty.get("faultyInstanceIdList") or []), "restart_type": rtype,
-            "restart_count": restarts, "node": None,
-            "reason": f"the operator restarted the job ({rtype or 'restart'}), restart {restarts}", **src}))
-        out.append((EventKind.RECOVERY_STARTED, {"restart_count": restarts, "node": None,
-                                                 "reason": f"operator restart ({rtype or 'unknown'})", **src}))
-        st["restart_count"] = restarts
-        st.setdefault("fault_time", now)
-        st["recovering"] = True
-    running_now = state == JobStatus.RUNNING and _newest_true(obj) in _RUNNING
-    if st.get("recovering") and running_now:
-        fault_t, back_t = _cond_time(obj, _RESTARTING), _cond_time(obj, _RUNNING)
-        t0 = st.pop("fault_time", now)
-        downtime = back_t - fault_t if fault_t is not None and back_t is not None and back_t >= fault_t else now - t0
-        out.append((EventKind.RECOVERY_COMPLETED, {
-            "restart_count": st.get("restart_count", 0), "downtime_s": round(downtime, 3),
-            "restored_step": None, "restored_from": None, **src}))
-        st["recovering"] = False
-    target = (status.get("elasticScalingStatus") or {}).get("targetReplicas")
-    if isinstance(target, dict) and target:
-        new = sum(int(v) for v in target.values())
-        old = int(st.get("nodes") or _replicas(obj))
-        if new != old:
-            out.append((EventKind.ELASTIC_SCALED, {"old_nodes": old, "new_nodes": new,
-                                                   "old_world_size": old * procs_per_node,
-                                                   "new_world_size": new * procs_per_node, **src}))
-        st["nodes"] = new
-    if state.is_terminal():
-        out.append((EventKind.FINISHED, {"status": {JobStatus.COMPLETED: "succeeded"}.get(state, state.value),
-                                         "exit_code": code, "reason": reason, **src}))
-        st["finished"] = True
-    return out, st
-
-
-def _cond_time(obj: dict[str, Any] | None, types: tuple[str, ...]) -> float | None:
-    """Epoch seconds of the newest condition of one of ``types`` (its ``lastTransitionTime``)."""
-    from datetime import datetime
-
-    times = []
-    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
-        if c.get("type") in types and c.get("lastTransitionTime"):
-            try:
-                times.append(datetime.fromisoformat(str(c["lastTransitionTime"]).replace("Z", "+00:00")).timestamp())
-            except ValueError:
-                pass
-    return max(times) if times else None
-
-
-def _newest_true(obj: dict[str, Any] | None) -> str | None:
-    conds = [c for c in ((obj or {}).get("status") or {}).get("conditions") or [] if str(c.get("status")) == "True"]
-    return sorted(conds, key=lambda c: c.get("lastTransitionTime") or "")[-1].get("type") if conds else None
-
-
-def _replicas(obj: dict[str, Any] | None) -> int:
-    spec = (obj or {}).get("spec") or {}
-    if "replicaSpecs" in spec:
-        return sum(int(r.get("replicas") or 0) for r in spec["replicaSpecs"])
-    return sum(int(r.get("replicas") or 0) for r in (spec.get("pytorchReplicaSpecs") or {}).values())
+"""In the job directory: the :func:`status_events` state of the last look (JSON)."""
 
 
 # ---- the scheduler ---------------------------------------------------------------------------
@@ -359,8 +117,12 @@ class EksScheduler(Scheduler):
     def job_dir(self, job_id: str) -> str:
         """The job's local directory (events of the ``operator`` writer, spec, script copy)."""
         if self.profile.shared_root:
-            return posixpath.join(self.profile.shared_root, JOBS_SUBDIR, job_id)
+            return JobPaths.for_job(self.profile.shared_root, job_id).folder
         return os.path.join(data_dir(), "eks", self.profile.name, job_id)
+
+    def _cancelled(self, rec: JobRecord) -> bool:
+        """Whether we cancelled the job (its resource being gone then means CANCELLED, not FAILED)."""
+        return self.remote.exists(JobPaths(rec.job_dir).cancelled)
 
     @staticmethod
     def _split(rec: JobRecord) -> tuple[str, str]:
@@ -445,7 +207,7 @@ class EksScheduler(Scheduler):
             items = {o["metadata"]["name"]: o for o in self.list(ns)}
             for rec in recs:
                 obj = items.get(self._split(rec)[1])
-                cancelled = self.remote.exists(posixpath.join(rec.job_dir, CANCELLED_MARKER))
+                cancelled = self._cancelled(rec)
                 self.record_events(rec, obj, cancelled)
                 out[rec.job_id] = job_status(obj, cancelled)
         return out
@@ -453,7 +215,7 @@ class EksScheduler(Scheduler):
     def record_events(self, rec: JobRecord, obj: dict[str, Any] | None, cancelled: bool = False) -> list[Event]:
         """Append the events implied by ``obj``'s status since the last call to the job's
         ``operator`` event file; return them. The diff state lives in ``<job_dir>/operator-state.json``."""
-        path = posixpath.join(rec.job_dir, STATE_FILE)
+        path = JobPaths(rec.job_dir).path(STATE_FILE)
         try:
             prev = json.loads(self.remote.read_from(path))
         except (FileNotFoundError, ValueError):
@@ -479,7 +241,7 @@ class EksScheduler(Scheduler):
         for item in w.stream(self._custom.list_namespaced_custom_object, g, v, ns, plural,
                              field_selector=f"metadata.name={name}", timeout_seconds=max(1, int(timeout_s))):
             obj = item["object"] if item["type"] != "DELETED" else None
-            cancelled = self.remote.exists(posixpath.join(rec.job_dir, CANCELLED_MARKER))
+            cancelled = self._cancelled(rec)
             for ev in self.record_events(rec, obj, cancelled):
                 yield ev
             if job_status(obj, cancelled)[0].is_terminal():
@@ -492,7 +254,7 @@ class EksScheduler(Scheduler):
 
         ns, name = self._split(rec)
         g, v, plural = self._gvp()
-        self.remote.write_bytes(posixpath.join(rec.job_dir, CANCELLED_MARKER), b"")
+        self.remote.write_bytes(JobPaths(rec.job_dir).cancelled, b"")
         try:
             self._call("deleting the job", self._custom.delete_namespaced_custom_object, g, v, ns, plural, name,
                        body=kclient.V1DeleteOptions(propagation_policy="Foreground"))
