@@ -27,7 +27,7 @@ from hyperpod_lab.spec import JobSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # self-contained (the backends stage the script file alone)
-SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "three_steps.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "steps.py")
 
 
 def test_ids_of_same_name_submissions_in_one_second_carry_64_random_bits():

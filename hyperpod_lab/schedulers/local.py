@@ -18,6 +18,7 @@ import sys
 from hyperpod_lab.errors import JobStateError
 from hyperpod_lab.jobdir import JobPaths, effective_restarts, ft_local_argv, group_env, job_env, launcher_argv
 from hyperpod_lab.jobs import JobStatus
+from hyperpod_lab.procs import process_start, signal_job_process
 from hyperpod_lab.schedulers.base import Scheduler
 from hyperpod_lab.spec import JobSpec
 
@@ -91,14 +92,20 @@ class LocalScheduler(Scheduler):
         return out
 
     def cancel(self, rec):
+        """SIGTERM the job's launcher and the agents ``scale`` started (each leads a session of
+        its own), each after :func:`hyperpod_lab.procs.verify`: a pid in ``joins.json`` that is
+        not the job's is refused (JobStateError naming it) after the job's own were signalled."""
         open(JobPaths(rec.job_dir).cancelled, "w").close()
-        # the job's launcher, and the agents ``scale`` started (each in a session of its own)
-        pids = [rec.native_id] + [pid for j in self.joins(rec) for pid in j["native_id"].split(",")]
+        pids = [rec.native_id] + [pid for j in self.joins(rec) for pid in str(j.get("native_id", "")).split(",")]
+        refused = []
         for pid in pids:
             try:
-                os.killpg(int(pid), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+                signal_job_process(pid, rec.job_id, signal.SIGTERM, group=True)
+            except JobStateError as e:
+                if not (str(pid).strip().isdigit() and int(pid) > 1 and process_start(int(pid)) is None):
+                    refused.append(str(e))  # alive but not the job's, or not a pid at all
+        if refused:
+            raise JobStateError("; ".join(refused))
 
     def logs(self, rec, rank=None):
         if rank is not None:
@@ -132,9 +139,9 @@ class LocalScheduler(Scheduler):
             {"name": socket.gethostname(), "state": "idle", "cpus": os.cpu_count() or 1, "partitions": []}]}
 
     def inject_fault(self, rec, rank):
+        """SIGKILL rank ``rank`` after :func:`hyperpod_lab.procs.verify` (the pid is the job's,
+        its start time the recorded one). Raises JobStateError otherwise."""
         info = self.rank_info(rec, rank)
-        try:
-            os.kill(int(info["pid"]), signal.SIGKILL)
-        except ProcessLookupError:
-            raise JobStateError(f"rank {rank} (pid {info['pid']}) of job {rec.job_id} is not running") from None
+        if not signal_job_process(info.get("pid"), rec.job_id, signal.SIGKILL, start=info.get("proc_start")):
+            raise JobStateError(f"rank {rank} (pid {info['pid']}) of job {rec.job_id} is not running")
         return info

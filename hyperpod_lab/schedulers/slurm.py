@@ -82,8 +82,9 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
         lines.append(f"#SBATCH --partition={partition}")
     if spec.time_limit_min:
         lines.append(f"#SBATCH --time={spec.time_limit_min}")
-    if not joining:  # finds the job in squeue if its submitter died before recording the Slurm id
-        lines.append(f"#SBATCH --comment={COMMENT_PREFIX}{job_id}")
+    # finds the job (and the allocations scale adds) in squeue: a submitter that died before
+    # recording the Slurm id, a cancel that checks joins.json
+    lines.append(f"#SBATCH --comment={COMMENT_PREFIX}{job_id}")
     if spec.resiliency.recovery == "checkpointless":
         lines.append("#SBATCH --no-kill")  # a lost node does not end the allocation: the others go on
     if spec.resiliency.auto_resume and not hyperpod and not joining:
@@ -333,7 +334,18 @@ class SlurmScheduler(Scheduler):
         return {"state": "up", "error": None, "nodes": parse_sinfo(res.stdout)}
 
     def cancel(self, rec):
-        self.remote.run(["scancel", rec.native_id, *[j["native_id"] for j in self.joins(rec)]])
+        """scancel the job and the allocations ``scale`` added; an id from ``joins.json`` is
+        cancelled only if squeue shows it with this job's ``--comment`` (the file could name
+        any job of the user)."""
+        joins = [str(j.get("native_id", "")) for j in self.joins(rec) if str(j.get("native_id", "")).isdigit()]
+        ours = []
+        if joins:
+            res = self.remote.run(["squeue", "-h", "--states=all", "-o", "%i|%k", "-j", ",".join(joins)], check=False)
+            for line in res.stdout.splitlines():
+                jid, _, comment = line.strip().partition("|")
+                if jid in joins and comment == COMMENT_PREFIX + rec.job_id:
+                    ours.append(jid)
+        self.remote.run(["scancel", rec.native_id, *ours])
 
     def _start_join(self, rec, spec, offset, add_nodes, index):
         """A second allocation of ``add_nodes`` nodes joining the job's Lighthouse."""
@@ -357,11 +369,15 @@ class SlurmScheduler(Scheduler):
 
     def inject_fault(self, rec, rank):
         info = self.rank_info(rec, rank)
+        # the check runs on the rank's node, beside the process (see hyperpod_lab.procs)
         argv = ["srun", f"--jobid={rec.native_id}", "--overlap", "--nodes=1", "--ntasks=1",
-                f"--nodelist={info['node']}", "kill", "-KILL", str(int(info["pid"]))]
+                f"--nodelist={info['node']}", self.profile.python, "-m", "hyperpod_lab.procs",
+                "--job-id", rec.job_id, "--pid", str(info.get("pid")), "--signal", "KILL"]
+        if info.get("proc_start") is not None:
+            argv += ["--start", str(int(info["proc_start"]))]
         try:
             self.remote.run(argv, timeout_s=30)
         except RemoteCommandError as e:
-            raise JobStateError(f"could not kill rank {rank} (pid {info['pid']} on {info['node']}) of job "
+            raise JobStateError(f"could not kill rank {rank} (pid {info.get('pid')} on {info['node']}) of job "
                                 f"{rec.job_id}: {e.stderr.strip()[-500:]}") from None
         return info

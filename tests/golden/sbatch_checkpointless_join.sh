@@ -6,6 +6,7 @@
 #SBATCH --output=/fsx/hyperpod-lab/jobs/quick-start-20261123-010203-abcd/logs/slurm-join-%j.out
 #SBATCH --open-mode=append
 #SBATCH --partition=dev
+#SBATCH --comment=hyperpod-lab:quick-start-20261123-010203-abcd
 #SBATCH --no-kill
 #SBATCH --no-requeue
 set -uo pipefail
