@@ -66,7 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--name", help="job name (default: the script's file name)")
     s.add_argument("--partition")
     s.add_argument("--time", type=_int, dest="time_limit_min", help="time limit, minutes")
-    s.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    s.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="an environment variable for the ranks (written to the job's files: not for secrets)")
+    s.add_argument("--secret-env", action="append", default=[], metavar="KEY",
+                   help="pass KEY's value from this process's environment to the ranks without writing it to "
+                        "any file, script, record or log (e.g. --secret-env HF_TOKEN)")
     s.add_argument("--max-retries", type=_int, default=ResiliencyPolicy.max_retries)
     s.add_argument("--no-auto-resume", action="store_true", help="fail on the first fault")
     s.add_argument("--recovery", choices=["restart", "checkpointless"], default="restart",
@@ -162,7 +166,8 @@ def spec_from_args(a: argparse.Namespace, script_args: list[str]) -> JobSpec:
         script=a.script, name=a.name or os.path.splitext(os.path.basename(a.script))[0] or "train",
         cluster=a.cluster, nodes=nodes,
         procs_per_node=a.procs_per_node if a.procs_per_node is not None else profile.defaults.procs_per_node,
-        args=list(script_args), env=env, partition=a.partition, time_limit_min=a.time_limit_min,
+        args=list(script_args), env=env, secret_env=list(dict.fromkeys(a.secret_env)), partition=a.partition,
+        time_limit_min=a.time_limit_min,
         resiliency=ResiliencyPolicy(auto_resume=not a.no_auto_resume, max_retries=a.max_retries,
                                     recovery=a.recovery),
         checkpoint=CheckpointPolicy(every_steps=a.checkpoint_every, keep_last=a.checkpoint_keep,

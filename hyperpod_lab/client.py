@@ -16,7 +16,7 @@ from hyperpod_lab.errors import ClusterUnreachable, HostKeyError, JobStateError,
 from hyperpod_lab.events import Event, EventKind, EventReader, EventWriter
 from hyperpod_lab.jobs import JobRecord, JobStatus, JobStore, new_job_id
 from hyperpod_lab.schedulers import Scheduler, for_profile
-from hyperpod_lab.spec import JobSpec
+from hyperpod_lab.spec import JobSpec, secret_values
 
 CLIENT_WRITER = "client"
 SUBMITTING = "submitting"  # the reason of a record whose scheduler id is not known yet
@@ -82,11 +82,14 @@ class Client:
         and write its ``submitted`` event.
 
         Raises:
-            SpecError, UnknownCluster: bad input (nothing contacted).
+            SpecError, UnknownCluster: bad input, e.g. a ``secret_env`` name not set in this
+                process's environment (nothing contacted).
+            DuplicateJob: the fresh job id is taken (nothing staged).
             ClusterUnreachable, HostKeyError: the login node cannot be reached safely.
             RemoteCommandError: the scheduler refused the job (its staged files are removed).
         """
         spec, profile, script = self.prepare(spec)
+        secrets = secret_values(spec.secret_env)  # before anything is contacted: a missing one is bad input
         sched = self.scheduler(spec.cluster)
         job_id = new_job_id(spec.name)
         # the record first (refusing a taken id before anything is staged), so that a client
@@ -96,7 +99,7 @@ class Client:
                         native_id="", job_dir=sched.job_dir(job_id), spec=spec.to_dict(), reason=SUBMITTING)
         self.store.add(rec)
         try:
-            native_id = sched.submit(spec, job_id, script)
+            native_id = sched.submit(spec, job_id, script, secrets=secrets)
         except BaseException:
             sched.discard(job_id)  # leave nothing half-done: the directory and record are ours alone
             self.store.remove(job_id)
@@ -229,7 +232,8 @@ class Client:
         if (rec.spec.get("resiliency") or {}).get("recovery") != "checkpointless":
             raise SpecError("resiliency.recovery", f"job {job_id} was not submitted with --recovery checkpointless; "
                                                    "only such a job takes new nodes while it runs")
-        return self.scheduler(rec.cluster).scale(rec, add_nodes)
+        secrets = secret_values(list(rec.spec.get("secret_env") or []))  # the joining nodes need them too
+        return self.scheduler(rec.cluster).scale(rec, add_nodes, secrets=secrets)
 
     def inject_fault(self, job_id: str, rank: int) -> dict:
         """SIGKILL one rank's process (to rehearse recovery). Returns the rank's info

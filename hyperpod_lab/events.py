@@ -148,7 +148,7 @@ class LocalFiles:
 
     def append_bytes(self, path: str, data: bytes) -> None:
         """One ``write()`` of ``data`` on an ``O_APPEND`` descriptor, then ``fsync``."""
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             os.write(fd, data)
             os.fsync(fd)
@@ -156,7 +156,8 @@ class LocalFiles:
             os.close(fd)
 
     def makedirs(self, path: str) -> None:
-        os.makedirs(path, exist_ok=True)
+        """``mkdir -p``; what it creates is private to the user (0700)."""
+        os.makedirs(path, mode=0o700, exist_ok=True)
 
 
 class EventWriter:

@@ -134,7 +134,10 @@ class JobStore:
         writes nothing)."""
         db = getattr(self._local, "db", None)
         if db is None or getattr(self._local, "pid", None) != os.getpid():
-            os.makedirs(self.root, exist_ok=True)
+            os.makedirs(self.root, mode=0o700, exist_ok=True)
+            # private to the user (specs hold env values); SQLite gives its -wal/-shm files the
+            # database file's mode
+            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
             db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")

@@ -11,6 +11,7 @@ This module imports nothing beyond the standard library, so the in-job runtime c
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -147,6 +148,24 @@ def parse_elastic(text: str) -> tuple[int, int]:
     return lo, hi
 
 
+MAX_SPEC_BYTES = 256 * 1024  # a JobSpec as JSON; args and env are for flags, not data
+
+
+def secret_values(names: list[str], environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The values of the secret variables ``names`` in ``environ`` (default: this process's).
+
+    Raises:
+        SpecError: a name is not set there (field ``secret_env``).
+    """
+    environ = os.environ if environ is None else environ
+    missing = [n for n in names if n not in environ]
+    if missing:
+        raise SpecError("secret_env", f"{', '.join(missing)} is not set in the environment of the submitting "
+                                      "process (the notebook kernel or the Jupyter server); set it there first, "
+                                      "e.g. %env NAME=... in the notebook")
+    return {n: environ[n] for n in names}
+
+
 @dataclass
 class JobSpec:
     """A training job, independent of where it runs.
@@ -158,7 +177,11 @@ class JobSpec:
         nodes: nodes to allocate (the initial size of an elastic job).
         procs_per_node: training processes (ranks) per node.
         args: arguments passed to the script, verbatim.
-        env: extra environment variables for the ranks.
+        env: extra environment variables for the ranks (written to the job's files: no secrets).
+        secret_env: names of variables whose values are taken from the submitting process's
+            environment at submit time and reach the ranks without being written to ``spec.json``,
+            the batch script, the job store or logs (Slurm: sbatch's own environment; EKS: a
+            Kubernetes Secret; local: the launcher's environment).
         partition: Slurm partition, or ``None`` for the profile's default.
         time_limit_min: wall-clock limit in minutes, or ``None``.
         resiliency, checkpoint, elastic: the three policies.
@@ -171,6 +194,7 @@ class JobSpec:
     procs_per_node: int = 1
     args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    secret_env: list[str] = field(default_factory=list)
     partition: str | None = None
     time_limit_min: int | None = None
     resiliency: ResiliencyPolicy = field(default_factory=ResiliencyPolicy)
@@ -204,6 +228,17 @@ class JobSpec:
                 isinstance(k, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) and isinstance(v, str)
                 for k, v in self.env.items()):
             raise SpecError("env", "keys must be variable names ([A-Za-z_][A-Za-z0-9_]*) and values strings")
+        if not isinstance(self.secret_env, list) or not all(
+                isinstance(k, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) for k in self.secret_env):
+            raise SpecError("secret_env", "must be a list of variable names ([A-Za-z_][A-Za-z0-9_]*), e.g. "
+                                          "--secret-env HF_TOKEN")
+        both = sorted(set(self.secret_env) & set(self.env))
+        if both:
+            raise SpecError("secret_env", f"{', '.join(both)} is also in env; pass a secret with --secret-env only")
+        size = len(self.to_json())
+        if size > MAX_SPEC_BYTES:
+            raise SpecError("spec", f"is {size} bytes as JSON; at most {MAX_SPEC_BYTES} are accepted (pass large "
+                                    "inputs as files, not as args or env)")
         if self.partition is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", str(self.partition)):
             raise SpecError("partition", f"{self.partition!r} is not a Slurm partition name")
         self.resiliency.validate()

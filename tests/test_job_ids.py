@@ -84,7 +84,7 @@ def test_a_colliding_submission_fails_without_touching_the_other_job(client, mon
 def test_a_failed_submission_leaves_no_record_and_no_directory(client, monkeypatch):
     from hyperpod_lab.schedulers.local import LocalScheduler
 
-    def refuse(self, spec, job_id, script_bytes):
+    def refuse(self, spec, job_id, script_bytes, secrets=None):
         self.stage(spec, job_id, script_bytes)
         raise RuntimeError("the scheduler refused the job")
 

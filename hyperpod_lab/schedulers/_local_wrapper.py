@@ -12,6 +12,7 @@ from hyperpod_lab.jobdir import JobPaths
 def main() -> int:
     job_dir, sep, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
     assert sep == "--" and argv, "usage: _local_wrapper JOB_DIR -- ARGV..."
+    os.umask(0o077)  # what the job writes is private to the user, as on Slurm
     paths = JobPaths(job_dir, join=os.path.join)
     with open(paths.native_id, "w") as f:  # the local backend's native id is this process's pid
         f.write(f"{os.getpid()}\n")

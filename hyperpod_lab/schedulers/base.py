@@ -40,10 +40,11 @@ class Scheduler(ABC):
         """Create the job directory and write the script and ``spec.json`` there (SFTP for
         remote clusters). Returns the job directory."""
         paths = self.paths(job_id)
+        self.remote.makedirs(paths.folder)
         for sub in JobPaths.SUBDIRS:
-            self.remote.makedirs(paths.path(sub))
-        self.remote.write_bytes(paths.script(spec.script), script_bytes, mode=0o644)
-        self.remote.write_bytes(paths.spec, spec.to_json().encode())
+            self.remote.makedirs(paths.path(sub))  # 0700: private to the user
+        self.remote.write_bytes(paths.script(spec.script), script_bytes, mode=0o600)
+        self.remote.write_bytes(paths.spec, spec.to_json().encode(), mode=0o600)
         return paths.folder
 
     def discard(self, job_id: str) -> None:
@@ -107,8 +108,9 @@ class Scheduler(ABC):
         """The submission as text (sbatch script, command line); what --dry-run prints."""
 
     @abstractmethod
-    def submit(self, spec: JobSpec, job_id: str, script_bytes: bytes) -> str:
-        """Stage and submit; return the scheduler's native job id."""
+    def submit(self, spec: JobSpec, job_id: str, script_bytes: bytes, secrets: dict[str, str] | None = None) -> str:
+        """Stage and submit; return the scheduler's native job id. ``secrets`` (``spec.secret_env``'s
+        values) reach the job's environment without being written to its files or logs."""
 
     @abstractmethod
     def poll(self, records: list[JobRecord]) -> dict[str, tuple[JobStatus, int | None, str | None]]:
@@ -130,7 +132,7 @@ class Scheduler(ABC):
         except FileNotFoundError:
             return []
 
-    def scale(self, rec: JobRecord, add_nodes: int) -> dict:
+    def scale(self, rec: JobRecord, add_nodes: int, secrets: dict[str, str] | None = None) -> dict:
         """Add ``add_nodes`` nodes to a running checkpointless job (elastic scale-up): they join as
         replica groups numbered after every earlier group. Returns ``{"native_id", "offset",
         "nodes"}``, also recorded in ``<job_dir>/joins.json`` (cancelled with the job).
@@ -142,14 +144,16 @@ class Scheduler(ABC):
         spec = JobSpec.from_dict(rec.spec)
         joins = self.joins(rec)
         offset = spec.nodes + sum(j["nodes"] for j in joins)
-        native = self._start_join(rec, spec, offset, add_nodes, len(joins) + 1)
+        native = self._start_join(rec, spec, offset, add_nodes, len(joins) + 1, secrets or {})
         join = {"native_id": native, "offset": offset, "nodes": add_nodes}
         self.remote.write_bytes(JobPaths(rec.job_dir).joins, json.dumps(joins + [join]).encode())
         return join
 
-    def _start_join(self, rec: JobRecord, spec: JobSpec, offset: int, add_nodes: int, index: int) -> str:
-        """Start the ``index``-th joining allocation (replica groups ``offset`` ...); return its
-        native id. Backends that can add nodes override this."""
+    def _start_join(self, rec: JobRecord, spec: JobSpec, offset: int, add_nodes: int, index: int,
+                    secrets: dict[str, str]) -> str:
+        """Start the ``index``-th joining allocation (replica groups ``offset`` ...) with the job's
+        ``secrets`` in its environment; return its native id. Backends that can add nodes
+        override this."""
         raise JobStateError(f"the {type(self).__name__} backend cannot add nodes to a running job")
 
     @abstractmethod

@@ -147,33 +147,48 @@ class EksScheduler(Scheduler):
                 f"namespace {self.namespace}).\n# submit with: kubectl apply -f - (the ConfigMap first)\n")
         return head + km.to_yaml(*self.manifests(spec, job_id, script))
 
-    def submit(self, spec, job_id, script_bytes):
+    def submit(self, spec, job_id, script_bytes, secrets=None):
+        """The job's Secret (``spec.secret_env``, if any), ConfigMap, then its custom resource;
+        the first two are owned by (garbage-collected with) the resource."""
         cm, job = self.manifests(spec, job_id, script_bytes)
+        secret = km.render_job_secret(spec, job_id, self.profile, secrets or {}) if spec.secret_env else None
         self.stage(spec, job_id, script_bytes)
         g, v, plural = self._gvp()
         ns = self.namespace
-        self._call("creating the job's ConfigMap", self._core.create_namespaced_config_map, ns, cm)
+        if secret:
+            self._call("creating the job's Secret", self._core.create_namespaced_secret, ns, secret)
         try:
-            created = self._call(f"creating the {job['kind']}", self._custom.create_namespaced_custom_object,
-                                 g, v, ns, plural, job)
+            self._call("creating the job's ConfigMap", self._core.create_namespaced_config_map, ns, cm)
+            try:
+                created = self._call(f"creating the {job['kind']}", self._custom.create_namespaced_custom_object,
+                                     g, v, ns, plural, job)
+            except Exception:
+                self._delete(self._core.delete_namespaced_config_map, ns, cm["metadata"]["name"])
+                raise
         except Exception:
-            self._delete_configmap(ns, cm["metadata"]["name"])
+            if secret:
+                self._delete(self._core.delete_namespaced_secret, ns, secret["metadata"]["name"])
             raise
         uid = (created or {}).get("metadata", {}).get("uid")
-        if uid:  # garbage-collect the ConfigMap with the job
-            owner = {"apiVersion": job["apiVersion"], "kind": job["kind"], "name": job["metadata"]["name"], "uid": uid}
-            try:
-                self._core.patch_namespaced_config_map(cm["metadata"]["name"], ns,
-                                                       {"metadata": {"ownerReferences": [owner]}})
-            except Exception:
-                pass  # cancel deletes it explicitly anyway
+        if uid:  # garbage-collect the ConfigMap and Secret with the job
+            owner = {"metadata": {"ownerReferences": [
+                {"apiVersion": job["apiVersion"], "kind": job["kind"], "name": job["metadata"]["name"], "uid": uid}]}}
+            patches = [(self._core.patch_namespaced_config_map, cm)] + (
+                [(self._core.patch_namespaced_secret, secret)] if secret else [])
+            for patch, obj in patches:
+                try:
+                    patch(obj["metadata"]["name"], ns, owner)
+                except Exception:
+                    pass  # cancel deletes them explicitly anyway
         return f"{ns}/{job['metadata']['name']}"
 
-    def _delete_configmap(self, ns: str, name: str) -> None:
+    @staticmethod
+    def _delete(delete, ns: str, name: str) -> None:
+        """``delete(name, ns)`` of a core API object; a missing one is fine."""
         from kubernetes.client.exceptions import ApiException
 
         try:
-            self._core.delete_namespaced_config_map(name, ns)
+            delete(name, ns)
         except ApiException as e:
             if e.status != 404:
                 raise
@@ -261,7 +276,9 @@ class EksScheduler(Scheduler):
         except ApiException as e:
             if e.status != 404:
                 raise
-        self._delete_configmap(ns, km.configmap_name(rec.job_id))
+        self._delete(self._core.delete_namespaced_config_map, ns, km.configmap_name(rec.job_id))
+        if (rec.spec or {}).get("secret_env"):
+            self._delete(self._core.delete_namespaced_secret, ns, km.secret_name(rec.job_id))
 
     # -- pods, logs, faults ------------------------------------------------------------------
     def pods(self, rec: JobRecord) -> list[Any]:

@@ -24,6 +24,7 @@ validate every rendered resource against it.
 
 from __future__ import annotations
 
+import base64
 import copy
 import posixpath
 import re
@@ -77,6 +78,11 @@ def configmap_name(job_id: str) -> str:
     return resource_name(job_id) + "-job"
 
 
+def secret_name(job_id: str) -> str:
+    """The Kubernetes Secret holding a job's ``secret_env`` values."""
+    return resource_name(job_id) + "-secrets"
+
+
 def pod_job_dir(job_id: str, shared_mount: str = DEFAULT_SHARED_MOUNT) -> str:
     """The job directory inside the pods (on the FSx volume), where the runtime writes events."""
     return JobPaths.for_job(shared_mount, job_id).folder
@@ -104,7 +110,11 @@ def job_env(spec: JobSpec, job_id: str, shared_mount: str) -> list[dict[str, str
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
     }
     env.update(spec.env)
-    return [{"name": k, "value": k8s_literal(v)} for k, v in env.items()]
+    out: list[dict[str, Any]] = [{"name": k, "value": k8s_literal(v)} for k, v in env.items()]
+    # secrets by reference: the values live in the job's Secret, never in the pod spec
+    out += [{"name": k, "valueFrom": {"secretKeyRef": {"name": secret_name(job_id), "key": k}}}
+            for k in spec.secret_env]
+    return out
 
 
 def _script_path(spec: JobSpec) -> str:
@@ -283,6 +293,22 @@ def render_job_configmap(spec: JobSpec, job_id: str, profile: ClusterProfile, sc
             "metadata": {"name": configmap_name(job_id), "namespace": profile.namespace or DEFAULT_NAMESPACE,
                          "labels": {JOB_ID_LABEL: resource_name(job_id), "app.kubernetes.io/managed-by": "hyperpod-lab"}},
             "data": {key: text, SPEC_KEY: spec_json}}
+
+
+def render_job_secret(spec: JobSpec, job_id: str, profile: ClusterProfile, secrets: dict[str, str]) -> dict[str, Any]:
+    """The Secret holding ``spec.secret_env``'s values (``secrets``), which the pods read by
+    ``secretKeyRef``. Never printed by ``--dry-run``.
+
+    Raises:
+        SpecError: a name of ``spec.secret_env`` has no value in ``secrets`` (field ``secret_env``).
+    """
+    missing = [k for k in spec.secret_env if k not in secrets]
+    if missing:
+        raise SpecError("secret_env", f"no value for {', '.join(missing)}")
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": secret_name(job_id), "namespace": profile.namespace or DEFAULT_NAMESPACE,
+                         "labels": {JOB_ID_LABEL: resource_name(job_id), "app.kubernetes.io/managed-by": "hyperpod-lab"}},
+            "data": {k: base64.b64encode(secrets[k].encode()).decode() for k in spec.secret_env}}
 
 
 def render_job(spec: JobSpec, job_id: str, profile: ClusterProfile) -> dict[str, Any]:

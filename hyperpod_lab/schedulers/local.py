@@ -36,6 +36,11 @@ def launch_argv(spec: JobSpec, job_dir: str, python: str, script: str) -> list[s
                          max_restarts=restarts, log_dir=JobPaths(job_dir).torchrun_logs)
 
 
+def _private_log(path: str):
+    """``path`` opened for appending, created 0600 (private to the user)."""
+    return open(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -51,10 +56,11 @@ class LocalScheduler(Scheduler):
         return launch_argv(spec, self.job_dir(job_id), self.profile.python or sys.executable,
                            self.staged_script(spec, job_id))
 
-    def _env(self, spec, job_id):
+    def _env(self, spec, job_id, secrets):
         env = dict(os.environ)
         paths = self.paths(job_id)
         env.update(spec.env)
+        env.update(secrets)
         env.update(job_env(job_id, paths.folder, paths.spec, self.profile.shared_root))
         env.setdefault("OMP_NUM_THREADS", "1")
         return env
@@ -63,12 +69,12 @@ class LocalScheduler(Scheduler):
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(spec.env.items()))
         return (env + " " if env else "") + shlex.join(self._argv(spec, job_id)) + "\n"
 
-    def submit(self, spec, job_id, script_bytes):
+    def submit(self, spec, job_id, script_bytes, secrets=None):
         d = self.stage(spec, job_id, script_bytes)
-        out = open(JobPaths(d).launcher_log, "ab")
+        out = _private_log(JobPaths(d).launcher_log)
         p = subprocess.Popen([sys.executable, "-m", "hyperpod_lab.schedulers._local_wrapper", d, "--",
                               *self._argv(spec, job_id)],
-                             env=self._env(spec, job_id), cwd=d, stdin=subprocess.DEVNULL, stdout=out,
+                             env=self._env(spec, job_id, secrets or {}), cwd=d, stdin=subprocess.DEVNULL, stdout=out,
                              stderr=subprocess.STDOUT, start_new_session=True)
         out.close()
         return str(p.pid)
@@ -115,13 +121,13 @@ class LocalScheduler(Scheduler):
         except FileNotFoundError:
             return ""
 
-    def _start_join(self, rec, spec, offset, add_nodes, index):
+    def _start_join(self, rec, spec, offset, add_nodes, index, secrets):
         """``add_nodes`` more replica-group agents joining the job's Lighthouse; their pids."""
         paths = JobPaths(rec.job_dir)
         pids = []
         for g in range(offset, offset + add_nodes):
-            env = {**self._env(spec, rec.job_id), **group_env(g, spec.nodes)}
-            out = open(paths.group_log(g), "ab")
+            env = {**self._env(spec, rec.job_id, secrets), **group_env(g, spec.nodes)}
+            out = _private_log(paths.group_log(g))
             p = subprocess.Popen(launcher_argv(self.profile.python or sys.executable,
                                                self.staged_script(spec, rec.job_id), spec.args, standalone=True,
                                                nproc_per_node=spec.procs_per_node,

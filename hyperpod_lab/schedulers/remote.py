@@ -56,8 +56,10 @@ class Remote(ABC):
     """Runs argv lists and reads/writes files where the cluster's tools and storage are."""
 
     @abstractmethod
-    def run(self, argv: list[str], check: bool = True, timeout_s: float | None = 60.0) -> CommandResult:
-        """Run ``argv``; raise RemoteCommandError on a non-zero exit when ``check``."""
+    def run(self, argv: list[str], check: bool = True, timeout_s: float | None = 60.0,
+            input: bytes | None = None) -> CommandResult:
+        """Run ``argv`` (``input``: bytes for its standard input, then EOF; the way to pass a
+        secret, never in ``argv``); raise RemoteCommandError on a non-zero exit when ``check``."""
 
     @abstractmethod
     def read_from(self, path: str, offset: int = 0) -> bytes:
@@ -68,7 +70,7 @@ class Remote(ABC):
         """Names in ``path``; [] if it does not exist."""
 
     @abstractmethod
-    def write_bytes(self, path: str, data: bytes, mode: int = 0o644) -> None:
+    def write_bytes(self, path: str, data: bytes, mode: int = 0o600) -> None:
         """Write ``data`` to ``path`` atomically (temporary name, then rename)."""
 
     @abstractmethod
@@ -94,18 +96,19 @@ class LocalRemote(LocalFiles, Remote):
     """This machine: subprocess without a shell, and the local file system (reads, appends and
     directories as :class:`hyperpod_lab.events.LocalFiles`)."""
 
-    def run(self, argv, check=True, timeout_s=60.0):
+    def run(self, argv, check=True, timeout_s=60.0, input=None):
         quote_argv(argv)  # same validation as over SSH
         try:
-            p = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s)
+            p = subprocess.run(list(argv), capture_output=True, timeout=timeout_s,
+                               input=input if input is not None else b"")
         except FileNotFoundError:
             raise RemoteCommandError(list(argv), 127, f"{argv[0]}: command not found") from None
-        res = CommandResult(p.returncode, p.stdout, p.stderr)
+        res = CommandResult(p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace"))
         if check and res.exit_status != 0:
             raise RemoteCommandError(list(argv), res.exit_status, res.stderr or res.stdout)
         return res
 
-    def write_bytes(self, path, data, mode=0o644):
+    def write_bytes(self, path, data, mode=0o600):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         tmp = f"{path}.tmp-{os.getpid()}"
         with open(tmp, "wb") as f:
@@ -189,11 +192,14 @@ class SSHRemote(Remote):
         t = self.client.get_transport()
         return bool(t and t.is_active())
 
-    def run(self, argv, check=True, timeout_s=60.0):
+    def run(self, argv, check=True, timeout_s=60.0, input=None):
         line = quote_argv(argv)
         chan = self.client.get_transport().open_session(timeout=self.profile.connect_timeout_s)
         chan.settimeout(timeout_s)
         chan.exec_command(line)
+        if input:
+            chan.sendall(input)
+        chan.shutdown_write()
         out, err = chan.makefile("rb"), chan.makefile_stderr("rb")
         try:
             stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
@@ -227,7 +233,7 @@ class SSHRemote(Remote):
                 return []
             raise
 
-    def write_bytes(self, path, data, mode=0o644):
+    def write_bytes(self, path, data, mode=0o600):
         self.makedirs(posixpath.dirname(path))
         tmp = f"{path}.tmp-{os.getpid()}"
         with self.sftp.open(tmp, "wb") as f:
@@ -236,7 +242,14 @@ class SSHRemote(Remote):
         self.sftp.posix_rename(tmp, path)
 
     def append_bytes(self, path, data):
+        try:
+            self.sftp.stat(path)
+            new = False
+        except IOError:
+            new = True
         with self.sftp.open(path, "ab") as f:
+            if new:  # private to the user, before anything is written
+                self.sftp.chmod(path, 0o600)
             f.write(data)
 
     def makedirs(self, path):
@@ -247,7 +260,7 @@ class SSHRemote(Remote):
                 if stat.S_ISDIR(self.sftp.stat(cur).st_mode):
                     continue
             except IOError:
-                self.sftp.mkdir(cur)
+                self.sftp.mkdir(cur, mode=0o700)
 
     def close(self):
         if self._sftp is not None:

@@ -17,6 +17,7 @@ network) can neither join the new rendezvous nor hold its port.
 
 from __future__ import annotations
 
+import json
 import posixpath
 import re
 import shlex
@@ -34,6 +35,7 @@ HYPERPOD_MARKER = "/opt/sagemaker_cluster"
 RDZV_PORT_BASE = 29500  # + (SLURM_JOB_ID + RDZV_PORT_RUN_STRIDE * SLURM_RESTART_COUNT) % 20000
 RDZV_PORT_RUN_STRIDE = 7919  # a prime: a requeued run's port is far from its neighbours' ports
 
+SLURM_UMASK = "0077"  # the job's output files (slurm-%j.out) private to the user
 COMMENT_PREFIX = "hyperpod-lab:"  # + job id, in #SBATCH --comment
 
 _q = shlex.quote
@@ -93,6 +95,7 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
         lines.append("#SBATCH --no-requeue")
     lines += [
         "set -uo pipefail",
+        "umask 077  # what the job writes on shared storage is private to the user",
         f"JOB_DIR={_q(job_dir)}",
     ]
     if not joining:  # the job's own record of its Slurm id (see Scheduler.find_native_id)
@@ -278,14 +281,25 @@ class SlurmScheduler(Scheduler):
         cmd = shlex.join(sbatch_argv(spec.name, self.job_dir(job_id)))
         return f"# submit with: {cmd}\n{text}"
 
-    def submit(self, spec, job_id, script_bytes):
+    def _sbatch(self, argv: list[str], secrets: dict[str, str]) -> str:
+        """Run sbatch with ``SLURM_UMASK=0077`` (the job's output files private to the user; see
+        sbatch(1), INPUT ENVIRONMENT VARIABLES); ``secrets`` go to its environment through
+        standard input (:mod:`hyperpod_lab.envexec`), and sbatch's ``--export=ALL`` hands them
+        to the job."""
+        if secrets:
+            res = self.remote.run([self.profile.python, "-m", "hyperpod_lab.envexec", "--", *argv], timeout_s=60,
+                                  input=json.dumps({**secrets, "SLURM_UMASK": SLURM_UMASK}).encode())
+        else:
+            res = self.remote.run(["env", f"SLURM_UMASK={SLURM_UMASK}", *argv], timeout_s=60)
+        return parse_sbatch(res.stdout)
+
+    def submit(self, spec, job_id, script_bytes, secrets=None):
         if spec.partition is None:  # the profile's default partition, recorded with the job
             spec.partition = self.profile.defaults.partition
         job_dir = self.stage(spec, job_id, script_bytes)
         self.remote.write_bytes(JobPaths(job_dir).sbatch,
-                                self._render(spec, job_id, self.is_hyperpod()).encode(), mode=0o755)
-        res = self.remote.run(sbatch_argv(spec.name, job_dir), timeout_s=60)
-        return parse_sbatch(res.stdout)
+                                self._render(spec, job_id, self.is_hyperpod()).encode(), mode=0o700)
+        return self._sbatch(sbatch_argv(spec.name, job_dir), secrets or {})
 
     def poll(self, records):
         ids = [r.native_id for r in records]
@@ -347,16 +361,16 @@ class SlurmScheduler(Scheduler):
                     ours.append(jid)
         self.remote.run(["scancel", rec.native_id, *ours])
 
-    def _start_join(self, rec, spec, offset, add_nodes, index):
+    def _start_join(self, rec, spec, offset, add_nodes, index, secrets):
         """A second allocation of ``add_nodes`` nodes joining the job's Lighthouse."""
         text = render_sbatch(spec, rec.job_id, rec.job_dir, self.profile.python, self.profile.shared_root,
                              partition=spec.partition or self.profile.defaults.partition,
                              hyperpod=self.is_hyperpod(), join_offset=offset, join_nodes=add_nodes)
         path = JobPaths(rec.job_dir).join_sbatch(index)
-        self.remote.write_bytes(path, text.encode(), mode=0o755)
+        self.remote.write_bytes(path, text.encode(), mode=0o700)
         argv = sbatch_argv(spec.name, rec.job_dir)
         argv[-1] = path
-        return parse_sbatch(self.remote.run(argv, timeout_s=60).stdout)
+        return self._sbatch(argv, secrets)
 
     def logs(self, rec, rank=None):
         if rank is not None:

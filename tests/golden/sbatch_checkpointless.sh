@@ -10,6 +10,7 @@
 #SBATCH --no-kill
 #SBATCH --requeue
 set -uo pipefail
+umask 077  # what the job writes on shared storage is private to the user
 JOB_DIR=/fsx/hyperpod-lab/jobs/quick-start-20261123-010203-abcd
 echo "$SLURM_JOB_ID" > "$JOB_DIR/native_id"
 export HYPERPOD_LAB_JOB_ID=quick-start-20261123-010203-abcd

@@ -10,6 +10,7 @@
 #SBATCH --no-kill
 #SBATCH --no-requeue
 set -uo pipefail
+umask 077  # what the job writes on shared storage is private to the user
 JOB_DIR=/fsx/hyperpod-lab/jobs/quick-start-20261123-010203-abcd
 export HYPERPOD_LAB_JOB_ID=quick-start-20261123-010203-abcd
 export HYPERPOD_LAB_JOB_DIR="$JOB_DIR"
