@@ -14,6 +14,7 @@ from typing import Callable, Iterator
 from hyperpod_lab.clusters import ClusterProfile, get_profile
 from hyperpod_lab.errors import ClusterUnreachable, HostKeyError, JobStateError, RemoteCommandError, SpecError
 from hyperpod_lab.events import Event, EventKind, EventReader, EventWriter
+from hyperpod_lab.jobdir import JobPaths
 from hyperpod_lab.jobs import JobRecord, JobStatus, JobStore, new_job_id
 from hyperpod_lab.schedulers import Scheduler, for_profile
 from hyperpod_lab.spec import JobSpec, secret_values
@@ -158,7 +159,7 @@ class Client:
 
     def _finish_if_silent(self, sched, rec, st, code, reason):
         kinds = {e.kind for e in EventReader(rec.job_dir, sched.remote).poll()}
-        if EventKind.FINISHED.value not in kinds:
+        if EventKind.FINISHED.value not in kinds and sched.remote.create_new(JobPaths(rec.job_dir).client_finished):
             self._append_event(sched, rec, EventKind.FINISHED, status=st.value, exit_code=code, reason=reason)
 
     def status(self, job_id: str) -> JobRecord:

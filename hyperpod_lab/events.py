@@ -125,11 +125,15 @@ class FileAccess(Protocol):
 
     def listdir(self, path: str) -> list[str]: ...  # names; [] if the directory is missing
 
+    def list_files(self, path: str) -> dict[str, int]: ...  # regular files (no links, no dirs) -> size, bytes
+
     def read_from(self, path: str, offset: int = 0) -> bytes: ...  # bytes from offset to EOF; FileNotFoundError
 
     def append_bytes(self, path: str, data: bytes) -> None: ...  # one append of ``data``, created if missing
 
     def makedirs(self, path: str) -> None: ...  # like ``mkdir -p``
+
+    def create_new(self, path: str) -> bool: ...  # create an empty file (0600) unless it exists; True if created
 
 
 class LocalFiles:
@@ -141,8 +145,20 @@ class LocalFiles:
         except FileNotFoundError:
             return []
 
+    def list_files(self, path: str) -> dict[str, int]:
+        """Regular files in ``path`` (symbolic links and directories left out) and their sizes,
+        bytes; {} if the directory is missing."""
+        try:
+            with os.scandir(path) as it:
+                return {e.name: e.stat(follow_symlinks=False).st_size for e in it if e.is_file(follow_symlinks=False)}
+        except FileNotFoundError:
+            return {}
+
     def read_from(self, path: str, offset: int = 0) -> bytes:
-        with open(path, "rb") as f:
+        """Bytes from ``offset`` to the end. Raises FileNotFoundError; OSError for a symbolic
+        link (never followed: it could point out of the job directory)."""
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with open(fd, "rb") as f:
             f.seek(offset)
             return f.read()
 
@@ -158,6 +174,14 @@ class LocalFiles:
     def makedirs(self, path: str) -> None:
         """``mkdir -p``; what it creates is private to the user (0700)."""
         os.makedirs(path, mode=0o700, exist_ok=True)
+
+    def create_new(self, path: str) -> bool:
+        """Create an empty file (0600) with ``O_EXCL``: True for the one caller that created it."""
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            return True
+        except FileExistsError:
+            return False
 
 
 class EventWriter:
@@ -241,11 +265,17 @@ class EventReader:
         a cursor advanced event by event (``cursor[file] = offset``) never skips an event.
         """
         per_file: list[list[tuple[Event, str, int]]] = []
-        for name in sorted(self.files.listdir(self.dir)):
-            if not name.endswith(".jsonl"):
-                continue
+        for name, size in sorted(self.files.list_files(self.dir).items()):
+            # regular files only: a directory or a link named x.jsonl (which could point out of
+            # the job directory) is not an event file
             off = self.cursor.get(name, 0)
-            chunk = self.files.read_from(f"{self.dir}/{name}", off)
+            if not name.endswith(".jsonl") or size <= off:
+                continue  # nothing new: no read
+            try:
+                chunk = self.files.read_from(f"{self.dir}/{name}", off)
+            except OSError as e:  # replaced by a link since the listing, or vanished
+                self.skipped.append((name, f"not readable as an event file: {e}"))
+                continue
             end = chunk.rfind(b"\n")
             if end < 0:
                 continue

@@ -191,6 +191,12 @@ class JobPaths:
         return self.path("native_id")
 
     @property
+    def client_finished(self) -> str:
+        """Created (exclusively) by the one client that writes a ``finished`` event for a job that
+        ended without the runtime's: two clients (the server's watcher, a CLI) never both do."""
+        return self.path("client-finished")
+
+    @property
     def exit_code(self) -> str:
         return self.path("exit_code")
 

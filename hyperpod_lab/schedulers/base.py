@@ -8,6 +8,7 @@ the job directory on shared storage is common to all and lives here.
 from __future__ import annotations
 
 import json
+import posixpath
 from abc import ABC, abstractmethod
 
 from hyperpod_lab.clusters import ClusterProfile
@@ -95,12 +96,19 @@ class Scheduler(ABC):
 
     def rank_log(self, rec: JobRecord, rank: int) -> str:
         info = self.rank_info(rec, rank)
-        if not info.get("log_file"):
+        log_file = info.get("log_file")
+        if not log_file:
             raise HyperPodLabError(f"rank {rank} of job {rec.job_id} has no log file recorded")
+        if not isinstance(log_file, str) or not posixpath.normpath(log_file).startswith(rec.job_dir.rstrip("/") + "/"):
+            raise HyperPodLabError(f"rank {rank} of job {rec.job_id} names a log file outside the job directory "
+                                   f"({str(log_file)[:200]!r}); refusing to read it")
         try:
-            return self.remote.read_from(info["log_file"]).decode(errors="replace")
+            return self.remote.read_from(posixpath.normpath(log_file)).decode(errors="replace")
         except FileNotFoundError:
             return ""
+        except OSError as e:  # a symbolic link (never followed) or not a file
+            raise HyperPodLabError(f"rank {rank} of job {rec.job_id}: its log file {log_file} is not a regular "
+                                   f"file ({e.strerror or e}); refusing to read it") from None
 
     # ---- per backend -------------------------------------------------------------
     @abstractmethod

@@ -70,12 +70,20 @@ class Remote(ABC):
         """Names in ``path``; [] if it does not exist."""
 
     @abstractmethod
+    def list_files(self, path: str) -> dict[str, int]:
+        """Regular files in ``path`` (no links, no directories) and their sizes, bytes; {} if missing."""
+
+    @abstractmethod
     def write_bytes(self, path: str, data: bytes, mode: int = 0o600) -> None:
         """Write ``data`` to ``path`` atomically (temporary name, then rename)."""
 
     @abstractmethod
     def append_bytes(self, path: str, data: bytes) -> None:
         """Append ``data`` to ``path`` (created if missing)."""
+
+    @abstractmethod
+    def create_new(self, path: str) -> bool:
+        """Create an empty file (0600) unless it exists (``O_EXCL``); True for the one caller that created it."""
 
     @abstractmethod
     def makedirs(self, path: str) -> None:
@@ -233,6 +241,15 @@ class SSHRemote(Remote):
                 return []
             raise
 
+    def list_files(self, path):
+        """Regular files and sizes (SFTP's readdir attributes are lstat's: links are not files)."""
+        try:
+            return {a.filename: a.st_size or 0 for a in self.sftp.listdir_attr(path) if stat.S_ISREG(a.st_mode or 0)}
+        except IOError as e:
+            if getattr(e, "errno", None) == errno.ENOENT:
+                return {}
+            raise
+
     def write_bytes(self, path, data, mode=0o600):
         self.makedirs(posixpath.dirname(path))
         tmp = f"{path}.tmp-{os.getpid()}"
@@ -251,6 +268,17 @@ class SSHRemote(Remote):
             if new:  # private to the user, before anything is written
                 self.sftp.chmod(path, 0o600)
             f.write(data)
+
+    def create_new(self, path):
+        try:
+            with self.sftp.open(path, "x"):
+                pass
+        except IOError as e:
+            if getattr(e, "errno", None) == errno.EEXIST or self.exists(path):
+                return False
+            raise
+        self.sftp.chmod(path, 0o600)
+        return True
 
     def makedirs(self, path):
         parts, cur = [p for p in path.split("/") if p], "/" if path.startswith("/") else ""
