@@ -255,3 +255,33 @@ def test_down_then_up_keeps_job_ids(cluster, ssh):
         assert out.split() == [str(before)]
     finally:
         c.close()
+
+
+@pytest.mark.parametrize("plant", ["foreign_ssh_dir", "ssh_dir_link", "readable_client_key", "foreign_base"])
+def test_up_refuses_state_it_did_not_create(config, tmp_path, plant):
+    """Issue 13, finding 9: another user who pre-creates the state directory (or a key in it)
+    before the first 'up' would hold the login node's keys; up refuses, before starting anything.
+    Reproduced on the code before the fix, which kept and trusted what it found."""
+    base = tmp_path / "dev"
+    ssh = base / "ssh"
+    if plant == "foreign_base":
+        base.mkdir()
+        os.chown(base, 65534, 65534)  # nobody
+    elif plant == "ssh_dir_link":
+        base.mkdir()
+        (tmp_path / "theirs").mkdir(mode=0o700)
+        os.symlink(tmp_path / "theirs", ssh)
+    else:
+        ssh.mkdir(parents=True, mode=0o700)
+        if plant == "foreign_ssh_dir":
+            os.chown(ssh, 65534, 65534)
+        else:
+            key = ssh / "id_ed25519"
+            key.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nplanted\n")
+            key.chmod(0o644)
+    with pytest.raises(HyperPodLabError) as e:
+        devcluster.up(base_dir=str(base), ssh_port=2299, quiet=True)
+    msg = str(e.value)
+    assert "HYPERPOD_LAB_DEV_DIR" in msg and ("did not create it" in msg or "symbolic link" in msg
+                                              or "may read" in msg), msg
+    assert not (base / "run").exists() and not (base / "slurm").exists()  # nothing started

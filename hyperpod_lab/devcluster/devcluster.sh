@@ -350,6 +350,33 @@ start_sshd() {
   wait_for 10 "ssh login" ssh_ok || die "ssh root@127.0.0.1 -p $SSH_PORT with $SSH_DIR/id_ed25519 fails (see $LOG/sshd.log)"
 }
 
+# ---------------------------------------------------------------- state we did not create
+# Another user could plant a directory or a key where the state goes (e.g. under /var/tmp)
+# before the first 'up' and so hold the login node's keys. Everything the script keeps must be
+# ours (same uid), no symbolic link, and not writable (keys: not readable) by others; what fails
+# is refused, never adopted or "fixed". sshd's own StrictModes stays off only because /var/tmp
+# (1777) is in the path of AuthorizedKeysFile; these checks are the ones it would make.
+own_path() {  # PATH FORBIDDEN-MODE-BITS (octal)
+  local p=$1 forbid=$2 uid mode
+  [ -e "$p" ] || [ -L "$p" ] || return 0
+  [ -L "$p" ] && die "$p is a symbolic link, which dev-cluster never creates; remove it, or set HYPERPOD_LAB_DEV_DIR to a new directory"
+  uid=$(stat -c %u "$p"); mode=$(stat -c %a "$p")
+  [ "$uid" = "$(id -u)" ] || die "$p belongs to uid $uid, not to $(id -un): dev-cluster did not create it; remove it, or set HYPERPOD_LAB_DEV_DIR to a new directory"
+  if (( 8#$mode & 8#$forbid )); then
+    die "$p has mode $mode (group/others may $( (( 8#$forbid & 044 )) && echo read || echo write) it), which dev-cluster never sets; remove it, or set HYPERPOD_LAB_DEV_DIR to a new directory"
+  fi
+  return 0
+}
+
+check_state() {
+  local f
+  own_path "$BASE" 022
+  for f in "$RUN" "$LOG" "$BASE/slurm" "$BASE/slurm/state" "$BASE/slurm/spool"; do own_path "$f" 022; done
+  own_path "$SSH_DIR" 077
+  for f in ssh_host_ed25519_key id_ed25519 authorized_keys; do own_path "$SSH_DIR/$f" 077; done
+  for f in ssh_host_ed25519_key.pub id_ed25519.pub known_hosts sshd_config; do own_path "$SSH_DIR/$f" 022; done
+}
+
 # ---------------------------------------------------------------- commands
 need_root() {
   [ "$(id -u)" = 0 ] || { echo "[dev-cluster] ERROR: dev-cluster needs root to install and start Slurm; run it with sudo" >&2; exit 3; }
@@ -366,6 +393,7 @@ cmd_up() {
   local t0 c
   t0=$(now)
   umask 022
+  check_state
   install -d -m 0755 "$BASE" "$RUN" "$LOG" "$BASE/slurm" "$BASE/slurm/state" "$BASE/slurm/spool"
   lock
   install -d -m 1777 "$BASE/fsx"
