@@ -88,21 +88,50 @@ def spec_from_request(body: Any, root_dir: str) -> JobSpec:
             raise SpecError("notebook", f"{notebook!r} cannot be read as JSON ({e})") from None
         text = notebook_to_script(nb)
         stem = os.path.splitext(os.path.basename(path))[0]
-        out_dir = os.path.join(root_dir, SCRIPTS_SUBDIR)
-        os.makedirs(out_dir, exist_ok=True)
-        out = os.path.join(out_dir, f"{stem}-{hashlib.sha256(text.encode()).hexdigest()[:12]}.py")
-        with open(out, "w") as f:
-            f.write(text)
-        spec["script"] = out
+        name = f"{stem}-{hashlib.sha256(text.encode()).hexdigest()[:12]}.py"
+        spec["script"] = os.path.join(os.path.realpath(root_dir), SCRIPTS_SUBDIR, name)
         spec.setdefault("name", stem)
-    else:
-        if "script" not in spec:
-            raise SpecError("script", "is required (a path relative to the Jupyter root directory), or send 'notebook'")
-        spec["script"] = _inside(root_dir, spec["script"], "script")
-        spec.setdefault("name", os.path.splitext(os.path.basename(spec["script"]))[0] or "train")
+        _with_profile_defaults(spec)
+        validated = JobSpec.from_dict(spec)  # bad input is refused before anything is written
+        _write_new(os.path.join(_private_dir(root_dir, SCRIPTS_SUBDIR), name), text)
+        return validated
+    if "script" not in spec:
+        raise SpecError("script", "is required (a path relative to the Jupyter root directory), or send 'notebook'")
+    spec["script"] = _inside(root_dir, spec["script"], "script")
+    spec.setdefault("name", os.path.splitext(os.path.basename(spec["script"]))[0] or "train")
+    _with_profile_defaults(spec)
+    return JobSpec.from_dict(spec)
+
+
+def _with_profile_defaults(spec: dict[str, Any]) -> None:
     cluster = spec.get("cluster")
     if isinstance(cluster, str) and cluster:
         prof = get_profile(cluster)
         spec.setdefault("nodes", prof.defaults.nodes)
         spec.setdefault("procs_per_node", prof.defaults.procs_per_node)
-    return JobSpec.from_dict(spec)
+
+
+def _private_dir(root_dir: str, sub: str) -> str:
+    """``<root_dir>/<sub>``, created (0700) where missing; every part a real directory (no link
+    that could lead the write out of the root). Raises SpecError("notebook")."""
+    cur = os.path.realpath(root_dir)
+    for part in sub.split(os.sep):
+        cur = os.path.join(cur, part)
+        try:
+            os.mkdir(cur, 0o700)
+        except FileExistsError:
+            pass
+        if os.path.islink(cur) or not os.path.isdir(cur):
+            raise SpecError("notebook", f"{cur} is not a directory of the Jupyter root (a link or a file); "
+                                        "remove it so the converted notebook can be written there")
+    return cur
+
+
+def _write_new(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` through a fresh temporary file renamed over it (a link planted at
+    ``path`` is replaced, never followed)."""
+    tmp = f"{path}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with open(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
