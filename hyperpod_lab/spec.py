@@ -151,6 +151,23 @@ def parse_elastic(text: str) -> tuple[int, int]:
 MAX_SPEC_BYTES = 256 * 1024  # a JobSpec as JSON; args and env are for flags, not data
 
 
+# Variables that make a process run code of the setter's choosing before (or instead of) the
+# script: the dynamic loader (LD_PRELOAD ...), Python's start-up (PYTHONSTARTUP, PYTHONPATH,
+# PYTHONHOME ...), shells (BASH_ENV, ENV, PATH), other interpreters a script may start, and
+# programs that open URLs (BROWSER). On the local backend the job runs on the Jupyter host, so
+# who may set them may run code there: the server accepts them only from a user who may also
+# run kernels (see docs/architecture.md, "Trust").
+_HOST_CODE_ENV = re.compile(r"LD_[A-Z_]*|PYTHON[A-Z_]*|BROWSER|BASH_ENV|ENV|PATH|IFS|PROMPT_COMMAND|SHELLOPTS|"
+                            r"PERL5?LIB|PERL5OPT|RUBYLIB|RUBYOPT|NODE_OPTIONS|NODE_PATH|JAVA_TOOL_OPTIONS|"
+                            r"_JAVA_OPTIONS|GCONV_PATH|GIT_[A-Z_]*|SSH_ASKPASS|EDITOR|VISUAL|PAGER")
+
+
+def host_code_env(names) -> list[str]:
+    """The names among ``names`` that let whoever sets them run code in the job's processes
+    besides the script (``LD_PRELOAD``, ``PYTHON*``, ``BROWSER``, ``PATH``, ...), sorted."""
+    return sorted(n for n in names if isinstance(n, str) and _HOST_CODE_ENV.fullmatch(n))
+
+
 def secret_values(names: list[str], environ: dict[str, str] | None = None) -> dict[str, str]:
     """The values of the secret variables ``names`` in ``environ`` (default: this process's).
 

@@ -67,3 +67,13 @@ def test_from_json_rejects_unknown_and_malformed():
         JobSpec.from_dict({"name": "x"})
     with pytest.raises(SpecError, match="version"):
         JobSpec.from_dict({"script": "t.py", "version": 99})
+
+
+def test_host_code_env_names_the_variables_that_run_code():
+    """Issue 13, finding 10: variables that make the job's processes run code besides the script."""
+    from hyperpod_lab.spec import host_code_env
+
+    names = ["LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONSTARTUP", "PYTHONPATH", "BROWSER", "BASH_ENV", "PATH",
+             "NODE_OPTIONS", "HF_TOKEN", "OMP_NUM_THREADS", "MYPATH", "NCCL_DEBUG"]
+    assert host_code_env(names) == ["BASH_ENV", "BROWSER", "LD_LIBRARY_PATH", "LD_PRELOAD", "NODE_OPTIONS", "PATH",
+                                    "PYTHONPATH", "PYTHONSTARTUP"]
