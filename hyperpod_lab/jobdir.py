@@ -88,6 +88,16 @@ TIER_RANK = {t: i for i, t in enumerate(TIERS)}
 """Tier name -> 0-based position, fastest first (restore prefers the lowest)."""
 
 
+class _At:
+    """A :class:`JobPaths` attribute: the path of ``parts`` below the job folder."""
+
+    def __init__(self, *parts: str, doc: str | None = None):
+        self.parts, self.__doc__ = parts, doc or f"``<folder>/{'/'.join(parts)}``"
+
+    def __get__(self, paths: "JobPaths | None", owner: type) -> "str | _At":
+        return self if paths is None else paths.path(*self.parts)
+
+
 class JobPaths:
     """The layout of one job directory on shared storage, the one place that knows it.
 
@@ -136,73 +146,25 @@ class JobPaths:
     def __repr__(self) -> str:
         return f"JobPaths({self.folder!r})"
 
-    # files and folders
-    @property
-    def spec(self) -> str:
-        return self.path("spec.json")
-
-    @property
-    def events(self) -> str:
-        return self.path(EVENTS_DIRNAME)
-
-    @property
-    def logs(self) -> str:
-        return self.path("logs")
-
-    @property
-    def ranks(self) -> str:
-        return self.path("ranks")
-
-    @property
-    def checkpoints(self) -> str:
-        return self.path("checkpoints")
-
-    @property
-    def script_dir(self) -> str:
-        return self.path("script")
-
-    @property
-    def joins(self) -> str:
-        return self.path("joins.json")
-
-    @property
-    def lighthouse(self) -> str:
-        return self.path("lighthouse.json")
-
-    @property
-    def lighthouse_log(self) -> str:
-        return self.path("logs", "lighthouse.log")
-
-    @property
-    def torchrun_logs(self) -> str:
-        return self.path("logs", "torchrun")
-
-    @property
-    def launcher_log(self) -> str:
-        return self.path("logs", "launcher.log")
-
-    @property
-    def sbatch(self) -> str:
-        return self.path("job.sbatch")
-
-    @property
-    def native_id(self) -> str:
-        """The scheduler's job id, written by the job itself when it starts."""
-        return self.path("native_id")
-
-    @property
-    def client_finished(self) -> str:
-        """Created (exclusively) by the one client that writes a ``finished`` event for a job that
-        ended without the runtime's: two clients (the server's watcher, a CLI) never both do."""
-        return self.path("client-finished")
-
-    @property
-    def exit_code(self) -> str:
-        return self.path("exit_code")
-
-    @property
-    def cancelled(self) -> str:
-        return self.path("cancelled")
+    # files and folders (each a path string below ``folder``)
+    spec = _At("spec.json")
+    events = _At(EVENTS_DIRNAME)
+    logs = _At("logs")
+    ranks = _At("ranks")
+    checkpoints = _At("checkpoints")
+    script_dir = _At("script")
+    joins = _At("joins.json")
+    lighthouse = _At("lighthouse.json")
+    lighthouse_log = _At("logs", "lighthouse.log")
+    torchrun_logs = _At("logs", "torchrun")
+    launcher_log = _At("logs", "launcher.log")
+    sbatch = _At("job.sbatch")
+    native_id = _At("native_id", doc="The scheduler's job id, written by the job itself when it starts.")
+    client_finished = _At("client-finished", doc=(
+        "Created (exclusively) by the one client that writes a ``finished`` event for a job that ended "
+        "without the runtime's: two clients (the server's watcher, a CLI) never both do."))
+    exit_code = _At("exit_code")
+    cancelled = _At("cancelled")
 
     def script(self, script: str) -> str:
         """Where the training script ``script`` (any path; its base name counts) is staged."""
