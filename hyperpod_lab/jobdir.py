@@ -32,7 +32,7 @@ __all__ = [
     "ENV_PEER_TIMEOUT", "ENV_SHM_DIR", "ENV_FT_TIMEOUT", "ENV_FT_QUORUM_TIMEOUT", "ENV_LIGHTHOUSE_HOST",
     "ENV_S3_ENDPOINT", "JOBS_SUBDIR", "JobPaths", "EventKind", "TIER_MEMORY", "TIER_PEER", "TIER_PERSISTENT",
     "TIER_S3", "TIER_REPLICA", "TIERS", "TIER_RANK", "effective_restarts", "job_env", "launcher_argv", "ft_local_argv",
-    "lighthouse_argv", "group_env", "SLURM_REPLICA_GROUP",
+    "lighthouse_argv", "group_env", "SLURM_REPLICA_GROUP", "CHECKPOINT_KEY_BYTES",
 ]
 
 # ---- environment variables (written by the schedulers, read by the runtime) ---------------
@@ -70,6 +70,9 @@ ENV_LIGHTHOUSE_HOST = "HYPERPOD_LAB_LIGHTHOUSE_HOST"
 """Checkpointless: the address the Lighthouse binds and publishes."""
 ENV_S3_ENDPOINT = "HYPERPOD_LAB_S3_ENDPOINT_URL"
 """S3 tier: endpoint URL (an S3-compatible server), else AWS's default."""
+
+CHECKPOINT_KEY_BYTES = 32
+"""Size of :attr:`JobPaths.checkpoint_key`, bytes."""
 
 SLURM_REPLICA_GROUP = "slurm"
 """Value of :data:`ENV_REPLICA_GROUP` that means "one group per Slurm node"."""
@@ -116,6 +119,7 @@ class JobPaths:
         <folder>/joins.json             allocations added by elastic scale-up
         <folder>/lighthouse.json        checkpointless: the Lighthouse's published address
         <folder>/native_id              the scheduler's job id, written by the job when it starts
+        <folder>/checkpoint.key         the job's key for authenticating its checkpoints (0600)
         <folder>/job.sbatch, join-N.sbatch, exit_code, cancelled   backend files
     """
 
@@ -163,6 +167,9 @@ class JobPaths:
     client_finished = _At("client-finished", doc=(
         "Created (exclusively) by the one client that writes a ``finished`` event for a job that ended "
         "without the runtime's: two clients (the server's watcher, a CLI) never both do."))
+    checkpoint_key = _At("checkpoint.key", doc=(
+        "The job's secret key (32 random bytes, 0600) that authenticates its checkpoints and commit markers "
+        "(HMAC-SHA256): written by the submitter at staging, read by the runtime; see CHECKPOINT_KEY_BYTES."))
     exit_code = _At("exit_code")
     cancelled = _At("cancelled")
 

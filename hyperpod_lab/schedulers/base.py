@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import posixpath
+import secrets
 from abc import ABC, abstractmethod
 
 from hyperpod_lab.clusters import ClusterProfile
 from hyperpod_lab.errors import HyperPodLabError, JobStateError
-from hyperpod_lab.jobdir import JOBS_SUBDIR, JobPaths  # noqa: F401  (JOBS_SUBDIR: re-exported)
+from hyperpod_lab.jobdir import CHECKPOINT_KEY_BYTES, JOBS_SUBDIR, JobPaths  # noqa: F401  (JOBS_SUBDIR: re-exported)
 from hyperpod_lab.jobs import JobRecord, JobStatus
 from hyperpod_lab.schedulers.remote import Remote
 from hyperpod_lab.spec import JobSpec
@@ -46,6 +47,9 @@ class Scheduler(ABC):
             self.remote.makedirs(paths.path(sub))  # 0700: private to the user
         self.remote.write_bytes(paths.script(spec.script), script_bytes, mode=0o600)
         self.remote.write_bytes(paths.spec, spec.to_json().encode(), mode=0o600)
+        # the job's own key for authenticating its checkpoints: checkpoint files are only loaded
+        # when their HMAC verifies, so write access to storage is not code execution at restore
+        self.remote.write_bytes(paths.checkpoint_key, secrets.token_bytes(CHECKPOINT_KEY_BYTES), mode=0o600)
         return paths.folder
 
     def discard(self, job_id: str) -> None:
