@@ -139,3 +139,16 @@ def test_status_is_sent_when_faults_or_recoveries_change(tmp_path):
     assert (recovered["faults"], recovered["recoveries"]) == (1, 1)
     assert recovered["downtime_s"] == recovered["last_downtime_s"] == 4.0
     assert recovered["fault_events"] == 2
+
+
+def test_a_summary_saved_before_the_facts_fold_is_rebuilt_from_the_events():
+    from hyperpod_lab.server.watcher import Tailer
+
+    rec = JobRecord(job_id="o-1", name="o", cluster="local", orchestrator="local", native_id="1",
+                    job_dir="/nonexistent", spec={})
+    old = {"step": 3, "total_steps": 9, "loss": 1.0, "steps_per_s": 2.0, "last_event": None, "faults": 2,
+           "recoveries": 1}  # 'faults' then counted raw fault.detected events
+    t = Tailer(rec, {"rank-0.jsonl": 100}, old)
+    assert t.base == {} and t.cursor == {} and t.progress.faults == 0
+    new = Tailer(rec, {"rank-0.jsonl": 100}, t.progress.to_dict())  # the fold's own summary resumes
+    assert new.base == {"rank-0.jsonl": 100}

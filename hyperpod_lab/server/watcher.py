@@ -93,6 +93,8 @@ class Tailer:
 
     def __init__(self, rec: JobRecord, base: dict[str, int] | None = None, progress: dict | None = None):
         self.job_id = rec.job_id
+        if progress is not None and "incidents" not in progress:
+            base, progress = None, None  # saved before the job facts fold: read every event again
         self.base = dict(base or {})
         self.cursor = dict(self.base)
         self.items: list[tuple[Event, str, int]] = []
@@ -183,7 +185,8 @@ class Watcher:
         if t is not None:
             d["progress"] = t.progress.to_dict()
         else:
-            d["progress"] = self.progress.get(rec.job_id) or Progress(rec.spec).to_dict()
+            # through the fold again: a summary saved by an older server gains the new keys
+            d["progress"] = Progress(rec.spec, self.progress.get(rec.job_id)).to_dict()
         return d
 
     def jobs(self) -> list[dict[str, Any]]:
