@@ -23,11 +23,23 @@ LR_RULES = ("none", "linear", "sqrt")
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
 
+MAX_INT = 2**31 - 1  # Slurm and Kubernetes count nodes, minutes and retries in 32-bit integers
+
+
 def _positive_int(name: str, value: Any, fix: str, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SpecError(name, f"must be a whole number >= 1, got {value!r}; {fix}")
+        raise SpecError(name, f"must be a whole number >= 1, got {str(value)[:40]}; {fix}")
+    if value > MAX_INT:
+        raise SpecError(name, f"must be at most {MAX_INT}, got a number of {len(str(value))} digits; {fix}")
+
+
+def _no_nul(name: str, values) -> None:
+    """A NUL byte cannot be passed to a process (argv, environment, path): refuse it here."""
+    for v in values:
+        if isinstance(v, str) and "\0" in v:
+            raise SpecError(name, "must not contain NUL bytes (\\0)")
 
 
 RECOVERY_MODES = ("restart", "checkpointless")
@@ -58,9 +70,11 @@ class ResiliencyPolicy:
     def validate(self) -> None:
         if not isinstance(self.auto_resume, bool):
             raise SpecError("resiliency.auto_resume", "must be true or false")
-        if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) or self.max_retries < 0:
+        if (isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) or self.max_retries < 0
+                or self.max_retries > MAX_INT):
             raise SpecError("resiliency.max_retries",
-                            f"must be a whole number >= 0, got {self.max_retries!r}; use --max-retries 3")
+                            f"must be a whole number from 0 to {MAX_INT}, got {str(self.max_retries)[:40]}; "
+                            "use --max-retries 3")
         if self.recovery not in RECOVERY_MODES:
             raise SpecError("resiliency.recovery", f"must be one of {', '.join(RECOVERY_MODES)}, got {self.recovery!r}")
 
@@ -230,6 +244,7 @@ class JobSpec:
             raise SpecError("version", f"this hyperpod-lab reads JobSpec version {SPEC_VERSION}, got {self.version!r}; upgrade hyperpod-lab")
         if not isinstance(self.script, str) or not self.script.strip():
             raise SpecError("script", "give the path of the training script, e.g. examples/train_lm.py")
+        _no_nul("script", [self.script])
         if not isinstance(self.name, str) or not self.name.strip():
             raise SpecError("name", "must not be empty; use --name my-run")
         if len(self.name) > 128 or _CONTROL_CHARS.search(self.name):
@@ -241,10 +256,12 @@ class JobSpec:
         _positive_int("time_limit_min", self.time_limit_min, "give minutes, e.g. 60", allow_none=True)
         if not isinstance(self.args, list) or not all(isinstance(a, str) for a in self.args):
             raise SpecError("args", "must be a list of strings")
+        _no_nul("args", self.args)
         if not isinstance(self.env, dict) or not all(
                 isinstance(k, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) and isinstance(v, str)
                 for k, v in self.env.items()):
             raise SpecError("env", "keys must be variable names ([A-Za-z_][A-Za-z0-9_]*) and values strings")
+        _no_nul("env", self.env.values())
         if not isinstance(self.secret_env, list) or not all(
                 isinstance(k, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) for k in self.secret_env):
             raise SpecError("secret_env", "must be a list of variable names ([A-Za-z_][A-Za-z0-9_]*), e.g. "

@@ -67,6 +67,8 @@ class HyperPodHandler(APIHandler):
             return json.loads(self.request.body or b"{}")
         except (ValueError, UnicodeDecodeError) as e:
             raise SpecError("body", f"is not valid JSON ({e})") from None
+        except RecursionError:
+            raise SpecError("body", "is nested too deeply to be a request") from None
 
     def int_arg(self, name: str, default: int | None = None, low: int = 0, high: int | None = None) -> int | None:
         raw = self.get_query_argument(name, None)

@@ -50,6 +50,8 @@ def notebook_to_script(nb: dict[str, Any]) -> str:
 def _inside(root: str, rel: str, field: str) -> str:
     if not isinstance(rel, str) or not rel.strip():
         raise SpecError(field, "give a path relative to the Jupyter root directory, e.g. examples/train_lm.py")
+    if "\0" in rel:
+        raise SpecError(field, "must not contain NUL bytes")
     root = os.path.realpath(root)
     path = os.path.realpath(os.path.join(root, rel))
     if os.path.commonpath([root, path]) != root:
