@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from jupyter_server.utils import url_path_join
 
 from hyperpod_lab.client import Client
+from hyperpod_lab.server import redact
 from hyperpod_lab.server.watcher import Watcher
 
 
@@ -32,6 +33,7 @@ def setup(server_app) -> HyperPodApp:
     from hyperpod_lab.server.handlers import handlers
 
     web_app = server_app.web_app
+    redact.install(server_app.log)  # before anything of ours logs
     client = Client()
     watcher = Watcher(client)
     root_dir = os.path.abspath(os.path.expanduser(getattr(server_app, "root_dir", None) or os.getcwd()))

@@ -21,6 +21,7 @@ from hyperpod_lab.clusters import load_profiles, get_profile
 from hyperpod_lab.errors import (ClusterUnreachable, ConfigError, HostKeyError, HyperPodLabError, JobStateError,
                                  RemoteCommandError, SpecError, UnknownCluster, UnknownJob)
 from hyperpod_lab.server.notebook_script import spec_from_request
+from hyperpod_lab.server.redact import redact
 from hyperpod_lab.server.watcher import decode_cursor, encode_cursor
 
 AUTH_RESOURCE = "hyperpod"
@@ -89,7 +90,7 @@ class HyperPodHandler(APIHandler):
 
     def log_exception(self, typ, value, tb):
         if value is not None and status_of(value) is not None and status_of(value) < 500:
-            self.log.info("hyperpod_lab: %s %s -> %s: %s", self.request.method, self.request.uri,
+            self.log.info("hyperpod_lab: %s %s -> %s: %s", self.request.method, redact(self.request.uri),
                           status_of(value), value)
             return
         super().log_exception(typ, value, tb)
