@@ -72,5 +72,9 @@ class JobStateError(HyperPodLabError):
     """The operation does not fit the job's state (e.g. inject a fault into a finished job)."""
 
 
+class NotAllowed(HyperPodLabError):
+    """The user may not do this (the server answers 403); the message names the permission."""
+
+
 class DuplicateJob(JobStateError):
     """A job record with that id exists already; the new one is refused, the old one kept."""

@@ -121,3 +121,17 @@ class DenyHyperPod(Authorizer):
 
     def is_authorized(self, handler, user, action, resource):
         return resource != "hyperpod"
+
+
+class ReadOnly(Authorizer):
+    """``--ServerApp.authorizer_class=jupyter_server_proc.ReadOnly``: every resource, 'read' only."""
+
+    def is_authorized(self, handler, user, action, resource):
+        return action == "read"
+
+
+class NoKernels(Authorizer):
+    """``--ServerApp.authorizer_class=jupyter_server_proc.NoKernels``: everything but running kernels."""
+
+    def is_authorized(self, handler, user, action, resource):
+        return resource != "kernels"

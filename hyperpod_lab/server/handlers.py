@@ -16,12 +16,14 @@ from typing import Any
 import tornado.web
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import ensure_async
 
 from hyperpod_lab.clusters import load_profiles, get_profile
 from hyperpod_lab.errors import (ClusterUnreachable, ConfigError, HostKeyError, HyperPodLabError, JobStateError,
-                                 RemoteCommandError, SpecError, UnknownCluster, UnknownJob)
+                                 NotAllowed, RemoteCommandError, SpecError, UnknownCluster, UnknownJob)
 from hyperpod_lab.server.notebook_script import spec_from_request
 from hyperpod_lab.server.redact import redact
+from hyperpod_lab.spec import host_code_env
 from hyperpod_lab.server.watcher import decode_cursor, encode_cursor
 
 AUTH_RESOURCE = "hyperpod"
@@ -29,7 +31,7 @@ MAX_EVENTS = 10000
 
 #: domain error -> HTTP status (the one mapping; the first matching class wins)
 STATUS_OF: list[tuple[type, int]] = [
-    (SpecError, 400), (ConfigError, 400),
+    (SpecError, 400), (ConfigError, 400), (NotAllowed, 403),
     (UnknownCluster, 404), (UnknownJob, 404),
     (JobStateError, 409),
     (ClusterUnreachable, 502), (HostKeyError, 502), (RemoteCommandError, 502),
@@ -132,9 +134,24 @@ class JobsHandler(HyperPodHandler):
     @authorized
     async def post(self):
         spec = spec_from_request(self.json_body(), self.hp.root_dir)
+        await self._check_host_code(spec)
         rec = await self.hp.watcher.run(self.hp.client.submit, spec)
         self.hp.watcher.track(rec)
         self.reply({"job": self.hp.watcher.view(rec)}, status=201)
+
+
+    async def _check_host_code(self, spec) -> None:
+        """On the local backend the job runs on this host: variables that make its processes run
+        code besides the script (``spec.host_code_env``: LD_PRELOAD, PYTHON*, BROWSER, PATH ...)
+        are taken only from a user who may also run kernels (``execute`` on ``kernels``).
+        Raises NotAllowed."""
+        if get_profile(spec.cluster).orchestrator != "local":
+            return
+        risky = host_code_env([*spec.env, *spec.secret_env])
+        if risky and not await ensure_async(self.authorizer.is_authorized(self, self.current_user, "execute",
+                                                                          "kernels")):
+            raise NotAllowed(f"{', '.join(risky)} would run code on the Jupyter host (local backend); only a user "
+                             "who may run kernels may set it. Remove it, or submit to a cluster")
 
 
 class JobHandler(HyperPodHandler):
@@ -194,7 +211,7 @@ class DiscoverHandler(HyperPodHandler):
         return {"region": get("region") or None, "profile": get("profile") or None}
 
     @tornado.web.authenticated
-    @authorized
+    @authorized("execute")  # it calls AWS with the server's credentials: not for a 'read' role
     async def get(self):
         from hyperpod_lab.discovery import discover_clusters
 

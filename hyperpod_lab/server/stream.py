@@ -43,7 +43,8 @@ class StreamHandler(WebSocketMixin, JupyterHandler, websocket.WebSocketHandler):
 
     async def pre_get(self) -> None:
         user = self.current_user
-        allowed = await ensure_async(self.authorizer.is_authorized(self, user, "execute", AUTH_RESOURCE))
+        # reading a job's events, as GET .../events does: the same 'read' action
+        allowed = await ensure_async(self.authorizer.is_authorized(self, user, "read", AUTH_RESOURCE))
         if not allowed:
             raise web.HTTPError(403)
 
