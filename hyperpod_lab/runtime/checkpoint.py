@@ -13,7 +13,10 @@ itself, in parallel and while they are still in its page cache, and sends the re
 (one ``gather_object``); rank 0 hashes the rest (``.metadata``, any file no rank claimed),
 writes the marker and broadcasts the outcome.
 
-Restore: :meth:`Checkpointer.restore` verifies sizes and checksums before loading: the files are
+Restore: :meth:`Checkpointer.restore` authenticates the commit marker (HMAC-SHA256 under the
+job's checkpoint key, :func:`~hyperpod_lab.runtime.checkpoint_format.authenticate_marker`) and
+verifies sizes, CRC-32s and SHA-256s before loading (DCP unpickles ``.metadata``, so nothing may
+reach it unauthenticated): the files are
 split between the ranks by size, each rank verifies its share, and the verdicts are all-gathered,
 so every file is read once and every rank agrees on the outcome. A missing, truncated or altered
 file makes the whole step skipped (``checkpoint.corrupt`` naming the file) and the next older
@@ -60,6 +63,7 @@ from hyperpod_lab.runtime.checkpoint_format import (
     CHECKSUM_ALGORITHM,
     COMMIT_MARKER,
     METADATA_FILE,
+    authenticate_marker,
     check_file,
     dir_bytes,
     file_checksum,
@@ -186,9 +190,11 @@ class Checkpointer:
         """Load the newest complete, intact checkpoint into ``state``, in place.
 
         Walks the checkpoint directories newest first (rank 0's listing and markers, broadcast).
-        A directory without the commit marker is skipped; a committed one is verified first
-        (sizes and CRC-32 of every file listed in its marker, the files split between the ranks)
-        and then loaded; one that fails verification or whose load fails on any rank is skipped
+        A directory without the commit marker is skipped; a committed one is authenticated first
+        (the marker's HMAC under ``ctx.checkpoint_key``, then size, CRC-32 and SHA-256 of every
+        file it lists, the files split between the ranks) and only then loaded; an unsigned,
+        tampered or foreign-key checkpoint is skipped with ``checkpoint.corrupt`` whose reason
+        says "authentication failed"; one that fails verification or whose load fails on any rank is skipped
         too (and renamed ``corrupt-step-...`` so a later save of that step starts clean). Each
         skip emits ``checkpoint.corrupt`` {tier: "persistent", step, path: the file at fault
         (the missing marker, the bad shard, or ``.metadata`` when DCP's load failed), reason}
@@ -240,8 +246,11 @@ class Checkpointer:
                 if complete:
                     try:
                         marker = read_marker(path)
+                        marker_error = authenticate_marker(marker, self.ctx.checkpoint_key, step)
                     except (OSError, ValueError) as e:
                         marker_error = str(e) if isinstance(e, ValueError) else f"commit marker unreadable: {e}"
+                    if marker_error is not None:
+                        marker = None  # never sent on: nothing of it is used
                 listing.append((step, path, complete, marker, marker_error))
         candidates = self.broadcast(listing)
         skipped: list[tuple[str, bool]] = []  # (path, committed)
@@ -255,13 +264,11 @@ class Checkpointer:
                 self._corrupt(step, os.path.join(path, COMMIT_MARKER), marker_error)
                 skipped.append((path, True))
                 continue
-            files = marker.get("files")
-            if files is not None:
-                bad = self._verify(path, files)
-                if bad is not None:
-                    self._corrupt(step, os.path.join(path, bad[0]), bad[1])
-                    skipped.append((path, True))
-                    continue
+            bad = self._verify(path, marker["files"])  # authenticated: lists every file with its sha256
+            if bad is not None:
+                self._corrupt(step, os.path.join(path, bad[0]), bad[1])
+                skipped.append((path, True))
+                continue
             error = self.load_dir(adapters, path)
             if error is not None:
                 self._corrupt(step, os.path.join(path, METADATA_FILE), error)
@@ -457,7 +464,7 @@ class Checkpointer:
                 outcome = "; ".join(errors)
             else:
                 try:
-                    nbytes = write_marker(path, step, world, files)
+                    nbytes = write_marker(path, step, world, files, self.ctx.checkpoint_key)
                 except OSError as e:
                     outcome = f"could not write the commit marker: {e}"
         outcome = self.broadcast(outcome)

@@ -19,6 +19,10 @@
 ``HYPERPOD_LAB_STEP_EVENT_INTERVAL_S`` minimum seconds between two ``step`` events (default 1.0)
 ==================================== ==========================================================
 
+The job's checkpoint key (``<job_dir>/checkpoint.key``, written by the submitter) authenticates
+every checkpoint (:mod:`hyperpod_lab.runtime.auth`); without one, rank 0 creates it at
+:func:`init`.
+
 Outside torchrun (``python train.py``, a notebook) the job has one member: rank 0 of a world
 of 1, with a real single-member process group so code may call collectives unconditionally.
 """
@@ -51,6 +55,8 @@ from hyperpod_lab.jobdir import (
     ENV_STEP_INTERVAL,
     JobPaths,
 )
+from hyperpod_lab.runtime.auth import create_key, load_or_create_key, read_key
+from hyperpod_lab.runtime.private_dir import ensure_private_dir
 from hyperpod_lab.spec import JobSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -180,7 +186,7 @@ class JobContext:
                  group_rank: int, nodes: int, node: str, job_id: str, job_dir: str, spec: JobSpec | None,
                  restart_count: int, is_restart: bool, owns_default_group: bool,
                  cpu_group: "dist.ProcessGroup | None", step_interval_s: float,
-                 replica_group: int | None = None):
+                 replica_group: int | None = None, checkpoint_key: bytes | None = None):
         self.rank, self.world_size = rank, world_size
         self.replica_group = replica_group
         self.global_rank = rank if replica_group is None else replica_group * local_world_size + rank
@@ -203,6 +209,22 @@ class JobContext:
         self._last_emit: tuple[float, int] | None = None  # (monotonic time, step) of last step event
         self._last_print: float | None = None  # monotonic time of the last stdout step line
         self._closed = False
+        self._checkpoint_key = checkpoint_key
+
+    @property
+    def checkpoint_key(self) -> bytes:
+        """The job's checkpoint key (HMAC-SHA256 key of every checkpoint, see
+        :mod:`hyperpod_lab.runtime.auth`): read by :func:`init`; for a context built directly
+        (one process, no group) read from ``paths.checkpoint_key`` on first use, created if missing.
+
+        Raises:
+            hyperpod_lab.runtime.auth.KeyFileError: the key file is not ours, not 0600, a link,
+                or of the wrong size.
+            OSError: it cannot be created.
+        """
+        if self._checkpoint_key is None:
+            self._checkpoint_key = load_or_create_key(self.paths.checkpoint_key)
+        return self._checkpoint_key
 
     # ---- registration by the checkpoint tiers ---------------------------------------------
     def register_checkpointer(self, checkpointer: "Closable", *, before: "Closable | None" = None) -> None:
@@ -409,11 +431,21 @@ def _default_job_id(in_torchrun: bool) -> str:
 
 
 def _default_job_dir(job_id: str, in_torchrun: bool) -> str:
+    """``$HYPERPOD_LAB_JOB_DIR``; else under torchrun ``<tmp>/hyperpod-lab/<job_id>`` (every
+    local rank derives the same), else a fresh ``mkdtemp``. The temporary ones are private: made
+    0700 with ``os.mkdir`` and verified ours, not a link (a directory another user pre-created
+    there is refused).
+
+    Raises:
+        hyperpod_lab.runtime.private_dir.PrivateDirError: a temporary job directory (or
+            ``<tmp>/hyperpod-lab``) is not a private directory of ours.
+    """
     if os.environ.get(ENV_JOB_DIR):
         return os.environ[ENV_JOB_DIR]
     if in_torchrun:  # every local rank must agree on it without talking: derive it from the id
-        return os.path.join(tempfile.gettempdir(), "hyperpod-lab", safe_name(job_id, 100))
-    return tempfile.mkdtemp(prefix=f"hyperpod-lab-{safe_name(job_id)}-")
+        top = os.path.join(tempfile.gettempdir(), "hyperpod-lab")
+        return ensure_private_dir(os.path.join(top, safe_name(job_id, 100)), top=top, env=ENV_JOB_DIR)
+    return ensure_private_dir(tempfile.mkdtemp(prefix=f"hyperpod-lab-{safe_name(job_id)}-"), env=ENV_JOB_DIR)
 
 
 def _load_spec(job_dir: str) -> JobSpec | None:
@@ -468,6 +500,9 @@ def init() -> JobContext:
         hyperpod_lab.errors.SpecError: the spec file is not a valid JobSpec.
         OSError: the job directory cannot be created or written, or ``$HYPERPOD_LAB_SPEC`` names
             a file that cannot be read.
+        hyperpod_lab.runtime.private_dir.PrivateDirError: the default (temporary) job directory
+            is not a private directory of ours.
+        hyperpod_lab.runtime.auth.KeyFileError: the job's checkpoint key file is unusable.
         torch.distributed.DistStoreError / RuntimeError: the process group could not form
             within the collective timeout (a peer never arrived).
     """
@@ -502,6 +537,10 @@ def init() -> JobContext:
     nodes = int(env.get("GROUP_WORLD_SIZE", 0)) or max(1, world_size // max(1, local_world_size))
     cpu_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=checkpoint_timeout))
 
+    # the checkpoint key: rank 0 creates it when the submitter did not (O_EXCL); the all-reduce
+    # below orders that before every rank reads it
+    if rank == 0:
+        create_key(paths.checkpoint_key)
     # one all-reduce(MAX): restart count across ranks, and whether rank 0 already started once
     env_restarts = int(env.get("TORCHELASTIC_RESTART_COUNT", 0) or 0) if in_torchrun else 0
     replica_group = _replica_group(env)
@@ -510,6 +549,7 @@ def init() -> JobContext:
     agreed = torch.tensor([env_restarts, int(started_before)], dtype=torch.int64)
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=cpu_group)
     restart_count, started_before = int(agreed[0]), bool(agreed[1])
+    checkpoint_key = read_key(paths.checkpoint_key)
 
     node = node_name()
     err = env.get("TORCHELASTIC_ERROR_FILE")
@@ -525,7 +565,7 @@ def init() -> JobContext:
                      group_rank=group_rank, nodes=nodes, node=node, job_id=job_id, job_dir=job_dir, spec=spec,
                      restart_count=restart_count, is_restart=restart_count > 0 or started_before,
                      owns_default_group=owns, cpu_group=cpu_group, step_interval_s=step_interval,
-                     replica_group=replica_group)
+                     replica_group=replica_group, checkpoint_key=checkpoint_key)
     if global_rank == 0 and not ctx.is_restart:
         script = spec.script if spec is not None else (sys.argv[0] if sys.argv and sys.argv[0] else "<interactive>")
         ctx.emit(EventKind.STARTED, world_size=world_size, nodes=nodes, script=script, restart_count=restart_count)

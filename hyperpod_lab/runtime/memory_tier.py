@@ -16,7 +16,9 @@ its commit in a background thread. The state is taken apart by :mod:`hyperpod_la
 
 Commit protocol: a save first deletes the slot's commit record, then copies the tensors into the
 slot, and only when every byte is in place computes the checksum (XXH3) of the data, writes the meta file
-(temporary file + ``os.replace``) and finally the record (the same way). A process killed
+(JSON, temporary file + ``os.replace``) and finally the record (the same way), signed with
+HMAC-SHA256 under the job's checkpoint key (:mod:`hyperpod_lab.runtime.slots` says what it covers
+and why). A record that does not verify (planted, or written with another key) is never read. A process killed
 mid-copy therefore leaves a slot without a record, which is never read; a slot whose data does
 not match its record's checksum (a bit flip, a bug) is rejected when read. The ring holds
 ``keep_last`` slots; a save reuses the slot with the same step, else one without a record, else
@@ -57,7 +59,8 @@ from typing import Any, Callable
 
 import torch
 
-from hyperpod_lab.runtime.slots import Slot, SlotRing, checksum
+from hyperpod_lab.runtime.auth import sha256_hex
+from hyperpod_lab.runtime.slots import Slot, SlotRing, checksum, sign_record
 from hyperpod_lab.runtime.state import FORMAT, apply, capture, load_meta, unflatten
 
 __all__ = ["MemoryTier", "Snapshot"]
@@ -81,7 +84,7 @@ class Snapshot:
         hook_wait_s: seconds the training loop waited in :meth:`MemoryTier.wait_copy` (overlap mode).
         total_s: seconds from the call to the commit (None until committed).
         record: the commit record once committed. error: the exception if it failed.
-        meta: the pickled layout.
+        meta: the layout (JSON bytes).
     """
 
     step: int
@@ -150,16 +153,22 @@ class MemoryTier:
         rank, world_size, job_id: stamped into each commit record (a restore of another world
             size ignores the snapshot).
         pin_memory: page-lock the slots for CUDA; default: whether CUDA is available.
+        key: the job's checkpoint key (``ctx.checkpoint_key``), which signs and verifies the
+            commit records; default: a random key of this process (its snapshots can then be
+            restored by this process only).
 
     Raises:
         ValueError: ``keep_last`` < 1.
+        hyperpod_lab.runtime.private_dir.PrivateDirError: ``directory`` or a parent up to the
+            shared-memory root is not a private directory of ours (the message names it).
         OSError: ``directory`` cannot be created.
     """
 
     def __init__(self, directory: str, keep_last: int = 2, *, rank: int = 0, world_size: int = 1,
-                 job_id: str = "", pin_memory: bool | None = None):
-        self.ring = SlotRing(directory, keep_last,
+                 job_id: str = "", pin_memory: bool | None = None, key: bytes | None = None):
+        self.ring = SlotRing(directory, keep_last, key=key,
                              pin=torch.cuda.is_available() if pin_memory is None else bool(pin_memory))
+        self.key = self.ring.key
         self.directory, self.keep_last = directory, keep_last
         self.rank, self.world_size, self.job_id = rank, world_size, job_id
         self._worker: _Worker | None = None
@@ -256,8 +265,9 @@ class MemoryTier:
                 ev.synchronize()
             data = snap.slot.data(snap.nbytes)
             record = {"format": FORMAT, "step": snap.step, "world_size": self.world_size, "rank": self.rank,
-                      "nbytes": snap.nbytes, "data_checksum": checksum(data), "meta_checksum": checksum(snap.meta),
+                      "nbytes": snap.nbytes, "data_checksum": checksum(data), "meta_sha256": sha256_hex(snap.meta),
                       "job_id": self.job_id, "time": time.time()}
+            record["hmac"] = sign_record(self.key, record)
             snap.slot.commit(snap.meta, record)
             snap.record = record
             snap.total_s = time.monotonic() - snap.t0
@@ -325,7 +335,7 @@ class MemoryTier:
             ``(step, {name: state_dict or dict})``.
 
         Raises:
-            LookupError: no complete, checksum-valid snapshot (of that step).
+            LookupError: no complete, authentic, checksum-valid snapshot (of that step).
         """
         self.wait()
         for slot, rec, meta in self.ring.complete():

@@ -5,7 +5,10 @@ Losing a node loses its processes and its ``/dev/shm``. So each rank's snapshot 
 snapshot commits locally, a background thread sends it over ``torch.distributed`` to its
 partner(s), which store it in their node's shared memory under
 ``<shm_root>/<job>/<node>/replica-of-rank-<R>/`` with the memory tier's commit-record scheme
-(:mod:`hyperpod_lab.runtime.slots`); the receiver checks the checksums before committing.
+(:mod:`hyperpod_lab.runtime.slots`); the receiver checks the checksums and the snapshot's HMAC
+(the sender's record's, carried in the header: it covers the step, ranks, sizes, the data's XXH3
+and the layout's SHA-256, which the receiver recomputes) before committing, and stores the
+sender's HMAC in its record, so a replica verifies like the original.
 
 Placement (:func:`partner_map`): nodes are ordered by their lowest rank; rank ``r`` on node
 ``i`` (``j``-th rank there) sends replica ``k`` (1..replicas) to the ``j``-th rank (modulo that
@@ -37,14 +40,15 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence
 import torch
 import torch.distributed as dist
 
-from hyperpod_lab.runtime.slots import SlotRing, checksum
+from hyperpod_lab.runtime.auth import sha256_hex
+from hyperpod_lab.runtime.slots import SlotRing, checksum, record_authentic
 from hyperpod_lab.runtime.state import FORMAT
 
 if TYPE_CHECKING:  # pragma: no cover
     from hyperpod_lab.runtime.slots import Slot
 
 TAG_HEADER, TAG_META, TAG_DATA = 71, 72, 73
-_HEADER_LEN = 8  # int64: format, step, nbytes, meta_len, data_checksum, meta_checksum, world_size, rank
+_HEADER_LEN = 12  # int64: format, step, nbytes, meta_len, data_checksum, 0, world_size, rank, hmac (4 words)
 DEFAULT_CHUNK_BYTES = 64 * 2**20
 
 
@@ -198,8 +202,8 @@ def sources_of(partners: dict[int, list[int]], rank: int) -> list[int]:
 # ---- moving snapshots -------------------------------------------------------------------------
 @dataclass
 class Outgoing:
-    """A committed snapshot to send: its data (CPU uint8, ``record["nbytes"]`` long), pickled
-    layout and commit record."""
+    """A committed snapshot to send: its data (CPU uint8, ``record["nbytes"]`` long), layout
+    (JSON bytes) and signed commit record."""
 
     data: torch.Tensor
     meta: bytes
@@ -218,10 +222,12 @@ class Received:
 
 def _header(out: Outgoing | None, step: int | None) -> torch.Tensor:
     if out is None:  # nothing to send this round (the local snapshot failed): keeps rounds matched
-        return torch.tensor([FORMAT, -1 if step is None else step, -1, 0, 0, 0, 0, -1], dtype=torch.int64)
+        return torch.tensor([FORMAT, -1 if step is None else step, -1, 0, 0, 0, 0, -1, 0, 0, 0, 0], dtype=torch.int64)
     r = out.record
-    return torch.tensor([FORMAT, r["step"], r["nbytes"], len(out.meta), r["data_checksum"], r["meta_checksum"],
+    tag = torch.frombuffer(bytearray(bytes.fromhex(r["hmac"])), dtype=torch.int64)
+    head = torch.tensor([FORMAT, r["step"], r["nbytes"], len(out.meta), r["data_checksum"], 0,
                          r["world_size"], r["rank"]], dtype=torch.int64)
+    return torch.cat([head, tag])
 
 
 def exchange_snapshots(ctl: GlooTransport, data: Transport, sends: Sequence[tuple[int, Outgoing | None]],
@@ -232,7 +238,9 @@ def exchange_snapshots(ctl: GlooTransport, data: Transport, sends: Sequence[tupl
 
     Protocol: headers (gloo) -> each receiver picks and invalidates a slot of its ring and sizes
     it -> layouts (gloo) -> data (``data`` transport) -> the receiver checks the header against
-    what it expected and both checksums, and commits the slot (meta file, then record). A content
+    what it expected, the snapshot's HMAC under ``ring.key`` (over the header's fields, the
+    layout's SHA-256 and ``job_id``) and the data checksum, and commits the slot (meta file,
+    then record). A content
     problem (wrong step, wrong rank, bad checksum) is judged only after every transfer of the round
     finished, so the peers never fall out of step; the slot then stays invalid. Collective
     between each pair: the peer must post the matching call.
@@ -244,7 +252,7 @@ def exchange_snapshots(ctl: GlooTransport, data: Transport, sends: Sequence[tupl
             header (the receiver then stores nothing from this sender).
         recvs: ``(src_rank, ring)`` pairs: where each incoming snapshot is stored.
         timeout: per phase.
-        job_id: stamped into the receivers' records.
+        job_id: the job's id: part of what the HMAC covers, stamped into the receivers' records.
         expect_step: when given, every incoming header must carry this step.
         state_ranks: ``{src_rank: rank whose state it sends}``; default: its own (replication).
             A restore sends a replica: the holder ``src`` sends the state of another rank.
@@ -255,21 +263,23 @@ def exchange_snapshots(ctl: GlooTransport, data: Transport, sends: Sequence[tupl
 
     Raises:
         PeerError: a transfer failed or timed out, a header was malformed, or (after the round)
-            a snapshot was not the expected one or did not match its checksums.
+            a snapshot was not the expected one, failed authentication or did not match its
+            checksum.
     """
     heads_in = [(src, torch.zeros(_HEADER_LEN, dtype=torch.int64)) for src, _ in recvs]
     ctl.exchange([(dst, _header(o, expect_step)) for dst, o in sends], heads_in, timeout=timeout, tag=TAG_HEADER)
     sends = [(dst, o) for dst, o in sends if o is not None]
     incoming = []  # (src, slot, header fields, meta buffer)
     for (src, ring), (_s, h) in zip(recvs, heads_in):
-        fmt, step, nbytes, meta_len, data_sum, meta_sum, world, rank = (int(x) for x in h.tolist())
+        fmt, step, nbytes, meta_len, data_sum, _zero, world, rank = (int(x) for x in h[:8].tolist())
+        tag = h[8:].numpy().tobytes().hex()
         if fmt == FORMAT and nbytes == -1 and rank == -1:
             continue  # the sender has nothing this round
         if fmt != FORMAT or nbytes < 0 or meta_len <= 0 or meta_len > 2**31:
             raise PeerError(f"malformed snapshot header from rank {src}: {h.tolist()}")
         slot = ring.begin(step, nbytes)
-        incoming.append((src, slot, {"step": step, "nbytes": nbytes, "data_checksum": data_sum, "meta_checksum": meta_sum,
-                                     "world_size": world, "rank": rank},
+        incoming.append((src, slot, {"step": step, "nbytes": nbytes, "data_checksum": data_sum, "tag": tag,
+                                     "world_size": world, "rank": rank, "ring": ring},
                          torch.empty(meta_len, dtype=torch.uint8)))
     ctl.exchange([(dst, torch.frombuffer(bytearray(o.meta), dtype=torch.uint8)) for dst, o in sends],
                  [(src, mt) for src, _slot, _h, mt in incoming], timeout=timeout, tag=TAG_META)
@@ -284,14 +294,19 @@ def exchange_snapshots(ctl: GlooTransport, data: Transport, sends: Sequence[tupl
             problems.append(f"rank {src} sent the state of rank {h['rank']}, expected rank {want_rank}")
         elif expect_step is not None and h["step"] != expect_step:
             problems.append(f"rank {src} sent step {h['step']}, expected {expect_step} (out of step)")
-        elif checksum(meta) != h["meta_checksum"]:
-            problems.append(f"layout from rank {src} (step {h['step']}) does not match its checksum")
         else:
+            record = {"format": FORMAT, "step": h["step"], "world_size": h["world_size"], "rank": h["rank"],
+                      "nbytes": h["nbytes"], "data_checksum": h["data_checksum"], "meta_sha256": sha256_hex(meta),
+                      "job_id": job_id, "hmac": h["tag"]}
+            if not record_authentic(h["ring"].key, record):
+                problems.append(f"snapshot from rank {src} (step {h['step']}): authentication failed (its HMAC "
+                                f"does not match its header and layout under the job's key)")
+                continue
             got = checksum(slot.data(h["nbytes"]))
             if got != h["data_checksum"]:
                 problems.append(f"data from rank {src} (step {h['step']}): checksum {got:016x} != {h['data_checksum']:016x}")
             else:
-                record = {"format": FORMAT, **h, "job_id": job_id, "time": time.time(), "replica": bool(replica)}
+                record.update(time=time.time(), replica=bool(replica))
                 slot.commit(meta, record)
                 out.append(Received(src, slot, record, meta))
     if problems:

@@ -9,9 +9,14 @@ Layout in S3 (``uri`` = ``s3://bucket/prefix``)::
 The tier uploads what the persistent tier (:class:`~hyperpod_lab.runtime.checkpoint.Checkpointer`)
 already committed on shared storage, so only rank 0 uploads: every rank's shard files are in
 the same directory. A step is *complete* in S3 only when its ``COMMITTED`` object exists, and that
-object (the persistent marker, byte for byte: every file's size and CRC-32) is uploaded after
-every other file of the step finished uploading, so "the marker exists" means "every shard is
-there". :meth:`S3Tier.download` checks every file against the marker. A re-upload of a step first
+object (the persistent marker, byte for byte: every file's size, CRC-32 and SHA-256, signed with
+the job's checkpoint key) is uploaded after every other file of the step finished uploading, so
+"the marker exists" means "every shard is there". :meth:`S3Tier.download` checks every file
+against the marker; a restore (:meth:`S3Tier.restore_into`) first authenticates the marker's HMAC
+(:func:`~hyperpod_lab.runtime.checkpoint_format.authenticate_marker`), so an object others could
+write to the prefix is never downloaded into a checkpoint, let alone unpickled by DCP, unless the
+job's key signed it: an unsigned, tampered or foreign-key step is skipped with
+``checkpoint.corrupt`` ("authentication failed"). A re-upload of a step first
 deletes the step's marker, so a mix of old and new shards never looks complete.
 
 Uploads run in one daemon thread per process. Large files go up as multipart uploads (boto3's
@@ -58,6 +63,7 @@ from hyperpod_lab.runtime.checkpoint import short_error
 from hyperpod_lab.runtime.checkpoint_format import (
     COMMIT_MARKER,
     METADATA_FILE,
+    authenticate_marker,
     check_file,
     dir_bytes,
     file_checksum,
@@ -463,23 +469,27 @@ class S3Tier:
                     pass
 
     # ---- downloading --------------------------------------------------------------------------
-    def download(self, step: int, dest_dir: str) -> str:
+    def download(self, step: int, dest_dir: str, key: bytes | None = None) -> str:
         """Download every object of a complete step into ``dest_dir`` and verify it.
 
-        The marker is fetched first and written to ``dest_dir`` last (after every file matched
-        its size and CRC-32), so ``dest_dir`` is a complete persistent checkpoint only if the
-        download succeeded; a ``COMMITTED`` file already in ``dest_dir`` is removed first.
+        The marker is fetched first (and, with ``key``, authenticated before anything else is
+        downloaded) and written to ``dest_dir`` last (after every file matched its size, CRC-32
+        and SHA-256), so ``dest_dir`` is a complete persistent checkpoint only if the download
+        succeeded; a ``COMMITTED`` file already in ``dest_dir`` is removed first.
 
         Args:
             step: an S3 step (see :meth:`complete_steps`).
             dest_dir: local directory, created if needed.
+            key: the job's checkpoint key: the marker's HMAC must verify under it (the restore
+                always gives it). None checks integrity only (e.g. to copy a step elsewhere).
 
         Returns:
             ``dest_dir``.
 
         Raises:
-            S3CheckpointCorrupt: the marker is missing or unreadable, or a file is missing or does
-                not match it (``key`` names the object).
+            S3CheckpointCorrupt: the marker is missing, unreadable or (with ``key``) fails
+                authentication, or a file is missing or does not match it (the exception's
+                ``key`` attribute names the object).
             S3TierError: any other S3 failure (endpoint, credentials, bucket).
         """
         if self.error is not None:
@@ -496,9 +506,14 @@ class S3Tier:
                                           "no commit marker (the upload of this step did not finish)") from e
             raise S3TierError(f"cannot read {marker_uri}: {self._describe(e)}") from e
         try:
-            files = parse_marker(raw).get("files")
+            marker = parse_marker(raw)
         except ValueError as e:
             raise S3CheckpointCorrupt(marker_uri, str(e)) from e
+        if key is not None:
+            reason = authenticate_marker(marker, key, step)
+            if reason is not None:
+                raise S3CheckpointCorrupt(marker_uri, reason)
+        files = marker.get("files")
         if not files:
             raise S3CheckpointCorrupt(marker_uri, "the commit marker lists no files")
         os.makedirs(dest_dir, exist_ok=True)
@@ -549,7 +564,8 @@ class S3Tier:
         collective (every rank, on the checkpointer's group).
 
         Rank 0 lists the complete steps and downloads each, newest first, into
-        ``<checkpointer.root>/step-XXXXXXXX/`` (:meth:`download`: files verified, marker last);
+        ``<checkpointer.root>/step-XXXXXXXX/`` (:meth:`download` with ``ctx.checkpoint_key``:
+        marker authenticated first, files verified against its SHA-256s, marker written last);
         every rank then loads it. A step that fails to download or verify emits
         ``checkpoint.corrupt`` {tier: "s3", step, path: the S3 key, reason} or ``checkpoint.failed``
         {tier: "s3", step, attempt: 1, will_retry: false, reason, path}; one whose load fails emits
@@ -606,7 +622,7 @@ class S3Tier:
         reason)`` after emitting the failure (``path`` then removed)."""
         shutil.rmtree(path, ignore_errors=True)
         try:
-            self.download(step, path)
+            self.download(step, path, key=self.ctx.checkpoint_key)
             return None
         except S3CheckpointCorrupt as e:
             failure = ("corrupt", e.key, e.reason)

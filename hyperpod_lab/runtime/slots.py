@@ -5,16 +5,28 @@ Layout on a node (``$HYPERPOD_LAB_SHM_DIR`` overrides ``/dev/shm/hyperpod-lab``)
     <shm_root>/<job_id>/<node>/rank-<R>/            this node's rank R: its own snapshots
     <shm_root>/<job_id>/<node>/replica-of-rank-<R>/ snapshots of rank R (on another node), held here
         slot-<i>.bin    the flattened tensors (i = 0 .. keep_last - 1), allocated once, reused
-        slot-<i>.meta   pickled layout (:func:`hyperpod_lab.runtime.state.capture`): the state's
-                        structure, dtype/shape/offset of every tensor
+        slot-<i>.meta   the layout as JSON (:func:`hyperpod_lab.runtime.state.capture`): the
+                        state's structure, dtype/shape/offset of every tensor (never pickle)
         slot-<i>.json   the commit record {format, step, world_size, rank, nbytes, data_checksum,
-                        meta_checksum, job_id, time}
+                        meta_sha256, job_id, time, hmac[, replica]}
+
+Every directory from the shared-memory root down is private (0700, ours, not a link: see
+:mod:`hyperpod_lab.runtime.private_dir`), and every record is signed: ``hmac`` is HMAC-SHA256
+under the job's checkpoint key (:mod:`hyperpod_lab.runtime.auth`) of the record's fields
+:data:`SIGNED_FIELDS`, which include the SHA-256 of the meta file and the XXH3-64 of the data. A
+record whose HMAC does not verify is treated as absent, so neither its meta nor its data is read.
+Why XXH3 (not a cryptographic hash) is enough for the data: the data is never deserialised, only
+reinterpreted as tensors of the dtypes, shapes and offsets the signed meta fixes, so a forged
+data file could at worst change tensor values, and only someone who can write into our private
+0700 directory can replace it: our own uid or root, who can already do anything as us. XXH3
+there guards against torn writes and bit flips at 13 GB/s; SHA-256 of the data would cost
+~8x more time on the snapshot's commit path.
 
 The path names the node because on the dev cluster both "nodes" run on one host and share its
 ``/dev/shm``; on a real cluster each node has its own and ``<node>`` is its only entry.
 
-A slot is *complete* only when its commit record exists and matches its format, and its meta
-file matches the record's checksum (:meth:`SlotRing.complete`); its data is checked against the
+A slot is *complete* only when its commit record exists, matches its format and its HMAC, and
+its meta file matches the record's SHA-256 (:meth:`SlotRing.complete`); its data is checked against the
 record's XXH3 checksum before it is read (:meth:`Slot.verify`). A writer invalidates the slot
 (deletes the record) before it copies into it and commits (meta, then record, each atomically)
 after every byte is in place, so a writer killed mid-copy leaves a slot that is never read.
@@ -40,6 +52,8 @@ import torch
 import xxhash
 
 from hyperpod_lab.jobdir import ENV_SHM_DIR
+from hyperpod_lab.runtime.auth import process_key, sha256_hex, sign, verify
+from hyperpod_lab.runtime.private_dir import ensure_private_dir
 from hyperpod_lab.runtime.state import FORMAT, tensor_view
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -48,7 +62,10 @@ if TYPE_CHECKING:  # pragma: no cover
 DEFAULT_SHM_ROOT = "/dev/shm/hyperpod-lab"
 _PAGE = mmap.PAGESIZE
 _SLOT_FILE = re.compile(r"^slot-(\d+)\.(bin|meta|json)$")
-_RECORD_KEYS = ("format", "step", "world_size", "rank", "nbytes", "data_checksum", "meta_checksum")
+SIGNED_FIELDS = ("format", "step", "world_size", "rank", "nbytes", "data_checksum", "meta_sha256", "job_id")
+"""The fields of a slot record its ``hmac`` covers."""
+RECORD_DOMAIN = "hyperpod-lab memory slot record v3"
+_RECORD_KEYS = SIGNED_FIELDS + ("hmac",)
 _CHECKSUM_MASK = (1 << 63) - 1
 
 
@@ -63,6 +80,37 @@ def shm_root() -> str:
     import tempfile
 
     return os.path.join(tempfile.gettempdir(), "hyperpod-lab-shm")
+
+
+def private_tree(directory: str) -> str:
+    """Where the private tree of a slot directory starts: :func:`shm_root` when ``directory``
+    lies under it, else ``directory`` itself."""
+    root = os.path.abspath(shm_root())
+    d = os.path.abspath(directory)
+    return root if d.startswith(root.rstrip(os.sep) + os.sep) else d
+
+
+def signed_part(record: dict[str, Any]) -> dict[str, Any]:
+    """The fields of ``record`` its HMAC covers (:data:`SIGNED_FIELDS`).
+
+    Raises:
+        KeyError: one is missing.
+    """
+    return {k: record[k] for k in SIGNED_FIELDS}
+
+
+def sign_record(key: bytes, record: dict[str, Any]) -> str:
+    """HMAC-SHA256 (hex) of a slot record's :data:`SIGNED_FIELDS` under ``key``."""
+    return sign(key, RECORD_DOMAIN, signed_part(record))
+
+
+def record_authentic(key: bytes, record: dict[str, Any], tag: Any = None) -> bool:
+    """Whether ``tag`` (default ``record["hmac"]``) is the HMAC of ``record``'s signed fields."""
+    try:
+        part = signed_part(record)
+    except KeyError:
+        return False
+    return verify(key, RECORD_DOMAIN, part, record.get("hmac") if tag is None else tag)
 
 
 def own_dirname(rank: int) -> str:
@@ -136,8 +184,9 @@ class Slot:
         pinned: whether ``buf`` is page-locked for CUDA.
     """
 
-    def __init__(self, directory: str, index: int, pin: bool = False):
+    def __init__(self, directory: str, index: int, pin: bool = False, key: bytes | None = None):
         self.directory, self.index, self.want_pin = directory, index, pin
+        self.key = key if key is not None else process_key()
         base = os.path.join(directory, f"slot-{index}")
         self.data_path, self.meta_path, self.record_path = base + ".bin", base + ".meta", base + ".json"
         self._mm: mmap.mmap | None = None
@@ -148,7 +197,7 @@ class Slot:
 
     # mapping
     def _map(self, size: int, create: bool) -> None:
-        flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        flags = os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
         fd = os.open(self.data_path, flags, 0o600)
         try:
             if create:
@@ -205,24 +254,32 @@ class Slot:
 
     # records
     def read_record(self) -> dict[str, Any] | None:
-        """The commit record if present and well-formed, else None (no data is checked)."""
+        """The commit record if present, well-formed, of this :data:`FORMAT` and authentic (its
+        HMAC verifies under the slot's key), else None (no data is checked)."""
         try:
-            with open(self.record_path, "rb") as f:
-                rec = json.loads(f.read())
-        except (OSError, ValueError):
+            fd = os.open(self.record_path, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as f:
+                rec = json.loads(f.read(1 << 16))
+        except (OSError, ValueError, RecursionError):
             return None
         if not isinstance(rec, dict) or any(k not in rec for k in _RECORD_KEYS) or rec["format"] != FORMAT:
+            return None
+        if not all(isinstance(rec[k], int) and not isinstance(rec[k], bool)
+                   for k in ("step", "world_size", "rank", "nbytes", "data_checksum")):
+            return None
+        if not record_authentic(self.key, rec):
             return None
         return rec
 
     def read_meta(self, record: dict[str, Any]) -> bytes | None:
-        """The meta file's bytes if they match the record's checksum, else None."""
+        """The meta file's bytes if they match the (authenticated) record's SHA-256, else None."""
         try:
-            with open(self.meta_path, "rb") as f:
+            fd = os.open(self.meta_path, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as f:
                 meta = f.read()
         except OSError:
             return None
-        return meta if checksum(meta) == record["meta_checksum"] else None
+        return meta if sha256_hex(meta) == record["meta_sha256"] else None
 
     def invalidate(self) -> None:
         """Delete the commit record: from now on the slot is torn until :meth:`commit`."""
@@ -232,7 +289,9 @@ class Slot:
             pass
 
     def commit(self, meta: bytes, record: dict[str, Any]) -> None:
-        """Write the meta file, then the record (each atomically): the slot becomes complete."""
+        """Write the meta file, then the record (each atomically): the slot becomes complete.
+
+        ``record`` must carry its ``hmac`` (:func:`sign_record`)."""
         _write_atomic(self.meta_path, meta)
         _write_atomic(self.record_path, json.dumps(record, sort_keys=True).encode() + b"\n")
 
@@ -274,19 +333,31 @@ class SlotRing:
     """``keep_last`` slots in one directory, reused round-robin by age.
 
     Args:
-        directory: e.g. ``<shm_root>/<job>/<node>/rank-3``; created unless ``create=False``.
+        directory: e.g. ``<shm_root>/<job>/<node>/rank-3``; unless ``create=False``, it and every
+            directory from :func:`private_tree` down to it are created 0700 and verified
+            private (:func:`~hyperpod_lab.runtime.private_dir.ensure_private_dir`).
         keep_last: slots in the ring (>= 1). Slot files of higher indices (a previous run with a
             larger ``keep_last``) are deleted.
         pin: page-lock the slots for CUDA when allocated.
+        key: the key the records are signed and verified with (the job's checkpoint key);
+            default: :func:`~hyperpod_lab.runtime.auth.process_key` (this process only).
+
+    Raises:
+        ValueError: ``keep_last`` < 1.
+        hyperpod_lab.runtime.private_dir.PrivateDirError: a directory of the tree is not private
+            (another owner, writable by others, a symbolic link).
+        OSError: the directory cannot be created.
     """
 
-    def __init__(self, directory: str, keep_last: int, *, pin: bool = False, create: bool = True):
+    def __init__(self, directory: str, keep_last: int, *, pin: bool = False, create: bool = True,
+                 key: bytes | None = None):
         if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
             raise ValueError(f"keep_last must be a whole number >= 1, got {keep_last!r}")
         self.directory = directory
+        self.key = key if key is not None else process_key()
         if create:
-            os.makedirs(directory, exist_ok=True)
-        self.slots = [Slot(directory, i, pin) for i in range(keep_last)]
+            ensure_private_dir(directory, top=private_tree(directory), env=ENV_SHM_DIR)
+        self.slots = [Slot(directory, i, pin, self.key) for i in range(keep_last)]
         for name in os.listdir(directory) if os.path.isdir(directory) else []:
             m = _SLOT_FILE.match(name)
             if m and int(m.group(1)) >= keep_last:

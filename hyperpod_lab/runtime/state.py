@@ -22,7 +22,8 @@ values with the same ``TypeError``). The tiers then take the state apart their o
   parameters, so it reshards);
 * the memory tier through :func:`capture` / :func:`unflatten` / :func:`apply`: the state's
   tensors laid out in one flat byte buffer (each at a multiple of :data:`ALIGN` bytes) and a
-  pickled skeleton of everything else. Tensors must be dense (strided) plain tensors; sharded
+  JSON skeleton of everything else (:func:`_enc`: never pickle, so reading a layout back
+  cannot run code). Tensors must be dense (strided) plain tensors; sharded
   ones (DTensor, ShardedTensor) raise ``TypeError`` (the memory tier holds this rank's state, so
   DDP-style replication is the supported case).
 
@@ -32,17 +33,20 @@ first use so that importing this module (e.g. by the launcher) stays cheap.
 
 from __future__ import annotations
 
+import base64
+import json
 import math
-import pickle
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 KIND_MODULE, KIND_OPTIMIZER, KIND_STATEFUL, KIND_DICT = "module", "optimizer", "stateful", "dict"
-FORMAT = 2
+FORMAT = 3
 """Version of the flat layout (:func:`capture`) and of the memory tier's slot files that hold it
-(2: XXH3 checksums; 1 held zlib CRC-32s). A layout or slot of another format is never read."""
+(3: JSON layout, HMAC-signed records; 2: pickled layout, XXH3 checksums; 1 held zlib CRC-32s).
+A layout or slot of another format is never read."""
 ALIGN = 64
 """Byte alignment of every tensor in a flat layout (any dtype's element size divides it)."""
 
@@ -174,22 +178,104 @@ def to_dcp(state: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# ---- the memory tier's view: one flat buffer plus a pickled skeleton ---------------------------
+# ---- the memory tier's view: one flat buffer plus a JSON skeleton ------------------------------
 class _Ref:
-    """Placeholder for the ``i``-th tensor in a pickled state skeleton."""
+    """Placeholder for the ``i``-th tensor in a state skeleton."""
 
     __slots__ = ("i",)
 
     def __init__(self, i: int):
         self.i = i
 
-    def __reduce__(self):
-        return (_Ref, (self.i,))
+
+_MAX_DEPTH = 200
+
+
+def _enc(obj: Any, path: tuple, depth: int = 0) -> Any:
+    """One value of a skeleton as JSON: None, bools, ints, strings and finite floats as they are,
+    lists as arrays, everything else as a one-key tagged object (``{"t": i}`` a tensor
+    reference, ``{"f": "nan"}`` a non-finite float, ``{"tu": [...]}`` a tuple, ``{"d": [[k, v],
+    ...], "o": ordered, "m": _metadata}`` a dict, ``{"b": base64}`` bytes, ``{"dt": name}`` a
+    dtype, ``{"dev": name}`` a device, ``{"c": [re, im]}`` a complex)."""
+    if depth > _MAX_DEPTH:
+        raise TypeError(f"the state is nested more than {_MAX_DEPTH} levels deep at {'/'.join(map(str, path))}")
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        return float(obj) if math.isfinite(obj) else {"f": repr(float(obj))}
+    if isinstance(obj, _Ref):
+        return {"t": obj.i}
+    if isinstance(obj, list):
+        return [_enc(v, path + (i,), depth + 1) for i, v in enumerate(obj)]
+    if isinstance(obj, tuple):  # a namedtuple comes back as a plain tuple
+        return {"tu": [_enc(v, path + (i,), depth + 1) for i, v in enumerate(obj)]}
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {"d": [[_enc(k, path, depth + 1), _enc(v, path + (k,), depth + 1)]
+                                     for k, v in obj.items()]}
+        meta = getattr(obj, "_metadata", None)
+        if meta is not None:
+            out["m"] = _enc(meta, path + ("_metadata",), depth + 1)
+        if meta is not None or type(obj) is not dict:
+            out["o"] = True
+        return out
+    if isinstance(obj, (bytes, bytearray)):
+        return {"b": base64.b64encode(bytes(obj)).decode()}
+    if isinstance(obj, torch.dtype):
+        return {"dt": str(obj).removeprefix("torch.")}
+    if isinstance(obj, torch.device):
+        return {"dev": str(obj)}
+    if isinstance(obj, complex):
+        return {"c": [obj.real, obj.imag]}
+    raise TypeError(f"the memory tier stores tensors, numbers, strings, bytes, lists, tuples and dicts; "
+                    f"{'/'.join(map(str, path)) or 'a value'} is a {type(obj).__name__}")
+
+
+def _dec(obj: Any) -> Any:
+    """Inverse of :func:`_enc`; builds only the types listed there.
+
+    Raises:
+        ValueError: an unknown tag or a malformed value.
+    """
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, list):
+        return [_dec(v) for v in obj]
+    if not isinstance(obj, dict) or len(obj) not in (1, 2, 3):
+        raise ValueError(f"malformed layout value {str(obj)[:80]!r}")
+    if "t" in obj and len(obj) == 1 and isinstance(obj["t"], int) and not isinstance(obj["t"], bool):
+        return _Ref(obj["t"])
+    if "f" in obj and len(obj) == 1 and obj["f"] in ("nan", "inf", "-inf"):
+        return float(obj["f"])
+    if "tu" in obj and len(obj) == 1 and isinstance(obj["tu"], list):
+        return tuple(_dec(v) for v in obj["tu"])
+    if "d" in obj and isinstance(obj["d"], list) and set(obj) <= {"d", "o", "m"}:
+        out: dict = OrderedDict() if obj.get("o") else {}
+        for pair in obj["d"]:
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise ValueError("malformed dict entry in a layout")
+            key = _dec(pair[0])
+            if isinstance(key, (dict, list)):
+                raise ValueError("unhashable dict key in a layout")
+            out[key] = _dec(pair[1])
+        if "m" in obj:
+            out._metadata = _dec(obj["m"])  # type: ignore[attr-defined]
+        return out
+    if "b" in obj and len(obj) == 1 and isinstance(obj["b"], str):
+        return base64.b64decode(obj["b"], validate=True)
+    if "dt" in obj and len(obj) == 1 and isinstance(obj["dt"], str):
+        return _dtype(obj["dt"])
+    if "dev" in obj and len(obj) == 1 and isinstance(obj["dev"], str):
+        return torch.device(obj["dev"])
+    if "c" in obj and len(obj) == 1 and isinstance(obj["c"], list) and len(obj["c"]) == 2:
+        return complex(float(obj["c"][0]), float(obj["c"][1]))
+    raise ValueError(f"unknown layout value {str(obj)[:80]!r}")
 
 
 @dataclass
 class Captured:
-    """A state taken apart for copying: the tensors, where they go, and everything else pickled.
+    """A state taken apart for copying: the tensors, where they go, and everything else as JSON.
 
     Attributes:
         tensors: the state's tensors, in layout order (references to the live tensors, not copies).
@@ -197,8 +283,8 @@ class Captured:
             (parameters and optimizer ``state`` tensors: only the optimizer step changes them).
         offsets: byte offset of each tensor in the flat buffer (multiples of :data:`ALIGN`).
         nbytes: bytes the flat buffer must hold.
-        meta: the pickled skeleton {format, kinds, tree, layout, nbytes}; non-tensor values are
-            pickled here, i.e. captured when :func:`capture` runs.
+        meta: the skeleton {format, kinds, tree, layout, nbytes} as UTF-8 JSON (:func:`load_meta`);
+            non-tensor values are encoded here, i.e. captured when :func:`capture` runs.
         layout: ``((offset, dtype name, shape), ...)`` per tensor.
     """
 
@@ -250,7 +336,7 @@ def _strip(obj: Any, tensors: list[torch.Tensor], deferrable: list[bool],
 
 
 def capture(state: dict[str, Any]) -> Captured:
-    """Take ``state`` apart: its tensors (not copied) and a pickled skeleton of everything else.
+    """Take ``state`` apart: its tensors (not copied) and a JSON skeleton of everything else.
 
     Args:
         state: ``{name: nn.Module | Optimizer | Stateful | dict}``.
@@ -260,7 +346,8 @@ def capture(state: dict[str, Any]) -> Captured:
 
     Raises:
         TypeError: an unsupported value (:func:`classify`), a sharded or non-dense tensor, or a
-            non-tensor value pickle cannot serialise.
+            non-tensor value the JSON skeleton cannot hold (see :func:`_enc`: e.g. an arbitrary
+            object).
     """
     kinds = classify(state)
     tensors: list[torch.Tensor] = []
@@ -286,11 +373,9 @@ def capture(state: dict[str, Any]) -> Captured:
         offsets.append(pos)
         layout.append((pos, str(t.dtype).removeprefix("torch."), tuple(t.shape)))
         pos = _round_up(pos + t.numel() * t.element_size(), ALIGN)
-    try:
-        meta = pickle.dumps({"format": FORMAT, "kinds": kinds, "tree": tree, "layout": layout, "nbytes": pos},
-                            protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as e:
-        raise TypeError(f"the state holds a value that cannot be pickled: {type(e).__name__}: {e}") from e
+    body = {"format": FORMAT, "kinds": kinds, "tree": _enc(tree, ()), "layout": [list(x) for x in layout],
+            "nbytes": pos}
+    meta = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
     return Captured(tensors, deferrable, offsets, pos, meta, tuple(layout))
 
 
@@ -309,14 +394,57 @@ def tensor_view(buf: torch.Tensor, offset: int, dtype: torch.dtype, shape: tuple
 
 
 def load_meta(meta: bytes) -> dict[str, Any]:
-    """Unpickle a layout skeleton (written by :func:`capture`; never feed it untrusted bytes).
+    """Parse a layout skeleton written by :func:`capture` (JSON: reading it runs no code; the
+    tiers authenticate it before they get here).
+
+    Returns:
+        ``{format, kinds, tree, layout: [(offset, dtype name, shape), ...], nbytes}``.
 
     Raises:
-        ValueError: not a layout of this :data:`FORMAT`.
+        ValueError: not JSON, not a layout of this :data:`FORMAT`, or malformed (a bad tag, a
+            tensor outside ``nbytes``, an unknown dtype).
     """
-    out = pickle.loads(meta)
+    try:
+        out = json.loads(meta)
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"not a hyperpod-lab memory-tier layout: {type(e).__name__}") from None
     if not isinstance(out, dict) or out.get("format") != FORMAT:
         raise ValueError("not a hyperpod-lab memory-tier layout (format mismatch)")
+    nbytes, kinds, layout = out.get("nbytes"), out.get("kinds"), out.get("layout")
+    if (not isinstance(nbytes, int) or nbytes < 0 or not isinstance(kinds, dict) or not isinstance(layout, list)
+            or not isinstance(out.get("tree"), dict)):
+        raise ValueError("malformed memory-tier layout")
+    checked = []
+    for item in layout:
+        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], int) and item[0] >= 0
+                and isinstance(item[1], str) and isinstance(item[2], list)
+                and all(isinstance(d, int) and d >= 0 for d in item[2])):
+            raise ValueError("malformed tensor entry in a memory-tier layout")
+        dt = _dtype(item[1])
+        if item[0] + math.prod(item[2]) * dt.itemsize > nbytes:
+            raise ValueError("a tensor of the layout lies outside its buffer")
+        checked.append((item[0], item[1], tuple(item[2])))
+    try:
+        tree = _dec(out["tree"])
+    except RecursionError:
+        raise ValueError("memory-tier layout nested too deeply") from None
+    refs = len(checked)
+
+    def check_refs(obj: Any) -> None:
+        if isinstance(obj, _Ref):
+            if not 0 <= obj.i < refs:
+                raise ValueError("a layout references a tensor it does not list")
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                check_refs(v)
+        elif isinstance(obj, (list, tuple)):
+            for v in obj:
+                check_refs(v)
+
+    check_refs(tree)
+    if not isinstance(tree, dict):
+        raise ValueError("malformed memory-tier layout")
+    out["tree"], out["layout"] = tree, checked
     return out
 
 

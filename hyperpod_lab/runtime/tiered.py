@@ -154,6 +154,10 @@ class TieredCheckpointer:
         TypeError: ``state`` holds an unsupported value.
         ValueError: ``replicas`` < 0, ``overlap`` without an optimizer, or a bad policy
             (``hyperpod_lab.errors.SpecError``) or ``$HYPERPOD_LAB_PEER_TIMEOUT_S``.
+        hyperpod_lab.runtime.private_dir.PrivateDirError: the shared-memory root or a directory
+            under it is not private (owned by another user, writable by others, or a link; the
+            message names it and the fix).
+        hyperpod_lab.runtime.auth.KeyFileError: the job's checkpoint key file is unusable.
         OSError: the shared-memory directory cannot be created.
     """
 
@@ -220,9 +224,10 @@ class TieredCheckpointer:
         self.node_dir = os.path.join(self.job_root, safe_name(ctx.node))
         if group_dir is not None:
             self.node_dir = os.path.join(self.node_dir, group_dir)
+        self.key = ctx.checkpoint_key
         self.memory = MemoryTier(os.path.join(self.node_dir, own_dirname(self.rank)), self.keep_last,
                                  rank=self.rank, world_size=self.world_size, job_id=ctx.job_id,
-                                 pin_memory=ctx.device.type == "cuda")
+                                 pin_memory=ctx.device.type == "cuda", key=self.key)
         self._replica_rings: dict[int, SlotRing] = {}
         self._peer_broken: str | None = None
         self._hooks = [opt.register_step_pre_hook(self._pre_step) for opt in optimizers] if self.overlap else []
@@ -295,7 +300,7 @@ class TieredCheckpointer:
         ring = self._replica_rings.get(src)
         if ring is None:
             ring = SlotRing(os.path.join(self.node_dir, replica_dirname(src)), self.keep_last,
-                            pin=self.ctx.device.type == "cuda")
+                            pin=self.ctx.device.type == "cuda", key=self.key)
             self._replica_rings[src] = ring
         return ring
 
@@ -434,7 +439,7 @@ class TieredCheckpointer:
             if parsed is None or parsed[1] >= self.world_size:
                 continue
             kind, r = parsed
-            ring = SlotRing(os.path.join(self.node_dir, name), self.keep_last, create=False)
+            ring = SlotRing(os.path.join(self.node_dir, name), self.keep_last, create=False, key=self.key)
             for slot, rec, _meta in ring.complete():
                 if rec["world_size"] != self.world_size or rec["rank"] != r:
                     continue
@@ -468,7 +473,7 @@ class TieredCheckpointer:
 
     def _open(self, h: dict[str, Any]) -> tuple[Slot, dict[str, Any], bytes] | str:
         """The slot of holding ``h`` on this node, its record and meta, checksum-checked; or the reason not."""
-        slot = Slot(os.path.join(self.node_dir, h["dir"]), h["slot"])
+        slot = Slot(os.path.join(self.node_dir, h["dir"]), h["slot"], key=self.key)
         rec = slot.read_record()
         if rec is None or rec["step"] != h["step"] or rec["rank"] != h["state_rank"]:
             return "the slot changed or lost its commit record"
@@ -553,7 +558,7 @@ class TieredCheckpointer:
                 if stale:
                     shutil.rmtree(path, ignore_errors=True)
                 else:
-                    ring = SlotRing(path, self.keep_last, create=False)
+                    ring = SlotRing(path, self.keep_last, create=False, key=self.key)
                     ring.invalidate_from(last_step + 1, world_size=self.world_size)
                     ring.close()
         self._barrier()
@@ -584,7 +589,7 @@ class TieredCheckpointer:
         self.memory.close(remove=not keep, timeout=2.0 if keep else 30.0)
         for src in self.sources:
             ring = self._replica_rings.pop(src, None) or SlotRing(
-                os.path.join(self.node_dir, replica_dirname(src)), self.keep_last, create=False)
+                os.path.join(self.node_dir, replica_dirname(src)), self.keep_last, create=False, key=self.key)
             ring.close() if keep else ring.remove()
         self._replica_rings.clear()
         if not keep:
