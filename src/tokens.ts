@@ -231,6 +231,8 @@ export interface IJobSpec {
   procs_per_node: number;
   args: string[];
   env: { [key: string]: string };
+  /** Names of variables passed from the Jupyter server's environment, never stored. */
+  secret_env: string[];
   partition: string | null;
   time_limit_min: number | null;
   resiliency: IResiliencyPolicy;

@@ -82,7 +82,8 @@ def test_sidebar_streams_a_fault_and_its_recovery(dev_cluster, lab_root):
     if os.path.isdir(ARTIFACTS):
         shutil.rmtree(ARTIFACTS)
     os.makedirs(ARTIFACTS)
-    lab = Lab(lab_root, log_path=os.path.join(ARTIFACTS, "jupyter-lab.log")).start()
+    lab = Lab(lab_root, log_path=os.path.join(ARTIFACTS, "jupyter-lab.log"),
+              env={"HYPERPOD_LAB_UI_SECRET": "ui-secret-value-123"}).start()
     job_id = page = None
     try:
         with sync_playwright() as p:
@@ -114,6 +115,7 @@ def test_sidebar_streams_a_fault_and_its_recovery(dev_cluster, lab_root):
             form.get_by_label("Script path", exact=True).fill("examples/train_lm.py")
             form.get_by_label("Script arguments", exact=True).fill("--steps 70 --step-sleep 0.6")
             form.get_by_label("Job name", exact=True).fill("lab-ui")
+            form.get_by_label("Secret variables", exact=True).fill("HYPERPOD_LAB_UI_SECRET")
             form.get_by_label("Cluster", exact=True).select_option("local-slurm")
             form.get_by_label("Nodes", exact=True).fill("2")
             # the goodput advice for 2 nodes: the server's advise() numbers, per recovery mode
@@ -161,6 +163,8 @@ def test_sidebar_streams_a_fault_and_its_recovery(dev_cluster, lab_root):
             rec = lab.get(f"hyperpod/jobs/{job_id}")["job"]
             assert rec["spec"]["checkpoint"]["memory_every_steps"] == 1
             assert rec["spec"]["nodes"] == 2 and rec["spec"]["args"] == ["--steps", "70", "--step-sleep", "0.6"]
+            # a secret from the form: its name in the spec, its value (the server's env) nowhere
+            assert rec["spec"]["secret_env"] == ["HYPERPOD_LAB_UI_SECRET"] and "ui-secret-value" not in str(rec)
 
             # 3. events stream into the timeline and the loss chart while it runs
             timeline = view.locator("[data-testid=hp-timeline]")

@@ -114,7 +114,13 @@ export class SubmitForm extends Widget {
         h('label', { class: 'jp-HyperPod-radio' }, scriptRadio, ' Script'),
         h('label', { class: 'jp-HyperPod-radio' }, nbRadio, ' Current notebook'),
         this._text('script', 'Script path', 'examples/train_lm.py', 'path relative to the Lab root'),
-        this._text('args', 'Script arguments', '', 'e.g. --steps 100 --lr 3e-3')
+        this._text('args', 'Script arguments', '', 'e.g. --steps 100 --lr 3e-3'),
+        this._text(
+          'secret_env',
+          'Secret variables',
+          '',
+          "names, e.g. HF_TOKEN: values come from the server's environment and are never written"
+        )
       )
     );
     this._cluster = h('select', { 'data-field': 'cluster', 'data-testid': 'hp-field-cluster' });
@@ -367,6 +373,13 @@ export class SubmitForm extends Widget {
     } catch (e) {
       throw new FieldError('args', (e as Error).message);
     }
+    const secretEnv = text('secret_env')
+      .split(/[\s,]+/)
+      .filter(n => n);
+    const badName = secretEnv.find(n => !/^[A-Za-z_][A-Za-z0-9_]*$/.test(n));
+    if (badName !== undefined) {
+      throw new FieldError('secret_env', `${badName} is not a variable name`);
+    }
     const notebook = this._scriptRadio.checked ? null : this._currentNotebook();
     if (!this._scriptRadio.checked && !notebook) {
       throw new FieldError('script', 'open a notebook (and make it the current tab) to submit it');
@@ -378,6 +391,7 @@ export class SubmitForm extends Widget {
       nodes: req('nodes'),
       procs_per_node: req('procs_per_node'),
       args,
+      secret_env: secretEnv,
       resiliency: {
         auto_resume: checked('resiliency.auto_resume'),
         max_retries: req('resiliency.max_retries'),
