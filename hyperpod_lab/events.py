@@ -127,7 +127,8 @@ class FileAccess(Protocol):
 
     def list_files(self, path: str) -> dict[str, int]: ...  # regular files (no links, no dirs) -> size, bytes
 
-    def read_from(self, path: str, offset: int = 0) -> bytes: ...  # bytes from offset to EOF; FileNotFoundError
+    def read_from(self, path: str, offset: int = 0, length: int | None = None) -> bytes: ...  # at most
+    # ``length`` bytes from offset (None: to EOF); FileNotFoundError
 
     def append_bytes(self, path: str, data: bytes) -> None: ...  # one append of ``data``, created if missing
 
@@ -137,7 +138,14 @@ class FileAccess(Protocol):
 
 
 class LocalFiles:
-    """FileAccess over this machine's file system."""
+    """FileAccess over this machine's file system.
+
+    Attributes:
+        bytes_read: bytes returned by :meth:`read_from` so far (class-wide: every instance adds to
+            it), for tests and benchmarks that check a read stayed bounded.
+    """
+
+    bytes_read = 0
 
     def listdir(self, path: str) -> list[str]:
         try:
@@ -154,13 +162,15 @@ class LocalFiles:
         except FileNotFoundError:
             return {}
 
-    def read_from(self, path: str, offset: int = 0) -> bytes:
-        """Bytes from ``offset`` to the end. Raises FileNotFoundError; OSError for a symbolic
-        link (never followed: it could point out of the job directory)."""
+    def read_from(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        """At most ``length`` bytes from ``offset`` (None: to the end). Raises FileNotFoundError;
+        OSError for a symbolic link (never followed: it could point out of the job directory)."""
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         with open(fd, "rb") as f:
             f.seek(offset)
-            return f.read()
+            data = f.read() if length is None else f.read(max(0, length))
+        LocalFiles.bytes_read += len(data)
+        return data
 
     def append_bytes(self, path: str, data: bytes) -> None:
         """One ``write()`` of ``data`` on an ``O_APPEND`` descriptor, then ``fsync``."""
@@ -254,17 +264,28 @@ class EventReader:
         self.cursor: dict[str, int] = dict(cursor or {})
         self.skipped: list[tuple[str, str]] = []  # (file, reason) of malformed lines
 
-    def poll(self) -> list[Event]:
-        """The events that appeared since the last poll, ordered by time; advances the cursor."""
-        return [ev for ev, _, _ in self.poll_located()]
+    def poll(self, max_bytes: int | None = None) -> list[Event]:
+        """The events that appeared since the last poll, ordered by time; advances the cursor.
+        ``max_bytes``: as in :meth:`poll_located`."""
+        return [ev for ev, _, _ in self.poll_located(max_bytes)]
 
-    def poll_located(self) -> list[tuple[Event, str, int]]:
+    def poll_located(self, max_bytes: int | None = None) -> list[tuple[Event, str, int]]:
         """Like :meth:`poll`, with each event's file name and the byte offset just past its line.
 
         The order is by time, and within one file always by position (a merge of the files), so
         a cursor advanced event by event (``cursor[file] = offset``) never skips an event.
+
+        Args:
+            max_bytes: read at most this many bytes of each file from its cursor (more only when
+                one line is longer: then up to the end of that line); None reads to the end. When a
+                file has more than was read, :attr:`more` is True after the call and events later
+                than the last one read of such a file are held back (the cursor stays before
+                them), so a page never returns an event before an earlier one still unread.
         """
         per_file: list[list[tuple[Event, str, int]]] = []
+        starts: list[int] = []  # each page's start offset (the cursor before this poll)
+        truncated_at: list[float] = []  # time of the last event read of each file with more to read
+        self.more = False
         for name, size in sorted(self.files.list_files(self.dir).items()):
             # regular files only: a directory or a link named x.jsonl (which could point out of
             # the job directory) is not an event file
@@ -272,11 +293,10 @@ class EventReader:
             if not name.endswith(".jsonl") or size <= off:
                 continue  # nothing new: no read
             try:
-                chunk = self.files.read_from(f"{self.dir}/{name}", off)
+                chunk, end = self._read_lines(f"{self.dir}/{name}", off, size, max_bytes)
             except OSError as e:  # replaced by a link since the listing, or vanished
                 self.skipped.append((name, f"not readable as an event file: {e}"))
                 continue
-            end = chunk.rfind(b"\n")
             if end < 0:
                 continue
             located, pos = [], off
@@ -289,8 +309,47 @@ class EventReader:
                 except EventSchemaError as e:
                     self.skipped.append((name, str(e)))
             per_file.append(located)
+            starts.append(off)
             self.cursor[name] = off + end + 1
-        return list(heapq.merge(*per_file, key=lambda x: (x[0].time, x[0].writer, x[0].seq)))
+            if off + end + 1 < size:
+                self.more = True
+                if located:
+                    truncated_at.append(located[-1][0].time)
+        key = lambda x: (x[0].time, x[0].writer, x[0].seq)  # noqa: E731
+        if not truncated_at:
+            return list(heapq.merge(*per_file, key=key))
+        # a page: each file up to its first event after the earliest cut, so the next page
+        # continues in time order (a file is in position order: the rest of it waits)
+        cut = min(truncated_at)
+        pages = []
+        for located, start in zip(per_file, starts):
+            i = next((i for i, x in enumerate(located) if x[0].time > cut), len(located))
+            if i < len(located):
+                self.cursor[located[i][1]] = located[i - 1][2] if i > 0 else start
+            pages.append(located[:i])
+        if not any(pages):  # times out of order inside a file: still make progress
+            j = [k for k, located in enumerate(per_file) if located and located[-1][0].time == cut][0]
+            pages[j] = per_file[j]
+            self.cursor[per_file[j][-1][1]] = per_file[j][-1][2]
+        return list(heapq.merge(*pages, key=key))
+
+    def _read_lines(self, path: str, off: int, size: int, max_bytes: int | None) -> tuple[bytes, int]:
+        """Bytes from ``off`` (at most ``max_bytes``, extended to the end of a longer first line)
+        and the index of their last newline (-1: none)."""
+        if max_bytes is None:
+            chunk = self.files.read_from(path, off)
+            return chunk, chunk.rfind(b"\n")
+        want = max(1, int(max_bytes))
+        chunk = self.files.read_from(path, off, want)
+        end = chunk.rfind(b"\n")
+        while end < 0 and len(chunk) >= want and off + len(chunk) < size:  # one line longer than max_bytes
+            more = self.files.read_from(path, off + len(chunk), want)
+            if not more:
+                break
+            chunk += more
+            end = chunk.rfind(b"\n")
+            want *= 2
+        return chunk, end
 
     def follow(self, interval_s: float = 0.5, until: Iterable[str] = (EventKind.FINISHED.value,),
                timeout_s: float | None = None, stop=None) -> Iterator[Event]:

@@ -11,6 +11,7 @@ import json
 import posixpath
 import secrets
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 from hyperpod_lab.clusters import ClusterProfile
 from hyperpod_lab.errors import HyperPodLabError, JobStateError
@@ -18,6 +19,59 @@ from hyperpod_lab.jobdir import CHECKPOINT_KEY_BYTES, JOBS_SUBDIR, JobPaths  # n
 from hyperpod_lab.jobs import JobRecord, JobStatus
 from hyperpod_lab.schedulers.remote import Remote
 from hyperpod_lab.spec import JobSpec
+
+
+DEFAULT_LOG_TAIL = 256 * 1024  # bytes of a log returned when no range is asked for (the tail)
+LOG_PAGE_BYTES = 4 * 1024 * 1024  # bytes per read when a whole log is read (``Scheduler.logs``)
+
+
+@dataclass
+class LogChunk:
+    """A byte range of a log.
+
+    Attributes:
+        text: the bytes as text (UTF-8, undecodable bytes replaced).
+        offset: byte offset of the first byte in the log.
+        end: byte offset one past the last byte (``offset + len(bytes)``).
+        size: bytes of the whole log when read, or None where the backend cannot know it.
+        raw: the bytes themselves where the backend read bytes (None otherwise).
+    """
+
+    text: str
+    offset: int
+    end: int
+    size: int | None
+    raw: bytes | None = None
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "offset": self.offset, "end": self.end, "size": self.size}
+
+
+def log_span(size: int, offset: int | None, length: int | None) -> tuple[int, int]:
+    """``(start, length)`` of a range of a ``size``-byte log: ``offset`` None is the tail of
+    ``length`` bytes (default :data:`DEFAULT_LOG_TAIL`); an offset past the end gives 0 bytes."""
+    length = DEFAULT_LOG_TAIL if length is None else max(0, int(length))
+    if offset is None:
+        start = max(0, size - length)
+    else:
+        start = min(max(0, int(offset)), size)
+    return start, max(0, min(length, size - start))
+
+
+def read_log_range(files, path: str, offset: int | None, length: int | None) -> LogChunk:
+    """A range of the file ``path`` through ``files`` (a Remote or FileAccess): its size from the
+    directory listing (regular files only), then one bounded read. Raises FileNotFoundError;
+    OSError when it is not a regular file."""
+    folder, name = posixpath.split(path)
+    listing = files.list_files(folder)
+    if name not in listing:
+        if name in files.listdir(folder):
+            raise OSError(f"{path} is not a regular file")
+        raise FileNotFoundError(path)
+    start, n = log_span(listing[name], offset, length)
+    data = files.read_from(path, start, n) if n else b""
+    return LogChunk(data.decode(errors="replace"), start, start + len(data), max(listing[name], start + len(data)),
+                    raw=data)
 
 
 class Scheduler(ABC):
@@ -98,7 +152,10 @@ class Scheduler(ABC):
         ranks = (JobPaths.rank_of(n) for n in self.remote.listdir(JobPaths(rec.job_dir).ranks))
         return sorted(r for r in ranks if r is not None)
 
-    def rank_log(self, rec: JobRecord, rank: int) -> str:
+    def rank_log(self, rec: JobRecord, rank: int, offset: int | None = None, length: int | None = None) -> LogChunk:
+        """A byte range of rank ``rank``'s log file (the ``log_file`` of its rank info), as
+        :meth:`log_range`. Raises HyperPodLabError for a log file outside the job directory or
+        behind a symbolic link."""
         info = self.rank_info(rec, rank)
         log_file = info.get("log_file")
         if not log_file:
@@ -107,9 +164,9 @@ class Scheduler(ABC):
             raise HyperPodLabError(f"rank {rank} of job {rec.job_id} names a log file outside the job directory "
                                    f"({str(log_file)[:200]!r}); refusing to read it")
         try:
-            return self.remote.read_from(posixpath.normpath(log_file)).decode(errors="replace")
+            return read_log_range(self.remote, posixpath.normpath(log_file), offset, length)
         except FileNotFoundError:
-            return ""
+            return LogChunk("", 0, 0, 0)
         except OSError as e:  # a symbolic link (never followed) or not a file
             raise HyperPodLabError(f"rank {rank} of job {rec.job_id}: its log file {log_file} is not a regular "
                                    f"file ({e.strerror or e}); refusing to read it") from None
@@ -132,9 +189,36 @@ class Scheduler(ABC):
     def cancel(self, rec: JobRecord) -> None:
         """Stop the job."""
 
+    def logs(self, rec: JobRecord, rank: int | None = None, offset: int | None = None,
+             length: int | None = None) -> str:
+        """The job's output (the whole job, or one rank's) as text: the whole log when neither
+        ``offset`` nor ``length`` is given (read in pages of :data:`LOG_PAGE_BYTES`, so no single
+        read is unbounded), else the range :meth:`log_range` describes."""
+        if offset is not None or length is not None:
+            return self.log_range(rec, rank, offset, length).text
+        parts, pos = [], 0
+        while True:
+            chunk = self.log_range(rec, rank, pos, LOG_PAGE_BYTES)
+            parts.append(chunk.raw if chunk.raw is not None else chunk.text.encode())
+            if chunk.end <= pos or chunk.size is None or chunk.end >= chunk.size:
+                break
+            pos = chunk.end
+        return b"".join(parts).decode(errors="replace")
+
     @abstractmethod
-    def logs(self, rec: JobRecord, rank: int | None = None) -> str:
-        """The job's output (the whole job, or one rank's)."""
+    def log_range(self, rec: JobRecord, rank: int | None = None, offset: int | None = None,
+                  length: int | None = None) -> LogChunk:
+        """A byte range of the job's output (the whole job's, or one rank's).
+
+        Args:
+            rec: the job.
+            rank: a rank, or None for the whole job's log.
+            offset: first byte (0-based); None: the last ``length`` bytes (the tail).
+            length: most bytes to return (default :data:`DEFAULT_LOG_TAIL`).
+
+        Returns:
+            A :class:`LogChunk` (text, offset, end, size of the whole log).
+        """
 
     def joins(self, rec: JobRecord) -> list[dict]:
         """The allocations :meth:`scale` added to the job (``<job_dir>/joins.json``), oldest first:

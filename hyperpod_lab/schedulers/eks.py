@@ -27,7 +27,7 @@ from hyperpod_lab.events import Event, EventWriter
 from hyperpod_lab.jobdir import JobPaths
 from hyperpod_lab.jobs import JobRecord
 from hyperpod_lab.schedulers import k8s_manifest as km
-from hyperpod_lab.schedulers.base import Scheduler
+from hyperpod_lab.schedulers.base import LogChunk, Scheduler, log_span
 from hyperpod_lab.schedulers.eks_auth import TOKEN_PREFIX, eks_token, kube_configuration
 from hyperpod_lab.schedulers.eks_status import OPERATOR_WRITER, job_status, status_events
 from hyperpod_lab.schedulers.remote import LocalRemote
@@ -307,9 +307,23 @@ class EksScheduler(Scheduler):
                                 f"{procs} ranks each); wait for the 'started' event")
         return pods[node_rank]
 
-    def logs(self, rec, rank=None):
+    def logs(self, rec, rank=None, offset=None, length=None):
         """One rank's output (the log of its pod, which holds every local rank's lines), or every
-        pod's log with a header line per pod."""
+        pod's log with a header line per pod; with ``offset``/``length``, that range of it."""
+        if offset is not None or length is not None:
+            return self.log_range(rec, rank, offset, length).text
+        return self._pod_logs(rec, rank)
+
+    def log_range(self, rec, rank=None, offset=None, length=None):
+        """A byte range of :meth:`logs`. The pod log API has no byte offset, so the pods' logs are
+        read whole (the kubelet rotates a container's log at ``containerLogMaxSize``, 10 MiB by
+        default, which bounds it) and the range is cut here."""
+        data = self._pod_logs(rec, rank).encode()
+        start, n = log_span(len(data), offset, length)
+        chunk = data[start:start + n]
+        return LogChunk(chunk.decode(errors="replace"), start, start + len(chunk), len(data), raw=chunk)
+
+    def _pod_logs(self, rec, rank=None):
         ns, _ = self._split(rec)
         pods = [self._pod_of_rank(rec, rank)] if rank is not None else self.pods(rec)
         parts = []

@@ -19,7 +19,7 @@ from hyperpod_lab.errors import JobStateError
 from hyperpod_lab.jobdir import JobPaths, effective_restarts, ft_local_argv, group_env, job_env, launcher_argv
 from hyperpod_lab.jobs import JobStatus
 from hyperpod_lab.procs import process_start, signal_job_process
-from hyperpod_lab.schedulers.base import Scheduler
+from hyperpod_lab.schedulers.base import LogChunk, Scheduler, read_log_range
 from hyperpod_lab.spec import JobSpec
 
 
@@ -113,13 +113,14 @@ class LocalScheduler(Scheduler):
         if refused:
             raise JobStateError("; ".join(refused))
 
-    def logs(self, rec, rank=None):
+    def log_range(self, rec, rank=None, offset=None, length=None):
+        """A byte range of the launcher's log (or of one rank's log): one bounded read."""
         if rank is not None:
-            return self.rank_log(rec, rank)
+            return self.rank_log(rec, rank, offset, length)
         try:
-            return open(JobPaths(rec.job_dir).launcher_log, errors="replace").read()
+            return read_log_range(self.remote, JobPaths(rec.job_dir).launcher_log, offset, length)
         except FileNotFoundError:
-            return ""
+            return LogChunk("", 0, 0, 0)
 
     def _start_join(self, rec, spec, offset, add_nodes, index, secrets):
         """``add_nodes`` more replica-group agents joining the job's Lighthouse; their pids."""

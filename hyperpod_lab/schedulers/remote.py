@@ -62,8 +62,9 @@ class Remote(ABC):
         secret, never in ``argv``); raise RemoteCommandError on a non-zero exit when ``check``."""
 
     @abstractmethod
-    def read_from(self, path: str, offset: int = 0) -> bytes:
-        """Bytes of ``path`` from ``offset`` to its end. Raises FileNotFoundError."""
+    def read_from(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        """At most ``length`` bytes of ``path`` from ``offset`` (None: to its end). Raises
+        FileNotFoundError."""
 
     @abstractmethod
     def listdir(self, path: str) -> list[str]:
@@ -221,13 +222,19 @@ class SSHRemote(Remote):
             raise RemoteCommandError(list(argv), status, stderr or stdout)
         return res
 
-    def read_from(self, path, offset=0):
+    def read_from(self, path, offset=0, length=None):
         try:
             with self.sftp.open(path, "rb") as f:
                 if offset:
                     f.seek(offset)
-                f.prefetch()
-                return f.read()
+                if length is None:
+                    f.prefetch()
+                    return f.read()
+                n = min(max(0, length), max(0, f.stat().st_size - offset))
+                if n <= 0:
+                    return b""
+                f.prefetch(offset + n)  # only the range asked for, never the rest of the file
+                return f.read(n)
         except IOError as e:
             if getattr(e, "errno", None) == errno.ENOENT:
                 raise FileNotFoundError(path) from None

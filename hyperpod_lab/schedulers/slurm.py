@@ -28,7 +28,7 @@ from hyperpod_lab.jobdir import (ENV_JOB_DIR, ENV_JOB_ID, ENV_REPLICA_GROUP, ENV
                                  ENV_REPLICA_GROUPS, ENV_SHARED_ROOT, ENV_SPEC, SLURM_REPLICA_GROUP, JobPaths,
                                  effective_restarts, launcher_argv, lighthouse_argv)
 from hyperpod_lab.jobs import JobStatus
-from hyperpod_lab.schedulers.base import Scheduler
+from hyperpod_lab.schedulers.base import LogChunk, Scheduler, read_log_range
 from hyperpod_lab.spec import JobSpec
 
 HYPERPOD_MARKER = "/opt/sagemaker_cluster"
@@ -372,14 +372,15 @@ class SlurmScheduler(Scheduler):
         argv[-1] = path
         return self._sbatch(argv, secrets)
 
-    def logs(self, rec, rank=None):
+    def log_range(self, rec, rank=None, offset=None, length=None):
+        """A byte range of ``slurm-<id>.out`` (or of one rank's log): one bounded SFTP read."""
         if rank is not None:
-            return self.rank_log(rec, rank)
+            return self.rank_log(rec, rank, offset, length)
         path = JobPaths(rec.job_dir).slurm_log(rec.native_id)
         try:
-            return self.remote.read_from(path).decode(errors="replace")
+            return read_log_range(self.remote, path, offset, length)
         except FileNotFoundError:
-            return ""
+            return LogChunk("", 0, 0, 0)
 
     def inject_fault(self, rec, rank):
         info = self.rank_info(rec, rank)

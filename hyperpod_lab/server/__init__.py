@@ -28,6 +28,24 @@ class HyperPodApp:
     root_dir: str
 
 
+def watcher_settings(server_app) -> dict:
+    """The :class:`Watcher` arguments set in Jupyter's config under ``HyperPodLab`` (e.g.
+    ``{"HyperPodLab": {"send_queue_bytes": 1048576, "max_subscribers": 64}}`` in
+    ``jupyter_server_config.json``), each converted to its default's type; others are ignored."""
+    import inspect
+
+    given = dict((getattr(server_app, "config", None) or {}).get("HyperPodLab", {}) or {})
+    params = inspect.signature(Watcher.__init__).parameters
+    out = {}
+    for key, value in given.items():
+        p = params.get(key)
+        if p is None or key in ("self", "client"):
+            server_app.log.warning("hyperpod_lab: unknown setting HyperPodLab.%s ignored", key)
+            continue
+        out[key] = type(p.default)(value)
+    return out
+
+
 def setup(server_app) -> HyperPodApp:
     """Build the extension's objects and register its routes on ``server_app.web_app``."""
     from hyperpod_lab.server.handlers import handlers
@@ -35,7 +53,7 @@ def setup(server_app) -> HyperPodApp:
     web_app = server_app.web_app
     redact.install(server_app.log)  # before anything of ours logs
     client = Client()
-    watcher = Watcher(client)
+    watcher = Watcher(client, **watcher_settings(server_app))
     root_dir = os.path.abspath(os.path.expanduser(getattr(server_app, "root_dir", None) or os.getcwd()))
     app = HyperPodApp(client=client, watcher=watcher, root_dir=root_dir)
     web_app.settings["hyperpod_lab"] = app

@@ -21,6 +21,7 @@ from jupyter_server.utils import ensure_async
 from hyperpod_lab.clusters import load_profiles, get_profile
 from hyperpod_lab.errors import (ClusterUnreachable, ConfigError, HostKeyError, HyperPodLabError, JobStateError,
                                  NotAllowed, RemoteCommandError, SpecError, UnknownCluster, UnknownJob)
+from hyperpod_lab.schedulers.base import DEFAULT_LOG_TAIL, LogChunk
 from hyperpod_lab.server.notebook_script import spec_from_request
 from hyperpod_lab.server.redact import redact
 from hyperpod_lab.spec import host_code_env
@@ -28,6 +29,10 @@ from hyperpod_lab.server.watcher import decode_cursor, encode_cursor
 
 AUTH_RESOURCE = "hyperpod"
 MAX_EVENTS = 10000
+EVENT_PAGE_BYTES_PER_EVENT = 1024  # bytes read per event asked for (of each file), for GET events
+EVENT_PAGE_MAX_BYTES = 4 << 20  # most bytes GET events reads of one file
+MAX_LOG_BYTES = 4 << 20  # most bytes of a log one GET logs returns
+MAX_OFFSET = 1 << 62
 
 #: domain error -> HTTP status (the one mapping; the first matching class wins)
 STATUS_OF: list[tuple[type, int]] = [
@@ -120,7 +125,7 @@ class ClusterHandler(HyperPodHandler):
     @authorized
     async def get(self, name: str):
         prof = get_profile(name)
-        health = await self.hp.watcher.run(self.hp.client.cluster_health, name)
+        health = await self.hp.watcher.run_on(name, self.hp.client.cluster_health, name)
         self.reply({"cluster": _profile(prof), **health})
 
 
@@ -165,7 +170,7 @@ class CancelHandler(HyperPodHandler):
     @tornado.web.authenticated
     @authorized
     async def post(self, job_id: str):
-        rec = await self.hp.watcher.run(self.hp.client.cancel, job_id)
+        rec = await self.hp.watcher.run_for_job(job_id, self.hp.client.cancel, job_id)
         self.hp.watcher.track(rec)
         self.reply({"job": self.hp.watcher.view(rec)})
 
@@ -178,17 +183,24 @@ class FaultsHandler(HyperPodHandler):
         rank = body.get("rank") if isinstance(body, dict) else None
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
             raise SpecError("rank", f'send {{"rank": R}} with R a rank >= 0, got {rank!r}')
-        info = await self.hp.watcher.run(self.hp.client.inject_fault, job_id, rank)
+        info = await self.hp.watcher.run_for_job(job_id, self.hp.client.inject_fault, job_id, rank)
         self.reply({"rank": rank, **info})
 
 
 class LogsHandler(HyperPodHandler):
+    """A byte range of the job's (or a rank's) log: ``offset`` (first byte; omitted: the tail)
+    and ``length`` (bytes, default :data:`~hyperpod_lab.schedulers.base.DEFAULT_LOG_TAIL`, at
+    most :data:`MAX_LOG_BYTES`). Answers ``{"text", "rank", "offset", "end", "size"}``: the
+    range served is ``[offset, end)`` of a ``size``-byte log; page on with ``offset=end``."""
+
     @tornado.web.authenticated
     @authorized
     async def get(self, job_id: str):
         rank = self.int_arg("rank")
-        text = await self.hp.watcher.run(self.hp.client.logs, job_id, rank)
-        self.reply({"text": text, "rank": rank})
+        offset = self.int_arg("offset", None, low=0, high=MAX_OFFSET)
+        length = self.int_arg("length", DEFAULT_LOG_TAIL, low=0, high=MAX_LOG_BYTES)
+        chunk = await self.hp.watcher.run_for_job(job_id, read_log, self.hp.client, job_id, rank, offset, length)
+        self.reply({**chunk.to_dict(), "rank": rank})
 
 
 class EventsHandler(HyperPodHandler):
@@ -197,8 +209,9 @@ class EventsHandler(HyperPodHandler):
     async def get(self, job_id: str):
         cursor = decode_cursor(self.get_query_argument("cursor", None))
         limit = self.int_arg("limit", MAX_EVENTS, low=1, high=MAX_EVENTS)
-        events, new_cursor = await self.hp.watcher.run(read_events, self.hp.client, job_id, cursor, limit)
-        self.reply({"events": events, "cursor": encode_cursor(new_cursor)})
+        events, new_cursor, more = await self.hp.watcher.run_for_job(job_id, read_events, self.hp.client, job_id,
+                                                                     cursor, limit)
+        self.reply({"events": events, "cursor": encode_cursor(new_cursor), "more": more})
 
 
 class DiscoverHandler(HyperPodHandler):
@@ -265,17 +278,27 @@ class JobGoodputHandler(HyperPodHandler):
         self.reply({"measured": goodput.measure_from_events(events)})
 
 
-def read_events(client, job_id: str, cursor: dict[str, int], limit: int) -> tuple[list[dict], dict[str, int]]:
-    """Up to ``limit`` events after ``cursor`` and the cursor just past the last one returned."""
+def read_events(client, job_id: str, cursor: dict[str, int], limit: int) -> tuple[list[dict], dict[str, int], bool]:
+    """Up to ``limit`` events after ``cursor``, the cursor just past the last one returned, and
+    whether more may follow at once. Reads at most ``limit`` x :data:`EVENT_PAGE_BYTES_PER_EVENT`
+    bytes of each file from the cursor (at least 4 KiB, at most :data:`EVENT_PAGE_MAX_BYTES`),
+    never the whole file."""
     reader = client.event_reader(job_id, cursor)
-    located = reader.poll_located()
+    max_bytes = min(EVENT_PAGE_MAX_BYTES, max(4096, limit * EVENT_PAGE_BYTES_PER_EVENT))
+    located = reader.poll_located(max_bytes=max_bytes)
     if len(located) <= limit:
-        return [json.loads(ev.to_json()) for ev, _, _ in located], reader.cursor
+        return [json.loads(ev.to_json()) for ev, _, _ in located], reader.cursor, reader.more
     out, cur = [], dict(cursor)
     for ev, fname, end in located[:limit]:  # a prefix per file (poll_located keeps file order)
         out.append(json.loads(ev.to_json()))
         cur[fname] = end
-    return out, cur
+    return out, cur, True
+
+
+def read_log(client, job_id: str, rank: int | None, offset: int | None, length: int) -> LogChunk:
+    """A byte range of a job's log (see :class:`LogsHandler`); one bounded read."""
+    rec = client.get(job_id)
+    return client.scheduler(rec.cluster).log_range(rec, rank, offset, length)
 
 
 def _profile(p) -> dict[str, Any]:

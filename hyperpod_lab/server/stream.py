@@ -13,13 +13,22 @@ The server pushes JSON text messages:
 * ``{"type": "end"}`` once the job is terminal and every event was sent; then the server closes.
 
 All tabs share the job's one :class:`~hyperpod_lab.server.watcher.Tailer`; a socket only holds
-its own cursor. Authentication is jupyter-server's (token, cookie, identity provider):
+its own cursor and its send queue. History is replayed in pages, each written only after the
+queue drained below half its cap (``Watcher.send_queue_bytes``); messages are written one at a
+time, each after tornado flushed the one before (its write future), so a client that does not
+read holds at most the cap here. One that stays at the cap for ``Watcher.stall_timeout_s`` is
+closed with code 4008 and a reason starting ``slow consumer``; it reconnects with its last
+``cursor`` and loses nothing. Beyond ``Watcher.max_subscribers`` sockets on one job, the upgrade
+is answered 429 (``{"error": {"type": "TooManySubscribers", ...}}``), or a socket already
+opened is closed with code 1013 and the reason. Authentication is jupyter-server's (token, cookie, identity provider):
 ``@ws_authenticated`` on ``get`` and the ``execute`` permission on the ``hyperpod`` resource.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections import deque
 
 from jupyter_core.utils import ensure_async
 from jupyter_server.auth.decorator import ws_authenticated
@@ -29,7 +38,10 @@ from tornado import web, websocket
 
 from hyperpod_lab.errors import HyperPodLabError
 from hyperpod_lab.server.handlers import AUTH_RESOURCE, error_body, status_of
-from hyperpod_lab.server.watcher import decode_cursor
+from hyperpod_lab.server.watcher import TooManySubscribers, decode_cursor
+
+CLOSE_SLOW = 4008  # closed: stayed over the send queue's cap (reconnect with the last cursor)
+CLOSE_TOO_MANY = 1013  # "try again later": the job has the most subscribers the server takes
 
 
 class StreamHandler(WebSocketMixin, JupyterHandler, websocket.WebSocketHandler):
@@ -55,8 +67,12 @@ class StreamHandler(WebSocketMixin, JupyterHandler, websocket.WebSocketHandler):
         try:  # bad input answers before the upgrade, as the REST handlers would
             self.cursor = decode_cursor(self.get_query_argument("cursor", None))
             self.hp.client.get(job_id)
+            watcher = self.hp.watcher
+            if watcher.subscribers(job_id) >= watcher.max_subscribers:
+                raise TooManySubscribers(f"job {job_id} has {watcher.subscribers(job_id)} subscribers, the most "
+                                         f"this server takes; close a tab or reconnect later")
         except HyperPodLabError as e:
-            self.set_status(status_of(e) or 400)
+            self.set_status(429 if isinstance(e, TooManySubscribers) else (status_of(e) or 400))
             self.set_header("Content-Type", "application/json")
             self.finish(json.dumps(error_body(e)))
             return
@@ -67,18 +83,53 @@ class StreamHandler(WebSocketMixin, JupyterHandler, websocket.WebSocketHandler):
     async def open(self, job_id: str):  # type: ignore[override]
         super().open(job_id)
         self.sub = None
-        self.sub = await self.hp.watcher.subscribe(job_id, self.cursor, self._send)
+        self._queue: deque[str] = deque()
+        self._queued = 0  # bytes in _queue plus the one message being written
+        self._wake = asyncio.Event()
+        self._writer = asyncio.get_running_loop().create_task(self._write_loop())
+        try:
+            self.sub = await self.hp.watcher.subscribe(job_id, self.cursor, self._send, pending=self._pending,
+                                                       close=self._close_slow)
+        except TooManySubscribers as e:
+            self.close(CLOSE_TOO_MANY, _reason(str(e)))
+
+    def _pending(self) -> int:
+        """Bytes handed to this socket and not yet flushed by tornado."""
+        return self._queued
 
     def _send(self, message: dict) -> bool:
+        """Queue one message (the watcher holds back while :meth:`_pending` is at its cap)."""
         if self.ws_connection is None or self.ws_connection.is_closing():
             return False
-        try:
-            self.write_message(json.dumps(message, default=str))
-        except websocket.WebSocketClosedError:
-            return False
-        if message.get("type") == "end":
-            self.close()
+        text = json.dumps(message, default=str)
+        self._queue.append(text)
+        self._queued += len(text)
+        self._wake.set()
         return True
+
+    async def _write_loop(self) -> None:
+        """Write queued messages one at a time, each after the one before was flushed."""
+        try:
+            while True:
+                if not self._queue:
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                text = self._queue.popleft()
+                try:
+                    await self.write_message(text)
+                except (websocket.WebSocketClosedError, asyncio.CancelledError):
+                    return
+                finally:
+                    self._queued -= len(text)
+                if text.startswith('{"type": "end"'):
+                    self.close()
+                    return
+        except asyncio.CancelledError:
+            return
+
+    def _close_slow(self, reason: str) -> None:
+        self.close(CLOSE_SLOW, _reason(reason))
 
     def on_message(self, message):  # the client only listens
         pass
@@ -87,3 +138,14 @@ class StreamHandler(WebSocketMixin, JupyterHandler, websocket.WebSocketHandler):
         sub = getattr(self, "sub", None)
         if sub is not None:
             self.hp.watcher.unsubscribe(sub)
+        writer = getattr(self, "_writer", None)
+        if writer is not None and not writer.done():
+            writer.cancel()
+        if getattr(self, "_queue", None) is not None:
+            self._queue.clear()
+
+
+def _reason(text: str) -> str:
+    """A WebSocket close reason: at most 123 bytes of UTF-8."""
+    data = text.encode()
+    return data[:123].decode(errors="ignore") if len(data) > 123 else text

@@ -17,8 +17,20 @@
 * Each tailer's cursor and progress summary are saved in the JobStore, so a restarted server
   resumes where it was.
 
-Everything runs on the tornado IOLoop; every blocking call (SSH, SFTP, SQLite writes) runs in
-one worker thread, so the cluster connections are never used by two threads at once.
+Everything runs on the tornado IOLoop; every blocking call runs in a worker thread: each
+cluster has its own (so a cluster's SSH/SFTP connection is never used by two threads at once,
+and a slow cluster or a big read never delays another cluster's calls), and the store and the
+calls of no cluster have one more. Every read is bounded (issue 13, finding 3): a tailer reads
+at most ``read_bytes`` of each event file per call and comes back at once when there is more.
+
+Backpressure (issue 13, finding 4): a tailer keeps only a window of its newest events, and only
+while someone watches (``window_events``); a subscriber behind that window replays the history
+from the files in pages of ``page_bytes`` per file, one executor call per page, so the IOLoop
+runs between pages. A subscriber whose transport reports ``pending()`` bytes at or over
+``send_queue_bytes`` gets nothing more (its cursor stays where it was) until it drained to half
+of that, then catches up from its cursor the same way; one that stays over it for
+``stall_timeout_s`` is closed through its ``close(reason)``. A job takes at most
+``max_subscribers`` subscribers.
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ import json
 import logging
 import re
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any, Callable
@@ -69,13 +82,36 @@ def decode_cursor(text: str | None) -> dict[str, int]:
 
 
 # ---- tailers and subscribers -------------------------------------------------------------
+class TooManySubscribers(HyperPodLabError):
+    """A job already has the most subscribers a server takes (``Watcher.max_subscribers``)."""
+
+
 class Subscription:
     """One subscriber (a WebSocket) of one job: its own cursor and a ``send(message)`` callback
-    called on the IOLoop thread. ``send`` returning False (socket gone) unsubscribes it."""
+    called on the IOLoop thread. ``send`` returning False (socket gone) unsubscribes it.
 
-    def __init__(self, job_id: str, cursor: dict[str, int], send: Callable[[Message], bool]):
+    Args:
+        pending: bytes sent but not yet written out by the transport (its send queue), or None
+            for a transport without one (then nothing is held back).
+        close: closes the transport with a reason (a subscriber stalled over the cap).
+
+    Attributes:
+        live: True once the history is sent: events then come from the tailer as read; False
+            while the subscriber replays (or catches up after falling behind) from its cursor.
+    """
+
+    def __init__(self, job_id: str, cursor: dict[str, int], send: Callable[[Message], bool],
+                 pending: Callable[[], int] | None = None, close: Callable[[str], None] | None = None):
         self.job_id, self.cursor, self.send = job_id, dict(cursor), send
+        self.pending, self.close = pending, close
         self.ended = False
+        self.live = False
+        self.gone = False
+        self.task: asyncio.Task | None = None
+
+    def over(self, cap: int) -> bool:
+        """Whether the transport holds ``cap`` bytes or more not yet written out."""
+        return self.pending is not None and self.pending() >= cap
 
     def deliver(self, ev: Event, fname: str, end: int) -> bool:
         if end <= self.cursor.get(fname, 0):
@@ -87,17 +123,21 @@ class Subscription:
 class Tailer:
     """Reads one job's events for all its subscribers.
 
-    ``items`` holds the events read since ``base`` (a cursor); a subscriber whose cursor is
-    behind ``base`` makes the tailer reload from the first event.
+    ``items`` holds the events read since ``base`` (a cursor): at most ``window`` of the newest,
+    and none while nobody subscribes (``base`` then follows ``cursor``). A subscriber whose
+    cursor is behind ``base`` replays from the files up to it (:meth:`Watcher._catch_up`).
     """
 
-    def __init__(self, rec: JobRecord, base: dict[str, int] | None = None, progress: dict | None = None):
-        self.job_id = rec.job_id
+    def __init__(self, rec: JobRecord, base: dict[str, int] | None = None, progress: dict | None = None,
+                 window: int = 1024):
+        self.job_id, self.cluster = rec.job_id, rec.cluster
         if progress is not None and "incidents" not in progress:
             base, progress = None, None  # saved before the job facts fold: read every event again
         self.base = dict(base or {})
         self.cursor = dict(self.base)
-        self.items: list[tuple[Event, str, int]] = []
+        self.window = window
+        self.items: deque[tuple[Event, str, int]] = deque()
+        self.more = False               # the last read stopped at read_bytes: read again at once
         self.progress = Progress(rec.spec, progress if base else None)
         self.subs: list[Subscription] = []
         self.generation = 0
@@ -112,8 +152,15 @@ class Tailer:
     def covers(self, cursor: dict[str, int]) -> bool:
         return all(cursor.get(f, 0) >= off for f, off in self.base.items())
 
+    def keep(self, item: tuple[Event, str, int]) -> None:
+        """Add a read event to the window, dropping the oldest beyond it (``base`` follows)."""
+        self.items.append(item)
+        while len(self.items) > self.window:
+            _, fname, end = self.items.popleft()
+            self.base[fname] = end
+
     def reset(self, rec: JobRecord) -> None:
-        self.base, self.cursor, self.items = {}, {}, []
+        self.base, self.cursor, self.items = {}, {}, deque()
         self.progress = Progress(rec.spec)
         self.generation += 1
         self.complete = self.polled = self.finished_seen = False
@@ -131,15 +178,31 @@ class Watcher:
         idle_batch: most unwatched jobs read per executor call; watched jobs (with a
             subscriber) are read first in their own call, so their latency does not grow with
             the number of tracked jobs.
+        read_bytes: most bytes a tailer reads of one event file per call.
+        page_bytes: most bytes of one event file per page of a subscriber's replay.
+        window_events: newest events a watched job's tailer keeps in memory.
+        send_queue_bytes: a subscriber whose transport holds this many bytes unsent gets no
+            more until it drained to half (then it catches up from its cursor).
+        stall_timeout_s: a subscriber over ``send_queue_bytes`` for this long is closed (s).
+        max_subscribers: most subscribers of one job.
+        cluster_workers: worker threads per cluster (1 keeps an SSH connection to one thread).
     """
 
     def __init__(self, client: Client, min_interval_s: float = 1.0, max_interval_s: float = 10.0,
-                 stream_interval_s: float = 0.25, idle_max_interval_s: float = 10.0, idle_batch: int = 8):
+                 stream_interval_s: float = 0.25, idle_max_interval_s: float = 10.0, idle_batch: int = 8,
+                 read_bytes: int = 1 << 20, page_bytes: int = 256 << 10, window_events: int = 1024,
+                 send_queue_bytes: int = 1 << 20, stall_timeout_s: float = 30.0, max_subscribers: int = 64,
+                 cluster_workers: int = 1):
         self.client, self.store = client, client.store
         self.min_interval_s, self.max_interval_s = min_interval_s, max_interval_s
         self.stream_interval_s, self.idle_max_interval_s = stream_interval_s, idle_max_interval_s
         self.idle_batch = idle_batch
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hyperpod-lab")
+        self.read_bytes, self.page_bytes, self.window_events = read_bytes, page_bytes, window_events
+        self.send_queue_bytes, self.stall_timeout_s = send_queue_bytes, stall_timeout_s
+        self.max_subscribers, self.cluster_workers = max_subscribers, cluster_workers
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hyperpod-lab")  # store, no cluster
+        self._executors: dict[str, ThreadPoolExecutor] = {}
+        self.closed_slow = 0  # subscribers closed for staying over send_queue_bytes (tests, benchmarks)
         self.tailers: dict[str, Tailer] = {}
         self.progress: dict[str, dict] = {}
         self.status_polls = 0  # batched refreshes done (tests and benchmarks read it)
@@ -169,11 +232,32 @@ class Watcher:
             t.cancel()
         await self._persist()
         self.executor.shutdown(wait=False)
+        for ex in self._executors.values():
+            ex.shutdown(wait=False)
 
     async def run(self, fn: Callable, *args, **kwargs):
-        """Run a blocking call (cluster or store I/O) in the watcher's worker thread."""
+        """Run a blocking call of no cluster (store, discovery) in the watcher's own worker thread."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
+
+    def executor_of(self, cluster: str) -> ThreadPoolExecutor:
+        """The worker threads of one cluster (``cluster_workers``), made on first use."""
+        ex = self._executors.get(cluster)
+        if ex is None:
+            name = "hyperpod-lab-" + re.sub(r"[^A-Za-z0-9_.-]", "_", cluster)[:40]
+            ex = self._executors[cluster] = ThreadPoolExecutor(max_workers=self.cluster_workers,
+                                                               thread_name_prefix=name)
+        return ex
+
+    async def run_on(self, cluster: str, fn: Callable, *args, **kwargs):
+        """Run a blocking call on ``cluster``'s worker thread: a slow or big call there never
+        delays another cluster's calls, the store's, or the IOLoop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor_of(cluster), lambda: fn(*args, **kwargs))
+
+    async def run_for_job(self, job_id: str, fn: Callable, *args, **kwargs):
+        """:meth:`run_on` the cluster of job ``job_id``. Raises UnknownJob."""
+        return await self.run_on(self.store.get(job_id).cluster, fn, *args, **kwargs)
 
     # ---- views -----------------------------------------------------------------------
     def view(self, rec: JobRecord) -> dict[str, Any]:
@@ -207,40 +291,58 @@ class Watcher:
         t = self.tailers.get(rec.job_id)
         if t is None:
             saved = None if full_history else self.store.get_cursor(rec.job_id)
-            t = Tailer(rec, *(saved or (None, None)))
+            t = Tailer(rec, *(saved or (None, None)), window=self.window_events)
             self.tailers[rec.job_id] = t
             self._wake_events.set()
         return t
 
     # ---- subscriptions ---------------------------------------------------------------
-    async def subscribe(self, job_id: str, cursor: dict[str, int], send: Callable[[Message], bool]) -> Subscription:
-        """Send the job's events after ``cursor`` (history first), then live ones, status
-        changes and ``end``, through ``send``. Raises UnknownJob."""
+    def subscribers(self, job_id: str) -> int:
+        """Subscribers of job ``job_id`` now."""
+        t = self.tailers.get(job_id)
+        return len(t.subs) if t is not None else 0
+
+    async def subscribe(self, job_id: str, cursor: dict[str, int], send: Callable[[Message], bool],
+                        pending: Callable[[], int] | None = None,
+                        close: Callable[[str], None] | None = None) -> Subscription:
+        """Send the job's events after ``cursor`` (history first, replayed from the files in
+        pages), then live ones, status changes and ``end``, through ``send``.
+
+        Args:
+            pending, close: the transport's send queue and close (see :class:`Subscription`).
+
+        Raises:
+            UnknownJob: no such job.
+            TooManySubscribers: the job has ``max_subscribers`` already.
+        """
         rec = self.store.get(job_id)
-        t = self._ensure_tailer(rec, full_history=True)
-        if not t.covers(cursor):
-            t.reset(rec)
-            await self._poll_now(t, rec)
-        elif not t.polled:
-            await self._poll_now(t, rec)
-        sub = Subscription(job_id, cursor, send)
+        t = self._ensure_tailer(rec)
+        if len(t.subs) >= self.max_subscribers:
+            raise TooManySubscribers(f"job {job_id} has {len(t.subs)} subscribers, the most this server takes "
+                                     f"(max_subscribers); close a tab or reconnect later")
+        sub = Subscription(job_id, cursor, send, pending, close)
         if sub.send({"type": "status", "job": self.view(rec)}) is False:
             return sub
-        for ev, fname, end in list(t.items):
-            if sub.deliver(ev, fname, end) is False:
-                return sub
         t.subs.append(sub)
         t.next_poll = 0.0
-        if t.complete:
-            self._end(t, sub)
+        sub.task = asyncio.get_running_loop().create_task(self._catch_up(t, sub, rec))
         self._wake_events.set()
         self._wake_status.set()
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
+        sub.gone = True
         t = self.tailers.get(sub.job_id)
         if t is not None and sub in t.subs:
             t.subs.remove(sub)
+        task = sub.task
+        if task is not None and not task.done():
+            try:
+                current = asyncio.current_task()
+            except RuntimeError:
+                current = None
+            if task is not current:
+                task.cancel()
 
     def _end(self, t: Tailer, sub: Subscription) -> None:
         if not sub.ended:
@@ -249,10 +351,103 @@ class Watcher:
         if sub in t.subs:
             t.subs.remove(sub)
 
+    def _fall_behind(self, t: Tailer, sub: Subscription) -> None:
+        """``sub``'s transport is over ``send_queue_bytes``: send it nothing more until it drained,
+        then let it catch up from its cursor (nothing lost, nothing held here meanwhile)."""
+        sub.live = False
+        if sub.task is None or sub.task.done():
+            rec = None
+            try:
+                rec = self.store.get(sub.job_id)
+            except HyperPodLabError:
+                self.unsubscribe(sub)
+                return
+            sub.task = asyncio.get_running_loop().create_task(self._catch_up(t, sub, rec))
+
+    def _read_page(self, rec: JobRecord, cursor: dict[str, int]) -> tuple[list, dict[str, int]]:
+        """One page of a job's events after ``cursor`` (``page_bytes`` per file); worker thread."""
+        reader = self.client.event_reader(rec.job_id, cursor)
+        return reader.poll_located(max_bytes=self.page_bytes), reader.cursor
+
+    async def _catch_up(self, t: Tailer, sub: Subscription, rec: JobRecord) -> None:
+        """Bring ``sub`` from its cursor up to the tailer's window, page by page, waiting for its
+        transport to drain between pages; then make it live (and end it if the job is done)."""
+        cap = self.send_queue_bytes
+        over_since: float | None = None
+        try:
+            while not sub.gone:
+                if sub.pending is not None and sub.pending() > cap // 2:  # backpressure: wait to drain
+                    now = time.monotonic()
+                    over_since = over_since or now
+                    if sub.over(cap) and now - over_since > self.stall_timeout_s:
+                        self._close_slow(t, sub, sub.pending())
+                        return
+                    await asyncio.sleep(min(0.05, self.stall_timeout_s / 4))
+                    continue
+                over_since = None
+                if t.covers(sub.cursor):
+                    for ev, fname, end in list(t.items):
+                        if sub.over(cap):
+                            break
+                        if sub.deliver(ev, fname, end) is False:
+                            self.unsubscribe(sub)
+                            return
+                    else:
+                        sub.live = True
+                        if t.complete:
+                            self._end(t, sub)
+                        return
+                    continue
+                try:
+                    located, cursor = await self.run_on(rec.cluster, self._read_page, rec, dict(sub.cursor))
+                except (HyperPodLabError, OSError, EOFError) as e:
+                    log.warning("hyperpod_lab: history of %s not read: %s", rec.job_id, e)
+                    await asyncio.sleep(1.0)
+                    continue
+                if sub.gone:
+                    return
+                for ev, fname, end in located:
+                    if sub.over(cap):
+                        break
+                    if sub.deliver(ev, fname, end) is False:
+                        self.unsubscribe(sub)
+                        return
+                else:  # the whole page went out: also pass what it skipped (malformed lines)
+                    stuck = not located and all(cursor.get(f, 0) <= sub.cursor.get(f, 0) for f in cursor)
+                    for f, off in cursor.items():
+                        sub.cursor[f] = max(sub.cursor.get(f, 0), off)
+                    if stuck:  # nothing more on disk before the window (files gone): go live
+                        sub.cursor.update({f: max(sub.cursor.get(f, 0), off) for f, off in t.base.items()})
+                await asyncio.sleep(0)  # let the IOLoop run between pages
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("hyperpod_lab: subscriber of %s failed", sub.job_id)
+            self.unsubscribe(sub)
+
+    def _close_slow(self, t: Tailer, sub: Subscription, pending: int) -> None:
+        self.closed_slow += 1
+        reason = (f"slow consumer: {pending} bytes unsent for over {self.stall_timeout_s:g} s "
+                  f"(cap {self.send_queue_bytes}); reconnect with your last cursor")
+        log.warning("hyperpod_lab: closing a subscriber of %s: %s", sub.job_id, reason)
+        self.unsubscribe(sub)
+        if sub.close is not None:
+            sub.close(reason)
+
     # ---- status loop -----------------------------------------------------------------
-    def _refresh_blocking(self) -> tuple[list[JobRecord], list[JobRecord], bool]:
-        """One batched refresh per cluster. Returns (changed records, all records, any error)."""
-        recs = self.store.list()
+    def _refresh_cluster(self, cluster: str, group: list[JobRecord]) -> bool:
+        """One batched refresh of ``cluster``'s jobs (on its worker thread). Returns False on error."""
+        try:
+            self.client.refresh(group)
+            return True
+        except (HyperPodLabError, OSError, EOFError) as e:
+            log.warning("hyperpod_lab: status of %d job(s) on %s not refreshed: %s", len(group), cluster, e)
+            return False
+
+    async def _refresh(self) -> tuple[list[JobRecord], list[JobRecord], bool]:
+        """One batched refresh per cluster, each on its own worker thread, all at once.
+        Returns (changed records, all records, any error)."""
+        recs = await self.run(self.store.list)
         active = [r for r in recs if not r.state.is_terminal()]
         # the state last seen here, else as read now (a change made by another process, e.g. the
         # CLI, between two ticks counts as a change too)
@@ -260,22 +455,16 @@ class Watcher:
         by_cluster: dict[str, list[JobRecord]] = {}
         for r in active:
             by_cluster.setdefault(r.cluster, []).append(r)
-        error = False
-        for cluster, group in by_cluster.items():
-            try:
-                self.client.refresh(group)
-            except (HyperPodLabError, OSError, EOFError) as e:
-                error = True
-                log.warning("hyperpod_lab: status of %d job(s) on %s not refreshed: %s", len(group), cluster, e)
+        oks = await asyncio.gather(*(self.run_on(c, self._refresh_cluster, c, g) for c, g in by_cluster.items()))
         changed = [r for r in recs if (r.status, r.exit_code, r.reason) != before[r.job_id]]
         self._seen = {r.job_id: (r.status, r.exit_code, r.reason) for r in recs}
-        return changed, recs, error
+        return changed, recs, not all(oks)
 
     async def _status_loop(self) -> None:
         delay = self.min_interval_s
         while not self._stopped:
             try:
-                changed, recs, error = await self.run(self._refresh_blocking)
+                changed, recs, error = await self._refresh()
                 self.status_polls += 1
             except Exception:  # never let the loop die
                 log.exception("hyperpod_lab: status refresh failed")
@@ -316,12 +505,13 @@ class Watcher:
         for t, rec, cursor in polls:
             try:
                 reader = self.client.event_reader(rec.job_id, cursor)
-                out.append((t, t.generation, cursor, reader.poll_located(), reader.cursor, None))
+                located = reader.poll_located(max_bytes=self.read_bytes)
+                out.append((t, t.generation, cursor, located, reader.cursor, None, reader.more))
             except (HyperPodLabError, OSError, EOFError) as e:
-                out.append((t, t.generation, cursor, [], cursor, e))
+                out.append((t, t.generation, cursor, [], cursor, e, False))
         return out
 
-    def _apply(self, t: Tailer, generation: int, read_from: dict[str, int], located, cursor, error,
+    def _apply(self, t: Tailer, generation: int, read_from: dict[str, int], located, cursor, error, more,
                started_at: float) -> None:
         if generation != t.generation or read_from != t.cursor:
             return  # reset, or another read was applied, while this one ran: its result is stale
@@ -330,27 +520,38 @@ class Watcher:
             t.idle_interval = min(t.idle_interval * 2, self.idle_max_interval_s)
             return
         t.polled = True
+        t.more = more
+        cap = self.send_queue_bytes
         for ev, fname, end in located:
-            t.items.append((ev, fname, end))
+            if t.subs:
+                t.keep((ev, fname, end))
             counts = (t.progress.faults, t.progress.recoveries)
             t.progress.update(ev)
             t.finished_seen |= ev.kind == EventKind.FINISHED.value
             for sub in list(t.subs):
-                if sub.deliver(ev, fname, end) is False:
+                if not sub.live:
+                    continue  # replaying: it reads this event from the files
+                if sub.over(cap):
+                    self._fall_behind(t, sub)
+                elif sub.deliver(ev, fname, end) is False:
                     self.unsubscribe(sub)
             if t.subs and (t.progress.faults, t.progress.recoveries) != counts:
                 self._send_status(t)  # a fault opened or recovered: the sidebar notifies from it
         if located or cursor != t.cursor:
             t.dirty = True
         t.cursor = dict(cursor)
+        if not t.subs:  # nobody watches: keep no events (a new subscriber replays from the files)
+            t.items.clear()
+            t.base = dict(t.cursor)
         t.idle_interval = 1.0 if located else min(t.idle_interval * 2, self.idle_max_interval_s)
         # complete: the job is terminal, a read that began after that found nothing new, and
         # either 'finished' was read or the terminal state is old enough for any late writer
-        if (t.terminal_seen_at is not None and started_at >= t.terminal_seen_at and not located
+        if (t.terminal_seen_at is not None and started_at >= t.terminal_seen_at and not located and not more
                 and (t.finished_seen or started_at >= t.terminal_seen_at + 3.0)):
             t.complete = True
             for sub in list(t.subs):
-                self._end(t, sub)
+                if sub.live:  # a replaying subscriber gets 'end' once it caught up
+                    self._end(t, sub)
 
     def _send_status(self, t: Tailer) -> None:
         """Send ``{"type": "status", "job": JobView}`` to every subscriber of ``t``'s job."""
@@ -363,16 +564,10 @@ class Watcher:
             if sub.send(msg) is False:
                 self.unsubscribe(sub)
 
-    async def _poll_now(self, t: Tailer, rec: JobRecord) -> None:
-        started = time.monotonic()
-        results = await self.run(self._poll_blocking, [(t, rec, dict(t.cursor))])
-        for res in results:
-            self._apply(*res, started_at=started)
-
     async def _poll_batch(self, polls: list[tuple[Tailer, JobRecord, dict[str, int]]]) -> None:
         started = time.monotonic()
         try:
-            results = await self.run(self._poll_blocking, polls)
+            results = await self.run_on(polls[0][1].cluster, self._poll_blocking, polls)
         except Exception:
             log.exception("hyperpod_lab: event poll failed")
             results = []
@@ -380,7 +575,8 @@ class Watcher:
             self._apply(*res, started_at=started)
         done = time.monotonic()
         for t, _, _ in polls:
-            t.next_poll = done + (self.stream_interval_s if t.subs else t.idle_interval)
+            # more than read_bytes waiting: read on at once (the IOLoop ran in between)
+            t.next_poll = done if t.more else done + (self.stream_interval_s if t.subs else t.idle_interval)
 
     async def _persist(self) -> None:
         dirty = [(t.job_id, dict(t.cursor), t.progress.to_dict()) for t in self.tailers.values() if t.dirty]
@@ -404,24 +600,35 @@ class Watcher:
                     continue
                 if now >= t.next_poll:
                     due.append(t)
-            polls = []
+            # per cluster, on its own worker (all clusters at once): watched jobs first, in their
+            # own executor call; then at most idle_batch idle jobs (the most overdue first), so a
+            # streamed job never waits behind every idle job's read: the rest stay due and go in
+            # the next iterations (their records are not even read now)
+            by_cluster: dict[str, list[Tailer]] = {}
             for t in due:
-                try:
-                    rec = self.store.get(t.job_id)
-                except HyperPodLabError:
-                    self.tailers.pop(t.job_id, None)
-                    continue
-                if rec.state.is_terminal() and t.terminal_seen_at is None:
-                    t.terminal_seen_at = now
-                polls.append((t, rec, dict(t.cursor)))
-            # watched jobs first, in their own executor call; then at most idle_batch idle
-            # jobs (the most overdue first), so a streamed job never waits behind every idle
-            # job's read: the rest stay due and go in the next iterations
-            watched = [p for p in polls if p[0].subs]
-            idle = sorted((p for p in polls if not p[0].subs), key=lambda p: p[0].next_poll)
-            for batch in (watched, idle[:self.idle_batch]):
-                if batch:
-                    await self._poll_batch(batch)
+                by_cluster.setdefault(t.cluster, []).append(t)
+            batches: dict[str, list[list]] = {}
+            for cluster, group in by_cluster.items():
+                idle = sorted((t for t in group if not t.subs), key=lambda t: t.next_poll)[:self.idle_batch]
+                for part in ([t for t in group if t.subs], idle):
+                    polls = []
+                    for t in part:
+                        try:
+                            rec = self.store.get(t.job_id)
+                        except HyperPodLabError:
+                            self.tailers.pop(t.job_id, None)
+                            continue
+                        if rec.state.is_terminal() and t.terminal_seen_at is None:
+                            t.terminal_seen_at = now
+                        polls.append((t, rec, dict(t.cursor)))
+                    if polls:
+                        batches.setdefault(cluster, []).append(polls)
+
+            async def one_cluster(parts):
+                for polls in parts:
+                    await self._poll_batch(polls)
+
+            await asyncio.gather(*(one_cluster(parts) for parts in batches.values()))
             try:
                 if time.monotonic() >= self._next_persist:
                     self._next_persist = time.monotonic() + self.persist_interval_s
