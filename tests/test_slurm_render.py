@@ -131,3 +131,69 @@ def test_parse_sinfo_literal():
         {"name": "n4", "state": "drain", "cpus": None, "partitions": ["gpu"]},
     ]
     assert parse_sinfo("") == []
+
+
+# ---- conformance with the Slurm sources (issue 17) -------------------------------------------
+import json  # noqa: E402
+
+from hyperpod_lab.schedulers.slurm import slurm_state  # noqa: E402
+
+SLURM_MAN = os.path.join(os.path.dirname(__file__), "fixtures", "slurm_man.json")
+
+
+def slurm_man():
+    with open(SLURM_MAN) as f:
+        return json.load(f)
+
+
+def test_every_state_of_squeue_and_sacct_22_05_to_current_is_known():
+    """squeue(1) and sacct(1), section JOB STATE CODES, and job_state_string() in
+    src/common/slurm_protocol_defs.c (what ``%T`` / ``State`` print), Slurm 22.05 to 25.11
+    (tests/fixtures/slurm_man.json): every state maps to a status, none to UNKNOWN except
+    REVOKED (the job runs on another cluster of a federation). EXPEDITING is new in 25.11."""
+    seen = set()
+    for version, lists in slurm_man()["states"].items():
+        for states in lists.values():
+            seen |= set(states)
+    assert "EXPEDITING" in seen and "SPECIAL_EXIT" in seen
+    unknown = sorted(s for s in seen if slurm_state(s) == JobStatus.UNKNOWN)
+    assert unknown == ["REVOKED"]
+    assert slurm_state("EXPEDITING") == JobStatus.PENDING
+
+
+def test_revoked_and_special_exit_mean_what_the_man_pages_say():
+    """squeue(1) JOB STATE CODES: SPECIAL_EXIT "The job was requeued in a special state" (held,
+    like REQUEUE_HOLD: not ended); REVOKED "Sibling was removed from cluster due to other
+    cluster starting the job" (it runs elsewhere: not failed). Neither is terminal."""
+    got = parse_squeue("31|SPECIAL_EXIT|JobHeldUser\n32|REVOKED|None\n")
+    assert got["31"][0] == JobStatus.PENDING and "scontrol release" in got["31"][1]
+    assert got["31"][1].endswith("JobHeldUser")
+    assert got["32"][0] == JobStatus.UNKNOWN and "another cluster" in got["32"][1]
+    acct = parse_sacct("33|REVOKED|0:0\n34|SPECIAL_EXIT|3:0\n")
+    assert not acct["33"][0].is_terminal() and not acct["34"][0].is_terminal()
+    assert acct["34"][1] == 3 and acct["34"][2].startswith("SPECIAL_EXIT (")
+
+
+def test_a_pipe_inside_the_reason_stays_in_the_reason():
+    """squeue(1) ``%r``: the reason is free text when an administrator sets it
+    (``scontrol update job=.. reason=...``); ``-o '%i|%T|%r'`` puts it last, so everything after
+    the second ``|`` is the reason."""
+    got = parse_squeue("40|PENDING|held by admin | maintenance|window\n")
+    assert got["40"] == (JobStatus.PENDING, "held by admin | maintenance|window")
+
+
+def test_array_and_het_ids_are_read_alike_by_both_parsers():
+    """squeue(1) ``%i`` and sacct(1) ``JobID``: an array task is ``<jobid>_<taskid>`` (pending
+    tasks ``<jobid>_[<range>]``), a heterogeneous component ``<jobid>+<offset>``; a step is
+    ``<job>.<step>``. Both parsers keep each component under its own id, sum them up under the
+    base id the same way (a component still going wins, then one that did not complete), and
+    skip steps."""
+    sq = parse_squeue("50_1|COMPLETED|None\n50_2|RUNNING|None\n50_[3-9%2]|PENDING|JobArrayTaskLimit\n"
+                      "60+0|RUNNING|None\n60+1|RUNNING|None\n70_1|COMPLETED|None\n70_2|FAILED|NonZeroExitCode\n")
+    sa = parse_sacct("50_1|COMPLETED|0:0\n50_2|RUNNING|0:0\n50_[3-9%2]|PENDING|0:0\n50_1.batch|COMPLETED|0:0\n"
+                     "60+0|RUNNING|0:0\n60+1|RUNNING|0:0\n60+0.0|RUNNING|0:0\n70_1|COMPLETED|0:0\n70_2|FAILED|1:0\n")
+    assert set(sq) == set(sa) == {"50_1", "50_2", "50_[3-9%2]", "50", "60+0", "60+1", "60", "70_1", "70_2", "70"}
+    for jid in sq:
+        assert sq[jid][0] == sa[jid][0], jid
+    assert sq["50"][0] == JobStatus.RUNNING and sq["60"][0] == JobStatus.RUNNING
+    assert sq["70"][0] == JobStatus.FAILED and sa["70"][1] == 1

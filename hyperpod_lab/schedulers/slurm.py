@@ -179,38 +179,102 @@ def parse_sbatch(stdout: str) -> str:
     raise HyperPodLabError(f"sbatch printed no job id: {stdout.strip()[:500]!r}")
 
 
+# Every job state squeue's ``%T`` and sacct's ``State`` print, Slurm 22.05 to 25.11 (the
+# squeue(1) and sacct(1) JOB STATE CODES sections; job_state_string() in
+# src/common/slurm_protocol_defs.c, which adds EXPEDITING in 25.11; the "Job State Codes" page
+# doc/html/job_state_codes.shtml for the flags). A flag is printed instead of the base state.
 _SLURM_TO_STATUS = {
+    # waiting to start (again)
     "PENDING": JobStatus.PENDING, "CONFIGURING": JobStatus.PENDING, "REQUEUED": JobStatus.PENDING,
     "REQUEUE_HOLD": JobStatus.PENDING, "REQUEUE_FED": JobStatus.PENDING, "RESV_DEL_HOLD": JobStatus.PENDING,
+    "EXPEDITING": JobStatus.PENDING,  # 25.11: requeued, "immediately eligible ... highest possible priority"
+    "POWER_UP_NODE": JobStatus.PENDING, "LAUNCH_FAILED": JobStatus.PENDING,  # flags: allocated, not started
+    # SPECIAL_EXIT: "The job was requeued in a special state" (same as REQUEUE_HOLD, set by
+    # EpilogSlurmctld for a chosen exit value): held, not ended; `scontrol release` runs it again
+    "SPECIAL_EXIT": JobStatus.PENDING,
+    # holding its allocation
     "SUSPENDED": JobStatus.RUNNING, "RUNNING": JobStatus.RUNNING, "COMPLETING": JobStatus.RUNNING,
     "STAGE_OUT": JobStatus.RUNNING, "SIGNALING": JobStatus.RUNNING, "RESIZING": JobStatus.RUNNING,
-    "STOPPED": JobStatus.RUNNING,
+    "STOPPED": JobStatus.RUNNING, "UPDATE_DB": JobStatus.RUNNING,
+    # ended
     "COMPLETED": JobStatus.COMPLETED, "CANCELLED": JobStatus.CANCELLED,
     "FAILED": JobStatus.FAILED, "TIMEOUT": JobStatus.FAILED, "NODE_FAIL": JobStatus.FAILED,
     "OUT_OF_MEMORY": JobStatus.FAILED, "BOOT_FAIL": JobStatus.FAILED, "DEADLINE": JobStatus.FAILED,
-    "PREEMPTED": JobStatus.FAILED, "REVOKED": JobStatus.FAILED, "SPECIAL_EXIT": JobStatus.FAILED,
+    "PREEMPTED": JobStatus.FAILED, "RECONFIG_FAIL": JobStatus.FAILED,
+    # REVOKED: "Sibling was removed from cluster due to other cluster starting the job" (a
+    # federation): the job did not end, it runs on another cluster; this cluster cannot say how
+    # it goes, so UNKNOWN (not terminal: the watcher keeps asking), with the reason spelled out
+    "REVOKED": JobStatus.UNKNOWN,
 }
+
+STATE_NOTES = {
+    "REVOKED": "REVOKED: another cluster of the federation started the job (ask that cluster)",
+    "SPECIAL_EXIT": "SPECIAL_EXIT: requeued and held for its exit code; 'scontrol release' runs it again",
+    "REQUEUE_HOLD": "REQUEUE_HOLD: requeued and held; 'scontrol release' runs it again",
+}
+"""What a state means where its name does not say it (added to the reason the parsers return)."""
 
 
 def slurm_state(text: str) -> JobStatus:
-    """Map a Slurm state (``"CANCELLED by 0"``, ``"RUNNING"``, ``"CD"`` is not accepted) to JobStatus."""
+    """Map a Slurm state (``"CANCELLED by 0"``, ``"RUNNING"``; the two-letter codes such as
+    ``"CD"`` are not accepted) to JobStatus; an unknown word is UNKNOWN."""
     word = (text or "").strip().split(" ")[0].rstrip("+").upper()
     return _SLURM_TO_STATUS.get(word, JobStatus.UNKNOWN)
 
 
-def _base_id(jobid: str) -> str:
-    return re.split(r"[_+.]", jobid.strip(), maxsplit=1)[0]
+def _state_word(text: str) -> str:
+    return (text or "").strip().split(" ")[0].rstrip("+").upper()
+
+
+_JOB_ID = re.compile(r"(\d+)(?:_(?:\d+|\[[^\]]*\])|\+\d+)?")
+
+
+def _job_row_id(jobid: str) -> tuple[str, str] | None:
+    """``(id as printed, base id)`` of a job row: ``123``, an array task ``123_4`` (or the
+    pending rest ``123_[5-9%2]``) and a heterogeneous component ``123+0`` all belong to job
+    ``123`` (squeue(1) ``%i``; sacct(1) ``JobID``: ``<jobid>_<taskid>``, ``<jobid>+<offset>``);
+    None for a step row (``123.batch``, ``123+0.0``) or a line that is not a job id."""
+    m = _JOB_ID.fullmatch(jobid.strip())
+    return (m.group(0), m.group(1)) if m else None
+
+
+def _merge_base(rows: dict, base_of: dict[str, str], status_of) -> None:
+    """Give each base id (``123``) of array tasks / het components an entry of its own: the
+    first component still going, else the first that did not complete, else any."""
+    groups: dict[str, list[str]] = {}
+    for jid, base in base_of.items():
+        if jid != base:
+            groups.setdefault(base, []).append(jid)
+    for base, members in groups.items():
+        if base in rows:
+            continue
+        live = [m for m in members if not status_of(rows[m]).is_terminal()]
+        bad = [m for m in members if status_of(rows[m]) != JobStatus.COMPLETED]
+        rows[base] = rows[(live or bad or members)[0]]
 
 
 def parse_squeue(stdout: str) -> dict[str, tuple[JobStatus, str]]:
-    """Parse ``squeue -h -o '%i|%T|%r'`` into ``{job id: (status, reason)}``."""
+    """Parse ``squeue -h -o '%i|%T|%r'`` into ``{job id: (status, reason)}``.
+
+    The reason is the rest of the line, ``|`` included (an administrator's reason is free
+    text). Array tasks and heterogeneous components are kept under their own ids
+    (``123_4``, ``123+0``) and summed up under the base id ``123`` (see :func:`_merge_base`),
+    exactly as :func:`parse_sacct` does.
+    """
     out: dict[str, tuple[JobStatus, str]] = {}
+    base_of: dict[str, str] = {}
     for line in stdout.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) < 2 or not parts[0]:
+        parts = line.strip().split("|", 2)
+        ids = _job_row_id(parts[0]) if len(parts) >= 2 else None
+        if not ids:
             continue
-        reason = parts[2] if len(parts) > 2 and parts[2] not in ("None", "") else ""
-        out[_base_id(parts[0])] = (slurm_state(parts[1]), reason)
+        reason = parts[2].strip() if len(parts) > 2 and parts[2].strip() not in ("None", "") else ""
+        note = STATE_NOTES.get(_state_word(parts[1]))
+        if note:
+            reason = f"{note}; {reason}" if reason else note
+        out[ids[0]] = (slurm_state(parts[1]), reason)
+        base_of[ids[0]] = ids[1]
+    _merge_base(out, base_of, lambda row: row[0])
     return out
 
 
@@ -247,17 +311,23 @@ def parse_exit_code(text: str) -> int | None:
 def parse_sacct(stdout: str) -> dict[str, tuple[JobStatus, int | None, str]]:
     """Parse ``sacct -n -P -X -o JobID,State,ExitCode`` into ``{job id: (status, exit, state)}``.
 
-    With several rows for one job (requeues), the last row wins.
+    With several rows for one job (requeues), the last row wins. Step rows (``123.batch``) are
+    skipped; array tasks and heterogeneous components (``123_4``, ``123+0``) are kept under
+    their own ids and summed up under the base id, as :func:`parse_squeue` does. ``state`` is
+    sacct's text, with the meaning of ``REVOKED`` and ``SPECIAL_EXIT`` added (:data:`STATE_NOTES`).
     """
     out: dict[str, tuple[JobStatus, int | None, str]] = {}
+    base_of: dict[str, str] = {}
     for line in stdout.splitlines():
         parts = line.strip().split("|")
-        if len(parts) < 3 or not parts[0] or not parts[0][0].isdigit():
+        ids = _job_row_id(parts[0]) if len(parts) >= 3 else None
+        if not ids:
             continue
-        jid = parts[0].strip()
-        if _base_id(jid) != jid:
-            continue
-        out[jid] = (slurm_state(parts[1]), parse_exit_code(parts[2]), parts[1].strip())
+        state = parts[1].strip()
+        note = STATE_NOTES.get(_state_word(state))
+        out[ids[0]] = (slurm_state(state), parse_exit_code(parts[-1]), f"{state} ({note})" if note else state)
+        base_of[ids[0]] = ids[1]
+    _merge_base(out, base_of, lambda row: row[0])
     return out
 
 
