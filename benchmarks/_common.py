@@ -113,7 +113,8 @@ def start_jupyter_server(root_dir: str, work_dir: str, env: dict, settings: dict
         if proc.poll() is not None:
             break
         try:
-            with urllib.request.urlopen(url + "/api/status", timeout=5):
+            req = urllib.request.Request(url + "/api/status", headers={"Authorization": f"token {token}"})
+            with urllib.request.urlopen(req, timeout=5):
                 return proc, url, token
         except OSError:
             time.sleep(0.2)
