@@ -18,6 +18,12 @@ group. So:
   each group falls back to its tiered checkpoint (memory, then persistent, then S3), with a
   ``recovery.fallback`` event; the next quorum equalises the groups.
 
+Network exposure: torchft's heal transport (an HTTP server in every rank serving the full state
+to a recovering replica) listens on this node's cluster address only (:func:`heal_host`;
+``127.0.0.1`` when the job's Lighthouse is on loopback, i.e. the local backend), not on every
+interface (:func:`bound_http_transport`). torchft 0.2.0 has no authentication hook for it, for
+its Lighthouse or for its manager server: see docs/checkpointless.md, "Security".
+
 Decision and measurements: ``docs/checkpointless.md``. Timeout hierarchy (seconds, all set
 deliberately): Lighthouse heartbeat timeout (``--heartbeat-ms``, 500 ms) <
 collective timeout (``$HYPERPOD_LAB_FT_TIMEOUT_S``, 10 s: an all-reduce with a silent peer) <
@@ -75,6 +81,75 @@ DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_QUORUM_TIMEOUT_S = 60.0
 MAX_REPLICA_GROUPS = 1024
 REPLICAS_DIRNAME = "replicas"  # <job_dir>/replicas/group-<G>.json: the replica-group registry
+
+
+def heal_host(lighthouse_address: str) -> str:
+    """The IP address this rank's heal transport listens on: ``127.0.0.1`` when the Lighthouse
+    is on loopback (the local backend: every replica group is on this machine), else this node's
+    address (``socket.gethostbyname`` of ``$SLURMD_NODENAME`` or the host name).
+
+    Raises:
+        OSError: the node's name does not resolve.
+    """
+    import socket
+    from urllib.parse import urlsplit
+
+    from hyperpod_lab.runtime.context import node_name
+
+    lh = urlsplit(lighthouse_address).hostname or ""
+    if lh in ("localhost", "::1") or lh.startswith("127."):
+        return "127.0.0.1"
+    for name in (node_name(), socket.gethostname()):
+        try:
+            return socket.gethostbyname(name)
+        except OSError:
+            continue
+    return socket.gethostbyname(socket.gethostname())
+
+
+def bound_http_transport(host: str, timeout: timedelta):
+    """torchft's ``HTTPTransport`` (unchanged: no fork) listening on ``host`` only.
+
+    ``HTTPTransport`` binds every interface in its constructor and offers no parameter for it;
+    this stops that server right away (it serves nothing until the first ``send_checkpoint``:
+    torchft disallows checkpoints from construction on), then serves the same request handler
+    from a server bound to ``host`` and advertises ``host`` in its address.
+
+    Args:
+        host: an IPv4 or IPv6 address of this node.
+        timeout: torchft's HTTP timeout.
+
+    Returns:
+        A ``torchft.checkpointing.HTTPTransport``.
+    """
+    import socket
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from torchft.checkpointing import HTTPTransport
+
+    class _Server(ThreadingHTTPServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        request_queue_size = 1024
+        daemon_threads = True
+
+    class BoundHTTPTransport(HTTPTransport):
+        def __init__(self) -> None:
+            super().__init__(timeout=timeout, num_chunks=0)
+            handler = self._server.RequestHandlerClass
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join(timeout=5)
+            self._server = _Server((host, 0), handler)
+            self._thread = threading.Thread(target=self._serve, daemon=True, name="hyperpod-heal-http")
+            self._thread.start()
+
+        def address(self) -> str:
+            port = self._server.socket.getsockname()[1]
+            name = f"[{host}]" if ":" in host else host
+            return f"http://{name}:{port}/checkpoint/"
+
+    return BoundHTTPTransport()
 
 
 def replica_file(paths: JobPaths, group: int) -> str:
@@ -146,8 +221,10 @@ class Checkpointless:
         registry = replica_file(ctx.paths, ctx.replica_group)
         self._initial = (not os.path.exists(registry) and not ctx.is_restart
                          and ctx.replica_group < int(os.environ.get(ENV_REPLICA_GROUPS, "0") or 0))
+        self.heal_transport = bound_http_transport(heal_host(os.environ[ENV_LIGHTHOUSE]), self.timeout)
         self.manager = Manager(
             pg=ProcessGroupGloo(timeout=self.timeout), load_state_dict=self._load_state,
+            checkpoint_transport=self.heal_transport,
             state_dict=self._state, min_replica_size=self.min_replicas, use_async_quorum=False,
             timeout=self.timeout, quorum_timeout=quorum_timeout, connect_timeout=self.timeout,
             rank=ctx.rank, world_size=ctx.world_size, replica_id=f"hyperpod_lab_group_{ctx.replica_group}",

@@ -12,6 +12,10 @@ is dropped from the next quorum — the fast fault detector of a hung or lost no
 ``--join-timeout-ms`` (default 5000): how long a quorum waits for heartbeating stragglers.
 A crashed ``torchft_lighthouse`` is restarted on the same port (``--max-restarts``, default 10):
 see :func:`supervise`.
+
+It listens on the address it publishes (``--host``, resolved to an IP: the cluster interface,
+``127.0.0.1`` for the local backend), never on every interface. torchft's Lighthouse has no
+authentication; see docs/checkpointless.md, "Security".
 """
 
 from __future__ import annotations
@@ -45,9 +49,22 @@ def lighthouse_binary() -> str:
 
 
 def _free_port(host: str) -> int:
-    with socket.socket() as s:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def bind_address(host: str) -> str:
+    """The IP address to listen on for ``host`` (a name is resolved: the interface the cluster
+    reaches this node by). Raises OSError when it does not resolve."""
+    if ":" in host:
+        return host
+    return socket.gethostbyname(host)
+
+
+def _hostport(ip: str, port: int) -> str:
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
 def read_address(job_dir: str, timeout_s: float = 60.0) -> str:
@@ -78,7 +95,7 @@ def start(job_dir: str, min_replicas: int, *, host: str | None = None, heartbeat
         job_dir: the job's directory on shared storage.
         min_replicas: replica groups a quorum needs (the job's ``elastic.min_nodes``).
         host: address the replica groups reach this host by (default: this host's address,
-            ``$HYPERPOD_LAB_LIGHTHOUSE_HOST`` overrides).
+            ``$HYPERPOD_LAB_LIGHTHOUSE_HOST`` overrides); the Lighthouse listens on it only.
         port: TCP port to listen on (default: a free one); a restart reuses the published one.
 
     Raises:
@@ -88,15 +105,16 @@ def start(job_dir: str, min_replicas: int, *, host: str | None = None, heartbeat
     if min_replicas < 1:
         raise ValueError(f"min_replicas must be >= 1, got {min_replicas}")
     host = host or os.environ.get(ENV_LIGHTHOUSE_HOST) or socket.gethostbyname(socket.gethostname())
-    port = port or _free_port("")
-    argv = [lighthouse_binary(), "--min_replicas", str(min_replicas), "--bind", f"[::]:{port}",
+    ip = bind_address(host)
+    port = port or _free_port(ip)
+    argv = [lighthouse_binary(), "--min_replicas", str(min_replicas), "--bind", _hostport(ip, port),
             "--heartbeat_timeout_ms", str(heartbeat_ms), "--join_timeout_ms", str(join_timeout_ms),
             "--quorum_tick_ms", str(quorum_tick_ms)]
     proc = subprocess.Popen(argv, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 10
     while True:  # published only once it accepts connections
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            socket.create_connection((ip, port), timeout=0.5).close()
             break
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -138,7 +156,8 @@ def supervise(job_dir: str, min_replicas: int, *, host: str | None = None, heart
         ``max_restarts`` restarts are spent.
     """
     state = {"stopping": False}
-    port = _free_port("")  # kept for every restart: the published address stays valid
+    host = host or os.environ.get(ENV_LIGHTHOUSE_HOST) or socket.gethostbyname(socket.gethostname())
+    port = _free_port(bind_address(host))  # kept for every restart: the published address stays valid
     proc = start(job_dir, min_replicas, host=host, heartbeat_ms=heartbeat_ms, join_timeout_ms=join_timeout_ms,
                  log=sys.stdout, port=port)
 
