@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--name", help="job name (default: the script's file name)")
     s.add_argument("--partition")
     s.add_argument("--time", type=_int, dest="time_limit_min", help="time limit, minutes")
+    s.add_argument("--exclusive", action=argparse.BooleanOptionalAction, default=None,
+                   help="Slurm: nodes not shared with other jobs (default: on when the cluster has GPUs)")
     s.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="an environment variable for the ranks (written to the job's files: not for secrets)")
     s.add_argument("--secret-env", action="append", default=[], metavar="KEY",
@@ -167,7 +169,7 @@ def spec_from_args(a: argparse.Namespace, script_args: list[str]) -> JobSpec:
         cluster=a.cluster, nodes=nodes,
         procs_per_node=a.procs_per_node if a.procs_per_node is not None else profile.defaults.procs_per_node,
         args=list(script_args), env=env, secret_env=list(dict.fromkeys(a.secret_env)), partition=a.partition,
-        time_limit_min=a.time_limit_min,
+        time_limit_min=a.time_limit_min, exclusive=a.exclusive,
         resiliency=ResiliencyPolicy(auto_resume=not a.no_auto_resume, max_retries=a.max_retries,
                                     recovery=a.recovery),
         checkpoint=CheckpointPolicy(every_steps=a.checkpoint_every, keep_last=a.checkpoint_keep,

@@ -106,7 +106,14 @@ class ClusterProfile:
             ``hyperpodrun`` from the hyperpod-elastic-agent package).
         pvc: (eks) persistent volume claim of the FSx for Lustre file system.
         shared_mount: (eks) its mount path inside the pods (default ``/fsx``).
-        gpus_per_node: (eks) GPUs each pod requests (``nvidia.com/gpu``); unset requests none.
+        gpus_per_node: GPUs of a node: (eks) each pod requests them (``nvidia.com/gpu``); (slurm)
+            the job asks ``--gpus-per-node`` = processes per node and ``--exclusive`` by default.
+            Unset requests none.
+        efa: the nodes have EFA network devices: (slurm) the batch script sets the ``FI_*``/NCCL
+            variables of AWS's reference scripts; (eks) pods request ``vpc.amazonaws.com/efa``.
+        efa_per_node: (eks) EFA devices each pod requests (default 1; p5.48xlarge has 32).
+        shm_size: (eks) size limit of the pods' memory-backed ``/dev/shm`` (a Kubernetes
+            quantity such as ``"64Gi"``): room for the memory checkpoint tier and NCCL.
     """
 
     name: str
@@ -133,6 +140,9 @@ class ClusterProfile:
     pvc: str | None = None
     shared_mount: str | None = None
     gpus_per_node: int | None = None
+    efa: bool = False
+    efa_per_node: int = 1
+    shm_size: str | None = None
 
     def unfilled(self) -> list[str]:
         """Names of the fields still holding a :data:`PLACEHOLDER` (to be filled in by hand)."""
@@ -162,6 +172,17 @@ class ClusterProfile:
                 raise ConfigError(f"{where}: gpus_per_node must be a whole number >= 0, got {self.gpus_per_node!r}")
             if self.shared_mount is not None and not str(self.shared_mount).startswith("/"):
                 raise ConfigError(f"{where}: shared_mount must be an absolute path such as /fsx, got {self.shared_mount!r}")
+        if self.gpus_per_node is not None and (isinstance(self.gpus_per_node, bool)
+                                               or not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 0):
+            raise ConfigError(f"{where}: gpus_per_node must be a whole number >= 0, got {self.gpus_per_node!r}")
+        if not isinstance(self.efa, bool):
+            raise ConfigError(f"{where}: efa must be true or false, got {self.efa!r}")
+        if isinstance(self.efa_per_node, bool) or not isinstance(self.efa_per_node, int) or self.efa_per_node < 1:
+            raise ConfigError(f"{where}: efa_per_node must be a whole number >= 1, got {self.efa_per_node!r}")
+        q = str(self.shm_size)
+        num = q[:-2] if q[-2:] in ("Ki", "Mi", "Gi", "Ti") else q
+        if self.shm_size is not None and not (num.isdigit() and not num.startswith("0")):
+            raise ConfigError(f"{where}: shm_size must be a Kubernetes quantity such as \"64Gi\", got {self.shm_size!r}")
         return self
 
     def to_toml_table(self) -> dict[str, Any]:

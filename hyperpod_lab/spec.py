@@ -215,6 +215,9 @@ class JobSpec:
             Kubernetes Secret; local: the launcher's environment).
         partition: Slurm partition, or ``None`` for the profile's default.
         time_limit_min: wall-clock limit in minutes, or ``None``.
+        exclusive: Slurm: the nodes are the job's alone (``sbatch --exclusive``); ``None``
+            chooses for you: on when the cluster profile has GPUs (``gpus_per_node``), as AWS's
+            reference scripts do, off otherwise.
         resiliency, checkpoint, elastic: the three policies.
     """
 
@@ -228,6 +231,7 @@ class JobSpec:
     secret_env: list[str] = field(default_factory=list)
     partition: str | None = None
     time_limit_min: int | None = None
+    exclusive: bool | None = None
     resiliency: ResiliencyPolicy = field(default_factory=ResiliencyPolicy)
     checkpoint: CheckpointPolicy = field(default_factory=CheckpointPolicy)
     elastic: ElasticPolicy = field(default_factory=ElasticPolicy)
@@ -273,6 +277,8 @@ class JobSpec:
         if size > MAX_SPEC_BYTES:
             raise SpecError("spec", f"is {size} bytes as JSON; at most {MAX_SPEC_BYTES} are accepted (pass large "
                                     "inputs as files, not as args or env)")
+        if not (self.exclusive is None or isinstance(self.exclusive, bool)):
+            raise SpecError("exclusive", f"must be true, false or unset, got {self.exclusive!r}")
         if self.partition is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", str(self.partition)):
             raise SpecError("partition", f"{self.partition!r} is not a Slurm partition name")
         self.resiliency.validate()

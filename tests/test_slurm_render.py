@@ -29,11 +29,17 @@ def ft_spec():
     return s.validate()
 
 
+def gpu_spec():
+    s = spec()
+    s.procs_per_node = 8
+    return s.validate()
+
+
 @pytest.mark.parametrize("name, kwargs, make", [
-    ("sbatch_requeue.sh", dict(hyperpod=False, partition="dev"), spec),
-    ("sbatch_hyperpod.sh", dict(hyperpod=True, partition=None), spec),
-    ("sbatch_checkpointless.sh", dict(hyperpod=False, partition="dev"), ft_spec),
-    ("sbatch_checkpointless_join.sh", dict(hyperpod=False, partition="dev", join_offset=2, join_nodes=1), ft_spec),
+    ("sbatch_requeue.sh", dict(partition="dev"), spec),
+    ("sbatch_gpu_efa.sh", dict(partition=None, gpus_per_node=8, efa=True), gpu_spec),
+    ("sbatch_checkpointless.sh", dict(partition="dev"), ft_spec),
+    ("sbatch_checkpointless_join.sh", dict(partition="dev", join_offset=2, join_nodes=1), ft_spec),
 ])
 def test_render_matches_golden(name, kwargs, make):
     text = render_sbatch(make(), "quick-start-20261123-010203-abcd", "/fsx/hyperpod-lab/jobs/quick-start-20261123-010203-abcd",
@@ -56,11 +62,19 @@ def test_checkpointless_renders_replica_groups_under_a_lighthouse():
         JobSpec(script="t.py", resiliency=ResiliencyPolicy(recovery="magic")).validate()
 
 
-def test_hyperpod_uses_auto_resume_and_elsewhere_requeue():
-    hp = render_sbatch(spec(), "j", "/fsx/j", "python3", "/fsx", hyperpod=True)
-    plain = render_sbatch(spec(), "j", "/fsx/j", "python3", "/fsx", hyperpod=False)
-    assert "--auto-resume=1" in hp and "#SBATCH --requeue" not in hp
-    assert "--auto-resume=1" not in plain and "#SBATCH --requeue" in plain
+def test_hyperpod_is_detected_in_the_batch_script_and_requeue_is_not_forced_off():
+    """awsome-distributed-training 3.test_cases/pytorch/FSDP/slurm/*-training.sbatch and
+    3.test_cases/pytorch/ddp/slurm/1.venv-train.sbatch (and its PR #231, "Enable Auto-resume
+    automatically"): the script tests ``[ -d "/opt/sagemaker_cluster" ]`` when it runs and adds
+    ``--auto-resume=1`` to srun; they set neither --requeue nor --no-requeue. We keep --requeue
+    with auto_resume on every cluster (Slurm's recovery of a lost allocation) and --no-requeue
+    only when the user asked for no automatic restarts."""
+    text = render_sbatch(spec(), "j", "/fsx/j", "python3", "/fsx")
+    assert "if [ -d /opt/sagemaker_cluster ]; then" in text and 'auto_resume="--auto-resume=1"' in text
+    assert " $auto_resume " in text and "#SBATCH --requeue" in text and "--no-requeue" not in text
+    once = JobSpec(script="t.py", resiliency=ResiliencyPolicy(auto_resume=False)).validate()
+    text = render_sbatch(once, "j", "/fsx/j", "python3", "/fsx")
+    assert "#SBATCH --no-requeue" in text and "auto-resume" not in text
     el = JobSpec(script="t.py", nodes=1, elastic=ElasticPolicy(1, 2)).validate()
     assert "--nnodes=1:2" in render_sbatch(el, "j", "/fsx/j", "python3", "/fsx")
 
@@ -69,18 +83,25 @@ def test_rendered_script_is_valid_bash_and_passes_args_verbatim(tmp_path):
     text = render_sbatch(spec(), "j", str(tmp_path), "python3", "/fsx")
     subprocess.run(["bash", "-n"], input=text, text=True, check=True)
     # evaluate the launch line's argument words with a stub srun that prints its argv
+    words = run_with_stubs(text, tmp_path)
+    assert words[-4:-1] == [b"'; touch /tmp/x; '", b"$(id)", b"a\nb"]
+    assert not os.path.exists("/tmp/x")
+
+
+def run_with_stubs(text, tmp_path, env=None):
+    """Run a rendered script with stub ``srun`` (drops its options, runs the rest as one task),
+    ``scontrol`` and ``python3`` (prints its argv NUL-separated); returns the launcher's argv."""
     stub = tmp_path / "bin"
-    stub.mkdir()
-    (stub / "srun").write_text('#!/bin/bash\nfor a in "$@"; do printf "%s\\0" "$a"; done\n')
+    stub.mkdir(exist_ok=True)
+    (stub / "srun").write_text('#!/bin/bash\nwhile [[ "$1" == -* ]]; do shift; done\nexec "$@"\n')
     (stub / "scontrol").write_text("#!/bin/bash\necho n1\n")
+    (stub / "python3").write_text('#!/bin/bash\nfor a in "$@"; do printf "%s\\0" "$a"; done\n')
     for f in stub.iterdir():
         f.chmod(0o755)
     env = {"PATH": f"{stub}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1",
-           "SLURM_JOB_NUM_NODES": "2"}
+           "SLURM_JOB_NUM_NODES": "2", **(env or {})}
     out = subprocess.run(["bash", "-c", text], env=env, capture_output=True, check=True).stdout
-    words = out.split(b"\0")
-    assert words[-4:-1] == [b"'; touch /tmp/x; '", b"$(id)", b"a\nb"]
-    assert not os.path.exists("/tmp/x")
+    return out.split(b"\0")
 
 
 def test_sbatch_argv_keeps_name_as_one_word():
@@ -197,3 +218,174 @@ def test_array_and_het_ids_are_read_alike_by_both_parsers():
         assert sq[jid][0] == sa[jid][0], jid
     assert sq["50"][0] == JobStatus.RUNNING and sq["60"][0] == JobStatus.RUNNING
     assert sq["70"][0] == JobStatus.FAILED and sa["70"][1] == 1
+
+
+def all_renders():
+    """Every shape of batch script: plain, GPU+EFA, no auto-resume, checkpointless and its join."""
+    once = JobSpec(script="t.py", resiliency=ResiliencyPolicy(auto_resume=False)).validate()
+    kw = dict(partition="dev")
+    return [render_sbatch(spec(), "j", "/fsx/j", "python3", "/fsx", **kw),
+            render_sbatch(gpu_spec(), "j", "/fsx/j", "python3", "/fsx", gpus_per_node=8, efa=True, **kw),
+            render_sbatch(once, "j", "/fsx/j", "python3", "/fsx", **kw),
+            render_sbatch(ft_spec(), "j", "/fsx/j", "python3", "/fsx", **kw),
+            render_sbatch(ft_spec(), "j", "/fsx/j", "python3", "/fsx", join_offset=2, **kw)]
+
+
+def test_srun_gets_the_cpus_of_its_task_explicitly():
+    """Slurm RELEASE_NOTES 22.05: "srun will no longer read in SLURM_CPUS_PER_TASK ... specify
+    --cpus-per-task on your srun calls, or set the new SRUN_CPUS_PER_TASK"; RELEASE_NOTES 23.11
+    replaces SRUN_CPUS_PER_TASK with SLURM_CPUS_PER_TASK again. Only the explicit srun option
+    works on 22.05 to current, so every training step carries it."""
+    for text in all_renders():
+        cpus = [ln for ln in text.splitlines() if ln.startswith("#SBATCH --cpus-per-task=")][0].split("=")[1]
+        srun = [ln for ln in text.splitlines() if ln.startswith("srun ")]
+        assert srun and all(f" --cpus-per-task={cpus} " in ln for ln in srun)
+
+
+def test_gpus_per_process_exclusive_nodes_and_wait_all_nodes():
+    """awsome-distributed-training 3.test_cases/pytorch/FSDP/slurm/llama3_1_8b-training.sbatch
+    (``#SBATCH --exclusive``, one process a GPU: ``--nproc_per_node=$GPUS_PER_NODE``),
+    3.test_cases/pytorch/ddp/slurm/1.venv-train.sbatch and megatron-lm/slurm/gpt3
+    (``#SBATCH --wait-all-nodes=1``); sbatch(1) --gpus-per-node, --exclusive, --wait-all-nodes."""
+    gpu = render_sbatch(gpu_spec(), "j", "/fsx/j", "python3", "/fsx", gpus_per_node=8)
+    assert "#SBATCH --gpus-per-node=8\n" in gpu and "#SBATCH --exclusive\n" in gpu
+    four = JobSpec(script="t.py", procs_per_node=4).validate()
+    assert "#SBATCH --gpus-per-node=4\n" in render_sbatch(four, "j", "/fsx/j", "python3", "/fsx", gpus_per_node=8)
+    cpu = render_sbatch(spec(), "j", "/fsx/j", "python3", "/fsx")
+    assert "--gpus" not in cpu and "--exclusive" not in cpu  # a CPU partition is shared by default
+    for text in all_renders():
+        assert "#SBATCH --wait-all-nodes=1\n" in text
+    shared = JobSpec(script="t.py", procs_per_node=8, exclusive=False).validate()
+    assert "--exclusive" not in render_sbatch(shared, "j", "/fsx/j", "python3", "/fsx", gpus_per_node=8)
+    mine = JobSpec(script="t.py", exclusive=True).validate()
+    assert "#SBATCH --exclusive" in render_sbatch(mine, "j", "/fsx/j", "python3", "/fsx")
+    with pytest.raises(SpecError, match="procs_per_node.*8 GPUs"):
+        render_sbatch(JobSpec(script="t.py", procs_per_node=9).validate(), "j", "/fsx/j", "python3", "/fsx",
+                      gpus_per_node=8)
+    with pytest.raises(SpecError, match="exclusive"):
+        JobSpec(script="t.py", exclusive="yes").validate()
+
+
+def test_srun_labels_each_line_with_its_task():
+    """awsome-distributed-training FSDP sbatch scripts run ``srun ${AUTO_RESUME} -l ...``;
+    srun(1) ``-l, --label``: prepend the task number to lines of stdout/err."""
+    for text in all_renders():
+        assert all(" --label " in ln for ln in text.splitlines() if ln.startswith("srun "))
+
+
+def sbatch_get_argument(line):
+    """A port of get_argument() in Slurm's src/sbatch/opt.c (22.05 to current): how sbatch reads
+    one argument of an #SBATCH line (quotes group, backslash escapes, unquoted # comments)."""
+    out, quoted, q, esc, i = [], False, "", False, 0
+    while i < len(line) and (quoted or not line[i].isspace()):
+        c = line[i]
+        if esc:
+            esc = False
+        elif c == "\\":
+            esc, i = True, i + 1
+            continue
+        elif quoted:
+            if c == q:
+                quoted, i = False, i + 1
+                continue
+        elif c in "\"'":
+            quoted, q, i = True, c, i + 1
+            continue
+        elif c == "#":
+            break
+        out.append(c)
+        i += 1
+    assert not quoted
+    return "".join(out)
+
+
+def test_paths_in_sbatch_lines_survive_spaces_percent_quotes_and_hash(tmp_path):
+    """get_argument() in src/sbatch/opt.c (blanks split, quotes group, ``\\`` escapes, an unquoted
+    ``#`` starts a comment) and sbatch(1) "filename pattern" (``%%`` is the character ``%``):
+    a shared root with a space, a percent sign, a quote or a ``#`` reaches sbatch whole. With a
+    Slurm on this machine (the dev cluster) a real job writes its output there."""
+    import shutil
+
+    root = str(tmp_path / 'shared dir/100% "x" #1')
+    job_dir = root + "/hyperpod-lab/jobs/j"
+    text = render_sbatch(spec(), "j", job_dir, "python3", root)
+    out_line = [ln for ln in text.splitlines() if ln.startswith("#SBATCH --output=")][0]
+    value = sbatch_get_argument(out_line[len("#SBATCH --output="):])
+    assert value == job_dir.replace("%", "%%") + "/logs/slurm-%j.out"
+    if shutil.which("sbatch") and subprocess.run(["sinfo", "-h"], capture_output=True).returncode == 0:
+        os.makedirs(job_dir + "/logs")
+        job = tmp_path / "probe.sbatch"
+        job.write_text("#!/bin/bash\n" + out_line + "\n#SBATCH --wait-all-nodes=1\n"
+                       "srun --label --cpus-per-task=1 echo probe-ok\n")
+        jid = subprocess.run(["sbatch", "--parsable", str(job)], capture_output=True, text=True, check=True,
+                             cwd=tmp_path).stdout.strip()
+        import time
+        path = f"{job_dir}/logs/slurm-{jid}.out"
+        for _ in range(60):
+            if os.path.exists(path) and "probe-ok" in open(path).read():
+                break
+            time.sleep(0.5)
+        assert open(path).read().strip() == "0: probe-ok"
+
+
+def test_each_auto_resume_rerun_of_the_step_has_its_own_rendezvous(tmp_path):
+    """HyperPod auto-resume re-runs the srun step inside the allocation without changing
+    SLURM_RESTART_COUNT (FACTS.md, "What the upstream sources say"; AWS docs "Automatic node
+    recovery and auto-resume"), and with the same argv. The step computes its rendezvous from
+    SLURM_RESTART_COUNT, SLURM_STEP_ID and a per-node start counter in the job directory: the
+    nodes of one run agree, a re-run (same step id) and a requeue each get a new id and port."""
+    text = render_sbatch(spec(), "j", str(tmp_path / "job"), "python3", "/fsx")
+
+    def rdzv(**env):
+        words = run_with_stubs(text, tmp_path, {"SLURM_STEP_ID": "0", **env})
+        return [w.decode() for w in words if w.startswith((b"--rdzv-id=", b"--rdzv-endpoint="))]
+
+    first = [rdzv(SLURM_NODEID=str(n)) for n in (0, 1)]
+    assert first[0] == first[1] and first[0][1] == "--rdzv-id=7.0.0.0"
+    rerun = [rdzv(SLURM_NODEID=str(n)) for n in (0, 1)]
+    assert rerun[0] == rerun[1] and rerun[0][1] == "--rdzv-id=7.0.0.1" and rerun[0][0] != first[0][0]
+    requeued = rdzv(SLURM_NODEID="0", SLURM_RESTART_COUNT="1")
+    assert requeued[1] == "--rdzv-id=7.1.0.0" and requeued[0] not in (first[0][0], rerun[0][0])
+    new_step = rdzv(SLURM_NODEID="0", SLURM_STEP_ID="3")
+    assert new_step[1] == "--rdzv-id=7.0.3.0"
+
+
+def test_efa_nodes_get_the_variables_of_the_aws_scripts():
+    """awsome-distributed-training 3.test_cases/pytorch/FSDP/slurm/llama3_1_8b-training.sbatch,
+    "Environment Variables": FI_PROVIDER=efa, FI_EFA_USE_HUGE_PAGE=0 (os.fork() ENOMEM),
+    FI_EFA_SET_CUDA_SYNC_MEMOPS=0, NCCL_SOCKET_IFNAME excluding docker/lo/veth. Only with the
+    profile's ``efa``; the spec's own env comes after and wins."""
+    efa = render_sbatch(gpu_spec(), "j", "/fsx/j", "python3", "/fsx", gpus_per_node=8, efa=True)
+    for line in ("export FI_PROVIDER=efa", "export FI_EFA_USE_HUGE_PAGE=0", "export FI_EFA_SET_CUDA_SYNC_MEMOPS=0",
+                 "export NCCL_SOCKET_IFNAME='^docker,lo,veth'"):
+        assert line + "\n" in efa
+    assert efa.index("FI_PROVIDER") < efa.index("export WANDB_MODE")
+    assert "FI_PROVIDER" not in render_sbatch(gpu_spec(), "j", "/fsx/j", "python3", "/fsx", gpus_per_node=8)
+
+
+def test_every_rendered_option_is_in_the_man_pages_since_22_05():
+    """sbatch(1) and srun(1) OPTIONS of every Slurm release 14.03 to 25.11
+    (tests/fixtures/slurm_man.json, taken from SchedMD/slurm doc/man/man1): every option we
+    render exists from 22.05 (the oldest release we support; the dev cluster runs it) to the
+    newest. ``--auto-resume`` is HyperPod's SPANK plugin option, rendered only on HyperPod
+    nodes; ``--parsable``, ``--job-name`` and ``--chdir`` are sbatch's command line."""
+    import re
+    from hyperpod_lab.schedulers.slurm import sbatch_argv
+
+    man = slurm_man()
+
+    def ok(cmd, opt):
+        info = man[cmd + "_options"].get(opt)
+        assert info, f"{cmd} {opt} is in no man page"
+        since = tuple(map(int, info["since"].split(".")))
+        assert since <= (22, 5) and info["last"] == man["versions"][-1], (cmd, opt, info)
+
+    for text in all_renders():
+        for line in text.splitlines():
+            if line.startswith("#SBATCH "):
+                ok("sbatch", line.split()[1].split("=")[0])
+            if line.startswith("srun "):
+                for opt in re.findall(r"(?<= )--[a-z-]+", line):
+                    ok("srun", opt)
+    for word in sbatch_argv("n", "/fsx/j")[1:-1]:
+        ok("sbatch", word.split("=")[0])

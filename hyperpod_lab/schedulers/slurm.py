@@ -6,13 +6,15 @@ through :mod:`hyperpod_lab.schedulers.remote` as an argv list.
 
 Resiliency: inside the allocation, torchrun's elastic agent (wrapped by
 ``hyperpod_lab.runtime.launch``) restarts failed workers up to ``max_retries`` times and the
-runtime resumes from the newest complete checkpoint. On HyperPod nodes (the login node has
-``/opt/sagemaker_cluster``) the step runs under ``srun --auto-resume=1`` so HyperPod replaces a
-faulty node and re-runs the step; elsewhere the job is submitted with ``--requeue`` so Slurm
-requeues it after a node failure, and the runtime again resumes from its checkpoint. Each run
-of a job (``$SLURM_RESTART_COUNT``) has its own rendezvous id (``<job id>.<run>``) and port, so
-a process left over from an earlier run (a node marked DOWN that still runs, cut off by the
-network) can neither join the new rendezvous nor hold its port.
+runtime resumes from the newest complete checkpoint. The batch script itself detects HyperPod
+when it starts (``/opt/sagemaker_cluster`` exists, the test AWS's scripts make) and then runs
+the step under ``srun --auto-resume=1`` so HyperPod replaces a faulty node and re-runs the
+step; the job is submitted with ``--requeue`` so Slurm requeues it after losing its
+allocation, and the runtime again resumes from its checkpoint. Each run of the step (a requeue
+or an auto-resume re-run) has its own rendezvous id and port (see ``_step_script``), so a
+process left over from an earlier run (a node marked DOWN that still runs, cut off by the
+network) can neither join the new rendezvous nor hold its port. What else the script sets, and
+why, is in :func:`render_sbatch`.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from hyperpod_lab.schedulers.base import LogChunk, Scheduler, read_log_range
 from hyperpod_lab.spec import JobSpec
 
 HYPERPOD_MARKER = "/opt/sagemaker_cluster"
-RDZV_PORT_BASE = 29500  # + (SLURM_JOB_ID + RDZV_PORT_RUN_STRIDE * SLURM_RESTART_COUNT) % 20000
+RDZV_PORT_BASE = 29500  # + (SLURM_JOB_ID + RDZV_PORT_RUN_STRIDE * <run number>) % 20000, see _step_script
 RDZV_PORT_RUN_STRIDE = 7919  # a prime: a requeued run's port is far from its neighbours' ports
 
 SLURM_UMASK = "0077"  # the job's output files (slurm-%j.out) private to the user
@@ -41,10 +43,64 @@ COMMENT_PREFIX = "hyperpod-lab:"  # + job id, in #SBATCH --comment
 _q = shlex.quote
 
 
+# EFA: what AWS's reference batch scripts export on EFA instances (awsome-distributed-training,
+# 3.test_cases/pytorch/FSDP/slurm/*-training.sbatch, "Environment Variables"); the spec's own
+# env comes after and wins.
+EFA_ENV = {
+    "FI_PROVIDER": "efa",
+    # "Set to 0 when you see os.fork() causes OSError: Cannot allocate memory": the runtime's
+    # process-based checkpoint writers and DataLoader workers fork
+    "FI_EFA_USE_HUGE_PAGE": "0",
+    "FI_EFA_SET_CUDA_SYNC_MEMOPS": "0",  # "can boost throughput with FSDP"
+    "NCCL_SOCKET_IFNAME": "^docker,lo,veth",  # bootstrap over the host's interfaces, not containers' or loopback
+}
+
+
+def sbatch_quote(value: str) -> str:
+    """``value`` as one argument of an ``#SBATCH`` line: sbatch's own parser (get_argument() in
+    src/sbatch/opt.c) splits on blanks, takes ``"`` or ``'`` as grouping quotes, ``\\`` as an
+    escape and an unquoted ``#`` as the start of a comment, so the value goes in double quotes
+    with ``\\`` and ``"`` escaped."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def slurm_filename(path: str) -> str:
+    """``path`` as a literal in an sbatch filename pattern: ``%`` is a replacement symbol there
+    (sbatch(1), "filename pattern"), ``%%`` the character itself."""
+    return path.replace("%", "%%")
+
+
+def exclusive_for(spec: JobSpec, gpus_per_node: int | None) -> bool:
+    """``spec.exclusive``, or, unset, whether the nodes have GPUs (AWS's GPU training scripts
+    all ask ``--exclusive``; a CPU job on a shared partition should not hold whole nodes)."""
+    return bool(gpus_per_node) if spec.exclusive is None else bool(spec.exclusive)
+
+
 def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_root: str,
-                  partition: str | None = None, hyperpod: bool = False, join_offset: int | None = None,
-                  join_nodes: int = 1) -> str:
+                  partition: str | None = None, join_offset: int | None = None, join_nodes: int = 1,
+                  gpus_per_node: int | None = None, efa: bool = False) -> str:
     """Render the batch script of ``spec`` (pure; golden-file tested).
+
+    What it sets, and the source of each rule (tests/test_slurm_render.py checks each one):
+
+    * ``--cpus-per-task`` on ``#SBATCH`` *and* on ``srun``: Slurm 22.05 to 23.02 ``srun`` does
+      not read ``SLURM_CPUS_PER_TASK`` (RELEASE_NOTES 22.05; 23.11 went back, and reads
+      ``SRUN_CPUS_PER_TASK`` no more), so only the explicit option works on every release.
+    * with GPUs (``gpus_per_node``): ``--gpus-per-node`` = processes per node (one GPU a
+      rank); ``--exclusive`` by default (:func:`exclusive_for`); ``--wait-all-nodes=1`` always,
+      as AWS's multi-node scripts do (the step starts when every node has booted).
+    * ``srun --label``: each line of output carries its task (node) number, as AWS's ``srun -l``.
+    * HyperPod is detected when the job starts (``[ -d /opt/sagemaker_cluster ]``, the idiom of
+      AWS's scripts) and then the step runs under ``srun --auto-resume=1``; ``--requeue`` with
+      ``auto_resume`` either way (Slurm's own recovery of a lost allocation; HyperPod's
+      auto-resume re-runs a failed step inside the allocation), ``--no-requeue`` without it.
+    * each run of the training step has its own rendezvous id and port: the step computes them
+      itself (``SLURM_RESTART_COUNT`` for a requeue, ``SLURM_STEP_ID`` and a per-node counter
+      file ``runs/<restart>.<step>/node-<id>`` in the job directory for a re-run of the step by
+      HyperPod's auto-resume, which changes neither ``SLURM_RESTART_COUNT`` nor the argv).
+    * ``efa``: the ``FI_*``/NCCL variables of AWS's reference scripts (:data:`EFA_ENV`).
+    * paths in ``#SBATCH`` lines quoted (:func:`sbatch_quote`) and ``%`` escaped
+      (:func:`slurm_filename`).
 
     Args:
         spec: a validated JobSpec.
@@ -52,14 +108,19 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
         python: interpreter on the nodes (with hyperpod-lab and torch installed).
         shared_root: the cluster's shared-storage root (exported to the job).
         partition: Slurm partition, or None for the cluster default.
-        hyperpod: render for HyperPod nodes (``srun --auto-resume=1``) instead of ``--requeue``.
         join_offset: checkpointless jobs only: render a second allocation of ``join_nodes``
             nodes that joins the running job as replica groups ``join_offset``,
             ``join_offset + 1``, ... (elastic scale-up); None renders the job itself.
+        gpus_per_node: GPUs of each node of the partition (the profile's), or None/0.
+        efa: the nodes have EFA devices (the profile's ``efa``).
 
     Returns:
         The sbatch script text. Every user-supplied value appears shell-quoted. The job name
         is not in the script: it is passed to ``sbatch --job-name`` as an argv word.
+
+    Raises:
+        SpecError: a joining allocation of a job that is not checkpointless, or more processes
+            per node than the nodes have GPUs.
     """
     paths, sh = JobPaths(job_dir), JobPaths("$JOB_DIR")  # sh: the same paths, as the script spells them
     script = paths.script(spec.script)
@@ -69,6 +130,11 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
     if joining and spec.resiliency.recovery != "checkpointless":
         raise SpecError("resiliency.recovery", "only a checkpointless job can take new nodes while it runs; "
                         "submit it with --recovery checkpointless")
+    gpus = int(gpus_per_node or 0)
+    if gpus and spec.procs_per_node > gpus:
+        raise SpecError("procs_per_node", f"{spec.procs_per_node} processes per node, but the nodes have {gpus} GPUs "
+                                          f"(one GPU a process); use --procs-per-node {gpus} or fewer")
+    log = JobPaths(slurm_filename(job_dir)).slurm_log("join-%j" if joining else "%j")
     lines = [
         "#!/bin/bash",
         f"# Rendered by hyperpod-lab {__version__} for job {job_id}"
@@ -77,7 +143,14 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
         f"#SBATCH --nodes={join_nodes if joining else spec.nodes}",
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --cpus-per-task={spec.procs_per_node}",
-        f"#SBATCH --output={paths.slurm_log('join-%j' if joining else '%j')}",
+    ]
+    if gpus:
+        lines.append(f"#SBATCH --gpus-per-node={spec.procs_per_node}")
+    if exclusive_for(spec, gpus):
+        lines.append("#SBATCH --exclusive")
+    lines += [
+        "#SBATCH --wait-all-nodes=1",
+        f"#SBATCH --output={sbatch_quote(log)}",
         "#SBATCH --open-mode=append",
     ]
     if partition:
@@ -86,10 +159,10 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
         lines.append(f"#SBATCH --time={spec.time_limit_min}")
     # finds the job (and the allocations scale adds) in squeue: a submitter that died before
     # recording the Slurm id, a cancel that checks joins.json
-    lines.append(f"#SBATCH --comment={COMMENT_PREFIX}{job_id}")
+    lines.append(f"#SBATCH --comment={sbatch_quote(COMMENT_PREFIX + job_id)}")
     if spec.resiliency.recovery == "checkpointless":
         lines.append("#SBATCH --no-kill")  # a lost node does not end the allocation: the others go on
-    if spec.resiliency.auto_resume and not hyperpod and not joining:
+    if spec.resiliency.auto_resume and not joining:
         lines.append("#SBATCH --requeue")
     else:
         lines.append("#SBATCH --no-requeue")
@@ -109,23 +182,28 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
         # torch 2.13: agents joining a c10d rendezvous hang unless each runs its own store
         "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
     ]
+    if efa:
+        lines += [f"export {k}={_q(v)}" for k, v in EFA_ENV.items()]
     for key in sorted(spec.env):
         lines.append(f"export {key}={_q(spec.env[key])}")
     lines += [
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         'head_addr=$(scontrol show node "$head_node" | sed -n \'s/.*NodeAddr=\\([^ ]*\\).*/\\1/p\')',
         ': "${head_addr:=$head_node}"',
-        # each Slurm run of the job (a requeue starts a new one) has its own rendezvous id and
-        # port: a process left over from the previous run (a node marked DOWN but still running,
-        # e.g. cut off by the network) can neither join the new rendezvous nor hold its port
-        "run=${SLURM_RESTART_COUNT:-0}",
-        f"rdzv_port=$(( {RDZV_PORT_BASE} + (SLURM_JOB_ID + {RDZV_PORT_RUN_STRIDE} * run) % 20000 ))",
-        f'echo "hyperpod-lab: job ${ENV_JOB_ID} slurm $SLURM_JOB_ID restart $run '
-        'nodes $SLURM_JOB_NODELIST rendezvous $head_addr:$rdzv_port"',
+        "restart=${SLURM_RESTART_COUNT:-0}  # a requeue runs this script again with the count + 1",
+        f'echo "hyperpod-lab: job ${ENV_JOB_ID} slurm $SLURM_JOB_ID restart $restart '
+        'nodes $SLURM_JOB_NODELIST head $head_addr"',
     ]
-    srun = ["srun", "--nodes=$SLURM_JOB_NUM_NODES", "--ntasks-per-node=1", "--kill-on-bad-exit=0"]
-    if hyperpod and spec.resiliency.auto_resume:
-        srun.append("--auto-resume=1")
+    srun = ["srun", "--nodes=$SLURM_JOB_NUM_NODES", "--ntasks-per-node=1",
+            f"--cpus-per-task={spec.procs_per_node}", "--kill-on-bad-exit=0", "--label"]
+    if spec.resiliency.auto_resume:
+        # HyperPod's auto-resume, on HyperPod nodes only: decided where the job runs, as AWS's scripts do
+        lines += ['auto_resume=""',
+                  f'if [ -d {HYPERPOD_MARKER} ]; then',
+                  '    echo "hyperpod-lab: HyperPod cluster: srun --auto-resume=1"',
+                  '    auto_resume="--auto-resume=1"',
+                  'fi']
+        srun.append("$auto_resume")
     launch_opts = dict(nproc_per_node=spec.procs_per_node, max_restarts=effective_restarts(spec.resiliency),
                        log_dir=f'"{sh.torchrun_logs}"', quote=_q)
     if spec.resiliency.recovery == "checkpointless":
@@ -144,12 +222,13 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
         lines += [f"export {ENV_REPLICA_GROUP}={SLURM_REPLICA_GROUP}",
                   f"export {ENV_REPLICA_GROUP_OFFSET}={int(join_offset or 0)}"]
         launch = launcher_argv(python, script, spec.args, standalone=True, monitor_interval=0.1, **launch_opts)
+        lines.append(" ".join(srun) + " \\\n    " + " ".join(launch))
     else:
         launch = launcher_argv(python, script, spec.args, nnodes=nnodes,
                                rdzv=["--rdzv-backend=c10d", '--rdzv-endpoint="$head_addr:$rdzv_port"',
                                      '--rdzv-id="$SLURM_JOB_ID.$run"', "--rdzv-conf=join_timeout=120"],
                                **launch_opts)
-    lines.append(" ".join(srun) + " \\\n    " + " ".join(launch))
+        lines.append(" ".join(srun) + " \\\n    bash -c " + _q(_step_script(launch)) + ' hyperpod-lab-step "$head_addr" "$restart"')
     lines.append("rc=$?")
     if spec.resiliency.recovery == "checkpointless" and join_offset is None:
         lines.append('kill "$lighthouse_pid" 2>/dev/null')
@@ -159,6 +238,33 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
     lines.append('echo "hyperpod-lab: step exited with $rc"')
     lines.append("exit $rc")
     return "\n".join(lines) + "\n"
+
+
+def _step_script(launch: list[str]) -> str:
+    """What each task of the training step runs (``bash -c``, with the head node's address and
+    the restart count as ``$1``, ``$2``): its run's rendezvous id and port, then the launcher.
+
+    A run is ``<restart>.<step id>.<attempt>``. A requeue starts the batch script again with
+    ``SLURM_RESTART_COUNT`` + 1; HyperPod's auto-resume re-runs the step with the same argv and
+    the same ``SLURM_RESTART_COUNT``, so the step counts its own starts: each node (task) keeps
+    a counter file ``runs/<restart>.<step id>/node-<SLURM_NODEID>`` in the job directory (one
+    writer per file), and every node of a re-run reads the same count. A process left over
+    from an earlier run (a node marked DOWN that still runs) can then neither join the new
+    rendezvous nor hold its port.
+    """
+    runs = JobPaths("$JOB_DIR").path("runs", "$restart.$step")
+    return "\n".join([
+        f'JOB_DIR="${ENV_JOB_DIR}" head_addr=$1 restart=$2 step=${{SLURM_STEP_ID:-0}}',
+        f'mkdir -p "{runs}"',
+        f'counter="{runs}/node-${{SLURM_NODEID:-0}}"',
+        'attempt=$(cat "$counter" 2>/dev/null || echo 0)',
+        'echo $(( attempt + 1 )) > "$counter"',
+        'run=$restart.$step.$attempt',
+        f'rdzv_port=$(( {RDZV_PORT_BASE} + (SLURM_JOB_ID + {RDZV_PORT_RUN_STRIDE} * '
+        '(restart * 1009 + step * 31 + attempt)) % 20000 ))',
+        'echo "hyperpod-lab: run $run rendezvous $head_addr:$rdzv_port"',
+        "exec " + " ".join(launch),
+    ])
 
 
 def sbatch_argv(name: str, job_dir: str) -> list[str]:
@@ -334,20 +440,15 @@ def parse_sacct(stdout: str) -> dict[str, tuple[JobStatus, int | None, str]]:
 class SlurmScheduler(Scheduler):
     """Slurm over SSH (or over LocalRemote in tests of the login node itself)."""
 
-    _hyperpod: bool | None = None
-
-    def is_hyperpod(self) -> bool:
-        """Whether the login node is a HyperPod node (``/opt/sagemaker_cluster`` exists)."""
-        if self._hyperpod is None:
-            self._hyperpod = self.remote.run(["test", "-d", HYPERPOD_MARKER], check=False).exit_status == 0
-        return self._hyperpod
-
-    def _render(self, spec: JobSpec, job_id: str, hyperpod: bool) -> str:
-        return render_sbatch(spec, job_id, self.job_dir(job_id), self.profile.python, self.profile.shared_root,
-                             partition=spec.partition or self.profile.defaults.partition, hyperpod=hyperpod)
+    def _render(self, spec: JobSpec, job_id: str, **join) -> str:
+        """The batch script for this cluster (HyperPod is detected by the script itself, on the
+        nodes, when it starts: nothing is asked of the login node here)."""
+        return render_sbatch(spec, job_id, join.pop("job_dir", None) or self.job_dir(job_id), self.profile.python,
+                             self.profile.shared_root, partition=spec.partition or self.profile.defaults.partition,
+                             gpus_per_node=self.profile.gpus_per_node, efa=self.profile.efa, **join)
 
     def render(self, spec, job_id):
-        text = self._render(spec, job_id, self.is_hyperpod())
+        text = self._render(spec, job_id)
         cmd = shlex.join(sbatch_argv(spec.name, self.job_dir(job_id)))
         return f"# submit with: {cmd}\n{text}"
 
@@ -368,7 +469,7 @@ class SlurmScheduler(Scheduler):
             spec.partition = self.profile.defaults.partition
         job_dir = self.stage(spec, job_id, script_bytes)
         self.remote.write_bytes(JobPaths(job_dir).sbatch,
-                                self._render(spec, job_id, self.is_hyperpod()).encode(), mode=0o700)
+                                self._render(spec, job_id).encode(), mode=0o700)
         return self._sbatch(sbatch_argv(spec.name, job_dir), secrets or {})
 
     def poll(self, records):
@@ -433,9 +534,7 @@ class SlurmScheduler(Scheduler):
 
     def _start_join(self, rec, spec, offset, add_nodes, index, secrets):
         """A second allocation of ``add_nodes`` nodes joining the job's Lighthouse."""
-        text = render_sbatch(spec, rec.job_id, rec.job_dir, self.profile.python, self.profile.shared_root,
-                             partition=spec.partition or self.profile.defaults.partition,
-                             hyperpod=self.is_hyperpod(), join_offset=offset, join_nodes=add_nodes)
+        text = self._render(spec, rec.job_id, job_dir=rec.job_dir, join_offset=offset, join_nodes=add_nodes)
         path = JobPaths(rec.job_dir).join_sbatch(index)
         self.remote.write_bytes(path, text.encode(), mode=0o700)
         argv = sbatch_argv(spec.name, rec.job_dir)

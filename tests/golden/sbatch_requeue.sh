@@ -3,10 +3,11 @@
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=1
 #SBATCH --cpus-per-task=1
-#SBATCH --output=/fsx/hyperpod-lab/jobs/quick-start-20261123-010203-abcd/logs/slurm-%j.out
+#SBATCH --wait-all-nodes=1
+#SBATCH --output="/fsx/hyperpod-lab/jobs/quick-start-20261123-010203-abcd/logs/slurm-%j.out"
 #SBATCH --open-mode=append
 #SBATCH --partition=dev
-#SBATCH --comment=hyperpod-lab:quick-start-20261123-010203-abcd
+#SBATCH --comment="hyperpod-lab:quick-start-20261123-010203-abcd"
 #SBATCH --requeue
 set -uo pipefail
 umask 077  # what the job writes on shared storage is private to the user
@@ -22,12 +23,24 @@ export WANDB_MODE=off
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 head_addr=$(scontrol show node "$head_node" | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')
 : "${head_addr:=$head_node}"
-run=${SLURM_RESTART_COUNT:-0}
-rdzv_port=$(( 29500 + (SLURM_JOB_ID + 7919 * run) % 20000 ))
-echo "hyperpod-lab: job $HYPERPOD_LAB_JOB_ID slurm $SLURM_JOB_ID restart $run nodes $SLURM_JOB_NODELIST rendezvous $head_addr:$rdzv_port"
-srun --nodes=$SLURM_JOB_NUM_NODES --ntasks-per-node=1 --kill-on-bad-exit=0 \
-    /opt/venv/bin/python -m hyperpod_lab.runtime.launch --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint="$head_addr:$rdzv_port" --rdzv-id="$SLURM_JOB_ID.$run" --rdzv-conf=join_timeout=120 --max-restarts=3 --log-dir="$JOB_DIR/logs/torchrun" --redirects=3 --tee=3 /fsx/hyperpod-lab/jobs/quick-start-20261123-010203-abcd/script/train_lm.py --steps 40 ''"'"'; touch /tmp/x; '"'"'' '$(id)' 'a
-b'
+restart=${SLURM_RESTART_COUNT:-0}  # a requeue runs this script again with the count + 1
+echo "hyperpod-lab: job $HYPERPOD_LAB_JOB_ID slurm $SLURM_JOB_ID restart $restart nodes $SLURM_JOB_NODELIST head $head_addr"
+auto_resume=""
+if [ -d /opt/sagemaker_cluster ]; then
+    echo "hyperpod-lab: HyperPod cluster: srun --auto-resume=1"
+    auto_resume="--auto-resume=1"
+fi
+srun --nodes=$SLURM_JOB_NUM_NODES --ntasks-per-node=1 --cpus-per-task=1 --kill-on-bad-exit=0 --label $auto_resume \
+    bash -c 'JOB_DIR="$HYPERPOD_LAB_JOB_DIR" head_addr=$1 restart=$2 step=${SLURM_STEP_ID:-0}
+mkdir -p "$JOB_DIR/runs/$restart.$step"
+counter="$JOB_DIR/runs/$restart.$step/node-${SLURM_NODEID:-0}"
+attempt=$(cat "$counter" 2>/dev/null || echo 0)
+echo $(( attempt + 1 )) > "$counter"
+run=$restart.$step.$attempt
+rdzv_port=$(( 29500 + (SLURM_JOB_ID + 7919 * (restart * 1009 + step * 31 + attempt)) % 20000 ))
+echo "hyperpod-lab: run $run rendezvous $head_addr:$rdzv_port"
+exec /opt/venv/bin/python -m hyperpod_lab.runtime.launch --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint="$head_addr:$rdzv_port" --rdzv-id="$SLURM_JOB_ID.$run" --rdzv-conf=join_timeout=120 --max-restarts=3 --log-dir="$JOB_DIR/logs/torchrun" --redirects=3 --tee=3 /fsx/hyperpod-lab/jobs/quick-start-20261123-010203-abcd/script/train_lm.py --steps 40 '"'"''"'"'"'"'"'"'"'"'; touch /tmp/x; '"'"'"'"'"'"'"'"''"'"' '"'"'$(id)'"'"' '"'"'a
+b'"'"'' hyperpod-lab-step "$head_addr" "$restart"
 rc=$?
 echo "hyperpod-lab: step exited with $rc"
 exit $rc
