@@ -1,12 +1,14 @@
-"""Test helper: free loopback ports (tests only; torch-free, so any helper may import it)."""
+"""Test helper: free loopback ports, the one ``free_port`` (in ``benchmarks/_common.py``, which
+benchmarks and tests share; benchmarks never import tests/). Torch-free, so any helper may
+import it, also inside a jupyter-server subprocess that has only tests/ on its path."""
 
 from __future__ import annotations
 
-import socket
+import os
+import sys
 
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on ``host`` that was free a moment ago (another process may take it before use)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+from benchmarks._common import free_port  # noqa: E402,F401

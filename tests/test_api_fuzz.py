@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.error
-import urllib.request
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -85,13 +83,7 @@ def test_no_operation_answers_5xx_or_breaks_its_schema(server, op):
 
 
 def _raw(server, method: str, path: str, body: bytes | None = None) -> tuple[int, dict]:
-    req = urllib.request.Request(server.url + path, data=body, method=method,
-                                 headers={"Authorization": f"token {server.token}", "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read() or b"{}")
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
+    return server.call(method, path, raw=body)
 
 
 def test_a_100000_deep_json_body_is_a_400_naming_the_body(server):

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from tests.lab import Lab, MissingComponent, chromium_path, launch_chromium, run_command
+from benchmarks._lab import Lab, MissingComponent, chromium_path, launch_chromium, run_command
 
 ARTIFACTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "test-artifacts", "lab-ui")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -427,8 +427,8 @@ def _walk_discovery(page, lab: Lab, config) -> None:
 def test_missing_chromium_fails_with_the_install_command(monkeypatch):
     """No browser is ever downloaded: without Debian's chromium the UI tests fail and say how to
     install it."""
-    import tests.lab
+    import benchmarks._lab
 
-    monkeypatch.setattr(tests.lab, "CHROMIUM", "/nonexistent/chromium")
+    monkeypatch.setattr(benchmarks._lab, "CHROMIUM", "/nonexistent/chromium")
     with pytest.raises(pytest.fail.Exception, match="apt-get install chromium"):
         _playwright()

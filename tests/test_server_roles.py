@@ -12,9 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
-import urllib.error
-import urllib.request
 
 import pytest
 import websocket
@@ -32,13 +29,7 @@ def _server(tmp_path_factory, authorizer: str) -> JupyterServer:
 
 
 def _call(srv, method, path, body=None):
-    req = urllib.request.Request(srv.url + path, method=method, data=None if body is None else json.dumps(body).encode(),
-                                 headers={"Authorization": f"token {srv.token}", "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read() or b"{}")
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
+    return srv.call(method, path, body)
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,8 @@
-"""Test helpers for the JupyterLab UI: a real ``jupyter lab`` subprocess on loopback with a
-token, and Debian's Chromium driven by Python Playwright (never a downloaded browser).
+"""A real ``jupyter lab`` subprocess on loopback with a token, and Debian's Chromium driven by
+Python Playwright (never a downloaded browser), for the UI benchmark and tests.
 
-Used by tests/test_lab_ui.py and benchmarks/event_latency.py.
+Used by benchmarks/event_latency.py and tests/test_lab_ui.py (benchmarks never import tests/;
+the tests import this from here).
 """
 
 from __future__ import annotations
@@ -10,13 +11,14 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
+
+from benchmarks._common import free_port
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -34,12 +36,6 @@ def chromium_path() -> str:
         raise MissingComponent(f"{CHROMIUM} is missing; install Debian's browser with "
                                f"'apt-get install chromium' (or run scripts/setup.sh)")
     return CHROMIUM
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Lab:
