@@ -31,6 +31,26 @@ An EKS-orchestrated HyperPod cluster (see ``docs/eks.md``)::
     pvc = "fsx-claim"                 # FSx for Lustre persistent volume claim
     shared_mount = "/fsx"             # where the pods mount it
 
+A Slurm login node reached the way ``ssh`` reaches it (see ``hyperpod_lab/schedulers/ssh_route.py``
+for the precedence of profile fields over the OpenSSH config)::
+
+    [clusters.campus]
+    orchestrator = "slurm"
+    host = "login"                    # a Host entry of ~/.ssh/config (or of `ssh_config`):
+    ssh_config = "~/.ssh/config"      #   HostName, Port, User, IdentityFile, ProxyJump, ProxyCommand,
+    shared_root = "/shared"           #   ServerAlive*, ConnectTimeout, UserKnownHostsFile apply
+
+A HyperPod Slurm cluster through AWS Systems Manager (written by ``clusters discover``)::
+
+    [clusters.hp-slurm]
+    orchestrator = "slurm"
+    ssm_target = "sagemaker-cluster:abc123def456_controller-machine-i-0123456789abcdef0"
+    region = "us-west-2"              # passed to `aws ssm start-session` (with aws_profile if set)
+    user = "ubuntu"
+    key_file = "~/.ssh/id_ed25519"    # its public key in the node's authorized_keys
+    known_hosts = "~/.ssh/known_hosts"  # holding the node's key under the ssm_target (or `host`)
+    shared_root = "/fsx"
+
 A built-in profile named ``local`` (the local backend: torchrun on this machine) always exists.
 A value starting with :data:`PLACEHOLDER` (written by ``clusters discover`` for what the
 SageMaker API cannot know, such as a Slurm login node) must be filled in before submitting.
@@ -39,6 +59,7 @@ SageMaker API cannot know, such as a Slurm login node) must be filled in before 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
@@ -50,6 +71,11 @@ ORCHESTRATORS = ("slurm", "eks", "local")
 OPERATORS = ("hyperpod", "kubeflow")
 LOCAL = "local"
 PLACEHOLDER = "FILL-IN"
+# an SSM target goes into `aws ssm start-session --target` as one argv word: letters, digits and
+# the separators SageMaker uses, never starting with '-' (which aws would read as an option)
+_SSM_TARGET = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,255}")
+_SHELL_META = re.compile(r"[\s'\"`$;&|<>*?(){}!\\#~]")
+_AWS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+=@,-]{0,127}")
 
 
 def config_path() -> str:
@@ -86,9 +112,17 @@ class ClusterProfile:
     Attributes:
         name: profile name, e.g. ``local-slurm``.
         orchestrator: ``slurm`` (over SSH), ``eks`` or ``local``.
-        host, port, user: SSH login node (slurm).
-        key_file: private key for the login (slurm).
-        known_hosts: known_hosts file holding the login node's host key (slurm).
+        host, port, user: SSH login node (slurm); ``host`` may name a ``Host`` entry of the
+            OpenSSH config. ``port`` 22 (the default) lets the config's ``Port`` apply.
+        key_file: private key for the login (slurm; else the config's ``IdentityFile``).
+        known_hosts: known_hosts file holding the login node's host key (slurm; used together
+            with the config's ``UserKnownHostsFile``, for every hop).
+        ssh_config: (slurm) the OpenSSH config file to read (default ``~/.ssh/config`` if it
+            exists).
+        ssm_target: (slurm) an AWS Systems Manager target, e.g.
+            ``sagemaker-cluster:<cluster-id>_<group>-<instance-id>``: SSH then runs over ``aws ssm
+            start-session --document-name AWS-StartSSHSession`` (``region``, ``aws_profile``
+            passed on); ``host`` becomes optional (the host key's name; default the target).
         shared_root: shared-storage directory, the same path on nodes and login node.
         python: Python interpreter on the nodes that has hyperpod-lab and torch.
         connect_timeout_s: SSH connect timeout, seconds.
@@ -123,6 +157,8 @@ class ClusterProfile:
     user: str | None = None
     key_file: str | None = None
     known_hosts: str | None = None
+    ssh_config: str | None = None
+    ssm_target: str | None = None
     shared_root: str | None = None
     python: str = "python3"
     connect_timeout_s: float = 10.0
@@ -154,11 +190,33 @@ class ClusterProfile:
         if self.orchestrator not in ORCHESTRATORS:
             raise ConfigError(f"{where}: orchestrator must be one of {', '.join(ORCHESTRATORS)}, got {self.orchestrator!r}")
         if self.orchestrator == "slurm":
-            for key in ("host", "user", "key_file", "known_hosts", "shared_root"):
-                if not getattr(self, key):
-                    raise ConfigError(f"{where}: '{key}' is required for a slurm cluster")
-            if not isinstance(self.port, int) or not 0 < self.port < 65536:
+            # user, key_file and known_hosts may come from the OpenSSH config instead; a login
+            # that still lacks them fails at connect time naming the setting (ssh_route.py)
+            if not self.host and not self.ssm_target:
+                raise ConfigError(f"{where}: 'host' is required for a slurm cluster (a login node's name or "
+                                  f"address, or a Host of your OpenSSH config), unless 'ssm_target' is set")
+            if not self.shared_root:
+                raise ConfigError(f"{where}: 'shared_root' is required for a slurm cluster")
+            if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 < self.port < 65536:
                 raise ConfigError(f"{where}: port must be 1-65535, got {self.port!r}")
+            for key in ("host", "user", "key_file", "known_hosts", "ssh_config"):
+                v = getattr(self, key)
+                if v is not None and (not isinstance(v, str) or not v.strip() or v.startswith("-")):
+                    raise ConfigError(f"{where}: '{key}' must be a non-empty string not starting with '-', got {v!r}")
+            for key in ("host", "user"):  # both reach a config ProxyCommand's shell as %h / %r, as in OpenSSH
+                v = getattr(self, key)
+                if isinstance(v, str) and not v.startswith(PLACEHOLDER) and _SHELL_META.search(v):
+                    raise ConfigError(f"{where}: '{key}' {v!r} contains characters a host or user name never has "
+                                      f"(spaces, quotes or shell characters such as ; | $ `)")
+            if self.ssm_target is not None and not self.ssm_target.startswith(PLACEHOLDER) \
+                    and not _SSM_TARGET.fullmatch(str(self.ssm_target)):
+                raise ConfigError(f"{where}: ssm_target must look like sagemaker-cluster:<cluster-id>_<group>-"
+                                  f"<instance-id> (or an instance id such as i-0123456789abcdef0), got "
+                                  f"{self.ssm_target!r}")
+            for key in ("region", "aws_profile"):
+                v = getattr(self, key)
+                if v is not None and (not isinstance(v, str) or not _AWS_NAME.fullmatch(v)):
+                    raise ConfigError(f"{where}: '{key}' must be a plain name such as us-west-2, got {v!r}")
         if self.orchestrator == "eks":
             if not (self.kube_context or self.kubeconfig or self.eks_cluster):
                 raise ConfigError(f"{where}: an eks cluster needs 'kube_context' (a context of your kubeconfig) "

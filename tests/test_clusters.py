@@ -51,3 +51,32 @@ def test_malformed_config_is_a_clear_error(cfg, text, words):
 def test_local_cannot_be_overwritten(cfg):
     with pytest.raises(ConfigError):
         clusters.save_profile(ClusterProfile("local", "local"))
+
+
+def test_ssh_config_and_ssm_profiles_round_trip(cfg, tmp_path):
+    """Issue 16: a slurm profile may leave user/key/known_hosts to the OpenSSH config, and an
+    SSM profile needs no host."""
+    clusters.save_profile(ClusterProfile("alias", "slurm", host="login", ssh_config=str(tmp_path / "ssh_config"),
+                                         shared_root="/shared"))
+    clusters.save_profile(ClusterProfile("ssm", "slurm", ssm_target="sagemaker-cluster:abc_controller-machine-i-0a1",
+                                         region="us-west-2", user="ubuntu", key_file="/k", known_hosts="/kh",
+                                         shared_root="/fsx"))
+    profs = clusters.load_profiles()
+    assert (profs["alias"].host, profs["alias"].ssh_config, profs["alias"].user) == \
+        ("login", str(tmp_path / "ssh_config"), None)
+    assert profs["ssm"].host is None and profs["ssm"].ssm_target.endswith("-i-0a1")
+
+
+@pytest.mark.parametrize("text, words", [
+    ("[clusters.x]\norchestrator='slurm'\nshared_root='/f'\n", "'host' is required"),
+    ("[clusters.x]\norchestrator='slurm'\nhost='h'\n", "'shared_root' is required"),
+    ("[clusters.x]\norchestrator='slurm'\nssm_target='-h'\nshared_root='/f'\n", "ssm_target must look like"),
+    ("[clusters.x]\norchestrator='slurm'\nhost='a b'\nshared_root='/f'\n", "shell characters"),
+    ("[clusters.x]\norchestrator='slurm'\nhost='h'\nuser='-oProxyCommand=x'\nshared_root='/f'\n",
+     "not starting with '-'"),
+])
+def test_slurm_access_fields_are_validated(cfg, text, words):
+    cfg.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        clusters.load_profiles()
+    assert words in str(e.value), str(e.value)

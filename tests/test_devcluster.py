@@ -92,7 +92,7 @@ def test_status_reports_daemons_and_nodes(cluster):
     assert st["ok"], st["output"]
     assert set(st["nodes"]) == {"n1", "n2"}
     assert all(s in ("idle", "mixed", "allocated", "completing") for s in st["nodes"].values())
-    for name in ("munged", "mariadb", "slurmdbd", "slurmctld", "slurmd@n1", "slurmd@n2", "sshd"):
+    for name in ("munged", "mariadb", "slurmdbd", "slurmctld", "slurmd@n1", "slurmd@n2", "sshd", "bastion"):
         assert st["daemons"][name]["state"] == "running", st["output"]
         assert isinstance(st["daemons"][name]["pid"], int)
     assert "n1" in st["sinfo"] and "n2" in st["sinfo"]
@@ -126,6 +126,45 @@ def test_known_hosts_holds_the_sshd_host_key(cluster):
         lines = f.read().splitlines()
     assert f"[127.0.0.1]:2222 {keytype} {key}" in lines
     assert keytype == "ssh-ed25519"
+
+
+def test_bastion_has_its_own_key_and_forwards_only_to_the_login_node(cluster):
+    """The jump host of issue 16: its own host key (in bastion_known_hosts, verified), the
+    client key logs in, a direct-tcpip channel reaches the login node's sshd and nothing else,
+    and commands do nothing (ForceCommand /bin/true)."""
+    import paramiko
+
+    p, b = cluster["profile"], devcluster.bastion()
+    with open(os.path.join(os.path.dirname(p.known_hosts), "bastion_host_ed25519_key.pub")) as f:
+        keytype, key = f.read().split()[:2]
+    with open(b["known_hosts"]) as f:
+        assert f.read().splitlines() == [f"[127.0.0.1]:{b['port']} {keytype} {key}"]
+    with open(os.path.join(os.path.dirname(p.known_hosts), "ssh_host_ed25519_key.pub")) as f:
+        assert f.read().split()[1] != key  # not the login node's key
+    client = paramiko.SSHClient()
+    client.load_host_keys(b["known_hosts"])
+    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    client.connect(b["host"], port=b["port"], username=b["user"], key_filename=b["key_file"],
+                   allow_agent=False, look_for_keys=False, timeout=10)
+    try:
+        assert run(client, "hostname; echo visible") == (0, "", "")
+        t = client.get_transport()
+        chan = t.open_channel("direct-tcpip", ("127.0.0.1", p.port), ("127.0.0.1", 0), timeout=10)
+        chan.settimeout(10)
+        assert chan.recv(64).startswith(b"SSH-2.0-")  # the login node's sshd answers
+        chan.close()
+        with pytest.raises(paramiko.ChannelException):  # PermitOpen: the slurmctld port is not forwarded
+            t.open_channel("direct-tcpip", ("127.0.0.1", 6817), ("127.0.0.1", 0), timeout=10)
+    finally:
+        client.close()
+
+
+def test_up_leaves_running_daemons_alone(cluster):
+    """'up' on a running cluster restarts nothing (other sessions use it meanwhile)."""
+    before = {n: d["pid"] for n, d in devcluster.status()["daemons"].items()}
+    devcluster.up(quiet=True)
+    after = {n: d["pid"] for n, d in devcluster.status()["daemons"].items()}
+    assert after == before and before["bastion"] and before["sshd"] != before["bastion"]
 
 
 def test_python_arg_goes_into_profile(cluster):
@@ -257,7 +296,8 @@ def test_down_then_up_keeps_job_ids(cluster, ssh):
         c.close()
 
 
-@pytest.mark.parametrize("plant", ["foreign_ssh_dir", "ssh_dir_link", "readable_client_key", "foreign_base"])
+@pytest.mark.parametrize("plant", ["foreign_ssh_dir", "ssh_dir_link", "readable_client_key", "foreign_base",
+                                   "readable_bastion_key", "foreign_bastion_config"])
 def test_up_refuses_state_it_did_not_create(config, tmp_path, plant):
     """Issue 13, finding 9: another user who pre-creates the state directory (or a key in it)
     before the first 'up' would hold the login node's keys; up refuses, before starting anything.
@@ -275,6 +315,14 @@ def test_up_refuses_state_it_did_not_create(config, tmp_path, plant):
         ssh.mkdir(parents=True, mode=0o700)
         if plant == "foreign_ssh_dir":
             os.chown(ssh, 65534, 65534)
+        elif plant == "readable_bastion_key":
+            key = ssh / "bastion_host_ed25519_key"
+            key.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nplanted\n")
+            key.chmod(0o644)
+        elif plant == "foreign_bastion_config":
+            conf = ssh / "bastion_sshd_config"
+            conf.write_text("Port 2298\nPermitOpen any\n")
+            os.chown(conf, 65534, 65534)
         else:
             key = ssh / "id_ed25519"
             key.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nplanted\n")

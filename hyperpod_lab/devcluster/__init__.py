@@ -2,8 +2,9 @@
 
 ``up()`` runs ``devcluster.sh up`` (as root) which starts munge, a private MariaDB + slurmdbd
 (so ``sacct`` works), slurmctld, two slurmd "nodes" ``n1`` and ``n2`` in partition ``dev``,
-and an sshd on ``127.0.0.1:<ssh_port>`` with key-only root login. It then writes the cluster
-profile ``local-slurm`` (see :mod:`hyperpod_lab.clusters`) pointing at that sshd, its
+an sshd on ``127.0.0.1:<ssh_port>`` with key-only root login, and a bastion: a second sshd on
+``127.0.0.1:<bastion_port>`` (its own host key, the same client key, forwarding only to the login
+node's port) for jump-host tests (:func:`bastion`). It then writes the cluster profile ``local-slurm`` (see :mod:`hyperpod_lab.clusters`) pointing at that sshd, its
 generated client key and known_hosts, and the shared directory ``<base>/fsx``.
 
 Everything lives under ``base_dir`` (``$HYPERPOD_LAB_DEV_DIR`` or ``/var/tmp/hyperpod-lab-dev``).
@@ -26,6 +27,7 @@ from hyperpod_lab.errors import HyperPodLabError
 PROFILE_NAME = "local-slurm"
 DEFAULT_BASE_DIR = "/var/tmp/hyperpod-lab-dev"
 DEFAULT_SSH_PORT = 2222
+DEFAULT_BASTION_PORT = 2223
 PARTITION = "dev"
 NODES = ("n1", "n2")
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "devcluster.sh")
@@ -33,7 +35,7 @@ SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "devcluster.sh
 _NOT_ROOT = "dev-cluster needs root to install and start Slurm; run it with sudo"
 _READY_STATES = {"idle", "mixed", "allocated", "completing"}
 
-__all__ = ["up", "down", "status", "base_dir", "PROFILE_NAME", "SCRIPT"]
+__all__ = ["up", "down", "status", "bastion", "base_dir", "PROFILE_NAME", "SCRIPT"]
 
 
 def base_dir(base: str | None = None) -> str:
@@ -51,6 +53,32 @@ def _ssh_port(port: int | None) -> int:
     if not isinstance(port, int) or not 0 < port < 65536:
         raise HyperPodLabError(f"ssh_port must be 1-65535, got {port!r}")
     return port
+
+
+def bastion_port() -> int:
+    """The bastion's port: ``$HYPERPOD_LAB_DEV_BASTION_PORT`` or 2223."""
+    env = os.environ.get("HYPERPOD_LAB_DEV_BASTION_PORT")
+    try:
+        port = int(env) if env else DEFAULT_BASTION_PORT
+    except ValueError:
+        raise HyperPodLabError(f"HYPERPOD_LAB_DEV_BASTION_PORT must be a port number, got {env!r}") from None
+    if not 0 < port < 65536:
+        raise HyperPodLabError(f"HYPERPOD_LAB_DEV_BASTION_PORT must be 1-65535, got {port}")
+    return port
+
+
+def bastion(base: str | None = None) -> dict[str, Any]:
+    """The dev cluster's jump host (started by :func:`up`; nothing is started here).
+
+    Returns ``{"host": "127.0.0.1", "port": int, "user": "root", "key_file": str,
+    "known_hosts": str}``: ``known_hosts`` holds the bastion's host key only (the login node's is
+    in the profile's known_hosts); the key is the profile's client key. The bastion forwards
+    only to the login node's port and runs no commands (``ForceCommand /bin/true``).
+    """
+    b = base_dir(base)
+    return {"host": "127.0.0.1", "port": bastion_port(), "user": "root",
+            "key_file": os.path.join(b, "ssh", "id_ed25519"),
+            "known_hosts": os.path.join(b, "ssh", "bastion_known_hosts")}
 
 
 def _env(base: str, ssh_port: int | None = None) -> dict[str, str]:
@@ -113,8 +141,9 @@ def up(base_dir: str | None = None, ssh_port: int | None = None, python: str | N
        quiet: bool = False) -> ClusterProfile:
     """Start the dev cluster (idempotent; a quick no-op when it is already up).
 
-    Installs missing apt packages, starts the daemons, waits until both nodes are idle and the
-    sshd accepts our key, then writes the ``local-slurm`` profile and returns it.
+    Installs missing apt packages, starts the daemons (only those not running: a running daemon
+    whose config is unchanged is left alone, and the bastion is started beside the others),
+    waits until both nodes are idle and both sshds accept our key, then writes the ``local-slurm`` profile and returns it.
 
     Args:
         base_dir: the cluster's directory (default ``$HYPERPOD_LAB_DEV_DIR`` or
@@ -132,7 +161,7 @@ def up(base_dir: str | None = None, ssh_port: int | None = None, python: str | N
         raise HyperPodLabError(_NOT_ROOT)
     _run_script("up", _env(base, port), quiet)
     profile = profile_for(base, port, python)
-    for path in (profile.key_file, profile.known_hosts):
+    for path in (profile.key_file, profile.known_hosts, bastion(base)["known_hosts"]):
         if not os.path.isfile(path):  # type: ignore[arg-type]
             raise HyperPodLabError(f"dev-cluster up finished but {path} is missing; see {base}/log")
     save_profile(profile)
@@ -155,9 +184,9 @@ def status(base_dir: str | None = None) -> dict[str, Any]:
 
     Returns ``{"ok": bool, "base_dir": str, "daemons": {name: {"state", "pid", "detail"}},
     "nodes": {"n1": "idle", ...}, "sinfo": str, "output": str}``. Daemon names: ``munged``,
-    ``mariadb``, ``slurmdbd``, ``slurmctld``, ``slurmd@n1``, ``slurmd@n2``, ``sshd``; states
-    ``running`` | ``stopped`` | ``failing``. ``ok`` is true when every daemon runs, the sshd
-    accepts our key and both nodes are usable (idle, mixed, allocated or completing).
+    ``mariadb``, ``slurmdbd``, ``slurmctld``, ``slurmd@n1``, ``slurmd@n2``, ``sshd``, ``bastion``; states
+    ``running`` | ``stopped`` | ``failing``. ``ok`` is true when every daemon runs, both sshds
+    accept our key and both nodes are usable (idle, mixed, allocated or completing).
     """
     base = _base(base_dir)
     rc, out = _run_script("status", _env(base), quiet=True, check=False)

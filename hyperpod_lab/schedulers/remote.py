@@ -131,62 +131,31 @@ class LocalRemote(LocalFiles, Remote):
 class SSHRemote(Remote):
     """A cluster's login node over SSH (paramiko) with SFTP on the same transport.
 
+    The login node is reached as :func:`hyperpod_lab.schedulers.ssh_route.resolve_route` says:
+    directly, through the OpenSSH config's ProxyJump hops or ProxyCommand, or over an SSM session
+    (``profile.ssm_target``).
+
     Args:
-        profile: a slurm cluster profile (host, port, user, key_file, known_hosts).
+        profile: a slurm cluster profile (host, port, user, key_file, known_hosts, ssh_config,
+            ssm_target).
 
     Raises:
-        ClusterUnreachable: the login node did not answer within ``profile.connect_timeout_s``
-            (the message names host and port).
-        HostKeyError: the host key is not in, or differs from, ``profile.known_hosts``.
+        ConfigError: the OpenSSH config is missing, unreadable or contradictory.
+        ClusterUnreachable: a hop did not answer within its connect timeout, refused the key or
+            the tunnel, or its proxy command failed (the message names the hop, host and port).
+        HostKeyError: a hop's host key is not in, or differs from, its known_hosts files.
     """
 
     def __init__(self, profile: ClusterProfile):
-        import paramiko
+        from hyperpod_lab.schedulers.ssh_route import open_route, resolve_route
 
         self.profile = profile
         self._lock = threading.Lock()
-        where = f"{profile.user}@{profile.host}:{profile.port}"
-        client = paramiko.SSHClient()
-        if not profile.known_hosts or not os.path.exists(os.path.expanduser(profile.known_hosts)):
-            raise HostKeyError(f"known_hosts file {profile.known_hosts!r} of cluster '{profile.name}' is missing; "
-                               f"add the login node's host key there (ssh-keyscan -p {profile.port} {profile.host} "
-                               f"and check its fingerprint), or rerun 'hyperpod-lab dev-cluster up' for local-slurm")
-        client.load_host_keys(os.path.expanduser(profile.known_hosts))
-        client.set_missing_host_key_policy(paramiko.RejectPolicy())
-        t = float(profile.connect_timeout_s)
-        try:
-            client.connect(profile.host, port=int(profile.port), username=profile.user,
-                           key_filename=os.path.expanduser(profile.key_file) if profile.key_file else None,
-                           allow_agent=False, look_for_keys=False, timeout=t, banner_timeout=t, auth_timeout=t)
-        except paramiko.BadHostKeyException as e:
-            client.close()
-            raise HostKeyError(f"host key of {profile.host}:{profile.port} does not match {profile.known_hosts} "
-                               f"(got {e.key.get_name()} {e.key.get_base64()[:24]}...): possible man-in-the-middle, "
-                               f"or the node was rebuilt; verify the new key before replacing the entry") from None
-        except paramiko.AuthenticationException as e:
-            client.close()
-            raise ClusterUnreachable(f"{where} refused the key {profile.key_file}: {e}; check user and key_file "
-                                     f"of cluster '{profile.name}'") from None
-        except paramiko.SSHException as e:
-            client.close()
-            if "not found in known_hosts" in str(e):
-                raise HostKeyError(f"host key of {profile.host}:{profile.port} is unknown: it is not in {profile.known_hosts}; "
-                                   f"verify the node's key fingerprint and add it there (hyperpod-lab never trusts "
-                                   f"an unknown key on first use)") from None
-            raise ClusterUnreachable(f"cannot reach login node {profile.host}:{profile.port} of cluster "
-                                     f"'{profile.name}': SSH handshake failed ({e}); is sshd running there?") from None
-        except (socket.timeout, TimeoutError):
-            client.close()
-            raise ClusterUnreachable(f"cannot reach login node {profile.host}:{profile.port} of cluster "
-                                     f"'{profile.name}': no answer within {t:g} s; check host, port and "
-                                     f"network/VPN") from None
-        except (OSError, paramiko.ssh_exception.NoValidConnectionsError) as e:
-            client.close()
-            reason = getattr(e, "strerror", None) or str(e)
-            raise ClusterUnreachable(f"cannot reach login node {profile.host}:{profile.port} of cluster "
-                                     f"'{profile.name}': {reason}; check host and port, or start it "
-                                     f"('hyperpod-lab dev-cluster up' for local-slurm)") from None
-        self.client = client
+        # the OpenSSH config, jump hosts, ProxyCommand and SSM: ssh_route.py; every hop's host
+        # key is verified (RejectPolicy), errors name the hop
+        self.route = resolve_route(profile)
+        self._open = open_route(self.route, profile.name)
+        self.client = self._open.client
         self._sftp = None
 
     @property
@@ -300,7 +269,7 @@ class SSHRemote(Remote):
     def close(self):
         if self._sftp is not None:
             self._sftp.close()
-        self.client.close()
+        self._open.close()  # the login node's client, then jump hosts and proxy commands
 
 
 _CONNECTIONS: dict[str, SSHRemote] = {}
@@ -311,7 +280,8 @@ def connect(profile: ClusterProfile) -> Remote:
     """The Remote of a profile: one reused SSH connection per slurm cluster, or LocalRemote."""
     if profile.orchestrator == "local":
         return LocalRemote()
-    key = f"{profile.name}|{profile.host}|{profile.port}|{profile.user}"
+    key = (f"{profile.name}|{profile.host}|{profile.port}|{profile.user}|{profile.ssh_config}|"
+           f"{profile.ssm_target}|{profile.key_file}|{profile.known_hosts}")
     with _CONN_LOCK:
         conn = _CONNECTIONS.get(key)
         if conn is not None and conn.alive:
