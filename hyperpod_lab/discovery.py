@@ -4,9 +4,14 @@
 ``describe_cluster`` (status, orchestrator, instance groups, node recovery),
 ``list_cluster_nodes`` (node health) and ``list_cluster_events`` where the API (and endpoint)
 has it. ``write_profiles`` turns the result into cluster profiles
-(:func:`hyperpod_lab.clusters.save_profile`); what the API cannot know (a Slurm login node, an
-EKS job's container image and FSx claim) is written as a ``FILL-IN`` placeholder that the
-scheduler refuses to use, naming the field.
+(:func:`hyperpod_lab.clusters.save_profile`); what the API cannot know (an SSH user and key, the
+node's host key, an EKS job's container image and FSx claim) is written as a ``FILL-IN``
+placeholder that the scheduler refuses to use, naming the field.
+
+A Slurm cluster's profile reaches its controller node the way HyperPod's own tooling does, over
+AWS Systems Manager: ``ssm_target = "sagemaker-cluster:<cluster-id>_<group>-<instance-id>"``
+(cluster id = the last part of the cluster ARN; the controller instance group and its instance
+id from ``list_cluster_nodes``; see :func:`ssm_target_for`).
 
 Throttling is retried by botocore's ``standard`` retry mode (exponential backoff with jitter,
 ``max_attempts`` calls in all); errors a user can fix become :class:`ConfigError` naming the
@@ -41,6 +46,8 @@ class DiscoveredCluster:
         node_health: node count per ``InstanceStatus.Status`` (Running, Failure, Pending, ...).
         events: ``list_cluster_events`` summaries, or None where the API lacks the call;
             events_note says why they are missing.
+        ssm_target: (slurm) the SSM target of the controller node (:func:`ssm_target_for`), or
+            None when no instance group looks like the controller's.
     """
 
     name: str
@@ -55,6 +62,7 @@ class DiscoveredCluster:
     node_health: dict[str, int] = field(default_factory=dict)
     events: list[dict[str, Any]] | None = None
     events_note: str | None = None
+    ssm_target: str | None = None
 
     @property
     def eks_cluster_name(self) -> str | None:
@@ -176,6 +184,7 @@ def discover_clusters(region: str | None = None, profile: str | None = None, end
                               region=client.meta.region_name, orchestrator="eks" if eks_arn else "slurm",
                               eks_cluster_arn=eks_arn, node_recovery=d.get("NodeRecovery"),
                               instance_groups=groups, nodes=nodes, node_health=health)
+        c.ssm_target = ssm_target_for(c) if c.orchestrator == "slurm" else None
         c.events, c.events_note = _events(events_client, name)
         if c.events is None and events_client is not None and "unavailable" in (c.events_note or ""):
             events_client = None  # this endpoint lacks the call: do not ask again for every cluster
@@ -199,12 +208,45 @@ def _events(client, name: str) -> tuple[list[dict[str, Any]] | None, str | None]
             for ev in res.get("Events") or res.get("ClusterEventSummaries") or []], None
 
 
+CONTROLLER_GROUP_WORDS = ("controller", "head")
+
+
+def ssm_target_for(cluster: DiscoveredCluster, controller_group: str | None = None) -> str | None:
+    """The SSM target of a Slurm cluster's controller node:
+    ``sagemaker-cluster:<cluster-id>_<group>-<instance-id>``.
+
+    Args:
+        cluster: from :func:`discover_clusters` (its ``arn``, ``instance_groups`` and ``nodes``).
+        controller_group: the controller's instance group; default the first group whose name
+            contains ``controller`` (HyperPod's examples call it ``controller-machine``), else
+            ``head``.
+
+    Returns:
+        The target (a Running node preferred, else the group's first), or None when no group
+        matches or the group has no node.
+    """
+    cluster_id = (cluster.arn or "").rsplit("/", 1)[-1]
+    names = [g["name"] for g in cluster.instance_groups if g.get("name")]
+    names += [n["group"] for n in cluster.nodes if n.get("group") and n["group"] not in names]
+    group = controller_group
+    for word in CONTROLLER_GROUP_WORDS:
+        group = group or next((g for g in names if word in g.lower()), None)
+    if not cluster_id or not group:
+        return None
+    nodes = [n for n in cluster.nodes if n.get("group") == group and n.get("instance_id")]
+    nodes.sort(key=lambda n: n.get("status") != "Running")  # stable: API order among equals
+    if not nodes:
+        return None
+    return f"sagemaker-cluster:{cluster_id}_{group}-{nodes[0]['instance_id']}"
+
+
 def profile_for(cluster: DiscoveredCluster, name: str | None = None) -> ClusterProfile:
     """A cluster profile for a discovered cluster; unknown fields hold ``FILL-IN`` placeholders.
 
-    Slurm: the login node is not in the API (``host``, ``user``, ``key_file``,
-    ``known_hosts`` to fill in); ``shared_root`` defaults to ``/fsx``. EKS: the EKS cluster name
-    and region (token made with boto3); ``image`` and ``pvc`` to fill in.
+    Slurm: the controller node over SSM (``ssm_target`` and ``region``; ``user``, ``key_file``
+    and ``known_hosts`` to fill in), or, when no controller group was found, a login node that
+    is not in the API (``host`` to fill in too); ``shared_root`` defaults to ``/fsx``. EKS: the
+    EKS cluster name and region (token made with boto3); ``image`` and ``pvc`` to fill in.
     """
     name = name or re.sub(r"[^A-Za-z0-9_.-]+", "-", cluster.name)
     if cluster.orchestrator == "eks":
@@ -213,6 +255,15 @@ def profile_for(cluster: DiscoveredCluster, name: str | None = None) -> ClusterP
                               image=f"{PLACEHOLDER}: container image with torch, hyperpod-lab and hyperpodrun",
                               pvc=f"{PLACEHOLDER}: the FSx for Lustre persistent volume claim",
                               shared_mount="/fsx")
+    if cluster.ssm_target:
+        return ClusterProfile(name=name, orchestrator="slurm", region=cluster.region, cluster_arn=cluster.arn,
+                              ssm_target=cluster.ssm_target,
+                              user=f"{PLACEHOLDER}: your user on the node (ubuntu on HyperPod's default image)",
+                              key_file=f"{PLACEHOLDER}: path of your SSH private key (its public key in the "
+                                       f"node's ~/.ssh/authorized_keys)",
+                              known_hosts=f"{PLACEHOLDER}: known_hosts file with the node's host key under the "
+                                          f"name {cluster.ssm_target}",
+                              shared_root="/fsx")
     return ClusterProfile(name=name, orchestrator="slurm", region=cluster.region, cluster_arn=cluster.arn,
                           host=f"{PLACEHOLDER}: the login node's host name or IP",
                           user=f"{PLACEHOLDER}: your user on the login node",

@@ -22,8 +22,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from hyperpod_lab import cli
-from hyperpod_lab.clusters import get_profile
-from hyperpod_lab.discovery import DiscoveredCluster, discover_clusters, profile_for, write_profiles
+from hyperpod_lab.clusters import ClusterProfile, get_profile
+from hyperpod_lab.discovery import DiscoveredCluster, discover_clusters, profile_for, ssm_target_for, write_profiles
 from hyperpod_lab.errors import ClusterUnreachable, ConfigError
 from hyperpod_lab.schedulers import for_profile
 
@@ -206,3 +206,52 @@ def test_sidebar_refresh_discovers_through_the_server(moto, creds, tmp_path, mon
         assert not server.auth_warnings()
     finally:
         server.stop()
+
+
+def test_discovery_writes_ssm_target_of_the_controller(moto, creds):
+    """Issue 16: a Slurm cluster's profile reaches its controller node over SSM. The target is
+    built as HyperPod documents it: sagemaker-cluster:<cluster-id>_<group>-<instance-id>, the
+    cluster id being the last part of the ARN, group and instance id from list_cluster_nodes.
+    (Its own region, so the other tests' cluster lists stay as they are.)"""
+    import boto3
+
+    from hyperpod_lab.schedulers.ssh_route import resolve_route
+
+    region = "ap-southeast-2"
+    sm = boto3.client("sagemaker", endpoint_url=moto.url, region_name=region)
+    groups = [dict(IG[0], InstanceGroupName="workers", InstanceCount=2),
+              dict(IG[0], InstanceGroupName="controller-machine", InstanceCount=1, InstanceType="ml.m5.xlarge")]
+    arn = sm.create_cluster(ClusterName="disc-ssm", InstanceGroups=groups)["ClusterArn"]
+    try:
+        (c,) = discover_clusters(region=region, endpoint_url=moto.url)
+        ctl = [n for n in c.nodes if n["group"] == "controller-machine"]
+        assert len(ctl) == 1 and c.arn == arn
+        want = f"sagemaker-cluster:{arn.rsplit('/', 1)[-1]}_controller-machine-{ctl[0]['instance_id']}"
+        assert c.ssm_target == want
+        (name, what), = write_profiles([c])
+        prof = get_profile(name)
+        assert (name, what, prof.ssm_target, prof.region, prof.host) == ("disc-ssm", "written", want, region, None)
+        assert prof.unfilled() == ["user", "key_file", "known_hosts"]  # no host to fill in
+        with pytest.raises(ConfigError, match="fill in user, key_file, known_hosts"):
+            for_profile(prof)
+        filled = ClusterProfile(**{**prof.__dict__, "user": "ubuntu", "key_file": "/k", "known_hosts": "/kh"})
+        (hop,) = resolve_route(filled.validate()).hops
+        assert hop.proxy_argv == ["aws", "ssm", "start-session", "--target", want, "--document-name",
+                                  "AWS-StartSSHSession", "--parameters", "portNumber=22", "--region", region]
+    finally:
+        sm.delete_cluster(ClusterName="disc-ssm")
+
+
+def test_ssm_target_needs_a_controller_group():
+    base = dict(name="c", arn="arn:aws:sagemaker:us-west-2:1:cluster/abc123", status="InService",
+                region="us-west-2", orchestrator="slurm")
+    nodes = [{"instance_id": "i-0down", "group": "head-group", "status": "Failure"},
+             {"instance_id": "i-0up", "group": "head-group", "status": "Running"},
+             {"instance_id": "i-0w", "group": "workers", "status": "Running"}]
+    c = DiscoveredCluster(**base, instance_groups=[{"name": "workers"}, {"name": "head-group"}], nodes=nodes)
+    assert ssm_target_for(c) == "sagemaker-cluster:abc123_head-group-i-0up"  # a Running node first
+    assert ssm_target_for(c, controller_group="workers") == "sagemaker-cluster:abc123_workers-i-0w"
+    lone = DiscoveredCluster(**base, instance_groups=[{"name": "workers"}], nodes=nodes[2:])
+    assert ssm_target_for(lone) is None
+    prof = profile_for(lone)
+    assert prof.ssm_target is None and prof.unfilled() == ["host", "user", "key_file", "known_hosts"]
