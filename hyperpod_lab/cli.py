@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "any file, script, record or log (e.g. --secret-env HF_TOKEN)")
     s.add_argument("--max-retries", type=_int, default=ResiliencyPolicy.max_retries)
     s.add_argument("--no-auto-resume", action="store_true", help="fail on the first fault")
+    s.add_argument("--deep-health-check", action="store_true",
+                   help="EKS: run only on HyperPod nodes that passed a deep health check")
     s.add_argument("--recovery", choices=["restart", "checkpointless"], default="restart",
                    help="restart: every rank restarts from the newest checkpoint; checkpointless: each node is a "
                         "data-parallel replica, survivors go on and a replacement heals from a live peer")
@@ -171,7 +173,7 @@ def spec_from_args(a: argparse.Namespace, script_args: list[str]) -> JobSpec:
         args=list(script_args), env=env, secret_env=list(dict.fromkeys(a.secret_env)), partition=a.partition,
         time_limit_min=a.time_limit_min, exclusive=a.exclusive,
         resiliency=ResiliencyPolicy(auto_resume=not a.no_auto_resume, max_retries=a.max_retries,
-                                    recovery=a.recovery),
+                                    recovery=a.recovery, deep_health_check=a.deep_health_check),
         checkpoint=CheckpointPolicy(every_steps=a.checkpoint_every, keep_last=a.checkpoint_keep,
                                     memory_every_steps=a.checkpoint_memory_every, s3_uri=a.checkpoint_s3,
                                     s3_every_steps=a.checkpoint_s3_every),

@@ -56,6 +56,9 @@ class ResiliencyPolicy:
         max_retries: restarts allowed before the job is declared failed (torchrun
             ``--max-restarts``; HyperPod ``runPolicy.jobMaxRetryCount``).
         health_checks: run the runtime's node health checks before training starts.
+        deep_health_check: EKS: run only on HyperPod nodes that passed a deep health check
+            (node label ``sagemaker.amazonaws.com/deep-health-check-status: Passed``, present
+            only where the cluster ran one).
         recovery: ``restart`` (a failure restarts every rank, which resume from the newest
             checkpoint tier) or ``checkpointless`` (each node is a data-parallel replica group
             under a torchft Lighthouse; survivors go on, a replacement heals from a live peer, the
@@ -65,6 +68,7 @@ class ResiliencyPolicy:
     auto_resume: bool = True
     max_retries: int = 3
     health_checks: bool = True
+    deep_health_check: bool = False
     recovery: str = "restart"
 
     def validate(self) -> None:
@@ -77,6 +81,8 @@ class ResiliencyPolicy:
                             "use --max-retries 3")
         if self.recovery not in RECOVERY_MODES:
             raise SpecError("resiliency.recovery", f"must be one of {', '.join(RECOVERY_MODES)}, got {self.recovery!r}")
+        if not isinstance(self.deep_health_check, bool):
+            raise SpecError("resiliency.deep_health_check", "must be true or false")
 
 
 @dataclass

@@ -115,7 +115,7 @@ def test_policies_map_to_the_fields():
     assert hp["runPolicy"]["jobMaxRetryCount"] == 3 and hp["runPolicy"]["restartPolicy"]["evalPeriodSeconds"] > 0
     assert hp["runPolicy"]["activeDeadlineSeconds"] == 90 * 60
     pod = hp["replicaSpecs"][0]["template"]["spec"]
-    assert pod["nodeSelector"] == {DEEP_HEALTH_CHECK_LABEL: "Passed"}
+    assert pod["nodeSelector"] == {NODE_HEALTH_LABEL: "Schedulable"}
     c = pod["containers"][0]
     env = {e["name"]: e["value"] for e in c["env"]}
     # the same variables render_sbatch exports; the checkpoint policy is in the spec they point at
@@ -126,7 +126,7 @@ def test_policies_map_to_the_fields():
     assert c["command"][:2] == ["hyperpodrun", "--nnodes=1:4"] and c["ports"] == [{"containerPort": 8080}]
     once = render_hyperpod_pytorch_job(SPECS["no_resume"], JOB_ID, profile())["spec"]
     assert once["runPolicy"]["jobMaxRetryCount"] == 0 and "restartPolicy" not in once["runPolicy"]
-    assert "nodeSelector" not in once["replicaSpecs"][0]["template"]["spec"] and "elasticPolicy" not in once
+    assert "elasticPolicy" not in once
     fixed = render_hyperpod_pytorch_job(SPECS["fixed"], JOB_ID, profile())["spec"]
     assert fixed["replicaSpecs"][0]["template"]["spec"]["containers"][0]["command"][-1] == "$$(id)"  # kubelet: $(id)
     kf = render_kubeflow_pytorch_job(SPECS["elastic"], JOB_ID, profile(operator="kubeflow"))["spec"]
@@ -205,3 +205,143 @@ def test_example_renders_unchanged_through_the_cli_dry_run():
     assert job["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0]["command"][-3:] == [
         "/opt/hyperpod-lab/job/train_lm.py", "--steps", "40"]
     assert sdk_validate(jobs=[job["spec"]]) == []
+
+
+# ---- conformance with the upstream sources (issue 17) ----------------------------------------
+from hyperpod_lab.schedulers.k8s_manifest import (NODE_HEALTH_LABEL, TTL_AFTER_FINISHED_S,  # noqa: E402
+                                                  resource_name)
+
+CRD_SCHEMA = os.path.join(HERE, "fixtures", "kubeflow_pytorchjob_v1.9.0.schema.yaml")
+
+
+def strict(schema):
+    """The CRD schema with unknown fields made errors: the API server prunes fields a structural
+    schema does not name (Kubernetes docs, "Field pruning"), so a field we render that it lacks
+    would be silently dropped. Objects that keep unknown fields (x-kubernetes-preserve-unknown-
+    fields) or are maps (additionalProperties) stay as they are."""
+    if isinstance(schema, dict):
+        out = {k: strict(v) for k, v in schema.items()}
+        if "properties" in out and "additionalProperties" not in out \
+                and not out.get("x-kubernetes-preserve-unknown-fields"):
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [strict(v) for v in schema]
+    return schema
+
+
+def crd_errors(resource):
+    import jsonschema
+
+    with open(CRD_SCHEMA) as f:
+        schema = strict(yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))
+    v = jsonschema.Draft7Validator(schema)
+    return sorted(f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in v.iter_errors(resource))
+
+
+def kubeflow_renders():
+    kf = profile(operator="kubeflow", efa=True, shm_size="64Gi")
+    out = [r for n, r in sorted(rendered().items()) if n.startswith("kubeflow_")]
+    out += [render_kubeflow_pytorch_job(s, JOB_ID, kf) for s in SPECS.values()]
+    return out
+
+
+def test_every_rendered_pytorchjob_is_valid_for_the_kubeflow_crd():
+    """kubeflow/training-operator v1.9.0 manifests/base/crds/kubeflow.org_pytorchjobs.yaml,
+    openAPIV3Schema (vendored in tests/fixtures with its source): every rendered PyTorchJob
+    validates with jsonschema, unknown fields counted as errors; the check can fail."""
+    for job in kubeflow_renders():
+        assert crd_errors(job) == [], job["metadata"]["name"]
+    bad = json.loads(json.dumps(kubeflow_renders()[0]))
+    bad["spec"]["runPolicy"]["jobMaxRetryCount"] = 3  # a HyperPod field: the API server would prune it
+    bad["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = "2"
+    errors = crd_errors(bad)
+    assert any("jobMaxRetryCount" in e for e in errors) and any("replicas" in e for e in errors)
+
+
+def test_names_are_dns_1035_and_pod_names_fit_63_characters():
+    """kubeflow/training-operator pkg/webhooks/pytorch/pytorchjob_webhook.go validatePyTorchJob:
+    ``NameIsDNS1035Label(metadata.name)`` (a letter first); the operator names pods and services
+    ``<job>-<replica type>-<index>``, DNS labels of at most 63 characters, for every index up to
+    the largest replica count the job can reach (elastic max)."""
+    import re
+
+    dns1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+    ids = [JOB_ID, "7b-model-20261123-010203-abcdef0123456789", "9" * 80 + "-20261123-010203-abcdef0123456789",
+           "x" * 200 + "-20261123-010203-abcdef0123456789", "Ünïcode name-20261123-010203-00ff00ff00ff00ff"]
+    names = [resource_name(i) for i in ids]
+    assert len(set(names)) == len(names)
+    for name in names:
+        assert dns1035.fullmatch(name) and len(name) <= 63, name
+        assert len(f"{name}-workers-{10 ** 5 - 1}") <= 63 and len(f"{name}-master-0") <= 63
+    big = JobSpec(script="t.py", nodes=1, elastic=ElasticPolicy(min_nodes=1, max_nodes=1000)).validate()
+    for job in (render_kubeflow_pytorch_job(big, ids[3], profile(operator="kubeflow")),
+                render_hyperpod_pytorch_job(big, ids[3], profile())):
+        assert len(f"{job['metadata']['name']}-worker-999") <= 63 and dns1035.fullmatch(job["metadata"]["name"])
+    huge = JobSpec(script="t.py", nodes=1, elastic=ElasticPolicy(min_nodes=1, max_nodes=10 ** 6)).validate()
+    with pytest.raises(SpecError, match="63 characters"):
+        render_kubeflow_pytorch_job(huge, ids[3], profile(operator="kubeflow"))
+
+
+def test_node_selector_uses_the_health_label_meant_for_scheduling():
+    """AWS HyperPod docs, "Health Monitoring System" (node labels) and awsome-distributed-training
+    3.test_cases/pytorch/FSDP/kubernetes/llama3_1_8b-fsdp-hpto.yaml (nodeAffinity
+    ``sagemaker.amazonaws.com/node-health-status In [Schedulable]``): HyperPodPyTorchJob pods
+    require Schedulable nodes; ``deep-health-check-status: Passed`` exists only on nodes that ran
+    a deep health check, so it is required only with ``resiliency.deep_health_check``."""
+    pod = render_hyperpod_pytorch_job(SPECS["fixed"], JOB_ID, profile())["spec"]["replicaSpecs"][0]["template"]["spec"]
+    assert pod["nodeSelector"] == {NODE_HEALTH_LABEL: "Schedulable"}
+    deep = JobSpec(script="t.py", resiliency=ResiliencyPolicy(deep_health_check=True)).validate()
+    pod = render_hyperpod_pytorch_job(deep, JOB_ID, profile())["spec"]["replicaSpecs"][0]["template"]["spec"]
+    assert pod["nodeSelector"] == {NODE_HEALTH_LABEL: "Schedulable", DEEP_HEALTH_CHECK_LABEL: "Passed"}
+    kf = render_kubeflow_pytorch_job(SPECS["fixed"], JOB_ID, profile(operator="kubeflow"))["spec"]
+    assert "nodeSelector" not in kf["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+
+
+def test_dev_shm_is_memory_backed_and_sized():
+    """awsome-distributed-training FSDP kubernetes manifests mount a ``shmem`` volume at
+    /dev/shm; Kubernetes docs, "emptyDir" (``medium: Memory`` is a tmpfs, ``sizeLimit`` bounds
+    it): the memory checkpoint tier writes there, so it gets the profile's ``shm_size``."""
+    for job in (render_hyperpod_pytorch_job(SPECS["fixed"], JOB_ID, profile(shm_size="64Gi")),
+                render_kubeflow_pytorch_job(SPECS["fixed"], JOB_ID, profile(operator="kubeflow", shm_size="64Gi"))):
+        spec = job["spec"]
+        tmpl = (spec.get("replicaSpecs") or [None])[0] or spec["pytorchReplicaSpecs"]["Master"]
+        pod = tmpl["template"]["spec"]
+        assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}} in pod["volumes"]
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in pod["containers"][0]["volumeMounts"]
+    with pytest.raises(ConfigError, match="shm_size"):
+        profile(shm_size="lots")
+
+
+def test_efa_devices_and_variables_when_the_profile_has_efa():
+    """awsome-distributed-training 3.test_cases/pytorch/FSDP/kubernetes/llama3_1_8b-fsdp-hpto.yaml:
+    ``vpc.amazonaws.com/efa`` in requests and limits, FI_PROVIDER=efa, FI_EFA_USE_DEVICE_RDMA=1,
+    FI_EFA_FORK_SAFE=1; none without the profile's ``efa``."""
+    c = render_hyperpod_pytorch_job(SPECS["fixed"], JOB_ID, profile(efa=True, efa_per_node=32))[
+        "spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0]
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 32} == c["resources"]["requests"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["FI_PROVIDER"] == "efa" and env["FI_EFA_USE_DEVICE_RDMA"] == "1" and env["FI_EFA_FORK_SAFE"] == "1"
+    plain = render_hyperpod_pytorch_job(SPECS["fixed"], JOB_ID, profile())["spec"]["replicaSpecs"][0]
+    assert "FI_PROVIDER" not in json.dumps(plain) and "efa" not in json.dumps(plain["template"]["spec"]["containers"])
+
+
+def test_finished_jobs_stay_readable_for_a_while():
+    """Kubeflow RunPolicy.ttlSecondsAfterFinished (CRD) and HyperPodPyTorchJob
+    runPolicy.ttlSecondsAfterFinished (sagemaker-hyperpod SDK model): the operator deletes a
+    finished job after it, so it is set long enough for the watcher to read the final status."""
+    hp = render_hyperpod_pytorch_job(SPECS["fixed"], JOB_ID, profile())["spec"]["runPolicy"]
+    kf = render_kubeflow_pytorch_job(SPECS["fixed"], JOB_ID, profile(operator="kubeflow"))["spec"]["runPolicy"]
+    assert hp["ttlSecondsAfterFinished"] == kf["ttlSecondsAfterFinished"] == TTL_AFTER_FINISHED_S >= 600
+
+
+def test_elastic_jobs_use_the_min_max_nnodes_form():
+    """awsome-distributed-training 3.test_cases/pytorch/FSDP/kubernetes/fsdp.yaml-template:
+    torchrun ``--nnodes=$MIN_NODES:$MAX_NODES`` with elasticPolicy; hyperpodrun takes torchrun's
+    options. The Kubeflow operator passes it as PET_NNODES from elasticPolicy (no --nnodes)."""
+    hp = render_hyperpod_pytorch_job(SPECS["elastic"], JOB_ID, profile())["spec"]
+    cmd = hp["replicaSpecs"][0]["template"]["spec"]["containers"][0]["command"]
+    assert "--nnodes=1:4" in cmd and hp["elasticPolicy"]["minReplicas"] == 1 and hp["elasticPolicy"]["maxReplicas"] == 4
+    kf = render_kubeflow_pytorch_job(SPECS["elastic"], JOB_ID, profile(operator="kubeflow"))["spec"]
+    assert not any(w.startswith("--nnodes") for w in kf["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+                   ["containers"][0]["command"])

@@ -45,7 +45,25 @@ KUBEFLOW_GROUP, KUBEFLOW_VERSION, KUBEFLOW_KIND, KUBEFLOW_PLURAL = (
 JOB_MOUNT = "/opt/hyperpod-lab/job"  # the ConfigMap (script + spec.json), read-only
 DEFAULT_SHARED_MOUNT = "/fsx"
 DEFAULT_NAMESPACE = "default"
+# HyperPod's node labels (docs "Health Monitoring System" / "Resiliency-related Kubernetes labels
+# by SageMaker HyperPod"): node-health-status is the one meant for scheduling (AWS's
+# HyperPodPyTorchJob examples require it to be Schedulable, e.g. awsome-distributed-training
+# 3.test_cases/pytorch/FSDP/kubernetes/llama3_1_8b-fsdp-hpto.yaml); deep-health-check-status
+# exists only on nodes that ran deep health checks, so it is required only when asked.
+NODE_HEALTH_LABEL = "sagemaker.amazonaws.com/node-health-status"
+NODE_SCHEDULABLE = "Schedulable"
 DEEP_HEALTH_CHECK_LABEL = "sagemaker.amazonaws.com/deep-health-check-status"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+# what AWS's EKS examples set with EFA devices (FSDP/kubernetes/llama3_1_8b-fsdp-hpto.yaml)
+EFA_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}
+# the job's final status stays readable this long after it ends, then the operator deletes it
+TTL_AFTER_FINISHED_S = 3600
+# Kubeflow names pods and services <job>-<replica type>-<index> (DNS-1123 labels, <= 63 chars);
+# the job name itself must be a DNS-1035 label (the training operator's webhook). Names are cut
+# to leave room for "-workers-" / "-master-" and an index of up to MAX_INDEX_DIGITS digits.
+K8S_LABEL_MAX = 63
+MAX_INDEX_DIGITS = 5
+NAME_MAX = K8S_LABEL_MAX - len("-workers-") - MAX_INDEX_DIGITS
 JOB_ID_LABEL = "hyperpod-lab.io/job-id"
 AGENT_PORT = 8080  # the HyperPod elastic agent's port
 CONFIGMAP_MAX_BYTES = 1024 * 1024
@@ -63,15 +81,31 @@ GRACEFUL_SHUTDOWN_S = 120
 
 
 def resource_name(job_id: str) -> str:
-    """The Kubernetes name of a job's resources: ``job_id`` as a DNS-1123 label (<= 53 chars,
-    leaving room for the operator's pod suffixes). A longer id loses characters of its name
-    part, never of its random tail, so two jobs never share a name."""
+    """The Kubernetes name of a job's resources: ``job_id`` as a DNS-1035 label (lower-case
+    letters, digits and '-', starting with a letter: the Kubeflow training operator's webhook
+    rejects a PyTorchJob named otherwise) of at most :data:`NAME_MAX` characters, so that
+    ``<name>-workers-<index>`` stays within 63. An id starting with a digit gets a ``j-`` in
+    front. A longer id loses characters of its name part, never of its random tail, so two jobs
+    never share a name."""
     name = re.sub(r"[^a-z0-9-]+", "-", job_id.lower()).strip("-")
-    if len(name) > 53:  # shorten the name part, keep the id's random tail (distinct jobs, distinct names)
+    if name and not name[0].isalpha():
+        name = "j-" + name
+    if len(name) > NAME_MAX:  # shorten the name part, keep the id's random tail (distinct jobs, distinct names)
         head, _, tail = name.rpartition("-")
         tail = tail[-16:]
-        name = (head[:52 - len(tail)].rstrip("-") + "-" + tail).lstrip("-")
+        name = (head[:NAME_MAX - 1 - len(tail)].rstrip("-") + "-" + tail).lstrip("-")
+        if not name[0].isalpha():
+            name = "j" + name[1:] if name[0] == "-" else "j-" + name[2:]
     return name or "job"
+
+
+def check_pod_names(job_id: str, max_replicas: int) -> None:
+    """Raise SpecError when a pod of the job, ``<name>-workers-<index>`` for the largest index
+    it can reach (``max_replicas - 1``), would not fit a 63-character DNS label."""
+    longest = f"{resource_name(job_id)}-workers-{max_replicas - 1}"
+    if len(longest) > K8S_LABEL_MAX:
+        raise SpecError("elastic.max_nodes", f"pod name {longest!r} would exceed {K8S_LABEL_MAX} characters; "
+                                             f"use at most {10 ** MAX_INDEX_DIGITS} nodes")
 
 
 def configmap_name(job_id: str) -> str:
@@ -122,7 +156,8 @@ def _script_path(spec: JobSpec) -> str:
 
 
 def _pod_template(spec: JobSpec, job_id: str, profile: ClusterProfile, command: list[str],
-                  container: str, port: int | None, deep_health_check: bool) -> dict[str, Any]:
+                  container: str, port: int | None, deep_health_check: bool,
+                  hyperpod: bool = True) -> dict[str, Any]:
     image = _require(profile, "image", '"123456789012.dkr.ecr.us-west-2.amazonaws.com/train:latest"')
     pvc = _require(profile, "pvc", '"fsx-claim"')
     mount = profile.shared_mount or DEFAULT_SHARED_MOUNT
@@ -136,16 +171,31 @@ def _pod_template(spec: JobSpec, job_id: str, profile: ClusterProfile, command: 
     }
     if port is not None:
         c["ports"] = [{"containerPort": port}]
+    devices: dict[str, int] = {}
     if profile.gpus_per_node:
-        gpus = {"nvidia.com/gpu": int(profile.gpus_per_node)}
-        c["resources"] = {"limits": dict(gpus), "requests": dict(gpus)}
+        devices["nvidia.com/gpu"] = int(profile.gpus_per_node)
+    if profile.efa:  # EFA devices and the libfabric settings AWS's examples pass with them
+        devices[EFA_RESOURCE] = int(profile.efa_per_node)
+        c["env"] = [{"name": k, "value": v} for k, v in EFA_ENV.items() if k not in spec.env] + c["env"]
+    if devices:
+        c["resources"] = {"limits": dict(devices), "requests": dict(devices)}
+    # /dev/shm memory-backed (as AWS's examples mount it): the memory checkpoint tier lives there,
+    # NCCL and DataLoader workers use it; a container's own /dev/shm is 64 MiB
+    c["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
+    shm: dict[str, Any] = {"medium": "Memory"}
+    if profile.shm_size:
+        shm["sizeLimit"] = profile.shm_size
     pod: dict[str, Any] = {
         "containers": [c],
         "volumes": [{"name": "fsx", "persistentVolumeClaim": {"claimName": pvc}},
-                    {"name": "job", "configMap": {"name": configmap_name(job_id)}}],
+                    {"name": "job", "configMap": {"name": configmap_name(job_id)}},
+                    {"name": "dshm", "emptyDir": shm}],
     }
+    selector = {NODE_HEALTH_LABEL: NODE_SCHEDULABLE} if hyperpod else {}
     if deep_health_check:
-        pod["nodeSelector"] = {DEEP_HEALTH_CHECK_LABEL: "Passed"}
+        selector[DEEP_HEALTH_CHECK_LABEL] = "Passed"
+    if selector:
+        pod["nodeSelector"] = selector
     return {"metadata": {"labels": {JOB_ID_LABEL: resource_name(job_id)}}, "spec": pod}
 
 
@@ -169,7 +219,11 @@ def render_hyperpod_pytorch_job(spec: JobSpec, job_id: str, profile: ClusterProf
     (``max_retries``, 0 without ``auto_resume``) and ``runPolicy.restartPolicy`` (process-level
     restarts first, then full-job restarts; the pods run
     ``hyperpodrun --rdzv-backend=hyperpod``); hang detection -> ``runPolicy.logMonitoringConfiguration``
-    on :data:`STEP_LOG_PATTERN`; ``health_checks`` -> the deep-health-check node selector;
+    on :data:`STEP_LOG_PATTERN`; nodes: the node-health label HyperPod documents for
+    scheduling (:data:`NODE_HEALTH_LABEL` = ``Schedulable``), plus the deep-health-check label
+    with ``resiliency.deep_health_check`` only (it exists only on nodes that ran one);
+    ``/dev/shm`` memory-backed (profile ``shm_size``); EFA devices and ``FI_*`` with profile
+    ``efa``; ``runPolicy.ttlSecondsAfterFinished`` so the final status can be read;
     elastic -> ``elasticPolicy`` (min/max replicas, increment step 1); the checkpoint policy
     reaches the runtime through ``$HYPERPOD_LAB_SPEC`` (the ConfigMap's ``spec.json``).
 
@@ -199,12 +253,14 @@ def render_hyperpod_pytorch_job(spec: JobSpec, job_id: str, profile: ClusterProf
     command += [k8s_literal(_script_path(spec)), *map(k8s_literal, spec.args)]
     replica: dict[str, Any] = {
         "name": "workers", "replicas": spec.nodes,
-        "template": _pod_template(spec, job_id, profile, command, "pytorch", AGENT_PORT, res.health_checks),
+        "template": _pod_template(spec, job_id, profile, command, "pytorch", AGENT_PORT, res.deep_health_check),
     }
     if el.enabled:
         replica["maxReplicas"] = max_nodes
+    check_pod_names(job_id, max_nodes)
     run_policy: dict[str, Any] = {
         "cleanPodPolicy": "All",
+        "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_S,
         "jobMaxRetryCount": retries,
         "logMonitoringConfiguration": [
             {"name": "JobStart", "logPattern": STEP_LOG_PATTERN, "expectedStartCutOffInSeconds": START_CUTOFF_S},
@@ -249,8 +305,9 @@ def render_kubeflow_pytorch_job(spec: JobSpec, job_id: str, profile: ClusterProf
                                    nproc_per_node=spec.procs_per_node, max_restarts=retries,
                                    log_dir=JobPaths(pod_job_dir(job_id, mount)).torchrun_logs, redirects=False,
                                    quote=k8s_literal)
+    check_pod_names(job_id, el.max_nodes if el.enabled else spec.nodes)
     restart = "OnFailure" if retries else "Never"
-    tmpl = _pod_template(spec, job_id, profile, command, "pytorch", None, res.health_checks)
+    tmpl = _pod_template(spec, job_id, profile, command, "pytorch", None, res.deep_health_check, hyperpod=False)
     if el.enabled:  # an elastic job scales its Worker replicas; a Master cannot scale
         replicas: dict[str, Any] = {"Worker": {"replicas": spec.nodes, "restartPolicy": restart, "template": tmpl}}
     else:
@@ -259,7 +316,8 @@ def render_kubeflow_pytorch_job(spec: JobSpec, job_id: str, profile: ClusterProf
             replicas["Worker"] = {"replicas": spec.nodes - 1, "restartPolicy": restart,
                                   "template": copy.deepcopy(tmpl)}  # no YAML anchors in the output
     body: dict[str, Any] = {"nprocPerNode": str(spec.procs_per_node), "pytorchReplicaSpecs": replicas,
-                            "runPolicy": {"cleanPodPolicy": "All", "backoffLimit": retries}}
+                            "runPolicy": {"cleanPodPolicy": "All", "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_S,
+                                          "backoffLimit": retries}}
     if spec.time_limit_min:
         body["runPolicy"]["activeDeadlineSeconds"] = spec.time_limit_min * 60
     if el.enabled:
