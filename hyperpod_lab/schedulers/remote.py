@@ -23,7 +23,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from hyperpod_lab.clusters import ClusterProfile
-from hyperpod_lab.errors import ClusterUnreachable, HostKeyError, RemoteCommandError
+from hyperpod_lab.errors import RemoteCommandError
 from hyperpod_lab.events import LocalFiles
 
 
