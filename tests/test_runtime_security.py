@@ -124,10 +124,11 @@ def _env(job_dir: str, job_id: str, shm: str, **extra: str) -> dict[str, str]:
     return env
 
 
-def _run(env: dict[str, str], *args: str, expect_rc: int = 0) -> subprocess.CompletedProcess:
+def _run(env: dict[str, str], *args: str, expect_rc: int | None = 0) -> subprocess.CompletedProcess:
+    """Run this file as the training script; check its exit status unless ``expect_rc`` is None."""
     p = subprocess.run([sys.executable, SCRIPT, *args], env=env, cwd=ROOT, capture_output=True, text=True,
                        timeout=180)
-    assert p.returncode == expect_rc, f"rc {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}"
+    assert expect_rc is None or p.returncode == expect_rc, f"rc {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}"
     return p
 
 
@@ -177,8 +178,8 @@ def test_planted_memory_slot_runs_no_code_and_restore_falls_back(tmp_path):
         with open(os.path.join(ring, f"slot-{i}.json")) as f:
             records[i] = json.load(f)
     newest = max(records, key=lambda i: records[i]["step"])
-    assert records[newest]["step"] == 3 and "hmac" in records[newest]
-    plant(newest, 99, FORMAT, "00" * 32)       # today's format, forged HMAC, over step 3's slot
+    assert records[newest]["step"] == 3
+    plant(newest, 99, FORMAT, "00" * 32)       # the current format, forged HMAC, over step 3's slot
     # the format before the fix (pickled layout, no HMAC) is ignored, never misread
     os.makedirs(os.path.join(shm, job, node, "replica-of-rank-0"), mode=0o700)
     ring_old = ring
@@ -187,13 +188,13 @@ def test_planted_memory_slot_runs_no_code_and_restore_falls_back(tmp_path):
     plant(0, 98, 2, None)
     ring = ring_old
 
+    p = _run(env, "memory", "--restore", expect_rc=None)
+    assert not marker.exists(), "a planted slot's pickle was loaded: code ran"
+    assert p.returncode == 0, p.stderr[-6000:]
     # the layout decoder itself never unpickles
     with pytest.raises(ValueError):
         load_meta(_evil(str(marker)))
     assert not marker.exists()
-
-    _run(env, "memory", "--restore")
-    assert not marker.exists(), "a planted slot's pickle was loaded: code ran"
     got = _result(job_dir)
     assert got["start"] == 3  # step 2's snapshot, the older one: the forged step 99 was never used
     assert got["values"] == _expected(2)
@@ -343,21 +344,33 @@ def test_forged_persistent_checkpoint_is_skipped_and_older_step_restored(tmp_pat
     ck = os.path.join(job_dir, "checkpoints")
     marker = tmp_path / "PWNED"
     evil = _evil(str(marker))
-    # step 5: .metadata replaced by a pickle that would run code when DCP loads it
+    # step 5: .metadata replaced by a pickle that would run code when DCP loads it, and the
+    # marker's entry for it rewritten to match (size, CRC-32, SHA-256: no secret needed)
+    import hashlib
+    import zlib
+
     with open(os.path.join(ck, "step-00000005", ".metadata"), "wb") as f:
         f.write(evil)
+    with open(os.path.join(ck, "step-00000005", "COMMITTED")) as f:
+        m5 = json.load(f)
+    m5["files"][".metadata"].update(bytes=len(evil), checksum=f"crc32:{zlib.crc32(evil):08x}",
+                                    sha256=hashlib.sha256(evil).hexdigest())
+    with open(os.path.join(ck, "step-00000005", "COMMITTED"), "w") as f:
+        json.dump(m5, f)
     # step 3: a shard replaced (DCP unpickles its byte items with weights_only=False)
     shard = next(n for n in os.listdir(os.path.join(ck, "step-00000003")) if n.endswith(".distcp"))
     with open(os.path.join(ck, "step-00000003", shard), "r+b") as f:
         size = len(f.read())
         f.seek(0)
         f.write((evil * (size // len(evil) + 1))[:size])  # same size: only the hashes can tell
-    _run(env, "persist", "--restore")
+    p = _run(env, "persist", "--restore", expect_rc=None)
     assert not marker.exists(), "a forged checkpoint file was unpickled: code ran"
+    assert p.returncode == 0, p.stderr[-6000:]
     got = _result(job_dir)
     assert got["start"] == 2 and got["values"] == _expected(1)  # step 1, bit-equal
     bad = _corrupts(job_dir, "persistent")
-    assert [(d["step"], os.path.basename(d["path"])) for d in bad] == [(5, ".metadata"), (3, shard)], bad
+    assert [(d["step"], os.path.basename(d["path"])) for d in bad] == [(5, "COMMITTED"), (3, shard)], bad
+    assert "HMAC does not match" in bad[0]["reason"]
     assert all("authentication failed" in d["reason"] for d in bad), bad
 
 
@@ -426,8 +439,9 @@ def test_forged_s3_checkpoint_is_skipped_and_older_step_restored(tmp_path, moto)
     client.put_object(Bucket=BUCKET, Key=prefix + "step-00000003/.metadata", Body=evil)
     client.put_object(Bucket=BUCKET, Key=prefix + "step-00000003/COMMITTED", Body=json.dumps(m3).encode())
     shutil.rmtree(os.path.join(job_dir, "checkpoints"))  # shared storage lost: S3 is the last link
-    _run(env, "persist", "--restore", "--s3-uri", uri, "--endpoint", moto.url)
+    p = _run(env, "persist", "--restore", "--s3-uri", uri, "--endpoint", moto.url, expect_rc=None)
     assert not marker.exists(), "a forged S3 object was unpickled: code ran"
+    assert p.returncode == 0, p.stderr[-6000:]
     got = _result(job_dir)
     assert got["start"] == 2 and got["values"] == _expected(1)
     bad = _corrupts(job_dir, "s3")
