@@ -3,6 +3,7 @@ sbatch / squeue / sacct output (literal text captured from Slurm 22.05)."""
 
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -302,30 +303,35 @@ def sbatch_get_argument(line):
 def test_paths_in_sbatch_lines_survive_spaces_percent_quotes_and_hash(tmp_path):
     """get_argument() in src/sbatch/opt.c (blanks split, quotes group, ``\\`` escapes, an unquoted
     ``#`` starts a comment) and sbatch(1) "filename pattern" (``%%`` is the character ``%``):
-    a shared root with a space, a percent sign, a quote or a ``#`` reaches sbatch whole. With a
-    Slurm on this machine (the dev cluster) a real job writes its output there."""
-    import shutil
+    a shared root with a space, a percent sign, a quote or a ``#`` reaches sbatch whole."""
+    job_dir, out_line = _awkward_output_line(tmp_path)
+    value = sbatch_get_argument(out_line[len("#SBATCH --output="):])
+    assert value == job_dir.replace("%", "%%") + "/logs/slurm-%j.out"
 
+
+def _awkward_output_line(tmp_path) -> tuple[str, str]:
     root = str(tmp_path / 'shared dir/100% "x" #1')
     job_dir = root + "/hyperpod-lab/jobs/j"
     text = render_sbatch(spec(), "j", job_dir, "python3", root)
-    out_line = [ln for ln in text.splitlines() if ln.startswith("#SBATCH --output=")][0]
-    value = sbatch_get_argument(out_line[len("#SBATCH --output="):])
-    assert value == job_dir.replace("%", "%%") + "/logs/slurm-%j.out"
-    if shutil.which("sbatch") and subprocess.run(["sinfo", "-h"], capture_output=True).returncode == 0:
-        os.makedirs(job_dir + "/logs")
-        job = tmp_path / "probe.sbatch"
-        job.write_text("#!/bin/bash\n" + out_line + "\n#SBATCH --wait-all-nodes=1\n"
-                       "srun --label --cpus-per-task=1 echo probe-ok\n")
-        jid = subprocess.run(["sbatch", "--parsable", str(job)], capture_output=True, text=True, check=True,
-                             cwd=tmp_path).stdout.strip()
-        import time
-        path = f"{job_dir}/logs/slurm-{jid}.out"
-        for _ in range(60):
-            if os.path.exists(path) and "probe-ok" in open(path).read():
-                break
-            time.sleep(0.5)
-        assert open(path).read().strip() == "0: probe-ok"
+    return job_dir, [ln for ln in text.splitlines() if ln.startswith("#SBATCH --output=")][0]
+
+
+def test_a_real_sbatch_writes_its_output_under_an_awkward_shared_root(dev_cluster, tmp_path):
+    """The same rendered ``#SBATCH --output`` line, read by the dev cluster's real sbatch (Slurm
+    22.05): the job's output lands in the directory with a space, ``%``, quotes and ``#``."""
+    job_dir, out_line = _awkward_output_line(tmp_path)
+    os.makedirs(job_dir + "/logs")
+    job = tmp_path / "probe.sbatch"
+    job.write_text("#!/bin/bash\n" + out_line + "\n#SBATCH --wait-all-nodes=1\n"
+                   "srun --label --cpus-per-task=1 echo probe-ok\n")
+    jid = subprocess.run(["sbatch", "--parsable", str(job)], capture_output=True, text=True, check=True,
+                         cwd=tmp_path).stdout.strip()
+    path = f"{job_dir}/logs/slurm-{jid}.out"
+    deadline = time.monotonic() + 60
+    while not (os.path.exists(path) and "probe-ok" in open(path).read()):
+        assert time.monotonic() < deadline, f"no output at {path}"
+        time.sleep(0.5)
+    assert open(path).read().strip() == "0: probe-ok"
 
 
 def test_each_auto_resume_rerun_of_the_step_has_its_own_rendezvous(tmp_path):
