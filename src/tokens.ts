@@ -203,6 +203,10 @@ export interface IResiliencyPolicy {
   auto_resume: boolean;
   max_retries: number;
   health_checks: boolean;
+  /** `restart` or `checkpointless`. */
+  recovery?: string;
+  /** EKS: only nodes that passed a deep health check. */
+  deep_health_check?: boolean;
 }
 
 /** The checkpoint policy of a JobSpec (`hyperpod_lab.spec.CheckpointPolicy`); intervals in steps. */
@@ -233,6 +237,8 @@ export interface IJobSpec {
   env: { [key: string]: string };
   /** Names of variables passed from the Jupyter server's environment, never stored. */
   secret_env: string[];
+  /** Slurm: the nodes are the job's alone; null: the profile decides (on with GPUs). */
+  exclusive?: boolean | null;
   partition: string | null;
   time_limit_min: number | null;
   resiliency: IResiliencyPolicy;
