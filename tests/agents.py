@@ -74,7 +74,9 @@ def complete_steps(job_dir: str) -> list[int]:
 
 
 def job_with_checkpoints_of(src_job_dir: str, base) -> tuple[str, str]:
-    """A new job directory ``<base>/job`` holding a copy of ``src_job_dir``'s persistent checkpoints.
+    """A new job directory ``<base>/job`` holding a copy of ``src_job_dir``'s persistent checkpoints
+    and of its checkpoint key (the checkpoints are authenticated with it: without the key they
+    are refused, as a foreign job's would be).
 
     Returns:
         ``(job_dir, its checkpoints directory)``.
@@ -82,6 +84,7 @@ def job_with_checkpoints_of(src_job_dir: str, base) -> tuple[str, str]:
     job_dir = os.path.join(str(base), "job")
     ck = os.path.join(job_dir, "checkpoints")
     shutil.copytree(os.path.join(src_job_dir, "checkpoints"), ck)
+    shutil.copy2(os.path.join(src_job_dir, "checkpoint.key"), os.path.join(job_dir, "checkpoint.key"))
     return job_dir, ck
 
 
