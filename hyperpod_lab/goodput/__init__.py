@@ -24,7 +24,7 @@ The model (formulas and the public figures it reproduces: ``docs/goodput.md``):
 expected value for one tier and checkpoint-restart (Daly 2006); :func:`simulate` a seeded
 Monte Carlo simulator of the same model (per-instance failure times, several tiers, peers lost
 within the healing window) that checks both. :func:`measure_from_events` measures a job from
-its events; :func:`project` and :func:`advise` give the goodput at N instances.
+its events, :class:`GoodputMeter` the same folded one event at a time in bounded memory; :func:`project` and :func:`advise` give the goodput at N instances.
 
 The package, one module per idea (``from hyperpod_lab.goodput import X`` works for each public
 name): ``scenario`` (units, failure arithmetic, :class:`Tier`, :class:`Scenario`),
@@ -60,7 +60,7 @@ from hyperpod_lab.goodput.closed_form import (
     young_interval_s,
 )
 from hyperpod_lab.goodput.figures import LLAMA3_ASSUMPTIONS, figures_table_markdown, main, public_figures
-from hyperpod_lab.goodput.measure import measure_from_events, project
+from hyperpod_lab.goodput.measure import GoodputMeter, measure_from_events, project
 from hyperpod_lab.goodput.scenario import (
     CHECKPOINT_RESTART,
     CHECKPOINTLESS,
@@ -84,7 +84,8 @@ from hyperpod_lab.goodput.simulation import simulate
 
 __all__ = [
     "CHECKPOINTLESS", "CHECKPOINT_RESTART", "DEFAULT_DETECT_S", "DEFAULT_GPUS_PER_INSTANCE", "DEFAULT_HEAL_S",
-    "DEFAULT_MAX_INTERVAL_S", "DEFAULT_REPLICAS", "DEFAULT_RESTART_S", "LLAMA3_ASSUMPTIONS", "LOST_KINDS",
+    "DEFAULT_MAX_INTERVAL_S", "DEFAULT_REPLICAS", "DEFAULT_RESTART_S", "GoodputMeter", "LLAMA3_ASSUMPTIONS",
+    "LOST_KINDS",
     "RECOVERY_MODES", "SECONDS_PER_HOUR", "TIER_ORDER", "Scenario", "Tier", "advise", "cluster_mtbf_hours",
     "daly_interval_s", "expected_goodput", "exponential_goodput", "failure_rate_from_counts", "figure_png",
     "figures_table_markdown", "goodput_breakdown", "goodput_curve", "main", "measure_from_events",

@@ -1,17 +1,18 @@
-"""Measurement of a job from its events (through the job facts fold, :mod:`hyperpod_lab.facts`)
-and projection of the measured costs to another cluster size."""
+"""Measurement of a job from its events (through the job facts fold, :mod:`hyperpod_lab.facts`),
+batch (:func:`measure_from_events`) or folded incrementally (:class:`GoodputMeter`), and
+projection of the measured costs to another cluster size."""
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
-from collections import defaultdict
 from dataclasses import asdict
 from typing import Iterable
 
 from hyperpod_lab.errors import GoodputInputError
 from hyperpod_lab.events import EventKind
-from hyperpod_lab.facts import fold
+from hyperpod_lab.facts import JobFacts
 from hyperpod_lab.goodput.closed_form import goodput_breakdown
 from hyperpod_lab.goodput.scenario import (
     DEFAULT_DETECT_S,
@@ -26,27 +27,166 @@ from hyperpod_lab.goodput.scenario import (
 )
 
 
-def _job_checkpoints(events) -> dict[tuple[str, int], dict]:
-    """One entry per (tier, step): the slowest rank's blocked_s (the loop waits for it)."""
-    out: dict[tuple[str, int], dict] = {}
-    for e in events:
-        if e.kind != EventKind.CHECKPOINT_SAVED.value or not isinstance(e.data.get("step"), int):
-            continue
-        key = (str(e.data.get("tier")), e.data["step"])
-        blocked = float(e.data.get("blocked_s") or 0.0)
-        start = e.time - float(e.data.get("total_s") or 0.0)
-        cur = out.get(key)
-        if cur is None or blocked > cur["blocked_s"]:
-            out[key] = {"blocked_s": blocked, "start": start if cur is None else min(start, cur["start"])}
-    return out
-
-
 _BREAKS = frozenset(k.value for k in (EventKind.STARTED, EventKind.FAULT_DETECTED, EventKind.RECOVERY_STARTED,
                                       EventKind.RECOVERY_COMPLETED))
+_STEP = EventKind.STEP.value
+_SAVED = EventKind.CHECKPOINT_SAVED.value
 # the order in which lost time is granted when the estimates overlap (see measure_from_events):
 # measured intervals first (a recovery's restore and restart, the checkpoint stalls), then the
 # bounds (detection: an upper bound; recomputation: overlaps the first step after a recovery)
 _LOST_ORDER = ("restore", "restart", "checkpoint", "detect", "recompute")
+
+#: items (step events, breaks, checkpoint stalls) a meter holds before it settles the oldest
+DEFAULT_WINDOW = 256
+#: newest distinct checkpoint steps a meter keeps per tier (dedup of ranks' reports, interval median)
+DEFAULT_TIER_WINDOW = 64
+#: most checkpoint tiers a meter keeps (tier names come from events; more are ignored)
+MAX_TIERS = 32
+STATE_VERSION = 1
+
+# kinds of the step clock's items, in their order at equal times: a break at a step's time
+# belongs to the pair that ends there, a stall that starts at a step's time to the pair that
+# begins there (as in the batch definition: break in (a, b], stall start in [a, b))
+_I_BREAK, _I_STEP, _I_STALL = 0, 1, 2
+
+
+class _StepClock:
+    """Running sums of the step time (see :class:`GoodputMeter`): consecutive ``step`` events
+    ``a``, ``b`` (by time, writer, seq) with ``b.step > a.step`` and no break in ``(a.t, b.t]``
+    add ``max(0, b.t - a.t - stalls starting in [a.t, b.t))`` seconds and ``b.step - a.step``
+    steps.
+
+    Items wait in ``items`` (sorted) until more than ``window`` are held; then the oldest is
+    settled into the sums: a step closes the open pair (from ``anchor``, the last settled step),
+    a break or a stall is charged to it. ``horizon`` is the key of the last settled item; an
+    item older than it arrived too late and is left out of the step time (never of the facts or
+    the tier counts). ``window=None`` holds everything (the batch function: exact)."""
+
+    def __init__(self, saved: dict | None = None, window: int | None = DEFAULT_WINDOW):
+        d = saved or {}
+        self.window = window
+        self.dt_sum = float(d.get("dt_s", 0.0))     # seconds of the settled pairs
+        self.dn_sum = int(d.get("dn", 0))           # steps of the settled pairs
+        a = d.get("anchor")
+        self.anchor: tuple | None = tuple(a) if a is not None else None   # (t, writer, seq, step)
+        h = d.get("horizon")
+        self.horizon: tuple | None = tuple(h) if h is not None else None  # key of the last settled item
+        self.broken = bool(d.get("broken", False))  # a break settled since the anchor
+        self.stall = float(d.get("stall_s", 0.0))   # stalls settled since the anchor (s)
+        self.open_keys: dict[tuple, float] = {(k[0], k[1]): float(k[2]) for k in d.get("open_keys", [])}
+        self.items: list[tuple] = [tuple(i) for i in d.get("items", [])]
+        self._stalls = {(i[2], i[3]): i for i in self.items if i[1] == _I_STALL}
+
+    def to_dict(self) -> dict:
+        return {"dt_s": self.dt_sum, "dn": self.dn_sum, "anchor": self.anchor, "horizon": self.horizon,
+                "broken": self.broken, "stall_s": self.stall,
+                "open_keys": [[k[0], k[1], b] for k, b in self.open_keys.items()],
+                "items": [list(i) for i in self.items]}
+
+    def _late(self, item: tuple) -> bool:
+        return self.horizon is not None and item[:4] < self.horizon
+
+    def _insert(self, item: tuple) -> None:
+        if self._late(item):
+            return
+        bisect.insort(self.items, item)
+        if item[1] == _I_STALL:
+            self._stalls[(item[2], item[3])] = item
+        while self.window is not None and len(self.items) > self.window:
+            old = self.items.pop(0)
+            if old[1] == _I_STALL:
+                self._stalls.pop((old[2], old[3]), None)
+            self._settle(old)
+
+    def add_step(self, t: float, writer: str, seq: int, step: int) -> None:
+        self._insert((t, _I_STEP, writer, seq, step))
+
+    def add_break(self, t: float, writer: str, seq: int) -> None:
+        self._insert((t, _I_BREAK, writer, seq, None))
+
+    def set_stall(self, tier: str, step: int, start: float, blocked: float) -> None:
+        """The checkpoint ``(tier, step)`` blocks ``blocked`` s from ``start`` (its latest aggregate)."""
+        key = (tier, step)
+        if key in self.open_keys:  # already charged to the open pair: charge the increase
+            self.stall += blocked - self.open_keys[key]
+            self.open_keys[key] = blocked
+            return
+        item = (start, _I_STALL, tier, step, blocked)
+        old = self._stalls.pop(key, None)
+        if old is not None:
+            self.items.remove(old)
+            if self._late(item):  # moved before the horizon: keep its place, new cost
+                item = old[:4] + (blocked,)
+        self._insert(item)
+
+    def _settle(self, item: tuple) -> None:
+        self.horizon = item[:4]
+        kind = item[1]
+        if kind == _I_STEP:
+            a = self.anchor
+            if a is not None:
+                dn = item[4] - a[3]
+                if dn > 0 and not self.broken:
+                    self.dt_sum += max(0.0, item[0] - a[0] - self.stall)
+                    self.dn_sum += dn
+            self.anchor = (item[0], item[2], item[3], item[4])
+            self.broken, self.stall, self.open_keys = False, 0.0, {}
+        elif self.anchor is None:
+            return  # no step before it: no pair to charge
+        elif kind == _I_BREAK:
+            self.broken = True
+        else:
+            self.stall += item[4]
+            self.open_keys[(item[2], item[3])] = item[4]
+            if self.window is not None and len(self.open_keys) > self.window:
+                self.open_keys.pop(next(iter(self.open_keys)))
+
+    def totals(self) -> tuple[float, int]:
+        """``(seconds, steps)`` with every held item settled (on a copy: the clock is unchanged)."""
+        c = _StepClock.__new__(_StepClock)
+        c.window, c.dt_sum, c.dn_sum, c.anchor, c.horizon = None, self.dt_sum, self.dn_sum, self.anchor, self.horizon
+        c.broken, c.stall, c.open_keys = self.broken, self.stall, dict(self.open_keys)
+        for item in self.items:
+            c._settle(item)
+        return c.dt_sum, c.dn_sum
+
+
+class _TierStats:
+    """One checkpoint tier: distinct ``(tier, step)`` checkpoints counted, their blocked seconds
+    (the slowest rank's each) summed, and the newest ``window`` of them kept ``{step: [blocked_s,
+    start]}`` (insertion order) to merge the ranks' reports and for the interval median."""
+
+    def __init__(self, saved: dict | None = None, window: int | None = DEFAULT_TIER_WINDOW):
+        d = saved or {}
+        self.window = window
+        self.count = int(d.get("checkpoints", 0))
+        self.blocked_total = float(d.get("blocked_total_s", 0.0))
+        self.recent: dict[int, list[float]] = {int(s): [float(b), float(t)] for s, b, t in d.get("recent", [])}
+
+    def to_dict(self) -> dict:
+        return {"checkpoints": self.count, "blocked_total_s": self.blocked_total,
+                "recent": [[s, b, t] for s, (b, t) in self.recent.items()]}
+
+    def add(self, step: int, blocked: float, start: float) -> list[float] | None:
+        """One rank's report; returns the checkpoint's new ``[blocked_s, start]`` when it changed."""
+        cur = self.recent.get(step)
+        if cur is None:
+            self.count += 1
+            self.blocked_total += blocked
+            cur = self.recent[step] = [blocked, start]
+            if self.window is not None and len(self.recent) > self.window:
+                self.recent.pop(next(iter(self.recent)))
+            return cur
+        if blocked > cur[0]:  # the slowest rank's blocked_s (the loop waits for it)
+            self.blocked_total += blocked - cur[0]
+            cur[0], cur[1] = blocked, min(start, cur[1])
+            return cur
+        return None
+
+    def interval_steps(self) -> float | None:
+        st = sorted(self.recent)
+        gaps = [b - a for a, b in zip(st, st[1:]) if b > a]
+        return statistics.median(gaps) if gaps else None
 
 
 def _recovery(inc: dict, step_time: float | None) -> dict:
@@ -69,11 +209,159 @@ def _recovery(inc: dict, step_time: float | None) -> dict:
             "recompute_s": redo * step_time if step_time is not None else None}
 
 
+class GoodputMeter:
+    """A job's goodput measurement folded incrementally, one event at a time: what
+    :func:`measure_from_events` returns (its :meth:`result`), in memory that does not grow with
+    the number of steps or events.
+
+    Faults, recoveries, downtime, steps and wall time come from the job facts fold
+    (:class:`hyperpod_lab.facts.JobFacts`, its ``facts``), which the meter feeds; the meter adds
+    what the facts do not keep:
+
+    * **step time**: running sums of seconds and steps over consecutive ``step`` events (see
+      :func:`measure_from_events`). Pairs are settled ``window`` items (step events, breaks,
+      checkpoint stalls) behind the newest, so events that arrive out of time order (another
+      writer's file read in a later poll, a checkpoint whose stall began before the step event
+      after it) are placed exactly as long as they are less than ``window`` items late; an item
+      later than that is left out of the step time only.
+    * **tiers**: per tier the number of distinct ``(tier, step)`` checkpoints and the sum of
+      their blocked seconds (the slowest rank's each), exact; the newest ``tier_window`` distinct
+      checkpoint steps, to merge the ranks' reports of one checkpoint and for ``interval_steps``:
+      the median gap between consecutive checkpoint steps **among the newest** ``tier_window``
+      (exact while a tier has at most that many; the batch function takes all). A report of a
+      checkpoint older than that counts as a new one. At most :data:`MAX_TIERS` tiers.
+    * ``restore_s`` per tier: the median over the recovered incidents (exact; the facts keep one
+      small dict per incident, a count of faults, not of steps).
+
+    State: ``O(window + tiers × tier_window + incidents)``, JSON in :meth:`to_dict`; with the
+    defaults (256, 64) a few tens of KiB however long the job runs.
+
+    Args:
+        saved: a :meth:`to_dict` result to continue from (e.g. kept in the server's store).
+        facts: the job facts fold to feed and read (e.g. the server's per-job
+            :class:`~hyperpod_lab.progress.Progress`); the meter folds every event into it, so
+            its owner must not fold them again. Default: ``JobFacts(saved["facts"])``.
+        window: items held before the oldest is settled; None: all (exact, batch).
+        tier_window: distinct checkpoint steps kept per tier; None: all (exact, batch).
+
+    Events must be given as a reader delivers them: in time order within a poll, each file's
+    events in order (``EventReader.poll``).
+    """
+
+    def __init__(self, saved: dict | None = None, facts: JobFacts | None = None, *,
+                 window: int | None = DEFAULT_WINDOW, tier_window: int | None = DEFAULT_TIER_WINDOW):
+        d = dict(saved or {})
+        self.facts = facts if facts is not None else JobFacts(d.get("facts"))
+        self.job_id: str | None = d.get("job_id")
+        self.events = int(d.get("events", 0))            # events folded
+        self.step_events = int(d.get("step_events", 0))  # step events with an integer step
+        self.window, self.tier_window = window, tier_window
+        self._clock = _StepClock(d.get("clock"), window)
+        self._tiers = {str(k): _TierStats(v, tier_window) for k, v in (d.get("tiers") or {}).items()}
+
+    def update(self, ev) -> None:
+        """Fold one :class:`~hyperpod_lab.events.Event` in (into the facts too)."""
+        self.facts.update(ev)
+        self.events += 1
+        if self.job_id is None:
+            self.job_id = ev.job_id
+        kind, data = ev.kind, ev.data
+        if kind == _STEP:
+            if isinstance(data.get("step"), int):
+                self.step_events += 1
+                self._clock.add_step(ev.time, ev.writer, ev.seq, data["step"])
+        elif kind in _BREAKS:
+            self._clock.add_break(ev.time, ev.writer, ev.seq)
+        elif kind == _SAVED and isinstance(data.get("step"), int):
+            tier, step = str(data.get("tier")), data["step"]
+            ts = self._tiers.get(tier)
+            if ts is None:
+                if len(self._tiers) >= MAX_TIERS:
+                    return
+                ts = self._tiers[tier] = _TierStats(None, self.tier_window)
+            changed = ts.add(step, float(data.get("blocked_s") or 0.0), ev.time - float(data.get("total_s") or 0.0))
+            if changed is not None:
+                self._clock.set_stall(tier, step, changed[1], changed[0])
+
+    def update_all(self, events: Iterable) -> "GoodputMeter":
+        """:meth:`update` with each of ``events`` in the order given; returns the meter."""
+        for ev in events:
+            self.update(ev)
+        return self
+
+    def to_dict(self, facts: bool = True) -> dict:
+        """The meter's state, JSON-serialisable; ``GoodputMeter(saved=d)`` continues from it.
+
+        Args:
+            facts: include the facts fold's ``to_dict()`` (under ``"facts"``); leave it out where
+                the facts are saved anyway (the server saves them as the job's progress) and pass
+                them back as ``facts=`` when restoring.
+        """
+        d = {"version": STATE_VERSION, "job_id": self.job_id, "events": self.events,
+             "step_events": self.step_events, "clock": self._clock.to_dict(),
+             "tiers": {k: v.to_dict() for k, v in self._tiers.items()}}
+        if facts:
+            d["facts"] = self.facts.to_dict()
+        return d
+
+    def result(self) -> dict:
+        """The measurement so far: the dict :func:`measure_from_events` returns (keys and
+        meanings there). Costs ``O(window + tiers × tier_window + incidents)``.
+
+        Raises:
+            GoodputInputError: no events, or no step events (nothing to measure yet).
+        """
+        if not self.events:
+            raise GoodputInputError("events", "no events: the job has not started yet; wait for its first steps")
+        if not self.step_events:
+            raise GoodputInputError("events", "no step events yet: nothing to measure; wait for the first steps")
+        facts = self.facts
+        dt_sum, dstep_sum = self._clock.totals()
+        step_time = dt_sum / dstep_sum if dstep_sum else None
+
+        t0 = facts.started_time if facts.started_time is not None else facts.first_time
+        wall = max(0.0, facts.last_time - t0)
+        n_steps = facts.steps
+        recoveries = [_recovery(inc, step_time) for inc in facts.incidents
+                      if inc["recovered_at"] is not None and inc["end_at"] is not None
+                      and isinstance(inc["downtime_s"], (int, float))]
+
+        tiers: dict[str, dict] = {}
+        for tier, ts in sorted(self._tiers.items(), key=lambda kv: _tier_rank(kv[0])):
+            rs = [r["restore_s"] for r in recoveries if r["restored_from"] == tier]
+            tiers[tier] = {"checkpoints": ts.count, "interval_steps": ts.interval_steps(),
+                           "blocked_s": ts.blocked_total / ts.count,
+                           "blocked_total_s": ts.blocked_total,
+                           "restore_s": statistics.median(rs) if rs else None}
+
+        useful = min(wall, n_steps * step_time) if step_time is not None else None
+        estimates = {"checkpoint": sum(t["blocked_total_s"] for t in tiers.values()),
+                     "detect": sum(r["detect_s"] or 0.0 for r in recoveries),
+                     "restart": sum(r["restart_s"] for r in recoveries),
+                     "restore": sum(r["restore_s"] for r in recoveries),
+                     "recompute": sum(r["recompute_s"] or 0.0 for r in recoveries)}
+        left = wall - (useful or 0.0)
+        granted = {}
+        for k in _LOST_ORDER:
+            granted[k] = min(max(0.0, estimates[k]), left)
+            left -= granted[k]
+        lost = {k: granted[k] for k in ("checkpoint", "detect", "restart", "restore", "recompute")}
+        lost["other"] = left if useful is not None else None
+        return {"job_id": self.job_id, "wall_s": wall, "steps": n_steps, "step_time_s": step_time,
+                "useful_s": useful, "goodput": (useful / wall if useful is not None and wall > 0 else None),
+                "tiers": tiers, "recoveries": recoveries, "faults": facts.faults,
+                "lost_s": lost,
+                "lost_fraction": {k: (v / wall if v is not None and wall > 0 else None) for k, v in lost.items()}}
+
+
 def measure_from_events(events: Iterable) -> dict:
     """Measure a job's goodput, step time, checkpoint costs and recoveries from its events.
 
     Faults, recoveries and downtime come from the job facts fold (:mod:`hyperpod_lab.facts`):
-    one recovery per recovered failure incident, however many agents reported it.
+    one recovery per recovered failure incident, however many agents reported it. This is the
+    batch form of :class:`GoodputMeter`: the events sorted, fed to a fresh meter that holds
+    them all (``window=None, tier_window=None``), its :meth:`~GoodputMeter.result`. A server
+    or a watch loop keeps a meter instead and feeds it the new events.
 
     Args:
         events: the job's :class:`hyperpod_lab.events.Event` objects (any order), e.g.
@@ -110,64 +398,10 @@ def measure_from_events(events: Iterable) -> dict:
     Raises:
         GoodputInputError: no events, or no step events (nothing to measure yet).
     """
-    evs = sorted(events, key=lambda e: (e.time, e.writer, e.seq))
-    if not evs:
-        raise GoodputInputError("events", "no events: the job has not started yet; wait for its first steps")
-    steps = [e for e in evs if e.kind == EventKind.STEP.value and isinstance(e.data.get("step"), int)]
-    if not steps:
-        raise GoodputInputError("events", "no step events yet: nothing to measure; wait for the first steps")
-    facts = fold(evs)
-    ckpts = _job_checkpoints(evs)
-    breaks = sorted(e.time for e in evs if e.kind in _BREAKS)
-    # step time: consecutive step events of one run, minus the stalls that began between them
-    dt_sum, dstep_sum = 0.0, 0
-    for a, b in zip(steps, steps[1:]):
-        dn = b.data["step"] - a.data["step"]
-        if dn <= 0 or any(a.time < t <= b.time for t in breaks):
-            continue
-        stall = sum(c["blocked_s"] for c in ckpts.values() if a.time <= c["start"] < b.time)
-        dt_sum += max(0.0, b.time - a.time - stall)
-        dstep_sum += dn
-    step_time = dt_sum / dstep_sum if dstep_sum else None
-
-    t0 = facts.started_time if facts.started_time is not None else facts.first_time
-    wall = max(0.0, facts.last_time - t0)
-    n_steps = facts.steps
-    recoveries = [_recovery(inc, step_time) for inc in facts.incidents
-                  if inc["recovered_at"] is not None and inc["end_at"] is not None
-                  and isinstance(inc["downtime_s"], (int, float))]
-
-    tiers: dict[str, dict] = {}
-    by_tier: dict[str, list] = defaultdict(list)
-    for (tier, step), c in ckpts.items():
-        by_tier[tier].append((step, c["blocked_s"]))
-    for tier, items in sorted(by_tier.items(), key=lambda kv: _tier_rank(kv[0])):
-        st = sorted({s for s, _ in items})
-        gaps = [b - a for a, b in zip(st, st[1:]) if b > a]
-        rs = [r["restore_s"] for r in recoveries if r["restored_from"] == tier]
-        tiers[tier] = {"checkpoints": len(items), "interval_steps": statistics.median(gaps) if gaps else None,
-                       "blocked_s": sum(b for _, b in items) / len(items),
-                       "blocked_total_s": sum(b for _, b in items),
-                       "restore_s": statistics.median(rs) if rs else None}
-
-    useful = min(wall, n_steps * step_time) if step_time is not None else None
-    estimates = {"checkpoint": sum(t["blocked_total_s"] for t in tiers.values()),
-                 "detect": sum(r["detect_s"] or 0.0 for r in recoveries),
-                 "restart": sum(r["restart_s"] for r in recoveries),
-                 "restore": sum(r["restore_s"] for r in recoveries),
-                 "recompute": sum(r["recompute_s"] or 0.0 for r in recoveries)}
-    left = wall - (useful or 0.0)
-    granted = {}
-    for k in _LOST_ORDER:
-        granted[k] = min(max(0.0, estimates[k]), left)
-        left -= granted[k]
-    lost = {k: granted[k] for k in ("checkpoint", "detect", "restart", "restore", "recompute")}
-    lost["other"] = left if useful is not None else None
-    return {"job_id": evs[0].job_id, "wall_s": wall, "steps": n_steps, "step_time_s": step_time,
-            "useful_s": useful, "goodput": (useful / wall if useful is not None and wall > 0 else None),
-            "tiers": tiers, "recoveries": recoveries, "faults": facts.faults,
-            "lost_s": lost,
-            "lost_fraction": {k: (v / wall if v is not None and wall > 0 else None) for k, v in lost.items()}}
+    meter = GoodputMeter(window=None, tier_window=None)
+    for ev in sorted(events, key=lambda e: (e.time, e.writer, e.seq)):
+        meter.update(ev)
+    return meter.result()
 
 
 def _tier_rank(name: str) -> tuple[int, str]:
