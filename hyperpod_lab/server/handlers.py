@@ -265,19 +265,16 @@ class GoodputAdviceHandler(HyperPodHandler):
 
 
 class JobGoodputHandler(HyperPodHandler):
-    """A job's measured goodput and where the lost time went, from its events
-    (``hyperpod_lab.goodput.measure_from_events``: faults, recoveries and downtime from the job
-    facts fold, as in the JobView's ``progress``)."""
+    """A job's measured goodput and where the lost time went, ``{"measured": ...}`` (the dict
+    of ``hyperpod_lab.goodput.measure_from_events``: faults, recoveries and downtime from the job
+    facts fold, as in the JobView's ``progress``), from the job's incremental goodput fold
+    (``Watcher.goodput``): a tracked job's is read from its tailer's meter without reading any
+    event; another job's is brought up to date from its cursor (issue 13, finding 3)."""
 
     @tornado.web.authenticated
     @authorized
     async def get(self, job_id: str):
-        from hyperpod_lab import goodput
-
-        # on the job's cluster worker (never delaying the store or other clusters); still every
-        # event: an incremental goodput fold is not there yet (issue 13, finding 3, left open)
-        events = await self.hp.watcher.run_for_job(job_id, lambda: self.hp.client.event_reader(job_id).poll())
-        self.reply({"measured": goodput.measure_from_events(events)})
+        self.reply({"measured": await self.hp.watcher.goodput(job_id)})
 
 
 def read_events(client, job_id: str, cursor: dict[str, int], limit: int) -> tuple[list[dict], dict[str, int], bool]:

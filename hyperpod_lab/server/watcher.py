@@ -16,6 +16,12 @@
   changes (right after the event that changed it).
 * Each tailer's cursor and progress summary are saved in the JobStore, so a restarted server
   resumes where it was.
+* **Goodput** (issue 13, finding 3): each tailer also feeds a
+  :class:`~hyperpod_lab.goodput.GoodputMeter` (the goodput measurement folded incrementally,
+  bounded state) over the same facts, saved beside the progress (its ``"goodput"`` key), so
+  :meth:`Watcher.goodput` answers a tracked job without reading anything; an untracked job is
+  read once, in pages, and its meter kept with its cursor (``goodput_cache_jobs`` of them), so
+  the next request reads only the new bytes.
 
 Everything runs on the tornado IOLoop; every blocking call runs in a worker thread: each
 cluster has its own (so a cluster's SSH/SFTP connection is never used by two threads at once,
@@ -42,7 +48,7 @@ import json
 import logging
 import re
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any, Callable
@@ -50,6 +56,7 @@ from typing import Any, Callable
 from hyperpod_lab.client import Client
 from hyperpod_lab.errors import HyperPodLabError, SpecError
 from hyperpod_lab.events import Event, EventKind
+from hyperpod_lab.goodput.measure import GoodputMeter
 from hyperpod_lab.jobs import JobRecord
 from hyperpod_lab.progress import Progress, event_dict as _event_dict
 
@@ -139,6 +146,11 @@ class Tailer:
         self.items: deque[tuple[Event, str, int]] = deque()
         self.more = False               # the last read stopped at read_bytes: read again at once
         self.progress = Progress(rec.spec, progress if base else None)
+        # the goodput measurement over the same facts (it folds each event into them); a summary
+        # saved before the meter existed resumes without one (goodput then reads on its own)
+        saved_meter = (progress or {}).get("goodput") if self.base else None
+        self.meter: GoodputMeter | None = (GoodputMeter(saved_meter, self.progress)
+                                           if saved_meter is not None or not self.base else None)
         self.subs: list[Subscription] = []
         self.generation = 0
         self.complete = False           # job terminal and every event read
@@ -159,9 +171,22 @@ class Tailer:
             _, fname, end = self.items.popleft()
             self.base[fname] = end
 
+    def fold(self, ev: Event) -> None:
+        """Fold one read event into the progress (and the goodput meter, which feeds it)."""
+        (self.meter if self.meter is not None else self.progress).update(ev)
+
+    def saved(self) -> dict:
+        """What the store keeps beside the cursor: the progress, and the goodput meter's state
+        (without the facts, which are the progress) under ``"goodput"``."""
+        d = self.progress.to_dict()
+        if self.meter is not None:
+            d["goodput"] = self.meter.to_dict(facts=False)
+        return d
+
     def reset(self, rec: JobRecord) -> None:
         self.base, self.cursor, self.items = {}, {}, deque()
         self.progress = Progress(rec.spec)
+        self.meter = GoodputMeter(None, self.progress)
         self.generation += 1
         self.complete = self.polled = self.finished_seen = False
 
@@ -186,13 +211,14 @@ class Watcher:
         stall_timeout_s: a subscriber over ``send_queue_bytes`` for this long is closed (s).
         max_subscribers: most subscribers of one job.
         cluster_workers: worker threads per cluster (1 keeps an SSH connection to one thread).
+        goodput_cache_jobs: goodput meters of untracked jobs kept (with their cursors), newest used.
     """
 
     def __init__(self, client: Client, min_interval_s: float = 1.0, max_interval_s: float = 10.0,
                  stream_interval_s: float = 0.25, idle_max_interval_s: float = 10.0, idle_batch: int = 8,
                  read_bytes: int = 1 << 20, page_bytes: int = 256 << 10, window_events: int = 1024,
                  send_queue_bytes: int = 1 << 20, stall_timeout_s: float = 30.0, max_subscribers: int = 64,
-                 cluster_workers: int = 1):
+                 cluster_workers: int = 1, goodput_cache_jobs: int = 64):
         self.client, self.store = client, client.store
         self.min_interval_s, self.max_interval_s = min_interval_s, max_interval_s
         self.stream_interval_s, self.idle_max_interval_s = stream_interval_s, idle_max_interval_s
@@ -213,6 +239,10 @@ class Watcher:
         self._stopped = False
         self.persist_interval_s = 1.0  # cursors and progress are saved at most this often (s)
         self._next_persist = 0.0
+        self.goodput_cache_jobs = goodput_cache_jobs
+        # job id -> {"meter": GoodputMeter, "cursor": {file: offset}} of jobs with no tailer
+        self._goodput: OrderedDict[str, dict] = OrderedDict()
+        self._goodput_locks: dict[str, asyncio.Lock] = {}
 
     # ---- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
@@ -295,6 +325,70 @@ class Watcher:
             self.tailers[rec.job_id] = t
             self._wake_events.set()
         return t
+
+    # ---- goodput ---------------------------------------------------------------------
+    async def goodput(self, job_id: str, first_read_timeout_s: float = 10.0) -> dict:
+        """Job ``job_id``'s goodput measurement (:meth:`GoodputMeter.result`, the dict of
+        ``hyperpod_lab.goodput.measure_from_events``) as far as its events were read.
+
+        A tracked job answers from its tailer's meter (no read; after the tailer's first read,
+        waited for up to ``first_read_timeout_s``). Any other job's meter is kept here with its
+        cursor (made from the store's saved state when there is one, else from the start) and
+        first brought up to date, one page of ``read_bytes`` per file per call on the job's
+        cluster worker, so a request reads only what was written since the last one.
+
+        Raises:
+            UnknownJob: no such job.
+            GoodputInputError: nothing to measure yet (no events, or no step events).
+        """
+        rec = self.store.get(job_id)
+        t = self.tailers.get(job_id)
+        if t is not None and t.meter is not None:
+            deadline = time.monotonic() + first_read_timeout_s
+            while not t.polled and not t.meter.events and time.monotonic() < deadline:
+                t.next_poll = 0.0
+                self._wake_events.set()
+                await asyncio.sleep(0.05)
+            return t.meter.result()
+        # one request at a time feeds a job's meter (two would feed the same events twice)
+        async with self._goodput_locks.setdefault(job_id, asyncio.Lock()):
+            entry = self._goodput.get(job_id)
+            if entry is None:
+                saved = await self.run(self.store.get_cursor, job_id)
+                entry = self._saved_goodput(rec, saved)
+            self._cache_goodput(job_id, entry)
+            while await self.run_on(rec.cluster, self._goodput_page, rec, entry):
+                pass
+            return entry["meter"].result()
+
+    @staticmethod
+    def _saved_goodput(rec: JobRecord, saved) -> dict:
+        """A goodput cache entry from the store's ``(cursor, progress)`` when it holds a meter,
+        else a fresh one that reads from the start."""
+        cursor, prog = saved if saved is not None else ({}, None)
+        if cursor and prog and "incidents" in prog and prog.get("goodput") is not None:
+            return {"meter": GoodputMeter(prog["goodput"], Progress(rec.spec, prog)), "cursor": dict(cursor)}
+        return {"meter": GoodputMeter(None, Progress(rec.spec)), "cursor": {}}
+
+    def _cache_goodput(self, job_id: str, entry: dict) -> None:
+        self._goodput[job_id] = entry
+        self._goodput.move_to_end(job_id)
+        while len(self._goodput) > self.goodput_cache_jobs:
+            gone, _ = self._goodput.popitem(last=False)
+            lock = self._goodput_locks.get(gone)
+            if lock is not None and not lock.locked():
+                del self._goodput_locks[gone]
+
+    def _goodput_page(self, rec: JobRecord, entry: dict) -> bool:
+        """Feed ``entry``'s meter one page of the events after its cursor (worker thread); the
+        entry stays consistent page by page. Returns whether more is waiting."""
+        reader = self.client.event_reader(rec.job_id, entry["cursor"])
+        located = reader.poll_located(max_bytes=self.read_bytes)
+        for ev, fname, end in located:
+            entry["meter"].update(ev)
+            entry["cursor"][fname] = end
+        entry["cursor"] = dict(reader.cursor)
+        return bool(reader.more)
 
     # ---- subscriptions ---------------------------------------------------------------
     def subscribers(self, job_id: str) -> int:
@@ -526,7 +620,7 @@ class Watcher:
             if t.subs:
                 t.keep((ev, fname, end))
             counts = (t.progress.faults, t.progress.recoveries)
-            t.progress.update(ev)
+            t.fold(ev)
             t.finished_seen |= ev.kind == EventKind.FINISHED.value
             for sub in list(t.subs):
                 if not sub.live:
@@ -579,7 +673,7 @@ class Watcher:
             t.next_poll = done if t.more else done + (self.stream_interval_s if t.subs else t.idle_interval)
 
     async def _persist(self) -> None:
-        dirty = [(t.job_id, dict(t.cursor), t.progress.to_dict()) for t in self.tailers.values() if t.dirty]
+        dirty = [(t.job_id, dict(t.cursor), t.saved()) for t in self.tailers.values() if t.dirty]
         for t in self.tailers.values():
             t.dirty = False
         for job_id, _, prog in dirty:
@@ -594,9 +688,11 @@ class Watcher:
             for t in list(self.tailers.values()):
                 if t.complete:
                     if not t.subs:  # done and nobody watches: keep the summary, drop the history
-                        self.progress[t.job_id] = t.progress.to_dict()
+                        self.progress[t.job_id] = t.saved()
                         if not t.dirty:
                             del self.tailers[t.job_id]
+                            if t.meter is not None:  # goodput goes on from here, never from the start
+                                self._cache_goodput(t.job_id, {"meter": t.meter, "cursor": dict(t.cursor)})
                     continue
                 if now >= t.next_poll:
                     due.append(t)
