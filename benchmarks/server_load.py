@@ -97,9 +97,10 @@ def run_phase(name: str, jobs: int, big_events: int, tabs: int, stalled: int, wi
         followed = small[:max(1, tabs - (1 if big else 0))]
         threads = []
 
-        def follow(rec):
+        def tab(job_id: str, what: str, on_event) -> None:
+            """One subscriber reading a job's stream until ``stop``; ``on_event(message)`` per event."""
             try:
-                ws = ws_connect(url, token, f"/hyperpod/jobs/{rec.job_id}/stream")
+                ws = ws_connect(url, token, f"/hyperpod/jobs/{job_id}/stream")
                 socks.append(ws)
                 ws.settimeout(1.0)
                 while not stop.is_set():
@@ -109,34 +110,24 @@ def run_phase(name: str, jobs: int, big_events: int, tabs: int, stalled: int, wi
                         if type(e).__name__ == "WebSocketTimeoutException":
                             continue
                         raise
-                    if m["type"] == "event" and m["event"]["data"].get("bench"):
-                        latencies.append(time.time() - m["event"]["time"])
-            except Exception as e:  # noqa: BLE001
-                if not stop.is_set():
-                    errors.append(f"tab on {rec.job_id}: {e!r}")
-
-        def replay():
-            try:
-                ws = ws_connect(url, token, f"/hyperpod/jobs/{big.job_id}/stream")
-                socks.append(ws)
-                ws.settimeout(1.0)
-                while not stop.is_set():
-                    try:
-                        m = json.loads(ws.recv())
-                    except Exception as e:  # noqa: BLE001
-                        if type(e).__name__ == "WebSocketTimeoutException":
-                            continue
-                        raise
                     if m["type"] == "event":
-                        replayed[0] += 1
+                        on_event(m)
             except Exception as e:  # noqa: BLE001
                 if not stop.is_set():
-                    errors.append(f"replay tab: {e!r}")
+                    errors.append(f"{what}: {e!r}")
+
+        def on_live(m):
+            if m["event"]["data"].get("bench"):
+                latencies.append(time.time() - m["event"]["time"])
+
+        def on_replayed(m):
+            replayed[0] += 1
 
         for rec in followed:
-            threads.append(threading.Thread(target=follow, args=(rec,), daemon=True))
+            threads.append(threading.Thread(target=tab, args=(rec.job_id, f"tab on {rec.job_id}", on_live),
+                                            daemon=True))
         if big is not None and tabs > 1:
-            threads.append(threading.Thread(target=replay, daemon=True))
+            threads.append(threading.Thread(target=tab, args=(big.job_id, "replay tab", on_replayed), daemon=True))
         for th in threads:
             th.start()
         for _ in range(stalled):  # never read; a small receive buffer so the server sees it
