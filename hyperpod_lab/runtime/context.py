@@ -55,6 +55,7 @@ from hyperpod_lab.jobdir import (
     ENV_STEP_INTERVAL,
     JobPaths,
 )
+from hyperpod_lab.procs import process_start
 from hyperpod_lab.runtime.auth import create_key, load_or_create_key, read_key
 from hyperpod_lab.runtime.private_dir import ensure_private_dir
 from hyperpod_lab.spec import JobSpec
@@ -486,7 +487,8 @@ def init() -> JobContext:
        group over an in-memory store; then a gloo ``cpu_group`` for checkpointing;
     3. agrees on ``restart_count`` / ``is_restart`` with one all-reduce;
     4. writes ``<job_dir>/ranks/rank-<R>.json`` atomically: {rank, local_rank, world_size, node,
-       host, pid, restart_count, log_file, time}, where ``log_file`` is
+       host, pid, proc_start (the process's start time, clock ticks since boot, which fault
+       injection checks: ``hyperpod_lab.procs``), restart_count, log_file, time}, where ``log_file`` is
        ``dirname($TORCHELASTIC_ERROR_FILE)/stdout.log`` when that variable is set, else null
        (the file exists when the launcher runs with ``--redirects``/``--tee``);
     5. on rank 0, emits ``started`` {world_size, nodes, script, restart_count} on the job's first
@@ -556,7 +558,8 @@ def init() -> JobContext:
     write_json_atomic(paths.rank_file(global_rank), {
         "rank": global_rank, "local_rank": local_rank, "world_size": world_size, "node": node,
         "replica_group": replica_group,
-        "host": socket.gethostname(), "pid": os.getpid(), "restart_count": restart_count,
+        "host": socket.gethostname(), "pid": os.getpid(), "proc_start": process_start(os.getpid()),
+        "restart_count": restart_count,
         "log_file": os.path.join(os.path.dirname(err), "stdout.log") if err else None,
         "time": time.time(),
     })
