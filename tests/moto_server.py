@@ -13,6 +13,7 @@ sockets open until ``release()``, so the client blocks exactly there. It holds o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -203,3 +204,15 @@ class HoldingProxy:
                     s.close()
                 except OSError:
                     pass
+
+
+@contextlib.contextmanager
+def serving_bucket(log_dir, bucket: str):
+    """A moto server on loopback (its log in ``log_dir``) holding the empty bucket ``bucket``;
+    killed on exit. For module-scoped S3 fixtures."""
+    srv = MotoServer(os.path.join(str(log_dir), "moto.log")).start()
+    srv.create_bucket(bucket)
+    try:
+        yield srv
+    finally:
+        srv.kill()

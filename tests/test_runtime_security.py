@@ -405,12 +405,10 @@ def test_checkpoint_of_another_key_or_unsigned_is_refused(tmp_path):
 # ---- finding 2: the S3 tier ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def moto(tmp_path_factory):
-    from moto_server import MotoServer
+    from moto_server import serving_bucket
 
-    srv = MotoServer(str(tmp_path_factory.mktemp("moto") / "moto.log")).start()
-    srv.create_bucket(BUCKET)
-    yield srv
-    srv.kill()
+    with serving_bucket(tmp_path_factory.mktemp("moto"), BUCKET) as srv:
+        yield srv
 
 
 def test_forged_s3_checkpoint_is_skipped_and_older_step_restored(tmp_path, moto):

@@ -32,7 +32,7 @@ import time
 
 import pytest
 
-from moto_server import CREDENTIALS, HoldingProxy, MotoServer, without_aws_credentials
+from moto_server import CREDENTIALS, HoldingProxy, MotoServer, serving_bucket, without_aws_credentials
 from agents import kinds, read_events, stop_launchers, tail_logs
 from test_checkpoint_integrity import (
     ROOT,
@@ -49,10 +49,8 @@ BLOB_MB = 6.0  # each rank's shard is > 5 MiB: uploaded in parts
 
 @pytest.fixture(scope="module")
 def moto(tmp_path_factory):
-    srv = MotoServer(str(tmp_path_factory.mktemp("moto") / "moto.log")).start()
-    srv.create_bucket(BUCKET)
-    yield srv
-    srv.kill()
+    with serving_bucket(tmp_path_factory.mktemp("moto"), BUCKET) as srv:
+        yield srv
 
 
 @pytest.fixture(autouse=True)

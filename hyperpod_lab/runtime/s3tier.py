@@ -61,17 +61,8 @@ from hyperpod_lab.events import EventKind
 from hyperpod_lab.jobdir import ENV_S3_ENDPOINT, TIER_S3
 from hyperpod_lab.runtime.checkpoint import short_error
 from hyperpod_lab.runtime.checkpoint_format import (
-    COMMIT_MARKER,
-    METADATA_FILE,
-    authenticate_marker,
-    check_file,
-    dir_bytes,
-    file_checksum,
-    parse_marker,
-    read_marker,
-    safe_relpath,
-    set_aside,
-    step_dir_name,
+    COMMIT_MARKER, METADATA_FILE, authenticate_marker, check_file, dir_bytes, file_checksum, parse_marker,
+    read_marker, safe_relpath, set_aside, step_dir_name
 )
 
 if TYPE_CHECKING:  # pragma: no cover
