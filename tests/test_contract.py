@@ -66,7 +66,8 @@ def test_submit_side_imports_without_torch():
 
 def test_scale_on_the_local_backend_runs_without_torch_in_the_submitting_process(tmp_path):
     """Submit a checkpointless job to the local backend, add a node (``scale``) and cancel, all
-    from a process where torch cannot be imported; the job's processes train with torch."""
+    from a process where torch cannot be imported; the job's processes train with torch, and
+    the cancel ends every one of them (a group-wide SIGTERM used to leave an agent hanging)."""
     res = _run_without_torch(f"""
         import json, sys, time
         from hyperpod_lab.client import Client
@@ -99,6 +100,17 @@ def test_scale_on_the_local_backend_runs_without_torch_in_the_submitting_process
                      "group 2 joining")
         finally:
             client.cancel(rec.job_id)
+        # cancel ends every process of the job (the driver, the Lighthouse, both first agents,
+        # the joined one and their workers), none left hanging
+        from hyperpod_lab.procs import process_job_id
+        import os
+        deadline, left = time.monotonic() + 90, None
+        while time.monotonic() < deadline:
+            left = [p for p in os.listdir("/proc") if p.isdigit() and process_job_id(int(p)) == rec.job_id]
+            if not left:
+                break
+            time.sleep(0.5)
+        assert not left, f"processes of the cancelled job still run: {{left}}"
         assert not [m for m in sys.modules if m.split(".")[0] in ("torch", "torchft")]
         print(json.dumps(join))
     """)

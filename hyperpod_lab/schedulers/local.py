@@ -98,15 +98,21 @@ class LocalScheduler(Scheduler):
         return out
 
     def cancel(self, rec):
-        """SIGTERM the job's launcher and the agents ``scale`` started (each leads a session of
-        its own), each after :func:`hyperpod_lab.procs.verify`: a pid in ``joins.json`` that is
-        not the job's is refused (JobStateError naming it) after the job's own were signalled."""
+        """SIGTERM the job's launcher wrapper and the agents ``scale`` started, each after
+        :func:`hyperpod_lab.procs.verify`: a pid in ``joins.json`` that is not the job's is
+        refused (JobStateError naming it) after the job's own were signalled.
+
+        One SIGTERM per process, never to a whole process group: the wrapper passes it on to
+        the launcher (or the checkpointless driver, which passes it to each agent), and an agent
+        shuts its workers down. torchrun's agent that gets a second SIGTERM during that shutdown
+        hangs with its workers unreaped (seen with a group-wide signal: each agent got one from
+        the group and one from the driver)."""
         open(JobPaths(rec.job_dir).cancelled, "w").close()
         pids = [rec.native_id] + [pid for j in self.joins(rec) for pid in str(j.get("native_id", "")).split(",")]
         refused = []
         for pid in pids:
             try:
-                signal_job_process(pid, rec.job_id, signal.SIGTERM, group=True)
+                signal_job_process(pid, rec.job_id, signal.SIGTERM)
             except JobStateError as e:
                 if not (str(pid).strip().isdigit() and int(pid) > 1 and process_start(int(pid)) is None):
                     refused.append(str(e))  # alive but not the job's, or not a pid at all
