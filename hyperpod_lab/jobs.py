@@ -135,9 +135,7 @@ class JobStore:
         db = getattr(self._local, "db", None)
         if db is None or getattr(self._local, "pid", None) != os.getpid():
             os.makedirs(self.root, mode=0o700, exist_ok=True)
-            # private to the user (specs hold env values); SQLite gives its -wal/-shm files the
-            # database file's mode
-            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+            self._make_private()
             db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
@@ -149,6 +147,22 @@ class JobStore:
                     self._ready = True
                     self._migrate_json()
         return db
+
+    def _make_private(self) -> None:
+        """The store is private to the user (specs hold env values): a new database file is
+        created 0600 (SQLite gives its -wal/-shm files the database file's mode); an existing
+        one is chmod-ed. Never opens and closes a descriptor of an existing database: closing
+        any descriptor of a file drops this process's POSIX locks on it, which SQLite's other
+        connections rely on (that gave "disk I/O error" in the server's worker threads)."""
+        try:
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:
+            for suffix in ("", "-wal", "-shm"):
+                try:
+                    if os.stat(self.path + suffix).st_mode & 0o077:
+                        os.chmod(self.path + suffix, 0o600)
+                except FileNotFoundError:
+                    pass
 
     class _Tx:
         def __init__(self, db: sqlite3.Connection, immediate: bool):

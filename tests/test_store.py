@@ -112,3 +112,39 @@ def test_json_records_are_imported_once(tmp_path):
     again = JobStore(str(root))  # reopened: not imported twice, later changes kept
     assert len(again.list()) == 2 and again.get(old[0].job_id).status == "failed"
     assert json.loads((root / f"{old[0].job_id}.json").read_text())["status"] == "pending"
+
+
+def test_many_threads_each_with_its_connection_never_see_io_errors(tmp_path):
+    """The server reads the store from several worker threads, each with its own connection.
+    Opening a connection must not disturb the others' locks: closing any descriptor of the
+    database file drops the process's POSIX locks (SQLite, "How To Corrupt An SQLite Database
+    File", 2.2). A pre-open of the file before each connection did that, and the server's worker
+    threads got "disk I/O error" in tests/test_server.py; this load does not reproduce it every
+    run, the server test does."""
+    import threading
+
+    store = JobStore(str(tmp_path / "jobs"))
+    recs = [rec(f"t{i}") for i in range(4)]
+    for r in recs:
+        store.put(r)
+    errors = []
+
+    def work(i):
+        try:
+            for n in range(60):
+                if n % 3 == 0:
+                    store.update_status(store.get(recs[i % 4].job_id), JobStatus.RUNNING)
+                store.get(recs[(i + n) % 4].job_id)
+                store.put_cursor(recs[i % 4].job_id, {"rank-0.jsonl": n})
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    threads = []
+    for i in range(48):  # new threads (new connections) keep starting while others are busy
+        threads.append(threading.Thread(target=work, args=(i,)))
+        threads[-1].start()
+        time.sleep(0.005)
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert oct(os.stat(store.path).st_mode & 0o777) == "0o600"
