@@ -24,7 +24,7 @@ lists every file of the checkpoint with its size, CRC-32 and SHA-256, and is sig
 every other field of the marker (domain :data:`MARKER_DOMAIN`). A restore authenticates the
 marker (:func:`authenticate_marker`) and then every file against its SHA-256 (:func:`check_file`)
 *before* DCP reads anything: DCP unpickles ``.metadata`` and the byte items of the shards
-(``torch.load(weights_only=False)``), so a checkpoint directory or S3 prefix others can write
+(torch's load with ``weights_only=False``), so a checkpoint directory or S3 prefix others can write
 would otherwise be code execution at restore. Every file gets a cryptographic hash, shards
 included: a CRC-32 (or any non-cryptographic checksum) can be matched by a forged file of the
 attacker's choosing, so a signed list of CRC-32s would not authenticate the shards. The CRC-32
