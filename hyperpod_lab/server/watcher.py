@@ -599,7 +599,9 @@ class Watcher:
         for t, rec, cursor in polls:
             try:
                 reader = self.client.event_reader(rec.job_id, cursor)
-                located = reader.poll_located(max_bytes=self.read_bytes)
+                # a job catching up on a backlog reads in smaller pages, so the live jobs polled
+                # in the same round are not held up behind a large parse
+                located = reader.poll_located(max_bytes=self.page_bytes if t.more else self.read_bytes)
                 out.append((t, t.generation, cursor, located, reader.cursor, None, reader.more))
             except (HyperPodLabError, OSError, EOFError) as e:
                 out.append((t, t.generation, cursor, [], cursor, e, False))
@@ -706,7 +708,10 @@ class Watcher:
             batches: dict[str, list[list]] = {}
             for cluster, group in by_cluster.items():
                 idle = sorted((t for t in group if not t.subs), key=lambda t: t.next_poll)[:self.idle_batch]
-                for part in ([t for t in group if t.subs], idle):
+                watched = [t for t in group if t.subs]
+                # live watched jobs first, in a call of their own; backlogs (a replay, a first
+                # read of a long job) after them
+                for part in ([t for t in watched if not t.more], [t for t in watched if t.more], idle):
                     polls = []
                     for t in part:
                         try:
