@@ -154,7 +154,7 @@ def test_sidebar_streams_a_fault_and_its_recovery(dev_cluster, lab_root):
             form.get_by_label("Memory tier every", exact=True).fill("1")
             form.get_by_label("Max retries", exact=True).fill("3")
             form.get_by_label("Processes per node", exact=True).press("Enter")
-            job = sidebar.locator('[data-testid=hp-job][data-state]').first
+            job = sidebar.locator('[data-testid=hp-job][data-state][data-job-id^="lab-ui-"]').first
             job.wait_for()
             job_id = job.get_attribute("data-job-id")
             assert job_id and job_id.startswith("lab-ui-")
