@@ -30,16 +30,29 @@ from hyperpod_lab.jobdir import ENV_JOB_ID
 REFUSED_EXIT = 3
 
 
-def process_start(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot (``/proc/<pid>/stat`` field 22), or
-    None when there is no such process."""
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """``/proc/<pid>/stat`` from field 3 (state) on, or None when there is no such process."""
     try:
         with open(f"/proc/{int(pid)}/stat", "rb") as f:
             stat = f.read()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
-    fields = stat.rsplit(b")", 1)[1].split()  # after the command name, which may hold spaces
-    return int(fields[19])  # field 22 overall; fields[0] is field 3 (state)
+    if b")" not in stat:
+        return None
+    return stat.rsplit(b")", 1)[1].split()  # after the command name, which may hold spaces
+
+
+def process_start(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot (``/proc/<pid>/stat`` field 22), or
+    None when there is no such process."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields else None  # field 22 overall; fields[0] is field 3 (state)
+
+
+def is_running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (not gone, not a zombie waiting to be reaped)."""
+    fields = _stat_fields(pid)
+    return bool(fields) and fields[0] != b"Z"
 
 
 def process_job_id(pid: int) -> str | None:

@@ -18,7 +18,7 @@ import sys
 from hyperpod_lab.errors import JobStateError
 from hyperpod_lab.jobdir import JobPaths, effective_restarts, ft_local_argv, group_env, job_env, launcher_argv
 from hyperpod_lab.jobs import JobStatus
-from hyperpod_lab.procs import process_start, signal_job_process
+from hyperpod_lab.procs import is_running, process_start, signal_job_process
 from hyperpod_lab.schedulers.base import LogChunk, Scheduler, read_log_range
 from hyperpod_lab.spec import JobSpec
 
@@ -39,14 +39,6 @@ def launch_argv(spec: JobSpec, job_dir: str, python: str, script: str) -> list[s
 def _private_log(path: str):
     """``path`` opened for appending, created 0600 (private to the user)."""
     return open(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError, ProcessLookupError):
-        return False
 
 
 class LocalScheduler(Scheduler):
@@ -91,7 +83,7 @@ class LocalScheduler(Scheduler):
                     out[rec.job_id] = (JobStatus.CANCELLED, code, "cancelled")
                 else:
                     out[rec.job_id] = (JobStatus.COMPLETED if code == 0 else JobStatus.FAILED, code, None)
-            elif _alive(int(rec.native_id)):
+            elif is_running(int(rec.native_id)):
                 out[rec.job_id] = (JobStatus.RUNNING, None, None)
             else:
                 out[rec.job_id] = (JobStatus.FAILED, None, "launcher exited without recording an exit code")
