@@ -2,6 +2,7 @@
 
 import os
 import subprocess
+import time
 import sys
 
 import pytest
@@ -62,6 +63,13 @@ def test_shell_metacharacters_reach_the_cluster_as_data(dev_cluster, client, tmp
 
     assert json.loads(open(os.path.join(rec.job_dir, "argv.json")).read()) == args
     assert not os.path.exists("/tmp/x") and not os.path.exists("/tmp/hyperpod-pwned")
-    out = subprocess.run(["sacct", "-n", "-P", "-X", "-o", "JobName%200", "-j", rec.native_id],
-                         capture_output=True, text=True, check=True).stdout
+    # slurmdbd fills the job's record asynchronously: until the job's start record arrives, sacct
+    # shows its placeholder name "allocation" (seen once right after completion); wait it out
+    deadline = time.monotonic() + 60
+    while True:
+        out = subprocess.run(["sacct", "-n", "-P", "-X", "-o", "JobName%200", "-j", rec.native_id],
+                             capture_output=True, text=True, check=True).stdout
+        if out.strip() not in ("", "allocation") or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     assert out.strip() == name
