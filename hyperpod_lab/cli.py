@@ -77,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-auto-resume", action="store_true", help="fail on the first fault")
     s.add_argument("--deep-health-check", action="store_true",
                    help="EKS: run only on HyperPod nodes that passed a deep health check")
+    s.add_argument("--spares", type=_int, default=0, metavar="K",
+                   help="ask for K spare nodes beyond --nodes: a spare takes over a lost or excluded node "
+                        "with no requeue (Slurm; EKS: the HyperPodPyTorchJob's spares)")
+    s.add_argument("--no-health-checks", action="store_true",
+                   help="skip the pre-flight node health checks (GPUs, /dev/shm, shared storage, versions, clock)")
     s.add_argument("--recovery", choices=["restart", "checkpointless"], default="restart",
                    help="restart: every rank restarts from the newest checkpoint; checkpointless: each node is a "
                         "data-parallel replica, survivors go on and a replacement heals from a live peer")
@@ -173,7 +178,8 @@ def spec_from_args(a: argparse.Namespace, script_args: list[str]) -> JobSpec:
         args=list(script_args), env=env, secret_env=list(dict.fromkeys(a.secret_env)), partition=a.partition,
         time_limit_min=a.time_limit_min, exclusive=a.exclusive,
         resiliency=ResiliencyPolicy(auto_resume=not a.no_auto_resume, max_retries=a.max_retries,
-                                    recovery=a.recovery, deep_health_check=a.deep_health_check),
+                                    recovery=a.recovery, deep_health_check=a.deep_health_check,
+                                    spares=a.spares, health_checks=not a.no_health_checks),
         checkpoint=CheckpointPolicy(every_steps=a.checkpoint_every, keep_last=a.checkpoint_keep,
                                     memory_every_steps=a.checkpoint_memory_every, s3_uri=a.checkpoint_s3,
                                     s3_every_steps=a.checkpoint_s3_every),

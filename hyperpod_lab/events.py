@@ -43,6 +43,9 @@ class EventKind(str, Enum):
     RECOVERY_COMPLETED = "recovery.completed"
     RECOVERY_FALLBACK = "recovery.fallback"
     ELASTIC_SCALED = "elastic.scaled"
+    HEALTH_CHECKED = "health.checked"
+    HEALTH_FAILED = "health.failed"
+    NODE_EXCLUDED = "node.excluded"
     FINISHED = "finished"
 
 

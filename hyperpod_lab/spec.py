@@ -43,6 +43,7 @@ def _no_nul(name: str, values) -> None:
 
 
 RECOVERY_MODES = ("restart", "checkpointless")
+MAX_SPARES = 64
 
 
 @dataclass
@@ -55,7 +56,12 @@ class ResiliencyPolicy:
             ``srun --auto-resume=1`` as well, elsewhere Slurm's ``--requeue``).
         max_retries: restarts allowed before the job is declared failed (torchrun
             ``--max-restarts``; HyperPod ``runPolicy.jobMaxRetryCount``).
-        health_checks: run the runtime's node health checks before training starts.
+        health_checks: run the runtime's pre-flight node health checks before training starts
+            (Slurm: :mod:`hyperpod_lab.runtime.health` on every node of the allocation; a node
+            that fails is excluded, replaced by a spare, or the job fails before step 0).
+        spares: spare nodes (Slurm: the job asks for ``nodes + spares`` and trains on ``nodes``;
+            a spare replaces a lost or excluded node with no requeue; EKS: the
+            HyperPodPyTorchJob's ``spares``). 0 to 64.
         deep_health_check: EKS: run only on HyperPod nodes that passed a deep health check
             (node label ``sagemaker.amazonaws.com/deep-health-check-status: Passed``, present
             only where the cluster ran one).
@@ -70,6 +76,7 @@ class ResiliencyPolicy:
     health_checks: bool = True
     deep_health_check: bool = False
     recovery: str = "restart"
+    spares: int = 0
 
     def validate(self) -> None:
         if not isinstance(self.auto_resume, bool):
@@ -83,6 +90,11 @@ class ResiliencyPolicy:
             raise SpecError("resiliency.recovery", f"must be one of {', '.join(RECOVERY_MODES)}, got {self.recovery!r}")
         if not isinstance(self.deep_health_check, bool):
             raise SpecError("resiliency.deep_health_check", "must be true or false")
+        if not isinstance(self.health_checks, bool):
+            raise SpecError("resiliency.health_checks", "must be true or false")
+        if isinstance(self.spares, bool) or not isinstance(self.spares, int) or not 0 <= self.spares <= MAX_SPARES:
+            raise SpecError("resiliency.spares", f"must be a whole number from 0 to {MAX_SPARES}, got "
+                                                 f"{str(self.spares)[:40]}; use --spares 1")
 
 
 @dataclass

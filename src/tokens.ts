@@ -32,6 +32,9 @@ export const EVENT_KINDS = [
   'recovery.completed',
   'recovery.fallback',
   'elastic.scaled',
+  'health.checked',
+  'health.failed',
+  'node.excluded',
   'finished'
 ] as const;
 
@@ -207,6 +210,8 @@ export interface IResiliencyPolicy {
   recovery?: string;
   /** EKS: only nodes that passed a deep health check. */
   deep_health_check?: boolean;
+  /** Spare nodes beyond `nodes`: a spare replaces a lost or excluded node with no requeue. */
+  spares?: number;
 }
 
 /** The checkpoint policy of a JobSpec (`hyperpod_lab.spec.CheckpointPolicy`); intervals in steps. */
