@@ -43,9 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
                 "Slurm (over SSH) or local torchrun, and watch its events.")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
-    dc = sub.add_parser("dev-cluster", help="the local dev Slurm cluster (munge, slurmctld, 2 slurmd, "
-                        "slurmdbd, sshd, shared dir)")
+    dc = sub.add_parser("dev-cluster", help="the local dev Slurm cluster (munge, slurmctld, 3 slurmd, "
+                        "slurmdbd, sshd, bastion, shared dir)")
     dc.add_argument("action", choices=["up", "down", "status"])
+    dc.add_argument("--nodes", type=_int, default=3, help="up: slurmd nodes n1..nN, 2 to 8 (default 3)")
 
     cl = sub.add_parser("clusters", help="list cluster profiles, or discover HyperPod clusters: "
                         "clusters discover [--region R] [--profile P] [--write]")
@@ -215,7 +216,7 @@ def run(argv: list[str], out: TextIO | None = None, client=None) -> Any:
         from hyperpod_lab import devcluster
 
         if a.action == "up":
-            prof = devcluster.up()
+            prof = devcluster.up(nodes=a.nodes)
             say(f"cluster profile '{prof.name}' written: login {prof.user}@{prof.host}:{prof.port}, "
                 f"shared storage {prof.shared_root}")
         elif a.action == "down":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import time
 import uuid
 
@@ -90,12 +91,29 @@ def test_up_streams_progress(cluster, capsys):
 def test_status_reports_daemons_and_nodes(cluster):
     st = devcluster.status()
     assert st["ok"], st["output"]
-    assert set(st["nodes"]) == {"n1", "n2"}
+    assert set(st["nodes"]) == {"n1", "n2", "n3"}  # a 2-node job plus a spare
     assert all(s in ("idle", "mixed", "allocated", "completing") for s in st["nodes"].values())
-    for name in ("munged", "mariadb", "slurmdbd", "slurmctld", "slurmd@n1", "slurmd@n2", "sshd", "bastion"):
+    for name in ("munged", "mariadb", "slurmdbd", "slurmctld", "slurmd@n1", "slurmd@n2", "slurmd@n3", "sshd", "bastion"):
         assert st["daemons"][name]["state"] == "running", st["output"]
         assert isinstance(st["daemons"][name]["pid"], int)
-    assert "n1" in st["sinfo"] and "n2" in st["sinfo"]
+    assert "n1" in st["sinfo"] and "n2" in st["sinfo"] and "n3" in st["sinfo"]
+
+
+def test_each_node_has_its_own_mount_namespace(cluster, ssh):
+    """A mount made in one node's namespace (a 1 MiB /dev/shm on n2) is seen by that node's job
+    steps only: how the health-check tests give one node a real fault."""
+    pids = {n: devcluster.node_pid(n) for n in ("n1", "n2", "n3")}
+    spaces = {os.readlink(f"/proc/{pid}/ns/mnt") for pid in pids.values()}
+    assert len(spaces) == 3 and os.readlink("/proc/self/ns/mnt") not in spaces
+    subprocess.run(["nsenter", "--mount", f"--target={pids['n2']}", "mount", "-t", "tmpfs", "-o", "size=1m",
+                    "tmpfs", "/dev/shm"], check=True)
+    try:
+        rc, out, err = run(ssh, "srun -N2 -w n1,n2 --label df -k --output=size /dev/shm")
+        assert rc == 0, err
+        sizes = {line.split(":")[0]: line.split()[-1] for line in out.splitlines() if line.split()[-1].isdigit()}
+        assert sizes["1"] == "1024" and int(sizes["0"]) > 1024, out
+    finally:
+        subprocess.run(["nsenter", "--mount", f"--target={pids['n2']}", "umount", "/dev/shm"], check=True)
 
 
 def test_status_of_missing_cluster_is_not_ok(tmp_path):
@@ -193,7 +211,7 @@ def test_sinfo_and_sacct_over_ssh(ssh):
     rc, out, err = run(ssh, "sinfo -h -N -o '%N %P %T'")
     assert rc == 0, err
     nodes = {line.split()[0]: line.split() for line in out.splitlines()}
-    assert set(nodes) == {"n1", "n2"}
+    assert set(nodes) == {"n1", "n2", "n3"}
     assert all(v[1] == "dev*" for v in nodes.values())
     rc, out, err = run(ssh, "sacct -X -n -S now-1hours")
     assert rc == 0, err

@@ -1,7 +1,8 @@
 """The local dev cluster: real Slurm on this host, reached over SSH like a HyperPod login node.
 
 ``up()`` runs ``devcluster.sh up`` (as root) which starts munge, a private MariaDB + slurmdbd
-(so ``sacct`` works), slurmctld, two slurmd "nodes" ``n1`` and ``n2`` in partition ``dev``,
+(so ``sacct`` works), slurmctld, three slurmd "nodes" ``n1``, ``n2``, ``n3`` (``nodes``) in partition ``dev``, each in its own
+mount namespace (a test gives one node its own mounts with ``nsenter``, see :func:`node_pid`),
 an sshd on ``127.0.0.1:<ssh_port>`` with key-only root login, and a bastion: a second sshd on
 ``127.0.0.1:<bastion_port>`` (its own host key, the same client key, forwarding only to the login
 node's port) for jump-host tests (:func:`bastion`). It then writes the cluster profile ``local-slurm`` (see :mod:`hyperpod_lab.clusters`) pointing at that sshd, its
@@ -29,13 +30,13 @@ DEFAULT_BASE_DIR = "/var/tmp/hyperpod-lab-dev"
 DEFAULT_SSH_PORT = 2222
 DEFAULT_BASTION_PORT = 2223
 PARTITION = "dev"
-NODES = ("n1", "n2")
+DEFAULT_NODES = 3  # a 2-node job (the profile's default size) plus a spare
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "devcluster.sh")
 
 _NOT_ROOT = "dev-cluster needs root to install and start Slurm; run it with sudo"
 _READY_STATES = {"idle", "mixed", "allocated", "completing"}
 
-__all__ = ["up", "down", "status", "bastion", "base_dir", "PROFILE_NAME", "SCRIPT"]
+__all__ = ["up", "down", "status", "bastion", "base_dir", "node_pid", "PROFILE_NAME", "SCRIPT"]
 
 
 def base_dir(base: str | None = None) -> str:
@@ -133,17 +134,17 @@ def profile_for(base: str | None = None, ssh_port: int | None = None,
         known_hosts=os.path.join(b, "ssh", "known_hosts"),
         shared_root=os.path.join(b, "fsx"),
         python=python or sys.executable,
-        defaults=ClusterDefaults(partition=PARTITION, nodes=len(NODES), procs_per_node=1),
+        defaults=ClusterDefaults(partition=PARTITION, nodes=2, procs_per_node=1),
     )
 
 
 def up(base_dir: str | None = None, ssh_port: int | None = None, python: str | None = None,
-       quiet: bool = False) -> ClusterProfile:
+       quiet: bool = False, nodes: int = DEFAULT_NODES) -> ClusterProfile:
     """Start the dev cluster (idempotent; a quick no-op when it is already up).
 
     Installs missing apt packages, starts the daemons (only those not running: a running daemon
     whose config is unchanged is left alone, and the bastion is started beside the others),
-    waits until both nodes are idle and both sshds accept our key, then writes the ``local-slurm`` profile and returns it.
+    waits until every node is idle and both sshds accept our key, then writes the ``local-slurm`` profile and returns it.
 
     Args:
         base_dir: the cluster's directory (default ``$HYPERPOD_LAB_DEV_DIR`` or
@@ -151,6 +152,7 @@ def up(base_dir: str | None = None, ssh_port: int | None = None, python: str | N
         ssh_port: sshd port on 127.0.0.1 (default ``$HYPERPOD_LAB_DEV_SSH_PORT`` or 2222).
         python: interpreter the jobs run (default: this one, ``sys.executable``).
         quiet: don't echo the script's progress lines.
+        nodes: slurmd nodes ``n1``..``n<nodes>``, 2 to 8 (default 3; a change restarts Slurm).
 
     Raises:
         HyperPodLabError: not root, or the script failed (the message holds its last lines).
@@ -159,7 +161,11 @@ def up(base_dir: str | None = None, ssh_port: int | None = None, python: str | N
     port = _ssh_port(ssh_port)
     if hasattr(os, "geteuid") and os.geteuid() != 0:
         raise HyperPodLabError(_NOT_ROOT)
-    _run_script("up", _env(base, port), quiet)
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 2 <= nodes <= 8:
+        raise HyperPodLabError(f"nodes must be 2 to 8, got {nodes!r}")
+    env = _env(base, port)
+    env["HYPERPOD_LAB_DEV_NODES"] = str(nodes)
+    _run_script("up", env, quiet)
     profile = profile_for(base, port, python)
     for path in (profile.key_file, profile.known_hosts, bastion(base)["known_hosts"]):
         if not os.path.isfile(path):  # type: ignore[arg-type]
@@ -184,9 +190,9 @@ def status(base_dir: str | None = None) -> dict[str, Any]:
 
     Returns ``{"ok": bool, "base_dir": str, "daemons": {name: {"state", "pid", "detail"}},
     "nodes": {"n1": "idle", ...}, "sinfo": str, "output": str}``. Daemon names: ``munged``,
-    ``mariadb``, ``slurmdbd``, ``slurmctld``, ``slurmd@n1``, ``slurmd@n2``, ``sshd``, ``bastion``; states
+    ``mariadb``, ``slurmdbd``, ``slurmctld``, ``slurmd@n1`` ... ``slurmd@n<N>``, ``sshd``, ``bastion``; states
     ``running`` | ``stopped`` | ``failing``. ``ok`` is true when every daemon runs, both sshds
-    accept our key and both nodes are usable (idle, mixed, allocated or completing).
+    accept our key and every node is usable (idle, mixed, allocated or completing).
     """
     base = _base(base_dir)
     rc, out = _run_script("status", _env(base), quiet=True, check=False)
@@ -204,9 +210,24 @@ def status(base_dir: str | None = None) -> dict[str, Any]:
             pid = re.search(r"\bpid (\d+)", detail)
             daemons[name] = {"state": state, "pid": int(pid.group(1)) if pid else None, "detail": detail}
     ok = (rc == 0 and bool(daemons) and all(d["state"] == "running" for d in daemons.values())
-          and all(nodes.get(n) in _READY_STATES for n in NODES))
+          and bool(nodes) and all(state in _READY_STATES for state in nodes.values()))
     return {"ok": ok, "base_dir": base, "daemons": daemons, "nodes": nodes,
             "sinfo": sinfo.strip(), "output": out}
+
+
+def node_pid(node: str, base: str | None = None) -> int:
+    """Pid of the slurmd of ``node`` (e.g. ``"n2"``): ``nsenter --mount --target PID`` enters
+    that node's own mount namespace. Raises HyperPodLabError when it does not run."""
+    if not re.fullmatch(r"n[1-8]", node):
+        raise HyperPodLabError(f"no dev-cluster node {node!r}; the nodes are n1..n8")
+    path = os.path.join(base_dir(base), "run", f"slurmd-{node}.pid")
+    try:
+        with open(path) as f:
+            pid = int(f.read().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        raise HyperPodLabError(f"slurmd of {node} is not running ({path}); run 'hyperpod-lab dev-cluster up'") from None
+    return pid
 
 
 def _base(base: str | None) -> str:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# hyperpod-lab local dev cluster: Slurm 22.05 with two slurmd "nodes" (n1, n2) on this host,
+# hyperpod-lab local dev cluster: Slurm 22.05 with three slurmd "nodes" (n1, n2, n3) on this host,
 # MariaDB + slurmdbd (so sacct works), munge, a private sshd on 127.0.0.1 acting as the
 # login node, and a second sshd acting as a bastion (jump host) in front of it. Everything lives under $HYPERPOD_LAB_DEV_DIR (default /var/tmp/hyperpod-lab-dev).
 #
@@ -10,6 +10,12 @@
 #   HYPERPOD_LAB_DEV_SSH_PORT  sshd port on 127.0.0.1    (up: 2222; status: the port up used)
 #   HYPERPOD_LAB_DEV_BASTION_PORT  bastion sshd port     (up: 2223; status: the port up used)
 #   HYPERPOD_LAB_DEV_DB_PORT   MariaDB port on 127.0.0.1 (3307; our own instance, not the system one)
+#   HYPERPOD_LAB_DEV_NODES     up: how many slurmd nodes, 2-8 (3: a 2-node job plus a spare);
+#                              status/down: the nodes of the slurm.conf the last `up` wrote
+#
+# Each slurmd runs in its own mount namespace (`unshare --mount --propagation private`), so a
+# test can give one node its own mounts (a tiny /dev/shm, read-only shared storage) the way a
+# real node differs from its peers: `nsenter --mount --target <pid of slurmd-nK> mount ...`.
 #
 # Layout of the base directory:
 #   fsx/            shared storage (same path for the nodes and the notebook)
@@ -37,11 +43,19 @@ BASTION_PORT=${BASTION_PORT:-2223}
 DB_PORT=${HYPERPOD_LAB_DEV_DB_PORT:-3307}
 CLUSTER=hyperpod-dev
 PARTITION=dev
-NODES=(n1 n2)
 CTLD_PORT=6817
 DBD_PORT=6819
-declare -A NODE_PORT=([n1]=6818 [n2]=6820)
 CONF=/etc/slurm/slurm.conf          # default path compiled into the binaries: ssh commands find it
+NNODES=${HYPERPOD_LAB_DEV_NODES:-}
+if [ -z "$NNODES" ]; then
+  if [ "${1:-}" != up ] && [ -r "$CONF" ]; then NNODES=$(grep -c '^NodeName=n[0-9]' "$CONF" || true); fi
+  [ -n "$NNODES" ] && [ "$NNODES" != 0 ] || NNODES=3
+fi
+[[ $NNODES =~ ^[2-8]$ ]] || { echo "[dev-cluster] ERROR: HYPERPOD_LAB_DEV_NODES must be 2 to 8, got '$NNODES'" >&2; exit 2; }
+NODES=(); declare -A NODE_PORT=()
+for i in $(seq 1 "$NNODES"); do   # n1 6818, n2 6820, n3 6821, ... (6819 is slurmdbd's)
+  NODES+=("n$i"); NODE_PORT[n$i]=$(( i == 1 ? 6818 : 6818 + i ))
+done
 DBD_CONF=/etc/slurm/slurmdbd.conf
 RUN=$BASE/run
 LOG=$BASE/log
@@ -224,8 +238,8 @@ write_slurm_conf() {
   local ncpu mem_total mem_node defmem
   ncpu=$(nproc)
   mem_total=$(awk '/MemTotal/{print int($2/1024)}' /proc/meminfo)
-  # both slurmd share this host's memory; give each half (minus 1 GiB slack), at least 256 MB
-  mem_node=$(( (mem_total - 1024) / 2 )); [ "$mem_node" -ge 256 ] || mem_node=256
+  # the slurmd share this host's memory; give each an equal part (minus 1 GiB slack), at least 256 MB
+  mem_node=$(( (mem_total - 1024) / NNODES )); [ "$mem_node" -ge 256 ] || mem_node=256
   # DefMemPerCPU is required with CR_CPU_Memory, else every job takes the whole node's memory
   defmem=$(( mem_node / ncpu )); [ "$defmem" -le 1024 ] || defmem=1024
   mkdir -p "$(dirname "$CONF")"
@@ -267,9 +281,8 @@ SlurmdTimeout=30
 SlurmctldTimeout=30
 MessageTimeout=10
 InactiveLimit=0
-NodeName=n1 NodeAddr=127.0.0.1 Port=${NODE_PORT[n1]} CPUs=$ncpu RealMemory=$mem_node State=UNKNOWN
-NodeName=n2 NodeAddr=127.0.0.1 Port=${NODE_PORT[n2]} CPUs=$ncpu RealMemory=$mem_node State=UNKNOWN
-PartitionName=$PARTITION Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+$(for n in "${NODES[@]}"; do echo "NodeName=$n NodeAddr=127.0.0.1 Port=${NODE_PORT[$n]} CPUs=$ncpu RealMemory=$mem_node State=UNKNOWN"; done)
+PartitionName=$PARTITION Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 EOF
   replace_if_changed "$CONF"
 }
@@ -277,14 +290,28 @@ EOF
 start_slurm() {
   local changed=$1 n
   # plugin/node changes need restarts, not `scontrol reconfigure`
-  for n in "${NODES[@]}"; do stop_if_changed "$RUN/slurmd-$n.pid" slurmd "$changed" "slurmd $n"; done
+  for n in "${NODES[@]}"; do
+    stop_if_changed "$RUN/slurmd-$n.pid" slurmd "$changed" "slurmd $n"
+    # a slurmd of an older `up` that shares our mount namespace: restart it in its own
+    if alive_file "$RUN/slurmd-$n.pid" slurmd \
+        && [ "$(readlink "/proc/$(pidof_file "$RUN/slurmd-$n.pid")/ns/mnt")" = "$(readlink /proc/self/ns/mnt)" ]; then
+      stop_pid "$(pidof_file "$RUN/slurmd-$n.pid")" slurmd "slurmd $n (not in its own mount namespace)"
+    fi
+  done
+  # slurmd of nodes beyond NNODES (an earlier `up` with more nodes)
+  local pf
+  for pf in "$RUN"/slurmd-n*.pid; do
+    [ -e "$pf" ] || continue
+    n=$(basename "$pf" .pid); n=${n#slurmd-}
+    [ -n "${NODE_PORT[$n]:-}" ] || { alive_file "$pf" slurmd && stop_pid "$(pidof_file "$pf")" slurmd "slurmd $n (not in slurm.conf)"; rm -f "$pf"; }
+  done
   stop_if_changed "$RUN/slurmctld.pid" slurmctld "$changed" slurmctld
   start_daemon slurmctld "$RUN/slurmctld.pid" slurmctld "$CTLD_PORT" "$LOG/slurmctld.log" 20 \
     'scontrol ping 2>/dev/null | grep -q UP' -- slurmctld
   for n in "${NODES[@]}"; do
     mkdir -p "$BASE/slurm/spool/$n"
     start_daemon "slurmd $n" "$RUN/slurmd-$n.pid" slurmd "${NODE_PORT[$n]}" "$LOG/slurmd-$n.log" 10 \
-      "alive_file '$RUN/slurmd-$n.pid' slurmd" -- slurmd -N "$n"
+      "alive_file '$RUN/slurmd-$n.pid' slurmd" -- unshare --mount --propagation private slurmd -N "$n"
   done
 }
 
@@ -462,7 +489,7 @@ cmd_up() {
   start_bastion "$c"
   if ! wait_for 30 "nodes idle" nodes_ready; then
     sinfo -N -o '%N %T %E' >&2 || true
-    die "nodes did not become idle (see $LOG/slurmd-n1.log, $LOG/slurmd-n2.log, $LOG/slurmctld.log)"
+    die "nodes did not become idle (see $LOG/slurmd-n*.log, $LOG/slurmctld.log)"
   fi
   sinfo -N -o '%N %P %T %c %m' | sed 's/^/[dev-cluster]   /'
   say "login: ssh -p $SSH_PORT -i $SSH_DIR/id_ed25519 -o UserKnownHostsFile=$SSH_DIR/known_hosts root@127.0.0.1"
