@@ -41,6 +41,25 @@ Definitions (also in ``docs/events.md``):
   downtime. The steps recomputed after a restore are not in it (their time needs the step
   time; ``hyperpod_lab.goodput.measure_from_events`` adds them).
 * **wall time**, ``wall_s``: seconds from the first event to the last one folded.
+* **node down**: a ``fault.detected`` with ``reason: "node down"`` (writer ``supervisor``: Slurm
+  marked the node DOWN) is a fault report like any other: it opens an incident or joins the
+  open one. One exception: a node-down report of a node the job already **excluded**
+  (``node.excluded``), while no incident is open, opens none: Slurm marks a node DOWN only
+  after its timeout, so this is a late report of the incident during which the node was
+  excluded (whose ``fault_events`` it joins) or of a node excluded before training
+  (pre-flight); ``fault_events`` still counts it. Any other writer's report of such a node
+  (an agent still running there until the next placement) opens an incident as usual.
+* **pre-flight**: the ``health.checked`` / ``health.failed`` events of the nodes' health
+  checks, written before training (re)starts. They are never a fault: a node that fails its
+  checks is excluded or the job fails before step 0, with no incident, recovery or downtime.
+  A **pre-flight run** is the health events with no ``started`` or ``step`` event between
+  them; it spans from the earliest ``time - seconds`` of its ``health.checked`` events (each
+  node's checks began then) to its newest event; ``preflight_s`` sums the runs' spans.
+* **health** of a node: its newest pre-flight run's result: ``ok``, the ``failed`` checks
+  with their detail, the ``skipped`` checks, ``seconds``.
+* **excluded nodes**: ``node.excluded`` events (writer ``supervisor``), one entry per node in
+  the order they were first excluded, with the ``reason`` and ``faults`` of its newest event;
+  nodes named in an event's ``excluded`` list and not excluded before come first.
 
 Events are folded in the order given; give them in time order (``EventReader.poll`` does).
 """
@@ -53,6 +72,7 @@ from typing import Any, Iterable
 from hyperpod_lab.events import Event, EventKind
 
 OPERATOR_WRITER = "operator"  # the EKS backend's writer (schedulers/eks.py): see docs/events.md
+NODE_DOWN = "node down"  # fault.detected.reason of the supervisor's report of a node Slurm marked DOWN
 
 _STEP = EventKind.STEP.value
 _STARTED = EventKind.STARTED.value
@@ -61,6 +81,13 @@ _RECOVERED = EventKind.RECOVERY_COMPLETED.value
 _SAVED = EventKind.CHECKPOINT_SAVED.value
 _RESTORED = EventKind.CHECKPOINT_RESTORED.value
 _FINISHED = EventKind.FINISHED.value
+_HEALTH_CHECKED = EventKind.HEALTH_CHECKED.value
+_HEALTH_FAILED = EventKind.HEALTH_FAILED.value
+_NODE_EXCLUDED = EventKind.NODE_EXCLUDED.value
+_HEALTH_WRITER = "health-"  # a node's health-check writer is health-<node>
+
+#: characters of a health check's ``detail`` kept in the facts (the JobView carries them)
+MAX_DETAIL = 300
 
 
 def _num(x: Any) -> float | None:
@@ -69,6 +96,18 @@ def _num(x: Any) -> float | None:
 
 def _int(x: Any) -> int | None:
     return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def _detail(x: Any) -> str | None:
+    if x is None:
+        return None
+    s = str(x)
+    return s if len(s) <= MAX_DETAIL else s[:MAX_DETAIL - 1] + "…"
+
+
+def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
+    """Seconds shared by the intervals ``[a0, a1]`` and ``[b0, b1]``."""
+    return max(0.0, min(a1, b1) - max(a0, b0))
 
 
 def _total_steps_from_spec(spec: dict) -> int | None:
@@ -121,6 +160,15 @@ class JobFacts:
         last_step_time: time of the newest ``step`` event, or None.
         wall_s: ``last_time - first_time`` (0.0 before any event).
         status: ``finished.status``, or None before ``finished``.
+        excluded_nodes: one dict per excluded node, in order: ``node``, ``reason``, ``faults``
+            (faults counted on it, as the supervisor wrote), ``time`` (first excluded),
+            ``incident`` (index in ``incidents`` of the incident open then, or None).
+        health: ``{node: {"ok", "failed": {check: detail}, "skipped": [check], "seconds",
+            "time", "run"}}``, each node's newest pre-flight result (``run``: index in
+            ``preflight_runs``), nodes in the order first checked.
+        preflight_runs: one dict per pre-flight run: ``start``, ``end`` (epoch s), ``nodes``
+            (``health.checked`` events), ``failed`` (nodes whose checks failed).
+        preflight_s: total seconds of the pre-flight runs (0.0 before any).
 
     Args:
         saved: a :meth:`to_dict` result to continue from (the server keeps them in its store);
@@ -151,6 +199,11 @@ class JobFacts:
         self.last_time: float | None = d.get("last_time")
         self.last_step_time: float | None = d.get("last_step_time")
         self.status: str | None = d.get("status")
+        self.excluded_nodes: list[dict[str, Any]] = [dict(x) for x in d.get("excluded_nodes") or []]
+        self.health: dict[str, dict[str, Any]] = {str(k): dict(v) for k, v in (d.get("health") or {}).items()}
+        self.preflight_runs: list[dict[str, Any]] = [dict(r) for r in d.get("preflight_runs") or []]
+        # the newest run takes more health events: no started nor step event came since its last
+        self.preflight_open = bool(d.get("preflight_open", False))
         # a summary saved before incidents were kept: keep its totals
         self._saved_downtime = float(d.get("downtime_s") or 0.0) if not self.incidents else 0.0
 
@@ -177,8 +230,10 @@ class JobFacts:
         self.last_time = t if self.last_time is None else max(self.last_time, t)
         d, kind = ev.data, ev.kind
         if kind == _STEP:
+            self.preflight_open = False
             self._on_step(ev, t)
         elif kind == _STARTED:
+            self.preflight_open = False
             if self.started_time is None:
                 self.started_time = t
         elif kind == _SAVED:
@@ -193,6 +248,10 @@ class JobFacts:
             self._on_fault(ev, t)
         elif kind == _RECOVERED:
             self._on_recovered(ev, t)
+        elif kind in (_HEALTH_CHECKED, _HEALTH_FAILED):
+            self._on_health(ev, t)
+        elif kind == _NODE_EXCLUDED:
+            self._on_excluded(ev, t)
         elif kind == _FINISHED:
             steps = _int(d.get("steps"))
             if steps is not None and steps > 0:
@@ -228,6 +287,13 @@ class JobFacts:
         at = _num(ev.data.get("detected_at"))
         at = t if at is None else at
         inc = self.open_incident
+        late = inc is None and ev.data.get("reason") == NODE_DOWN
+        excluded = self._excluded_entry(ev.data.get("node")) if late else None
+        if excluded is not None:  # Slurm's late word on a node the job left: no new incident
+            k = excluded.get("incident")
+            if isinstance(k, int) and 0 <= k < len(self.incidents):
+                self.incidents[k]["fault_events"] += 1
+            return
         if inc is None:
             inc = _new_incident(at, self.step, self.last_step_time)
             self.incidents.append(inc)
@@ -267,6 +333,79 @@ class JobFacts:
             self._end(inc, t)
         elif not runtime and inc["reported_downtime_s"] is None and inc["detected_at"] is None:
             inc["reported_downtime_s"] = _num(d.get("downtime_s"))
+
+    def _node_of(self, ev: Event) -> str | None:
+        node = ev.data.get("node")
+        if isinstance(node, str) and node:
+            return node
+        return ev.writer[len(_HEALTH_WRITER):] if ev.writer.startswith(_HEALTH_WRITER) else None
+
+    def _on_health(self, ev: Event, t: float) -> None:
+        """A node's pre-flight result (``health.checked``) or one failed check (``health.failed``):
+        the node's health and the pre-flight run; never an incident."""
+        d = ev.data
+        node = self._node_of(ev)
+        secs = _num(d.get("seconds")) if ev.kind == _HEALTH_CHECKED else None
+        begin = t - secs if secs is not None and secs > 0 else t
+        if self.preflight_open and self.preflight_runs:
+            run = self.preflight_runs[-1]
+            run["start"], run["end"] = min(run["start"], begin), max(run["end"], t)
+        else:
+            run = {"start": begin, "end": t, "nodes": 0, "failed": 0}
+            self.preflight_runs.append(run)
+            self.preflight_open = True
+        idx = len(self.preflight_runs) - 1
+        if node is None:
+            return
+        cur = self.health.get(node)
+        same_run = cur is not None and cur.get("run") == idx
+        was_ok = cur.get("ok") is not False if same_run else True
+        if ev.kind == _HEALTH_CHECKED:
+            run["nodes"] += 1
+            checks = d.get("checks") if isinstance(d.get("checks"), dict) else {}
+            failed = {str(k): _detail(c.get("detail")) for k, c in checks.items()
+                      if isinstance(c, dict) and c.get("status") == "failed"}
+            skipped = [str(k) for k, c in checks.items() if isinstance(c, dict) and c.get("status") == "skipped"]
+            if same_run:  # its health.failed events came first: keep their checks too
+                failed = {**cur["failed"], **failed}
+            ok = d.get("ok") if isinstance(d.get("ok"), bool) else not failed
+            ok = ok and not failed
+            rec = {"ok": ok, "failed": failed, "skipped": skipped, "seconds": secs, "time": t, "run": idx}
+        else:
+            check = str(d.get("check") or "unknown")
+            rec = dict(cur) if same_run else {"ok": False, "failed": {}, "skipped": [], "seconds": None,
+                                              "time": t, "run": idx}
+            rec["failed"] = {**rec["failed"], check: _detail(d.get("detail"))}
+            rec["ok"] = False
+        if was_ok and rec["ok"] is False:
+            run["failed"] += 1
+        self.health[node] = rec
+
+    def _excluded_entry(self, node: Any) -> dict[str, Any] | None:
+        if not isinstance(node, str):
+            return None
+        return next((x for x in self.excluded_nodes if x["node"] == node), None)
+
+    def _on_excluded(self, ev: Event, t: float) -> None:
+        """``node.excluded``: the job's next placements avoid the node; never an incident."""
+        d = ev.data
+        node = self._node_of(ev)
+        inc = self.open_incident
+        at = len(self.incidents) - 1 if inc is not None else None
+        for other in d.get("excluded") or []:
+            if isinstance(other, str) and other != node and self._excluded_entry(other) is None:
+                self.excluded_nodes.append({"node": other, "reason": None, "faults": None, "time": t,
+                                            "incident": at})
+        if node is None:
+            return
+        entry = self._excluded_entry(node)
+        if entry is None:
+            entry = {"node": node, "reason": None, "faults": None, "time": t, "incident": at}
+            self.excluded_nodes.append(entry)
+        if d.get("reason") is not None:
+            entry["reason"] = _detail(d["reason"])
+        if _int(d.get("faults")) is not None:
+            entry["faults"] = d["faults"]
 
     def _end(self, inc: dict[str, Any], t: float, again: bool = False) -> None:
         """The incident's first completed step after recovery is at ``t``: its downtime and lost time."""
@@ -312,6 +451,11 @@ class JobFacts:
         return sum(i["lost_s"] for i in self.incidents if i["end_at"] is not None and i["lost_s"] is not None)
 
     @property
+    def preflight_s(self) -> float:
+        """Total seconds of the pre-flight runs (each from its first check's start to its newest event)."""
+        return sum(max(0.0, r["end"] - r["start"]) for r in self.preflight_runs)
+
+    @property
     def wall_s(self) -> float:
         """Seconds from the first event folded to the newest (0.0 before any)."""
         return 0.0 if self.first_time is None else self.last_time - self.first_time
@@ -333,7 +477,12 @@ class JobFacts:
                 "checkpoints": self.checkpoints, "restores": self.restores, "status": self.status,
                 "first_time": self.first_time, "started_time": self.started_time, "last_time": self.last_time,
                 "last_step_time": self.last_step_time, "wall_s": self.wall_s,
-                "incidents": [dict(i) for i in self.incidents]}
+                "incidents": [dict(i) for i in self.incidents],
+                "excluded_nodes": [dict(x) for x in self.excluded_nodes],
+                "health": {k: {**v, "failed": dict(v["failed"]), "skipped": list(v["skipped"])}
+                           for k, v in self.health.items()},
+                "preflight_runs": [dict(r) for r in self.preflight_runs], "preflight_open": self.preflight_open,
+                "preflight_s": self.preflight_s}
 
 
 def fold(events: Iterable[Event], spec: dict | None = None) -> JobFacts:

@@ -176,6 +176,136 @@ def test_downtime_definition_detection_to_first_completed_step():
     assert f.downtimes_s == [9.5] and f.lost_s == 12.5
 
 
+def _passed(seconds=0.2):
+    return {"status": "passed", "detail": "", "seconds": seconds}
+
+
+def preflight_then_training():
+    """Three nodes' pre-flight health checks before training: n0 passes (its clock check
+    skipped), n1 fails its /dev/shm check (reported twice: health.failed, then its
+    health.checked) and is excluded, spare n2 passes; training starts on n0 and n2. Later Slurm
+    marks the excluded n1 DOWN."""
+    ev = mk()
+    shm = {"status": "failed", "detail": "/dev/shm is 64 MiB, needs 1 GiB", "seconds": 0.1}
+    out = [ev("submitted", 99.0, "client"),
+           ev("health.checked", 103.0, "health-n0", node="n0", ok=True, seconds=2.5,
+              checks={"gpu": _passed(), "shm": _passed(), "storage": _passed(), "versions": _passed(),
+                      "clock": {"status": "skipped", "detail": "no chrony", "seconds": 0.0}}),
+           ev("health.failed", 103.4, "health-n1", node="n1", check="shm", detail=shm["detail"]),
+           ev("health.checked", 103.5, "health-n1", node="n1", ok=False, seconds=3.1,
+              checks={"gpu": _passed(), "shm": shm, "storage": _passed(), "versions": _passed(),
+                      "clock": _passed()}),
+           ev("node.excluded", 103.6, "supervisor", node="n1", reason="health check failed: shm", faults=0,
+              excluded=["n1"]),
+           ev("health.checked", 106.0, "health-n2", ok=True, seconds=2.0,  # no node field: from its writer
+              checks={"gpu": _passed(), "shm": _passed()}),
+           ev("started", 107.0, world_size=2)]
+    out += [ev("step", 108.0 + s, step=s, loss=5.0 - s) for s in range(5)]
+    out += [ev("fault.detected", 130.0, "supervisor", reason="node down", node="n1", rank=[2, 3],
+               slurm_state="DOWN")]
+    return out
+
+
+def test_preflight_health_failure_is_no_fault():
+    f = fold(preflight_then_training())
+    assert f.faults == 0 and f.recoveries == 0 and f.incidents == [] and f.downtime_s == 0.0
+    assert f.fault_events == 1  # the excluded node's node-down report is counted, opens nothing
+    assert f.excluded_nodes == [{"node": "n1", "reason": "health check failed: shm", "faults": 0, "time": 103.6,
+                                 "incident": None}]
+    assert list(f.health) == ["n0", "n1", "n2"]
+    assert f.health["n0"] == {"ok": True, "failed": {}, "skipped": ["clock"], "seconds": 2.5, "time": 103.0,
+                              "run": 0}
+    assert f.health["n1"]["ok"] is False and f.health["n1"]["failed"] == {"shm": "/dev/shm is 64 MiB, needs 1 GiB"}
+    assert f.health["n1"]["skipped"] == [] and f.health["n1"]["seconds"] == 3.1
+    assert f.health["n2"]["ok"] is True
+    # one run: from n1's start (103.5 - 3.1) to n2's report (106.0); the started event closes it
+    (run,) = f.preflight_runs
+    assert run == {"start": pytest.approx(100.4), "end": 106.0, "nodes": 3, "failed": 1}
+    assert f.preflight_s == pytest.approx(5.6)
+    d = f.to_dict()
+    assert d["excluded_nodes"] == f.excluded_nodes and d["health"]["n1"]["failed"] == {"shm": "/dev/shm is 64 MiB, "
+                                                                                             "needs 1 GiB"}
+    assert d["preflight_s"] == pytest.approx(5.6) and d["faults"] == 0
+
+
+def test_health_failed_alone_marks_the_node_and_a_long_detail_is_cut():
+    ev = mk()
+    f = fold([ev("health.failed", 10.0, "health-n4", node="n4", check="gpu", detail="x" * 5000),
+              ev("health.failed", 10.1, "health-n4", node="n4", check="storage", detail="/fsx not mounted")])
+    assert f.health["n4"]["ok"] is False and list(f.health["n4"]["failed"]) == ["gpu", "storage"]
+    assert len(f.health["n4"]["failed"]["gpu"]) <= 300 and f.health["n4"]["seconds"] is None
+    assert f.preflight_runs == [{"start": 10.0, "end": 10.1, "nodes": 0, "failed": 1}] and f.faults == 0
+
+
+def node_down_during_training():
+    """Node n1 (ranks 2, 3) dies with its agent after step 9: n0's agent reports its worker's
+    broken collective, then Slurm marks n1 DOWN (the supervisor's node-down report joins the
+    open incident) and the supervisor excludes it; spare n2 is checked, training restarts from
+    step 7. Slurm's DOWN is reported once more after the recovery: the job no longer uses n1."""
+    ev = mk()
+    out = [ev("started", 99.0, world_size=4)]
+    out += [ev("step", 100.0 + s, step=s, loss=1.0) for s in range(10)]  # step 9 at 109
+    out += [ev("fault.detected", 110.0, "agent-n0", rank=0, node="n0", exitcode=1),
+            ev("recovery.started", 110.1, "agent-n0", restart_count=1, reason="local worker failed"),
+            ev("fault.detected", 112.0, "supervisor", reason="node down", node="n1", rank=[2, 3],
+               slurm_state="DOWN"),
+            ev("node.excluded", 112.1, "supervisor", node="n1", reason="faulted twice", faults=2,
+               excluded=["n3", "n1"]),
+            ev("health.checked", 115.0, "health-n2", node="n2", ok=True, seconds=2.0,
+               checks={"gpu": _passed(), "shm": _passed()}),
+            ev("started", 116.0, world_size=4),
+            ev("recovery.completed", 120.0, restored_step=7, restart_count=1, downtime_s=10.0,
+               restored_from="persistent"),
+            ev("step", 120.0, step=8, loss=1.0),
+            ev("step", 121.0, step=9, loss=1.0),
+            ev("fault.detected", 125.0, "supervisor", reason="node down", node="n1", rank=[2, 3],
+               slurm_state="DOWN")]
+    return out
+
+
+def test_node_down_is_one_incident_with_the_agents_reports():
+    f = fold(node_down_during_training())
+    assert f.faults == 1 and f.recoveries == 1 and f.fault_events == 3
+    (inc,) = f.incidents
+    assert inc["fault_events"] == 3 and inc["detected_at"] == 110.0 and f.downtimes_s == [10.0]
+    # n3 (in the supervisor's list, excluded earlier) first, then n1, excluded during incident 0
+    assert [(x["node"], x["reason"], x["faults"], x["incident"]) for x in f.excluded_nodes] == [
+        ("n3", None, None, 0), ("n1", "faulted twice", 2, 0)]
+    assert f.preflight_runs == [{"start": 113.0, "end": 115.0, "nodes": 1, "failed": 0}]
+    assert f.health["n2"]["ok"] is True and f.preflight_s == 2.0
+
+
+def test_node_down_alone_opens_an_incident():
+    """Slurm is the only one to notice (no agent left on the node, no survivor yet failed): the
+    supervisor's report opens the incident; a node-down of a node not excluded after the
+    incident closed is a new one."""
+    ev = mk()
+    events = [ev("step", 1.0, step=0, loss=1.0),
+              ev("fault.detected", 2.0, "supervisor", reason="node down", node="n1", rank=[1], slurm_state="DOWN"),
+              ev("recovery.completed", 6.0, restored_step=0, restart_count=1, downtime_s=4.0),
+              ev("step", 6.0, step=1, loss=1.0),
+              ev("fault.detected", 9.0, "supervisor", reason="node down", node="n1", rank=[1],
+                 slurm_state="DOWN")]
+    f = fold(events)
+    assert f.faults == 2 and f.recoveries == 1 and f.downtimes_s == [4.0] and f.open_incident is f.incidents[1]
+    # an agent's report of an excluded node (still running there until the next placement) is a fault
+    excluded = ev("node.excluded", 7.0, "supervisor", node="n1", reason="faulted twice", faults=2, excluded=["n1"])
+    agent = ev("fault.detected", 9.0, "agent-n1", rank=1, node="n1", signal="SIGKILL")
+    assert fold(events[:4] + [excluded, agent]).faults == 2
+    assert fold(events[:4] + [excluded, events[4]]).faults == 1  # Slurm's late word on it is not
+
+
+@pytest.mark.parametrize("make", [checkpoint_restart, preflight_then_training, node_down_during_training])
+def test_saved_dict_round_trip_continues_the_fold_with_every_kind(make):
+    events = make()
+    whole = fold(events).to_dict()
+    for cut in range(len(events) + 1):
+        g = JobFacts(json.loads(json.dumps(fold(events[:cut]).to_dict(), allow_nan=False)))
+        for e in events[cut:]:
+            g.update(e)
+        assert g.to_dict() == whole, cut
+
+
 def test_saved_dict_round_trip_continues_the_fold():
     events = checkpoint_restart()
     for cut in range(len(events) + 1):
