@@ -349,6 +349,50 @@ def test_measure_from_events():
     assert m["goodput"] + sum(lost.values()) / m["wall_s"] == pytest.approx(1.0)
 
 
+def job_events_with_health_checks():
+    """job_events with the nodes' pre-flight health checks: before the start (n0 from 99.2 to
+    99.6, n3 from 99.1 to 99.8, where n3's /dev/shm check fails and n3 is excluded; spare n2
+    from 99.5 to 99.9) and again during the restart (n2, 1 s ending 1.5 s after the
+    detection)."""
+    base = job_events()
+    fault = next(e for e in base if e.kind == "fault.detected").time
+    ok = {"status": "passed", "detail": "", "seconds": 0.1}
+    extra = [ev("health.checked", 99.6, "health-n0", node="n0", ok=True, seconds=0.4, checks={"gpu": ok}),
+             ev("health.failed", 99.8, "health-n3", node="n3", check="shm", detail="64 MiB"),
+             ev("health.checked", 99.8, "health-n3", node="n3", ok=False, seconds=0.7,
+                checks={"gpu": ok, "shm": {"status": "failed", "detail": "64 MiB"}}),
+             ev("node.excluded", 99.85, "supervisor", node="n3", reason="health check failed: shm", faults=0,
+                excluded=["n3"]),
+             ev("health.checked", 99.9, "health-n2", node="n2", ok=True, seconds=0.4, checks={"gpu": ok}),
+             ev("health.checked", fault + 1.5, "health-n2", node="n2", ok=True, seconds=1.0, checks={"gpu": ok})]
+    return base + extra
+
+
+def test_measure_counts_the_health_checks_as_their_own_part():
+    events = job_events_with_health_checks()
+    plain = gp.measure_from_events(job_events())
+    m = gp.measure_from_events(events)
+    json.dumps(m, allow_nan=False)
+    assert m["faults"] == 1 and len(m["recoveries"]) == 1  # a failed health check is no fault
+    assert m["step_time_s"] == pytest.approx(0.5) and m["steps"] == 12
+    # the wall time starts with the first pre-flight run (99.1), before 'started' (100)
+    assert m["wall_s"] == pytest.approx(plain["wall_s"] + 0.9)
+    lost = m["lost_s"]
+    assert lost["health_check"] == pytest.approx(0.8 + 1.0)  # 99.1-99.9 and the 1 s during the restart
+    (r,) = m["recoveries"]
+    assert r["downtime_s"] == pytest.approx(3.0) and r["health_check_s"] == pytest.approx(1.0)
+    assert r["restore_s"] == pytest.approx(0.4) and r["restart_s"] == pytest.approx(1.6)
+    assert r["restore_s"] + r["restart_s"] + r["health_check_s"] == pytest.approx(r["downtime_s"])
+    assert lost["restart"] == pytest.approx(1.6) and lost["restore"] == pytest.approx(0.4)
+    assert lost["other"] == pytest.approx(0.1)  # 99.9 to the start at 100
+    assert m["useful_s"] + sum(lost.values()) == pytest.approx(m["wall_s"])
+    assert plain["lost_s"]["health_check"] == 0.0
+    # the projection's restart includes the checks a restart runs
+    assert gp.project(m, 64, "0.04%")["restart_s"] == pytest.approx(2.6)
+    assert "health checks 1 s" in gp.report_text(gp.advise(64, "0.04%", checkpoint_cost_s=1, step_time_s=1),
+                                                 measured=m)
+
+
 def test_project_from_measurement():
     m = gp.measure_from_events(job_events())
     p = gp.project(m, 2048, "0.0161%")
@@ -410,6 +454,15 @@ def jobs(draw):
         return Event(kind=kind, job_id="j", time=t, writer=writer, seq=seq[writer], data=data)
 
     t, step, out = 0.0, 0, [e("started", 0.0)]
+    if draw(st.booleans()):  # pre-flight health checks before the start, of any length
+        for n in range(draw(st.integers(1, 3))):
+            at = -draw(st.floats(0.0, 3.0))
+            out.append(e("health.checked", at, f"health-n{n}", node=f"n{n}", ok=n != 1,
+                         seconds=draw(st.floats(0.0, 10.0)), checks={}))
+            if n == 1:
+                out.append(e("health.failed", at, f"health-n{n}", node="n1", check="shm", detail="small"))
+                out.append(e("node.excluded", at + 0.01, "supervisor", node="n1", reason="health check failed",
+                             faults=0, excluded=["n1"]))
     for i in range(draw(st.integers(0, 3)) + 1):
         dt = draw(st.floats(0.01, 2.0))
         for _ in range(draw(st.integers(1, 8))):
@@ -426,6 +479,12 @@ def jobs(draw):
             out.append(e("fault.detected", t, "agent-n1", rank=1))
             if draw(st.booleans()):
                 out.append(e("fault.detected", t + draw(st.floats(0.0, 3.0)), "agent-n0", rank=0))
+            if draw(st.booleans()):
+                out.append(e("fault.detected", t + draw(st.floats(0.0, 30.0)), "supervisor", reason="node down",
+                             node="n1", rank=[1], slurm_state="DOWN"))
+            if draw(st.booleans()):  # a requeue checks the nodes again, at any time (even past the recovery)
+                out.append(e("health.checked", t + draw(st.floats(0.0, 25.0)), "health-n2", node="n2",
+                             ok=True, seconds=draw(st.floats(0.0, 30.0)), checks={}))
             down = draw(st.floats(0.0, 20.0))
             out.append(e("checkpoint.restored", t + draw(st.floats(0.0, 25.0)), tier="persistent", step=0,
                          seconds=draw(st.floats(0.0, 30.0))))
@@ -455,8 +514,8 @@ def test_lost_time_adds_up_to_the_wall_time_with_no_negative_part(events):
         assert m["useful_s"] >= 0.0 and 0.0 <= (m["goodput"] or 0.0) <= 1.0
         assert m["useful_s"] + sum(parts) == pytest.approx(m["wall_s"], abs=1e-9)
     for r in m["recoveries"]:
-        assert min(r["downtime_s"], r["restore_s"], r["restart_s"]) >= 0.0
-        assert r["restore_s"] + r["restart_s"] == pytest.approx(r["downtime_s"])
+        assert min(r["downtime_s"], r["restore_s"], r["restart_s"], r["health_check_s"]) >= 0.0
+        assert r["restore_s"] + r["restart_s"] + r["health_check_s"] == pytest.approx(r["downtime_s"])
 
 
 def test_advise_is_json_and_recommends_daly():

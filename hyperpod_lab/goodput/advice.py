@@ -196,15 +196,17 @@ def report_text(advice: dict, measured: dict | None = None, projection: dict | N
         st = "-" if mm["step_time_s"] is None else f"{mm['step_time_s']:.3g} s"
         lines.append(f"measured ({mm['job_id']}): {mm['steps']} steps in {mm['wall_s']:.4g} s, step {st}, "
                      f"goodput {_pct(mm['goodput'])}, {mm['faults']} faults, {len(mm['recoveries'])} recoveries")
-        lines.append("  lost: " + ", ".join(f"{k} {_pct(v)}" for k, v in mm["lost_fraction"].items()))
+        lines.append("  lost: " + ", ".join(f"{k} {_pct(v)}" for k, v in mm["lost_fraction"].items()
+                                            if k != "health_check" or v))  # only jobs that ran the checks
         for name, t in mm["tiers"].items():
             every = "-" if t["interval_steps"] is None else f"{t['interval_steps']:g}"
             rs = "" if t["restore_s"] is None else f", restore {t['restore_s']:.3g} s"
             lines.append(f"  tier {name}: {t['checkpoints']} checkpoints, every {every} steps, "
                          f"blocked {t['blocked_s']:.3g} s each{rs}")
         for r in mm["recoveries"]:
+            hc = f", health checks {r['health_check_s']:.3g} s" if r.get("health_check_s") else ""
             lines.append(f"  recovery from {r['restored_from']}: downtime {r['downtime_s']:.3g} s (restore "
-                         f"{r['restore_s']:.3g} s), {r['recomputed_steps']} steps recomputed")
+                         f"{r['restore_s']:.3g} s{hc}), {r['recomputed_steps']} steps recomputed")
     if projection is not None:
         p = projection
         lines.append(f"projected with the job's measured costs at {p['instances']} instances: "

@@ -28,13 +28,17 @@ from hyperpod_lab.goodput.scenario import (
 
 
 _BREAKS = frozenset(k.value for k in (EventKind.STARTED, EventKind.FAULT_DETECTED, EventKind.RECOVERY_STARTED,
-                                      EventKind.RECOVERY_COMPLETED))
+                                      EventKind.RECOVERY_COMPLETED, EventKind.HEALTH_CHECKED,
+                                      EventKind.HEALTH_FAILED))
 _STEP = EventKind.STEP.value
 _SAVED = EventKind.CHECKPOINT_SAVED.value
 # the order in which lost time is granted when the estimates overlap (see measure_from_events):
-# measured intervals first (a recovery's restore and restart, the checkpoint stalls), then the
-# bounds (detection: an upper bound; recomputation: overlaps the first step after a recovery)
-_LOST_ORDER = ("restore", "restart", "checkpoint", "detect", "recompute")
+# measured intervals first (the pre-flight health checks, a recovery's restore and restart, the
+# checkpoint stalls), then the bounds (detection: an upper bound; recomputation: overlaps the
+# first step after a recovery)
+_LOST_ORDER = ("health_check", "restore", "restart", "checkpoint", "detect", "recompute")
+#: the parts of ``lost_s`` besides ``other``, in display order
+LOST_PARTS = ("health_check", "checkpoint", "detect", "restart", "restore", "recompute")
 
 #: items (step events, breaks, checkpoint stalls) a meter holds before it settles the oldest
 DEFAULT_WINDOW = 256
@@ -189,12 +193,19 @@ class _TierStats:
         return statistics.median(gaps) if gaps else None
 
 
-def _recovery(inc: dict, step_time: float | None) -> dict:
+def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
+    return max(0.0, min(a1, b1) - max(a0, b0))
+
+
+def _recovery(inc: dict, step_time: float | None, preflight_runs: list[dict] = ()) -> dict:
     """One recovered incident of the job facts fold as the goodput measurement sees it."""
     down = float(inc["downtime_s"])
     detect = (max(0.0, inc["detected_at"] - inc["last_step_time"])
               if inc["detected_at"] is not None and inc["last_step_time"] is not None else None)
     restore = min(float(inc["restore_s"]), down)
+    # the pre-flight health checks run during the downtime (a requeued job checks its nodes again)
+    end = float(inc["end_at"])
+    health = min(down - restore, sum(_overlap(r["start"], r["end"], end - down, end) for r in preflight_runs))
     reached = (inc["last_step"] + 1) if isinstance(inc["last_step"], int) else 0  # steps done before the fault
     if isinstance(inc.get("resumed_step"), int):
         resume = inc["resumed_step"]  # checkpointless: the step redone first
@@ -205,7 +216,7 @@ def _recovery(inc: dict, step_time: float | None) -> dict:
     redo = max(0, reached - resume)
     return {"time": inc["end_at"], "downtime_s": down, "restored_from": inc["restored_from"],
             "restored_step": inc["restored_step"], "detect_s": detect, "restore_s": restore,
-            "restart_s": down - restore, "recomputed_steps": redo,
+            "health_check_s": health, "restart_s": max(0.0, down - restore - health), "recomputed_steps": redo,
             "recompute_s": redo * step_time if step_time is not None else None}
 
 
@@ -320,9 +331,12 @@ class GoodputMeter:
         step_time = dt_sum / dstep_sum if dstep_sum else None
 
         t0 = facts.started_time if facts.started_time is not None else facts.first_time
+        runs = facts.preflight_runs
+        if runs:  # the pre-flight health checks before the first start are the job's time too
+            t0 = min(t0, max(facts.first_time, min(r["start"] for r in runs)))
         wall = max(0.0, facts.last_time - t0)
         n_steps = facts.steps
-        recoveries = [_recovery(inc, step_time) for inc in facts.incidents
+        recoveries = [_recovery(inc, step_time, runs) for inc in facts.incidents
                       if inc["recovered_at"] is not None and inc["end_at"] is not None
                       and isinstance(inc["downtime_s"], (int, float))]
 
@@ -335,7 +349,8 @@ class GoodputMeter:
                            "restore_s": statistics.median(rs) if rs else None}
 
         useful = min(wall, n_steps * step_time) if step_time is not None else None
-        estimates = {"checkpoint": sum(t["blocked_total_s"] for t in tiers.values()),
+        estimates = {"health_check": sum(_overlap(r["start"], r["end"], t0, facts.last_time) for r in runs),
+                     "checkpoint": sum(t["blocked_total_s"] for t in tiers.values()),
                      "detect": sum(r["detect_s"] or 0.0 for r in recoveries),
                      "restart": sum(r["restart_s"] for r in recoveries),
                      "restore": sum(r["restore_s"] for r in recoveries),
@@ -345,7 +360,7 @@ class GoodputMeter:
         for k in _LOST_ORDER:
             granted[k] = min(max(0.0, estimates[k]), left)
             left -= granted[k]
-        lost = {k: granted[k] for k in ("checkpoint", "detect", "restart", "restore", "recompute")}
+        lost = {k: granted[k] for k in LOST_PARTS}
         lost["other"] = left if useful is not None else None
         return {"job_id": self.job_id, "wall_s": wall, "steps": n_steps, "step_time_s": step_time,
                 "useful_s": useful, "goodput": (useful / wall if useful is not None and wall > 0 else None),
@@ -370,7 +385,9 @@ def measure_from_events(events: Iterable) -> dict:
     Returns:
         A JSON-serialisable dict (seconds unless named otherwise):
 
-        * ``wall_s``: first ``started`` (else first event) to the last event;
+        * ``wall_s``: first ``started`` (else first event) to the last event; the first
+          pre-flight run's start when it comes earlier (its health checks run on the job's
+          nodes before training starts);
         * ``steps``: useful steps (``finished.steps``, else the highest step + 1);
         * ``step_time_s``: seconds per step between consecutive ``step`` events of one run,
           minus the checkpoint stalls that began between them;
@@ -383,16 +400,20 @@ def measure_from_events(events: Iterable) -> dict:
           step after the recovery), ``restored_from``, ``restored_step``, ``detect_s`` (last
           ``step`` event to the first detection: an upper bound, steps are reported at most
           once a second), ``restore_s`` (slowest ``checkpoint.restored`` ``seconds`` of the
-          incident, at most the downtime), ``restart_s`` (= downtime - restore),
+          incident, at most the downtime), ``health_check_s`` (seconds of pre-flight runs
+          within the downtime, at most downtime - restore), ``restart_s`` (= downtime -
+          restore - health_check),
           ``recomputed_steps`` and ``recompute_s`` (from the last ``step`` event before the
           fault: a lower bound, for the same reason). Detection is counted once: in
           ``detect_s``, never in the downtime;
-        * ``lost_s`` and ``lost_fraction``: wall time lost to ``checkpoint``, ``detect``,
-          ``restart``, ``restore``, ``recompute``, and ``other`` (the rest: first start-up,
-          evaluation, rounding). With a step time, ``useful_s + sum(lost_s) == wall_s`` and no
-          part is negative: where the per-recovery estimates overlap (a bound taken twice),
-          the parts are granted in the order restore, restart, checkpoint, detect, recompute,
-          each at most what is left of the wall time. Without one, ``other``, ``useful_s`` and
+        * ``lost_s`` and ``lost_fraction``: wall time lost to ``health_check`` (the pre-flight
+          runs of the nodes' health checks, ``health.checked``/``health.failed``, within the
+          wall time: never a fault), ``checkpoint``, ``detect``, ``restart``, ``restore``,
+          ``recompute``, and ``other`` (the rest: first start-up, evaluation, rounding). With a
+          step time, ``useful_s + sum(lost_s) == wall_s`` and no part is negative: where the
+          estimates overlap (a bound taken twice), the parts are granted in the order
+          health_check, restore, restart, checkpoint, detect, recompute, each at most what is
+          left of the wall time. Without one, ``other``, ``useful_s`` and
           ``goodput`` are null and the parts add up to at most ``wall_s``.
 
     Raises:
@@ -446,7 +467,7 @@ def project(measured: dict, instances: int, failure_rate: float | str, *, heal_s
         raise GoodputInputError("measured", "no checkpoint.saved events yet: nothing to project from")
     recs = measured.get("recoveries", [])
     det = [r["detect_s"] for r in recs if r["detect_s"] is not None]
-    rst = [r["restart_s"] for r in recs]
+    rst = [r["restart_s"] + (r.get("health_check_s") or 0.0) for r in recs]  # a restart checks its nodes again
     detect = detect_s if detect_s is not None else (statistics.median(det) if det else DEFAULT_DETECT_S)
     restart = restart_s if restart_s is not None else (statistics.median(rst) if rst else DEFAULT_RESTART_S)
     base = Scenario(instances=instances, failure_rate_per_instance_hour=failure_rate,
