@@ -52,8 +52,8 @@ Definitions (also in ``docs/events.md``):
 * **pre-flight**: the ``health.checked`` / ``health.failed`` events of the nodes' health
   checks, written before training (re)starts. They are never a fault: a node that fails its
   checks is excluded or the job fails before step 0, with no incident, recovery or downtime.
-  A **pre-flight run** is the health events with no ``started`` or ``step`` event between
-  them; it spans from the earliest ``time - seconds`` of its ``health.checked`` events (each
+  A **pre-flight run** is the health events of one ``run_id`` (the supervisor's name of the
+  run), else those with no ``started`` or ``step`` event between them; it spans from the earliest ``time - seconds`` of its ``health.checked`` events (each
   node's checks began then) to its newest event; ``preflight_s`` sums the runs' spans.
 * **health** of a node: its newest pre-flight run's result: ``ok``, the ``failed`` checks
   with their detail, the ``skipped`` checks, ``seconds``.
@@ -166,7 +166,7 @@ class JobFacts:
         health: ``{node: {"ok", "failed": {check: detail}, "skipped": [check], "seconds",
             "time", "run"}}``, each node's newest pre-flight result (``run``: index in
             ``preflight_runs``), nodes in the order first checked.
-        preflight_runs: one dict per pre-flight run: ``start``, ``end`` (epoch s), ``nodes``
+        preflight_runs: one dict per pre-flight run: ``run_id``, ``start``, ``end`` (epoch s), ``nodes``
             (``health.checked`` events), ``failed`` (nodes whose checks failed).
         preflight_s: total seconds of the pre-flight runs (0.0 before any).
 
@@ -347,13 +347,21 @@ class JobFacts:
         node = self._node_of(ev)
         secs = _num(d.get("seconds")) if ev.kind == _HEALTH_CHECKED else None
         begin = t - secs if secs is not None and secs > 0 else t
-        if self.preflight_open and self.preflight_runs:
-            run = self.preflight_runs[-1]
-            run["start"], run["end"] = min(run["start"], begin), max(run["end"], t)
+        rid = d.get("run_id") if isinstance(d.get("run_id"), (str, int)) else None
+        last = self.preflight_runs[-1] if self.preflight_runs else None
+        if last is not None and rid is not None and last.get("run_id") is not None:
+            joins = last["run_id"] == rid  # the supervisor names each run
         else:
-            run = {"start": begin, "end": t, "nodes": 0, "failed": 0}
+            joins = last is not None and self.preflight_open
+        if joins:
+            run = last
+            run["start"], run["end"] = min(run["start"], begin), max(run["end"], t)
+            if run.get("run_id") is None:
+                run["run_id"] = rid
+        else:
+            run = {"run_id": rid, "start": begin, "end": t, "nodes": 0, "failed": 0}
             self.preflight_runs.append(run)
-            self.preflight_open = True
+        self.preflight_open = True
         idx = len(self.preflight_runs) - 1
         if node is None:
             return

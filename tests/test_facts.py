@@ -220,7 +220,7 @@ def test_preflight_health_failure_is_no_fault():
     assert f.health["n2"]["ok"] is True
     # one run: from n1's start (103.5 - 3.1) to n2's report (106.0); the started event closes it
     (run,) = f.preflight_runs
-    assert run == {"start": pytest.approx(100.4), "end": 106.0, "nodes": 3, "failed": 1}
+    assert run == {"run_id": None, "start": pytest.approx(100.4), "end": 106.0, "nodes": 3, "failed": 1}
     assert f.preflight_s == pytest.approx(5.6)
     d = f.to_dict()
     assert d["excluded_nodes"] == f.excluded_nodes and d["health"]["n1"]["failed"] == {"shm": "/dev/shm is 64 MiB, "
@@ -234,7 +234,26 @@ def test_health_failed_alone_marks_the_node_and_a_long_detail_is_cut():
               ev("health.failed", 10.1, "health-n4", node="n4", check="storage", detail="/fsx not mounted")])
     assert f.health["n4"]["ok"] is False and list(f.health["n4"]["failed"]) == ["gpu", "storage"]
     assert len(f.health["n4"]["failed"]["gpu"]) <= 300 and f.health["n4"]["seconds"] is None
-    assert f.preflight_runs == [{"start": 10.0, "end": 10.1, "nodes": 0, "failed": 1}] and f.faults == 0
+    assert f.preflight_runs == [{"run_id": None, "start": 10.0, "end": 10.1, "nodes": 0, "failed": 1}]
+    assert f.faults == 0
+
+
+def test_preflight_runs_are_told_apart_by_their_run_id():
+    """The supervisor names each run: a slow node's report after the start still joins its run,
+    a requeued job's checks with no step in between open a new one."""
+    ev = mk()
+    f = fold([ev("health.checked", 10.0, "health-n0", node="n0", run_id="r1", ok=True, seconds=2.0, checks={}),
+              ev("started", 11.0),
+              ev("health.checked", 11.5, "health-n1", node="n1", run_id="r1", ok=False, seconds=3.0,
+                 checks={"gpu": {"status": "failed", "detail": "0 GPUs, expected 8"}}),
+              ev("health.checked", 20.0, "health-n0", node="n0", run_id="r2", ok=True, seconds=1.0, checks={}),
+              ev("health.checked", 20.5, "health-n2", node="n2", run_id="r2", ok=True, seconds=1.0, checks={})])
+    assert [(r["run_id"], r["start"], r["end"], r["nodes"], r["failed"]) for r in f.preflight_runs] == [
+        ("r1", 8.0, 11.5, 2, 1), ("r2", 19.0, 20.5, 2, 0)]
+    assert f.preflight_s == pytest.approx(3.5 + 1.5)
+    assert f.health["n0"]["run"] == 1 and f.health["n1"]["run"] == 0 and f.health["n1"]["failed"] == {
+        "gpu": "0 GPUs, expected 8"}
+    assert f.faults == 0 and f.fault_events == 0
 
 
 def node_down_during_training():
@@ -271,7 +290,7 @@ def test_node_down_is_one_incident_with_the_agents_reports():
     # n3 (in the supervisor's list, excluded earlier) first, then n1, excluded during incident 0
     assert [(x["node"], x["reason"], x["faults"], x["incident"]) for x in f.excluded_nodes] == [
         ("n3", None, None, 0), ("n1", "faulted twice", 2, 0)]
-    assert f.preflight_runs == [{"start": 113.0, "end": 115.0, "nodes": 1, "failed": 0}]
+    assert f.preflight_runs == [{"run_id": None, "start": 113.0, "end": 115.0, "nodes": 1, "failed": 0}]
     assert f.health["n2"]["ok"] is True and f.preflight_s == 2.0
 
 
