@@ -54,7 +54,11 @@ def test_checkpointless_renders_replica_groups_under_a_lighthouse():
     for text in (job, join):
         subprocess.run(["bash", "-n"], input=text, text=True, check=True)
         assert "#SBATCH --no-kill" in text and "--standalone --nnodes=1" in text and "--rdzv-backend" not in text
-        assert "HYPERPOD_LAB_REPLICA_GROUP=slurm" in text
+    # the job: one step per node, placed by the supervisor (each its own replica group)
+    assert "hyperpod_lab.runtime.supervisor" in job and "--mode=checkpointless" in job
+    assert "HYPERPOD_LAB_REPLICA_GROUPS=2" in job
+    # a joining allocation: one srun, the group of each task from its node id
+    assert "HYPERPOD_LAB_REPLICA_GROUP=slurm" in join and "hyperpod_lab.runtime.supervisor" not in join
     assert "hyperpod_lab.runtime.lighthouse" in job and "--min-replicas=1" in job and "OFFSET=0" in job
     assert "hyperpod_lab.runtime.lighthouse" not in join and "OFFSET=2" in join and "#SBATCH --requeue" not in join
     with pytest.raises(SpecError, match="resiliency.recovery"):
@@ -72,10 +76,11 @@ def test_hyperpod_is_detected_in_the_batch_script_and_requeue_is_not_forced_off(
     only when the user asked for no automatic restarts."""
     text = render_sbatch(spec(), "j", "/fsx/j", "python3", "/fsx")
     assert "if [ -d /opt/sagemaker_cluster ]; then" in text and 'auto_resume="--auto-resume=1"' in text
-    assert " $auto_resume " in text and "#SBATCH --requeue" in text and "--no-requeue" not in text
+    assert "${auto_resume:+--srun-opt=$auto_resume}" in text and "#SBATCH --requeue" in text
+    assert "--no-requeue" not in text and "    --requeue \\" in text  # the supervisor may requeue the job
     once = JobSpec(script="t.py", resiliency=ResiliencyPolicy(auto_resume=False)).validate()
     text = render_sbatch(once, "j", "/fsx/j", "python3", "/fsx")
-    assert "#SBATCH --no-requeue" in text and "auto-resume" not in text
+    assert "#SBATCH --no-requeue" in text and "auto-resume" not in text and "    --requeue \\" not in text
     el = JobSpec(script="t.py", nodes=1, elastic=ElasticPolicy(1, 2)).validate()
     assert "--nnodes=1:2" in render_sbatch(el, "j", "/fsx/j", "python3", "/fsx")
 
@@ -90,13 +95,23 @@ def test_rendered_script_is_valid_bash_and_passes_args_verbatim(tmp_path):
 
 
 def run_with_stubs(text, tmp_path, env=None):
-    """Run a rendered script with stub ``srun`` (drops its options, runs the rest as one task),
-    ``scontrol`` and ``python3`` (prints its argv NUL-separated); returns the launcher's argv."""
+    """Run a rendered script with stand-ins (named as such: no Slurm runs here) for ``srun``
+    (drops its options, runs the rest as one task), ``scontrol`` and ``python3``, which prints
+    its argv NUL-separated, except for the supervisor, which it plays for one node: it runs the
+    words after ``--`` with ``{head_addr}`` replaced, as ``Supervisor.start_restart_step`` and
+    ``start_group`` do. Returns the launcher's argv."""
     stub = tmp_path / "bin"
     stub.mkdir(exist_ok=True)
     (stub / "srun").write_text('#!/bin/bash\nwhile [[ "$1" == -* ]]; do shift; done\nexec "$@"\n')
     (stub / "scontrol").write_text("#!/bin/bash\necho n1\n")
-    (stub / "python3").write_text('#!/bin/bash\nfor a in "$@"; do printf "%s\\0" "$a"; done\n')
+    (stub / "python3").write_text(
+        '#!/bin/bash\n'
+        'if [ "$2" = hyperpod_lab.runtime.supervisor ]; then\n'
+        '  while [ "$1" != -- ]; do shift; done; shift\n'
+        '  words=(); for a in "$@"; do words+=("${a//\\{head_addr\\}/127.0.0.1}"); done\n'
+        '  exec "${words[@]}"\n'
+        'fi\n'
+        'for a in "$@"; do printf "%s\\0" "$a"; done\n')
     for f in stub.iterdir():
         f.chmod(0o755)
     env = {"PATH": f"{stub}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1",
@@ -239,8 +254,11 @@ def test_srun_gets_the_cpus_of_its_task_explicitly():
     works on 22.05 to current, so every training step carries it."""
     for text in all_renders():
         cpus = [ln for ln in text.splitlines() if ln.startswith("#SBATCH --cpus-per-task=")][0].split("=")[1]
-        srun = [ln for ln in text.splitlines() if ln.startswith("srun ")]
-        assert srun and all(f" --cpus-per-task={cpus} " in ln for ln in srun)
+        srun = [ln for ln in text.splitlines() if ln.startswith("srun ")]  # a joining allocation's
+        supervised = [ln for ln in text.splitlines() if ln.strip().startswith("--srun-opt=")]
+        assert srun or supervised
+        assert all(f" --cpus-per-task={cpus} " in ln for ln in srun)
+        assert not supervised or f"    --srun-opt=--cpus-per-task={cpus} \\" in text
 
 
 def test_gpus_per_process_exclusive_nodes_and_wait_all_nodes():
@@ -272,6 +290,7 @@ def test_srun_labels_each_line_with_its_task():
     srun(1) ``-l, --label``: prepend the task number to lines of stdout/err."""
     for text in all_renders():
         assert all(" --label " in ln for ln in text.splitlines() if ln.startswith("srun "))
+        assert "srun " in text or "    --srun-opt=--label \\" in text
 
 
 def sbatch_get_argument(line):
@@ -395,3 +414,24 @@ def test_every_rendered_option_is_in_the_man_pages_since_22_05():
                     ok("srun", opt)
     for word in sbatch_argv("n", "/fsx/j")[1:-1]:
         ok("sbatch", word.split("=")[0])
+
+
+def test_spares_health_checks_and_no_kill_reach_the_supervisor():
+    """sbatch(1) ``--no-kill``: "Do not automatically terminate a job if one of the nodes it has
+    been allocated fails ... The job will assume all responsibilities for fault-tolerance": every
+    job of ours has it, and its supervisor (hyperpod_lab.runtime.supervisor) takes them. The
+    allocation is ``nodes + spares``; training uses ``nodes``."""
+    s = spec()
+    s.resiliency.spares = 1
+    text = render_sbatch(s.validate(), "j", "/fsx/j", "python3", "/fsx")
+    assert "#SBATCH --nodes=3\n" in text and "#SBATCH --no-kill\n" in text
+    assert "    --nodes=2 \\" in text and "    --spares=1 \\" in text and "    --mode=restart \\" in text
+    assert "    --health-checks \\" in text and "--health-arg=--expect-gpus=0" in text
+    s.resiliency.health_checks = False
+    assert "--health-checks" not in render_sbatch(s, "j", "/fsx/j", "python3", "/fsx")
+    gpu = render_sbatch(gpu_spec(), "j", "/fsx/j", "python3", "/fsx", gpus_per_node=8)
+    assert "--health-arg=--expect-gpus=8" in gpu
+    with pytest.raises(SpecError, match="resiliency.spares"):
+        JobSpec(script="t.py", resiliency=ResiliencyPolicy(spares=-1)).validate()
+    with pytest.raises(SpecError, match="resiliency.spares"):
+        JobSpec(script="t.py", resiliency=ResiliencyPolicy(spares=65)).validate()

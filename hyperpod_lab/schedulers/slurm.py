@@ -140,7 +140,7 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
         f"# Rendered by hyperpod-lab {__version__} for job {job_id}"
         + (f" (nodes joining as replica groups from {join_offset})" if joining else "")
         + ". Resubmit instead of editing.",
-        f"#SBATCH --nodes={join_nodes if joining else spec.nodes}",
+        f"#SBATCH --nodes={join_nodes if joining else spec.nodes + spec.resiliency.spares}",
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --cpus-per-task={spec.procs_per_node}",
     ]
@@ -160,8 +160,10 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
     # finds the job (and the allocations scale adds) in squeue: a submitter that died before
     # recording the Slurm id, a cancel that checks joins.json
     lines.append(f"#SBATCH --comment={sbatch_quote(COMMENT_PREFIX + job_id)}")
-    if spec.resiliency.recovery == "checkpointless":
-        lines.append("#SBATCH --no-kill")  # a lost node does not end the allocation: the others go on
+    if not joining or spec.resiliency.recovery == "checkpointless":
+        # a lost node does not end the allocation: the supervisor places the steps again
+        # (checkpointless: the other groups go on; restart: survivors and a spare, or a requeue)
+        lines.append("#SBATCH --no-kill")
     if spec.resiliency.auto_resume and not joining:
         lines.append("#SBATCH --requeue")
     else:
@@ -206,10 +208,16 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
         srun.append("$auto_resume")
     launch_opts = dict(nproc_per_node=spec.procs_per_node, max_restarts=effective_restarts(spec.resiliency),
                        log_dir=f'"{sh.torchrun_logs}"', quote=_q)
-    if spec.resiliency.recovery == "checkpointless":
+    checkpointless = spec.resiliency.recovery == "checkpointless"
+    if checkpointless:
         # one data-parallel replica group per node (its own torchrun), one torchft Lighthouse per job
         min_replicas = el.min_nodes if el.enabled else 1
-        if join_offset is None:
+        launch = launcher_argv(python, script, spec.args, standalone=True, monitor_interval=0.1, **launch_opts)
+        if joining:
+            lines += [f"export {ENV_REPLICA_GROUP}={SLURM_REPLICA_GROUP}",
+                      f"export {ENV_REPLICA_GROUP_OFFSET}={int(join_offset or 0)}",
+                      " ".join(srun) + " \\\n    " + " ".join(launch), "rc=$?"]
+        else:
             lines += [
                 # the previous run's Lighthouse (before a requeue) died with it: no group may read
                 # its address while this run's Lighthouse starts
@@ -217,27 +225,43 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
                 " ".join(lighthouse_argv(_q(python), '"$JOB_DIR"', min_replicas=min_replicas, host='"$head_addr"'))
                 + f' >> "{sh.lighthouse_log}" 2>&1 &',
                 "lighthouse_pid=$!",
-                f"export {ENV_REPLICA_GROUPS}=$SLURM_JOB_NUM_NODES",
+                f"export {ENV_REPLICA_GROUPS}={spec.nodes}",
+                f"export {ENV_REPLICA_GROUP_OFFSET}=0",
             ]
-        lines += [f"export {ENV_REPLICA_GROUP}={SLURM_REPLICA_GROUP}",
-                  f"export {ENV_REPLICA_GROUP_OFFSET}={int(join_offset or 0)}"]
-        launch = launcher_argv(python, script, spec.args, standalone=True, monitor_interval=0.1, **launch_opts)
-        lines.append(" ".join(srun) + " \\\n    " + " ".join(launch))
     else:
         launch = launcher_argv(python, script, spec.args, nnodes=nnodes,
                                rdzv=["--rdzv-backend=c10d", '--rdzv-endpoint="$head_addr:$rdzv_port"',
                                      '--rdzv-id="$SLURM_JOB_ID.$run"', "--rdzv-conf=join_timeout=120"],
                                **launch_opts)
-        lines.append(" ".join(srun) + " \\\n    bash -c " + _q(_step_script(launch)) + ' hyperpod-lab-step "$head_addr" "$restart"')
-    lines.append("rc=$?")
-    if spec.resiliency.recovery == "checkpointless" and join_offset is None:
-        lines.append('kill "$lighthouse_pid" 2>/dev/null')
-        # elastic: a node lost on the way fails its srun task, but the job succeeded if training finished
-        lines.append(f'if [ "$rc" != 0 ] && grep -qs \'"kind":"finished"\' "{sh.events}"/rank-*.jsonl; then '
-                     'echo "hyperpod-lab: training finished (some nodes were lost on the way)"; rc=0; fi')
+        # {head_addr}: the supervisor puts the first training node's address there
+        launch = ["bash", "-c", _q(_step_script(launch)), "hyperpod-lab-step", "{head_addr}", '"$restart"']
+    if not joining:
+        sup = _supervisor_argv(spec, job_id, python, launch, gpus, srun[3:])
+        lines.append(" ".join(sup[:3]) + " \\\n    " + " \\\n    ".join(sup[3:]) + "\nrc=$?")
+        if checkpointless:
+            lines.append('kill "$lighthouse_pid" 2>/dev/null')
     lines.append('echo "hyperpod-lab: step exited with $rc"')
     lines.append("exit $rc")
     return "\n".join(lines) + "\n"
+
+
+def _supervisor_argv(spec: JobSpec, job_id: str, python: str, launch: list[str], gpus: int,
+                     srun_opts: list[str]) -> list[str]:
+    """The batch script's call of :mod:`hyperpod_lab.runtime.supervisor`, which places the
+    training steps (``launch``: already shell-quoted words) on the allocation's nodes (pure)."""
+    res = spec.resiliency
+    argv = [_q(python), "-m", "hyperpod_lab.runtime.supervisor", '--job-dir="$JOB_DIR"', f"--job-id={_q(job_id)}",
+            f"--nodes={spec.nodes}", f"--spares={res.spares}", f"--mode={res.recovery}",
+            f"--procs-per-node={spec.procs_per_node}", f"--python={_q(python)}"]
+    if res.health_checks:
+        argv += ["--health-checks", f"--health-arg=--expect-gpus={gpus}",
+                 f"--health-arg=--expect-version={_q(__version__)}"]
+    if res.auto_resume:
+        argv.append("--requeue")
+    argv += [f"--srun-opt={o}" for o in srun_opts if not o.startswith("$")]
+    if "$auto_resume" in srun_opts:
+        argv.append("${auto_resume:+--srun-opt=$auto_resume}")
+    return argv + ["--", " ".join(launch)]
 
 
 def _step_script(launch: list[str]) -> str:

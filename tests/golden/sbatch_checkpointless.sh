@@ -34,14 +34,28 @@ fi
 rm -f "$JOB_DIR/lighthouse.json"
 /opt/venv/bin/python -m hyperpod_lab.runtime.lighthouse --job-dir "$JOB_DIR" --min-replicas=1 --host "$head_addr" >> "$JOB_DIR/logs/lighthouse.log" 2>&1 &
 lighthouse_pid=$!
-export HYPERPOD_LAB_REPLICA_GROUPS=$SLURM_JOB_NUM_NODES
-export HYPERPOD_LAB_REPLICA_GROUP=slurm
+export HYPERPOD_LAB_REPLICA_GROUPS=2
 export HYPERPOD_LAB_REPLICA_GROUP_OFFSET=0
-srun --nodes=$SLURM_JOB_NUM_NODES --ntasks-per-node=1 --cpus-per-task=1 --kill-on-bad-exit=0 --label $auto_resume \
+/opt/venv/bin/python -m hyperpod_lab.runtime.supervisor \
+    --job-dir="$JOB_DIR" \
+    --job-id=quick-start-20261123-010203-abcd \
+    --nodes=2 \
+    --spares=0 \
+    --mode=checkpointless \
+    --procs-per-node=1 \
+    --python=/opt/venv/bin/python \
+    --health-checks \
+    --health-arg=--expect-gpus=0 \
+    --health-arg=--expect-version=0.1.0 \
+    --requeue \
+    --srun-opt=--cpus-per-task=1 \
+    --srun-opt=--kill-on-bad-exit=0 \
+    --srun-opt=--label \
+    ${auto_resume:+--srun-opt=$auto_resume} \
+    -- \
     /opt/venv/bin/python -m hyperpod_lab.runtime.launch --standalone --nnodes=1 --nproc-per-node=1 --max-restarts=3 --monitor-interval=0.1 --log-dir="$JOB_DIR/logs/torchrun" --redirects=3 --tee=3 /fsx/hyperpod-lab/jobs/quick-start-20261123-010203-abcd/script/train_lm.py --steps 40 ''"'"'; touch /tmp/x; '"'"'' '$(id)' 'a
 b'
 rc=$?
 kill "$lighthouse_pid" 2>/dev/null
-if [ "$rc" != 0 ] && grep -qs '"kind":"finished"' "$JOB_DIR/events"/rank-*.jsonl; then echo "hyperpod-lab: training finished (some nodes were lost on the way)"; rc=0; fi
 echo "hyperpod-lab: step exited with $rc"
 exit $rc

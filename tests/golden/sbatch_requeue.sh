@@ -8,6 +8,7 @@
 #SBATCH --open-mode=append
 #SBATCH --partition=dev
 #SBATCH --comment="hyperpod-lab:quick-start-20261123-010203-abcd"
+#SBATCH --no-kill
 #SBATCH --requeue
 set -uo pipefail
 umask 077  # what the job writes on shared storage is private to the user
@@ -30,7 +31,23 @@ if [ -d /opt/sagemaker_cluster ]; then
     echo "hyperpod-lab: HyperPod cluster: srun --auto-resume=1"
     auto_resume="--auto-resume=1"
 fi
-srun --nodes=$SLURM_JOB_NUM_NODES --ntasks-per-node=1 --cpus-per-task=1 --kill-on-bad-exit=0 --label $auto_resume \
+/opt/venv/bin/python -m hyperpod_lab.runtime.supervisor \
+    --job-dir="$JOB_DIR" \
+    --job-id=quick-start-20261123-010203-abcd \
+    --nodes=2 \
+    --spares=0 \
+    --mode=restart \
+    --procs-per-node=1 \
+    --python=/opt/venv/bin/python \
+    --health-checks \
+    --health-arg=--expect-gpus=0 \
+    --health-arg=--expect-version=0.1.0 \
+    --requeue \
+    --srun-opt=--cpus-per-task=1 \
+    --srun-opt=--kill-on-bad-exit=0 \
+    --srun-opt=--label \
+    ${auto_resume:+--srun-opt=$auto_resume} \
+    -- \
     bash -c 'JOB_DIR="$HYPERPOD_LAB_JOB_DIR" head_addr=$1 restart=$2 step=${SLURM_STEP_ID:-0}
 mkdir -p "$JOB_DIR/runs/$restart.$step"
 counter="$JOB_DIR/runs/$restart.$step/node-${SLURM_NODEID:-0}"
@@ -40,7 +57,7 @@ run=$restart.$step.$attempt
 rdzv_port=$(( 29500 + (SLURM_JOB_ID + 7919 * (restart * 1009 + step * 31 + attempt)) % 20000 ))
 echo "hyperpod-lab: run $run rendezvous $head_addr:$rdzv_port"
 exec /opt/venv/bin/python -m hyperpod_lab.runtime.launch --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint="$head_addr:$rdzv_port" --rdzv-id="$SLURM_JOB_ID.$run" --rdzv-conf=join_timeout=120 --max-restarts=3 --log-dir="$JOB_DIR/logs/torchrun" --redirects=3 --tee=3 /fsx/hyperpod-lab/jobs/quick-start-20261123-010203-abcd/script/train_lm.py --steps 40 '"'"''"'"'"'"'"'"'"'"'; touch /tmp/x; '"'"'"'"'"'"'"'"''"'"' '"'"'$(id)'"'"' '"'"'a
-b'"'"'' hyperpod-lab-step "$head_addr" "$restart"
+b'"'"'' hyperpod-lab-step {head_addr} "$restart"
 rc=$?
 echo "hyperpod-lab: step exited with $rc"
 exit $rc
