@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import copy
 import csv
 import errno as errno_mod
 import json
@@ -86,7 +87,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hyperpod_lab.events import EventKind, EventReader, EventWriter
-from hyperpod_lab.jobdir import ENV_JOB_DIR, ENV_JOB_ID, ENV_SPEC, TIER_MEMORY, JobPaths
+from hyperpod_lab.jobdir import ENV_JOB_DIR, ENV_JOB_ID, ENV_SHM_DIR, ENV_SPEC, TIER_MEMORY, JobPaths
 
 __all__ = ["CheckResult", "NodeHealth", "check_node", "summarize", "load_results", "results_dir", "result_path",
            "main", "PASSED", "FAILED", "SKIPPED", "CHECKS", "ENV_HEALTH_MIN_SHM_BYTES", "ENV_HEALTH_MAX_CLOCK_SKEW_S",
@@ -133,8 +134,9 @@ class CheckResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """``{status, detail, seconds, **extra}`` (the shape of one entry of an event's ``checks``)."""
-        return {**self.extra, "status": self.status, "detail": self.detail, "seconds": round(self.seconds, 6)}
+        """``{status, detail, seconds, **extra}`` (the shape of one entry of an event's ``checks``; a copy)."""
+        return {**copy.deepcopy(self.extra), "status": self.status, "detail": self.detail,
+                "seconds": round(self.seconds, 6)}
 
     @classmethod
     def from_dict(cls, name: str, d: dict[str, Any]) -> "CheckResult":
@@ -318,7 +320,8 @@ def _check_gpu(node: str, expect_gpus: int) -> CheckResult:
         extra["torch_devices"] = count
         if count < expect_gpus:
             cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
-            build = "" if torch.version.cuda else f" (torch {torch.__version__} is a CPU-only build: install a CUDA build)"
+            build = (f" (torch {torch.__version__} is a CPU-only build: install a CUDA build)" if not torch.version.cuda
+                     else "")
             problems.append(f"torch sees {count} CUDA device(s) but {want}{build}; "
                             f"CUDA_VISIBLE_DEVICES={cvd!r}: ask Slurm for the GPUs (--gpus-per-node) or fix the driver")
     else:
@@ -427,7 +430,7 @@ def _check_shm(job_dir: str, job_id: str, node: str, shm_bytes: int | None, shm_
     except OSError as e:
         return CheckResult("shm", FAILED, (
             f"node {node}: cannot stat the memory tier's file system at {where}: {_oserror_text(e)}; "
-            "check /dev/shm on this node or set $HYPERPOD_LAB_SHM_DIR"), extra={**extra, "path": where})
+            f"check /dev/shm on this node or set ${ENV_SHM_DIR}"), extra={**extra, "path": where})
     free = st.f_bavail * st.f_frsize
     held = _held_bytes(node_dir) if os.path.isdir(node_dir) else 0
     extra.update(path=where, node_dir=node_dir, free_bytes=free, held_bytes=held, needed_bytes=needed,
@@ -573,7 +576,8 @@ def check_node(job_dir: str, job_id: str, node: str, *, expect_gpus: int = 0, sh
         shm_root: the memory tier's root; None: ``$HYPERPOD_LAB_SHM_DIR``, else ``/dev/shm/hyperpod-lab``.
         expect_version: the hyperpod-lab version the node must run, or None (not checked).
         expect_torch: the torch version the node must run, or None (not checked; torch must still import).
-        max_clock_skew_s: largest allowed ``|skew|`` in seconds; None: ``$HYPERPOD_LAB_HEALTH_MAX_CLOCK_SKEW_S``, else 2.0.
+        max_clock_skew_s: largest allowed ``|skew|`` in seconds; None:
+            ``$HYPERPOD_LAB_HEALTH_MAX_CLOCK_SKEW_S``, else 2.0.
         spec_path: the job's ``spec.json``; None: ``$HYPERPOD_LAB_SPEC``, else ``<job_dir>/spec.json``.
 
     Returns:
