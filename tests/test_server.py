@@ -226,6 +226,8 @@ def test_submit_stream_fault_and_recovery(server, faulted_job):
     assert status == 200 and job["job"]["status"] == "completed", job
     prog = job["job"]["progress"]
     assert prog["faults"] >= 1 and prog["recoveries"] >= 1 and prog["step"] == 39 and prog["total_steps"] == 40
+    # the fold's nodes: a worker killed once excludes no node; pre-flight results (if the job ran them) per node
+    assert prog["excluded_nodes"] == [] and all(isinstance(h["ok"], bool) for h in prog["health"].values())
     listed = server.call("GET", "/hyperpod/jobs")[1]["jobs"]
     assert listed[0]["job_id"] == job_id or job_id in [j["job_id"] for j in listed]
     # a finished job cannot take a fault: 409 naming the state

@@ -3,10 +3,11 @@
 The server pushes JSON text messages:
 
 * ``{"type": "status", "job": JobView}`` first, on every state change, and right after the
-  event that changes the job's ``progress.faults`` (a failure incident opened) or
+  event that changes the job's ``progress.faults`` (a failure incident opened),
   ``progress.recoveries`` (one recovered; ``progress.last_downtime_s`` then holds its
-  downtime, s) — the fold of :mod:`hyperpod_lab.facts`, so a client notifies from the
-  server's count instead of counting events itself;
+  downtime, s), ``progress.excluded_nodes`` (a node excluded) or the nodes whose pre-flight
+  health checks failed (``progress.health``) — the fold of :mod:`hyperpod_lab.facts`, so a
+  client notifies from the server's count instead of counting events itself;
 * ``{"type": "event", "event": Event, "cursor": str}`` for each event after ``cursor``
   (history first, then live); reconnecting with the last ``cursor`` resumes with no loss and
   no duplicates;

@@ -12,8 +12,9 @@
 * Each job's ``progress`` is the job facts fold (:mod:`hyperpod_lab.facts`, through
   :class:`~hyperpod_lab.progress.Progress`) over its events: the same faults, recoveries and
   downtime as ``client.summarize`` and the goodput measurement. Subscribers get a ``status``
-  message on each state change and whenever ``progress.faults`` or ``progress.recoveries``
-  changes (right after the event that changed it).
+  message on each state change and whenever ``progress.faults``, ``progress.recoveries``,
+  the excluded nodes (``progress.excluded_nodes``) or the nodes that failed a pre-flight
+  health check (``progress.health``) change (right after the event that changed them).
 * Each tailer's cursor and progress summary are saved in the JobStore, so a restarted server
   resumes where it was.
 * **Goodput** (issue 13, finding 3): each tailer also feeds a
@@ -86,6 +87,12 @@ def decode_cursor(text: str | None) -> dict[str, int]:
             and not isinstance(v, bool) and v >= 0 for k, v in cur.items()):
         raise SpecError("cursor", "is not a cursor this server issued; omit it to start from the first event")
     return cur
+
+
+def _notable(p: Progress) -> tuple[int, int, int, int]:
+    """What a ``status`` message is sent on when it changes: faults, recoveries, excluded nodes
+    and nodes that failed a pre-flight health check (a count per run, so cheap per event)."""
+    return p.faults, p.recoveries, len(p.excluded_nodes), sum(r.get("failed", 0) for r in p.preflight_runs)
 
 
 # ---- tailers and subscribers -------------------------------------------------------------
@@ -293,7 +300,8 @@ class Watcher:
     def view(self, rec: JobRecord) -> dict[str, Any]:
         """JobView: the record's fields plus ``progress`` (:class:`Progress`'s ``to_dict()``: step,
         total_steps, loss, steps_per_s, last_event, faults, recoveries, downtime_s (s),
-        last_downtime_s (s or None) and the other job facts)."""
+        last_downtime_s (s or None), excluded_nodes, health, preflight_s and the other job
+        facts)."""
         d = asdict(rec)
         t = self.tailers.get(rec.job_id)
         if t is not None:
@@ -621,7 +629,7 @@ class Watcher:
         for ev, fname, end in located:
             if t.subs:
                 t.keep((ev, fname, end))
-            counts = (t.progress.faults, t.progress.recoveries)
+            counts = _notable(t.progress)
             t.fold(ev)
             t.finished_seen |= ev.kind == EventKind.FINISHED.value
             for sub in list(t.subs):
@@ -631,8 +639,10 @@ class Watcher:
                     self._fall_behind(t, sub)
                 elif sub.deliver(ev, fname, end) is False:
                     self.unsubscribe(sub)
-            if t.subs and (t.progress.faults, t.progress.recoveries) != counts:
-                self._send_status(t)  # a fault opened or recovered: the sidebar notifies from it
+            if t.subs and _notable(t.progress) != counts:
+                # a fault opened or recovered (the sidebar notifies from it), a node was excluded
+                # or failed its health checks (the sidebar lists them)
+                self._send_status(t)
         if located or cursor != t.cursor:
             t.dirty = True
         t.cursor = dict(cursor)
