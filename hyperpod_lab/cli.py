@@ -121,11 +121,18 @@ def build_parser() -> argparse.ArgumentParser:
     sc = sub.add_parser("scale", help="add nodes to a running checkpointless job (elastic scale-up)")
     sc.add_argument("job_id")
     sc.add_argument("--add-nodes", type=_int, default=1)
-    fi = sub.add_parser("inject-fault", help="SIGKILL one rank's process, to rehearse recovery")
+    from hyperpod_lab.schedulers.base import FAULT_KINDS
+
+    fi = sub.add_parser("inject-fault", help="fail one rank, to rehearse recovery: SIGKILL its process (--kind kill), "
+                        "fail its node (--kind node) or make it raise in its training step (--kind exception)")
     fi.add_argument("job")
     fi.add_argument("--rank", type=_int, required=True)
+    fi.add_argument("--kind", choices=FAULT_KINDS, default="kill",
+                    help="kill: SIGKILL the rank's process (default); node: the scheduler loses the rank's node "
+                    "(Slurm: scontrol sets it DOWN, needs operator rights; EKS: its pod is deleted); exception: "
+                    "the rank raises InjectedFault inside its next training step")
     fi.add_argument("--after-checkpoint", action="store_true",
-                    help="wait for the first checkpoint.saved event before killing")
+                    help="wait for the first checkpoint.saved event before injecting the fault")
     fi.add_argument("--timeout", type=float, default=300.0)
 
     dm = sub.add_parser("demo", help="the main job: dev cluster up, run the example notebook headless, "
@@ -317,8 +324,15 @@ def run(argv: list[str], out: TextIO | None = None, client=None) -> Any:
                 if time.monotonic() > deadline:
                     raise HyperPodLabError(f"no checkpoint.saved event within {a.timeout} s")
                 time.sleep(0.5)
-        info = client.inject_fault(a.job, a.rank)
-        say(f"killed rank {a.rank} (pid {info['pid']} on node {info['node']}) of {a.job} with SIGKILL")
+        info = client.inject_fault(a.job, a.rank, kind=a.kind)
+        if a.kind == "node":
+            say(f"failed node {info['node']} of rank {a.rank} of {a.job}: {info['how']}")
+        elif a.kind == "exception":
+            say(f"rank {a.rank} of {a.job} raises InjectedFault at its next step (request {info['path']})")
+        elif "pod" in info:
+            say(f"deleted pod {info['pod']} of rank {a.rank} (node {info.get('node')}) of {a.job}")
+        else:
+            say(f"killed rank {a.rank} (pid {info['pid']} on node {info['node']}) of {a.job} with SIGKILL")
         return None
 
     if a.cmd == "demo":

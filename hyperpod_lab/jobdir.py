@@ -120,6 +120,7 @@ class JobPaths:
         <folder>/lighthouse.json        checkpointless: the Lighthouse's published address
         <folder>/native_id              the scheduler's job id, written by the job when it starts
         <folder>/checkpoint.key         the job's key for authenticating its checkpoints (0600)
+        <folder>/faults/rank-R.json     an injected-exception request for rank R (inject-fault --kind exception)
         <folder>/job.sbatch, join-N.sbatch, exit_code, cancelled   backend files
     """
 
@@ -172,6 +173,10 @@ class JobPaths:
         "(HMAC-SHA256): written by the submitter at staging, read by the runtime; see CHECKPOINT_KEY_BYTES."))
     exit_code = _At("exit_code")
     cancelled = _At("cancelled")
+    faults = _At("faults", doc=(
+        "Fault requests of ``inject-fault --kind exception``: ``rank-R.json`` ({kind: \"exception\", message, time "
+        "(epoch seconds), nonce}) written atomically by the submitter (0600, in a 0700 folder it creates on demand); "
+        "rank R's runtime finds it at a step, deletes it and raises ``InjectedFault``. See :meth:`fault_request`."))
 
     def script(self, script: str) -> str:
         """Where the training script ``script`` (any path; its base name counts) is staged."""
@@ -179,6 +184,10 @@ class JobPaths:
 
     def rank_file(self, rank: int) -> str:
         return self.path("ranks", f"rank-{int(rank)}.json")
+
+    def fault_request(self, rank: int) -> str:
+        """``faults/rank-R.json``: the injected-exception request for global rank ``rank`` (see :attr:`faults`)."""
+        return self.path("faults", f"rank-{int(rank)}.json")
 
     def event_file(self, writer: str) -> str:
         return self.path(EVENTS_DIRNAME, writer + ".jsonl")

@@ -34,6 +34,7 @@ import math
 import os
 import re
 import socket
+import stat
 import sys
 import tempfile
 import threading
@@ -148,6 +149,17 @@ def _has_event(job_dir: str, writer: str, kind: str) -> bool:
     return False
 
 
+FAULT_CHECK_INTERVAL_S = 0.5
+"""Seconds between two looks for this rank's fault request (``JobPaths.fault_request``) by
+:meth:`JobContext.check_injected_fault`: one ``open`` attempt at most per interval, none between."""
+
+
+class InjectedFault(RuntimeError):
+    """Raised inside a training step by ``hyperpod-lab inject-fault --kind exception``: the rank
+    found its request ``<job_dir>/faults/rank-R.json`` (see :meth:`JobContext.check_injected_fault`).
+    It crashes the worker like any exception (``fault.detected`` names it, torchrun restarts)."""
+
+
 class JobContext:
     """This process's place in the job: rank, device, job directory, spec and event writer.
 
@@ -211,6 +223,7 @@ class JobContext:
         self._last_print: float | None = None  # monotonic time of the last stdout step line
         self._closed = False
         self._checkpoint_key = checkpoint_key
+        self._fault_check_at = 0.0  # monotonic time of the next look for an injected fault (0: the first step looks)
 
     @property
     def checkpoint_key(self) -> bytes:
@@ -303,11 +316,18 @@ class JobContext:
         completed step after the recovery; null when no ``fault.detected`` opened the incident.
         Other ranks only count. No collectives.
 
+        First it calls :meth:`check_injected_fault` (at most one file look per
+        :data:`FAULT_CHECK_INTERVAL_S`).
+
         Args:
             step: 0-based index of the step just completed.
             loss: its loss (a float or a one-element tensor).
             **metrics: extra JSON-serialisable numbers (e.g. ``lr=3e-4``, ``tokens_per_s=...``).
+
+        Raises:
+            InjectedFault: ``hyperpod-lab inject-fault --kind exception`` asked this rank to fail.
         """
+        self.check_injected_fault()
         self._steps_done = max(self._steps_done, int(step) + 1)
         now = time.monotonic()
         if self.local_rank == 0 and (self._last_print is None or now - self._last_print >= self.step_interval_s):
@@ -330,6 +350,47 @@ class JobContext:
                 rate = (int(step) - self._last_emit[1]) / (now - self._last_emit[0])
             self.emit(EventKind.STEP, step=int(step), loss=_json_safe(loss), steps_per_s=rate, **metrics)
             self._last_emit = (now, int(step))
+
+    def check_injected_fault(self) -> None:
+        """Raise :class:`InjectedFault` when ``inject-fault --kind exception`` asked this rank to.
+
+        Cheap enough for every step: it looks (one ``open`` of ``paths.fault_request(global_rank)``,
+        never following a link) only when :data:`FAULT_CHECK_INTERVAL_S` seconds (monotonic) have
+        passed since the last look; otherwise it costs one clock read. A request found is deleted
+        before raising, so the restarted worker does not raise again. :meth:`step` and
+        ``Checkpointless.begin_step`` call it; a custom loop may too.
+
+        Raises:
+            InjectedFault: with the request's ``message``.
+        """
+        now = time.monotonic()
+        if now < self._fault_check_at:
+            return
+        self._fault_check_at = now + FAULT_CHECK_INTERVAL_S
+        path = self.paths.fault_request(self.global_rank)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:  # none (the usual case), or a link or something else: not a request
+            return
+        try:
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    return
+                raw = f.read(64 * 1024)
+        except OSError:
+            return
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        try:
+            req = json.loads(raw)
+        except ValueError:
+            req = {}
+        if not isinstance(req, dict):
+            req = {}
+        message = " ".join(str(req.get("message") or "hyperpod-lab inject-fault").split())[:1000]  # one line
+        raise InjectedFault(f"{message} (node {self.node}, nonce {req.get('nonce')})")
 
     def _emit_recovery_completed(self) -> None:
         downtime = None

@@ -266,7 +266,10 @@ class Checkpointless:
 
         Raises:
             RuntimeError: no quorum of ``min_replicas`` within the quorum timeout.
+            InjectedFault: ``inject-fault --kind exception`` asked this rank to fail
+                (``ctx.check_injected_fault``; a loop that never calls ``ctx.step`` still gets it).
         """
+        self.ctx.check_injected_fault()
         self.optimizer.zero_grad(set_to_none=False)
         t_quorum = time.time()
         self.manager.start_quorum()

@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import posixpath
 import secrets
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from hyperpod_lab.clusters import ClusterProfile
-from hyperpod_lab.errors import HyperPodLabError, JobStateError
+from hyperpod_lab.errors import HyperPodLabError, JobStateError, SpecError
 from hyperpod_lab.jobdir import CHECKPOINT_KEY_BYTES, JOBS_SUBDIR, JobPaths  # noqa: F401  (JOBS_SUBDIR: re-exported)
 from hyperpod_lab.jobs import JobRecord, JobStatus
 from hyperpod_lab.schedulers.remote import Remote
@@ -23,6 +24,19 @@ from hyperpod_lab.spec import JobSpec
 
 DEFAULT_LOG_TAIL = 256 * 1024  # bytes of a log returned when no range is asked for (the tail)
 LOG_PAGE_BYTES = 4 * 1024 * 1024  # bytes per read when a whole log is read (``Scheduler.logs``)
+
+FAULT_KINDS = ("kill", "node", "exception")
+"""What ``inject-fault --kind`` does (:meth:`Scheduler.inject_fault`): ``kill`` SIGKILLs the rank's
+process; ``node`` fails the rank's node the way the scheduler sees it (Slurm: the node set DOWN;
+EKS: the rank's pod deleted); ``exception`` has the rank raise ``InjectedFault`` inside its
+training step (a request file the runtime reads, ``JobPaths.fault_request``)."""
+
+
+def fault_kind(kind: object) -> str:
+    """``kind`` when it is one of :data:`FAULT_KINDS`. Raises SpecError (field ``kind``) naming them."""
+    if not isinstance(kind, str) or kind not in FAULT_KINDS:
+        raise SpecError("kind", f"must be one of {', '.join(FAULT_KINDS)}, got {kind!r}")
+    return kind
 
 
 @dataclass
@@ -252,6 +266,80 @@ class Scheduler(ABC):
         override this."""
         raise JobStateError(f"the {type(self).__name__} backend cannot add nodes to a running job")
 
+    def inject_fault(self, rec: JobRecord, rank: int, kind: str = "kill") -> dict:
+        """Inject a fault of ``kind`` (:data:`FAULT_KINDS`) into rank ``rank`` of a running job, to
+        rehearse recovery.
+
+        * ``kill``: SIGKILL the rank's process (:meth:`_kill_rank`); returns its rank info
+          (``node``, ``pid``, ...).
+        * ``node``: fail the rank's node as the scheduler sees it (:meth:`_fail_node`); returns
+          ``{"node", "how"}`` (``how``: what was done, e.g. the scontrol command).
+        * ``exception``: write ``faults/rank-R.json`` (:meth:`_request_exception`); the rank raises
+          ``InjectedFault`` at its next step (within ~0.5 s of steps), then the normal crash path
+          reports ``fault.detected`` and recovers. Returns ``{"path", "nonce", "message"}`` plus
+          the rank's ``node``/``pid`` when it has started.
+
+        Every answer also holds ``kind`` and ``rank``.
+
+        Raises:
+            SpecError: ``kind`` is not one of :data:`FAULT_KINDS`; (exception) ``rank`` is outside
+                the job's world.
+            JobStateError: the rank has not started or is not running (kill, node), the backend
+                cannot do ``kind`` (e.g. ``node`` on the local backend).
+            NotAllowed: (node) the scheduler refused: failing a node needs operator rights.
+            RemoteCommandError, ClusterUnreachable: the cluster could not be asked.
+        """
+        kind = fault_kind(kind)
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            raise SpecError("rank", f"must be a rank >= 0, got {rank!r}")
+        if kind == "exception":
+            info = self._request_exception(rec, rank)
+        elif kind == "node":
+            info = self._fail_node(rec, rank)
+        else:
+            info = self._kill_rank(rec, rank)
+        return {**info, "kind": kind, "rank": rank}
+
     @abstractmethod
-    def inject_fault(self, rec: JobRecord, rank: int) -> dict:
-        """SIGKILL rank ``rank``'s process to rehearse recovery; return its rank info."""
+    def _kill_rank(self, rec: JobRecord, rank: int) -> dict:
+        """SIGKILL rank ``rank``'s process; return its rank info. Raises JobStateError when it
+        has not started, is not running or is not the job's."""
+
+    def _fail_node(self, rec: JobRecord, rank: int) -> dict:
+        """Fail rank ``rank``'s node as the scheduler sees it; return ``{"node", "how"}``.
+        Backends with nodes override this; here: JobStateError."""
+        raise JobStateError(f"the {type(self).__name__} backend cannot fail a node; use --kind kill or exception")
+
+    def world_size_bound(self, rec: JobRecord) -> int:
+        """The most ranks the job can have: (nodes, or the elastic maximum when larger, plus the
+        nodes :meth:`scale` added) x procs_per_node."""
+        spec = rec.spec or {}
+        procs = int(spec.get("procs_per_node") or 1)
+        nodes = max(int(spec.get("nodes") or 1), int((spec.get("elastic") or {}).get("max_nodes") or 0))
+        return (nodes + sum(int(j.get("nodes") or 0) for j in self.joins(rec))) * procs
+
+    def _request_exception(self, rec: JobRecord, rank: int) -> dict:
+        """Write the request ``faults/rank-R.json`` ({kind: "exception", message, time (epoch s),
+        nonce}; 0600, written atomically) through this backend's file access: rank ``rank``'s
+        runtime (``JobContext.step``) finds it within ~0.5 s of its steps, deletes it and raises
+        ``InjectedFault(message)``. A rank that has not started yet raises at its first step.
+
+        Raises:
+            SpecError: ``rank`` is outside :meth:`world_size_bound`.
+        """
+        world = self.world_size_bound(rec)
+        if rank >= world:
+            raise SpecError("rank", f"job {rec.job_id} has ranks 0..{world - 1}; got {rank}")
+        paths = JobPaths(rec.job_dir)
+        message = f"hyperpod-lab inject-fault: exception injected into rank {rank} of job {rec.job_id}"
+        req = {"kind": "exception", "message": message, "time": time.time(), "nonce": secrets.token_hex(8)}
+        self.remote.makedirs(paths.faults)
+        path = paths.fault_request(rank)
+        self.remote.write_bytes(path, json.dumps(req).encode(), mode=0o600)
+        info = {"path": path, "nonce": req["nonce"], "message": message}
+        try:
+            ri = self.rank_info(rec, rank)
+            info.update(node=ri.get("node"), pid=ri.get("pid"))
+        except (JobStateError, ValueError):  # not started yet (or its file is half written): it raises at its first step
+            pass
+        return info

@@ -332,10 +332,28 @@ class EksScheduler(Scheduler):
             parts.append(text if rank is not None else f"==> pod {p.metadata.name} <==\n{text}")
         return "".join(parts) if rank is not None else "\n".join(parts)
 
-    def inject_fault(self, rec, rank):
-        """Delete the pod running ``rank`` (the operator sees a faulty pod and restarts it)."""
+    def _kill_rank(self, rec, rank):
+        """``inject-fault --kind kill``: delete the pod running ``rank`` at once (grace period 0;
+        the operator sees a faulty pod and restarts it). Returns ``{"rank", "pod", "node"}``."""
         ns, _ = self._split(rec)
         pod = self._pod_of_rank(rec, rank)
         self._call("deleting a pod", self._core.delete_namespaced_pod, pod.metadata.name, ns, grace_period_seconds=0)
         return {"rank": int(rank), "pod": pod.metadata.name, "node": pod.spec.node_name if pod.spec else None}
 
+    def _fail_node(self, rec, rank):
+        """``inject-fault --kind node``: the rank's pod is deleted (grace period 0), which is how a
+        lost node reaches the operator; the Kubernetes node itself is left alone (cordoning or
+        draining it needs cluster-admin rights and would hit other tenants' pods). Returns
+        ``{"rank", "pod", "node", "how"}``."""
+        info = self._kill_rank(rec, rank)
+        ns, _ = self._split(rec)
+        return {**info, "how": f"delete pod {ns}/{info['pod']} (grace period 0)"}
+
+    def _request_exception(self, rec, rank):
+        """``inject-fault --kind exception``: the request file must be where the pods read the job
+        directory, the profile's ``shared_root`` (FSx mounted here and in the pods). Raises
+        JobStateError without one; else as :meth:`Scheduler._request_exception`."""
+        if not self.profile.shared_root:
+            raise JobStateError(f"cluster profile {self.profile.name!r} sets no shared_root, so the job's pods cannot "
+                                "read a fault request written here; set shared_root to the FSx mount, or use --kind kill")
+        return super()._request_exception(rec, rank)

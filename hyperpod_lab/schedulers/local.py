@@ -143,10 +143,14 @@ class LocalScheduler(Scheduler):
         return {"state": "up", "error": None, "nodes": [
             {"name": socket.gethostname(), "state": "idle", "cpus": os.cpu_count() or 1, "partitions": []}]}
 
-    def inject_fault(self, rec, rank):
-        """SIGKILL rank ``rank`` after :func:`hyperpod_lab.procs.verify` (the pid is the job's,
-        its start time the recorded one). Raises JobStateError otherwise."""
+    def _kill_rank(self, rec, rank):
+        """``inject-fault --kind kill``: SIGKILL rank ``rank`` after :func:`hyperpod_lab.procs.verify`
+        (the pid is the job's, its start time the recorded one). Raises JobStateError otherwise."""
         info = self.rank_info(rec, rank)
         if not signal_job_process(info.get("pid"), rec.job_id, signal.SIGKILL, start=info.get("proc_start")):
             raise JobStateError(f"rank {rank} (pid {info['pid']}) of job {rec.job_id} is not running")
         return info
+
+    def _fail_node(self, rec, rank):
+        """``inject-fault --kind node``: there is no scheduler here to fail a node. Raises JobStateError."""
+        raise JobStateError("the local backend has no nodes; use --kind kill or exception")

@@ -575,7 +575,9 @@ class SlurmScheduler(Scheduler):
         except FileNotFoundError:
             return LogChunk("", 0, 0, 0)
 
-    def inject_fault(self, rec, rank):
+    def _kill_rank(self, rec, rank):
+        """``inject-fault --kind kill``: SIGKILL rank ``rank``'s pid (from ``ranks/rank-R.json``)
+        on its node, through ``srun --overlap`` into the job's allocation. Raises JobStateError."""
         info = self.rank_info(rec, rank)
         # the check runs on the rank's node, beside the process (see hyperpod_lab.procs)
         argv = ["srun", f"--jobid={rec.native_id}", "--overlap", "--nodes=1", "--ntasks=1",
@@ -589,3 +591,62 @@ class SlurmScheduler(Scheduler):
             raise JobStateError(f"could not kill rank {rank} (pid {info.get('pid')} on {info['node']}) of job "
                                 f"{rec.job_id}: {e.stderr.strip()[-500:]}") from None
         return info
+
+    def _fail_node(self, rec, rank):
+        """``inject-fault --kind node``: set rank ``rank``'s node (``node`` of its
+        ``ranks/rank-R.json``, as :meth:`_kill_rank` finds it) DOWN, so slurmctld kills every job
+        step on it and the job loses the node as on a real node failure. The node must be one of
+        the job's (or its joined allocations') nodes in squeue. Slurm leaves it DOWN: an operator
+        (or ``ReturnToService``) brings it back with ``scontrol update NodeName=<node> State=RESUME``.
+
+        Returns ``{"node", "how"}`` (``how``: the scontrol command run).
+
+        Raises:
+            JobStateError: the rank has not started, its node name is not a Slurm node name or
+                not one of the job's nodes.
+            NotAllowed: scontrol refused (needs Slurm administrator rights: SlurmUser, root or
+                an AdminLevel of Operator); the message says an operator must do it.
+            RemoteCommandError: squeue or scontrol failed otherwise.
+        """
+        from hyperpod_lab.errors import NotAllowed
+
+        node = self.rank_info(rec, rank).get("node")
+        if not isinstance(node, str) or not _SLURM_NODE_NAME.fullmatch(node):
+            raise JobStateError(f"rank {rank} of job {rec.job_id} names node {str(node)[:100]!r}, which is not a "
+                                "Slurm node name; refusing to fail it")
+        ids = [rec.native_id] + [str(j.get("native_id", "")) for j in self.joins(rec)
+                                 if str(j.get("native_id", "")).isdigit()]
+        # check=False: squeue exits 1 when one of the ids has left its memory; the others still print
+        lists = self.remote.run(["squeue", "-h", "-o", "%N", "-j", ",".join(ids)], check=False,
+                                timeout_s=30).stdout.split()
+        ours = set(self.remote.run(["scontrol", "show", "hostnames", ",".join(lists)], timeout_s=30).stdout.split()
+                   ) if lists else set()
+        if node not in ours:
+            raise JobStateError(f"node {node} of rank {rank} is not one of job {rec.job_id}'s nodes "
+                                f"({', '.join(sorted(ours)) or 'none in squeue'}); refusing to fail it")
+        # scontrol(1), "NODES - SPECIFICATIONS FOR UPDATE COMMAND": "State=DOWN: Stop all running
+        # and suspended jobs and make the node unavailable for new jobs"; "Reason=<reason>: Identify
+        # the reason the node is in a DOWN ... state" (one argv word here; the man page's quotes
+        # are for the shell, and remote.quote_argv quotes each word)
+        argv = ["scontrol", "update", f"NodeName={node}", "State=DOWN", f"Reason=hyperpod-lab inject-fault {rec.job_id}"]
+        res = self.remote.run(argv, check=False, timeout_s=30)
+        if res.exit_status != 0:
+            text = (res.stderr or res.stdout).strip()
+            if scontrol_refused(text):
+                raise NotAllowed(f"Slurm refused to set node {node} (rank {rank} of job {rec.job_id}) DOWN: "
+                                 f"{text[-300:]}. Failing a node needs Slurm administrator rights; an operator "
+                                 f"must run: scontrol update NodeName={node} State=DOWN "
+                                 f"Reason=\"hyperpod-lab inject-fault {rec.job_id}\" (or use --kind kill or exception)")
+            raise RemoteCommandError(argv, res.exit_status, text)
+        return {"node": node, "how": f"scontrol update NodeName={node} State=DOWN "
+                                     f"Reason=\"hyperpod-lab inject-fault {rec.job_id}\""}
+
+
+_SLURM_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""A single Slurm node name (no host list, no ``ALL``-style expression: letters, digits, ``._-``)."""
+
+
+def scontrol_refused(text: str) -> bool:
+    """Whether scontrol's error output says the user may not do it (``slurm_update error:
+    Invalid user id``, ``Access/permission denied``), as opposed to any other failure."""
+    return bool(re.search(r"invalid user id|access/permission denied|permission denied", text, re.IGNORECASE))

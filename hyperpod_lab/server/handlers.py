@@ -21,7 +21,7 @@ from jupyter_server.utils import ensure_async
 from hyperpod_lab.clusters import load_profiles, get_profile
 from hyperpod_lab.errors import (ClusterUnreachable, ConfigError, HostKeyError, HyperPodLabError, JobStateError,
                                  NotAllowed, RemoteCommandError, SpecError, UnknownCluster, UnknownJob)
-from hyperpod_lab.schedulers.base import DEFAULT_LOG_TAIL, LogChunk
+from hyperpod_lab.schedulers.base import DEFAULT_LOG_TAIL, LogChunk, fault_kind
 from hyperpod_lab.server.notebook_script import spec_from_request
 from hyperpod_lab.server.redact import redact
 from hyperpod_lab.spec import host_code_env
@@ -176,6 +176,11 @@ class CancelHandler(HyperPodHandler):
 
 
 class FaultsHandler(HyperPodHandler):
+    """``POST jobs/<id>/faults`` ``{"rank": R, "kind": "kill" | "node" | "exception"}`` (kind
+    default ``kill``): :meth:`hyperpod_lab.client.Client.inject_fault`. 400 for a bad rank or
+    kind (the message names the valid kinds), 403 when the scheduler refuses (a Slurm node
+    needs an operator), 409 when the job, rank or backend cannot take it."""
+
     @tornado.web.authenticated
     @authorized
     async def post(self, job_id: str):
@@ -183,7 +188,8 @@ class FaultsHandler(HyperPodHandler):
         rank = body.get("rank") if isinstance(body, dict) else None
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
             raise SpecError("rank", f'send {{"rank": R}} with R a rank >= 0, got {rank!r}')
-        info = await self.hp.watcher.run_for_job(job_id, self.hp.client.inject_fault, job_id, rank)
+        kind = fault_kind(body.get("kind", "kill"))
+        info = await self.hp.watcher.run_for_job(job_id, self.hp.client.inject_fault, job_id, rank, kind)
         self.reply({"rank": rank, **info})
 
 

@@ -1,0 +1,189 @@
+"""``inject-fault --kind kill|node|exception`` (issue 14, item 5), with real parts:
+
+* local backend, ``--kind exception`` into a running 2-process job: rank 1 raises
+  ``InjectedFault`` inside ``ctx.step``, ``fault.detected`` names it, torchrun restarts the workers
+  and the job completes; the request file is consumed (no second fault after the restart);
+* local backend, ``--kind node``: the clear error (no nodes here);
+* a bad kind: the clear error from the CLI (parser and exit status), the client and the REST route
+  (a real jupyter-server);
+* the dev cluster (real Slurm): ``--kind node --rank 1`` of a 2-node job sets the rank's node DOWN
+  through scontrol over SSH (slurmctld logs it) and the job's processes on that node end; the node
+  is resumed and the job cancelled whatever happens.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hyperpod_lab import cli
+from hyperpod_lab.errors import HyperPodLabError, JobStateError, SpecError
+from hyperpod_lab.jobdir import JobPaths
+from hyperpod_lab.jobs import JobStatus
+from hyperpod_lab.schedulers.slurm import scontrol_refused
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = os.path.join(REPO, "tests", "scripts", "steps.py")
+SLURMCTLD_LOG = "/var/tmp/hyperpod-lab-dev/log/slurmctld.log"
+KINDS = "kill, node, exception"
+
+
+class Follow:
+    """A job's events as they arrive (the client's EventReader)."""
+
+    def __init__(self, client, job_id: str):
+        self.client, self.job_id, self.reader, self.events = client, job_id, client.event_reader(job_id), []
+
+    def until(self, pred, what: str, timeout: float = 240.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.events.extend(self.reader.poll())
+            if pred():
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}: {[e.kind for e in self.events][-30:]}\n"
+                             f"{self.client.logs(self.job_id)[-4000:]}")
+
+    def of(self, kind: str) -> list:
+        return [e for e in self.events if e.kind == kind]
+
+
+def test_exception_kind_raises_in_the_rank_and_the_job_recovers(client):
+    job_id = cli.run(["submit", STEPS, "--cluster", "local", "--procs-per-node", "2", "--name", "inject-exc",
+                      "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001",
+                      "--", "--steps", "40", "--sleep", "0.1"], client=client)
+    job = Follow(client, job_id)
+    job.until(lambda: any(e.data["step"] >= 3 for e in job.of("step")), "step 3")
+
+    # the local backend has no nodes: a clear error, and nothing happens to the job
+    with pytest.raises(JobStateError, match="the local backend has no nodes; use --kind kill or exception"):
+        cli.run(["inject-fault", job_id, "--rank", "1", "--kind", "node"], client=client)
+    # a rank outside the job's world is refused before anything is written
+    with pytest.raises(SpecError, match=r"has ranks 0\.\.1; got 2"):
+        client.inject_fault(job_id, 2, kind="exception")
+
+    t0 = time.time()
+    info = client.inject_fault(job_id, 1, kind="exception")
+    assert info["kind"] == "exception" and info["rank"] == 1 and info["path"] == JobPaths(
+        client.get(job_id).job_dir).fault_request(1)
+    assert info["pid"] and info["node"]
+    job.until(lambda: [e for e in job.of("fault.detected") if e.time >= t0], "fault.detected")
+    job.until(lambda: job.of("finished"), "finished", timeout=300)
+
+    faults = [e for e in job.of("fault.detected") if e.time >= t0]
+    injected = [e for e in faults if "InjectedFault" in (e.data.get("reason") or "")]
+    assert len(injected) == 1, [e.data for e in faults]  # consumed: the restarted rank 1 does not raise again
+    fault = injected[0].data
+    assert fault["rank"] == 1 and fault["root_cause"] and info["nonce"] in fault["reason"], fault
+    assert "exception injected into rank 1 of job " + job_id in fault["reason"]
+    assert job.of("recovery.completed") and job.of("recovery.completed")[-1].data["restart_count"] >= 1
+    assert job.of("finished")[-1].data["status"] == "succeeded"
+    assert not os.path.exists(info["path"])
+    assert client.wait(job_id, timeout_s=60).state == JobStatus.COMPLETED, client.logs(job_id)[-3000:]
+
+
+def test_a_bad_kind_is_refused_by_the_cli_and_the_client(client):
+    with pytest.raises(SpecError, match="argument --kind: invalid choice: 'bogus'.*'kill', 'node', 'exception'"):
+        cli.run(["inject-fault", "any-job", "--rank", "0", "--kind", "bogus"], client=client)
+    p = subprocess.run([sys.executable, "-m", "hyperpod_lab.cli", "inject-fault", "any-job", "--rank", "0",
+                        "--kind", "reboot"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "invalid choice: 'reboot'" in p.stderr and "'exception'" in p.stderr, p.stderr
+    # the kind is checked before the job is looked up
+    with pytest.raises(SpecError, match=f"kind: must be one of {KINDS}, got 'bogus'"):
+        client.inject_fault("no-such-job", 0, kind="bogus")
+
+
+def test_a_bad_kind_is_refused_by_the_rest_route(tmp_path):
+    from jupyter_server_proc import JupyterServer
+
+    srv = JupyterServer(str(tmp_path / "root"), str(tmp_path))
+    os.makedirs(srv.root_dir)
+    srv.start()
+    try:
+        status, body = srv.call("POST", "/hyperpod/jobs/no-such-job/faults", {"rank": 0, "kind": "bogus"})
+        assert status == 400 and body["error"]["field"] == "kind", body
+        assert body["error"]["message"] == f"kind: must be one of {KINDS}, got 'bogus'"
+        status, body = srv.call("POST", "/hyperpod/jobs/no-such-job/faults", {"rank": 0, "kind": 3})
+        assert status == 400 and body["error"]["field"] == "kind", body
+        # a valid kind gets as far as the job lookup
+        status, body = srv.call("POST", "/hyperpod/jobs/no-such-job/faults", {"rank": 0, "kind": "exception"})
+        assert status == 404, body
+    finally:
+        srv.stop()
+    assert not srv.auth_warnings(), srv.auth_warnings()
+
+
+def test_scontrol_refusals_are_told_apart_from_other_failures():
+    # scontrol's own words (Slurm's error strings ESLURM_USER_ID_MISSING, ESLURM_ACCESS_DENIED)
+    assert scontrol_refused("slurm_update error: Invalid user id")
+    assert scontrol_refused("slurm_update error: Access/permission denied")
+    assert not scontrol_refused("slurm_update error: Invalid node name specified")
+    assert not scontrol_refused("Unable to contact slurm controller (connect failure)")
+
+
+def _log_size() -> int:
+    try:
+        return os.path.getsize(SLURMCTLD_LOG)
+    except OSError:
+        return 0
+
+
+def _log_since(offset: int) -> str:
+    with open(SLURMCTLD_LOG, "rb") as f:
+        if os.fstat(f.fileno()).st_size < offset:  # restarted with a fresh log
+            offset = 0
+        f.seek(offset)
+        return f.read().decode(errors="replace")
+
+
+def test_node_kind_sets_the_ranks_node_down_on_slurm(dev_cluster, client):
+    from slurm_jobs import job_pids, scontrol
+
+    job_id = cli.run(["submit", STEPS, "--cluster", "local-slurm", "--nodes", "2", "--procs-per-node", "1",
+                      "--name", "inject-node", "--", "--steps", "3000", "--sleep", "0.1"], client=client)
+    rec, node = client.get(job_id), None
+    try:
+        job = Follow(client, job_id)
+        sched = client.scheduler("local-slurm")
+
+        def rank1_stepping():
+            try:
+                sched.rank_info(client.get(job_id), 1)
+            except JobStateError:
+                return False
+            return any(e.data["step"] >= 3 for e in job.of("step"))
+
+        job.until(rank1_stepping, "rank 1 started and step 3", timeout=400)
+        rec = client.get(job_id)
+        node = sched.rank_info(rec, 1)["node"]
+        assert job_pids(rec.native_id, node), f"no process of Slurm job {rec.native_id} on {node}"
+        log_at = _log_size()
+        out = io.StringIO()
+        cli.run(["inject-fault", job_id, "--rank", "1", "--kind", "node"], out=out, client=client)
+        assert out.getvalue().startswith(f"failed node {node} of rank 1 of {job_id}: scontrol update "
+                                         f"NodeName={node} State=DOWN"), out.getvalue()
+        # what the scheduler did, as slurmctld saw it
+        deadline = time.monotonic() + 30
+        while f"update_node: node {node} state set to DOWN" not in _log_since(log_at):
+            assert time.monotonic() < deadline, _log_since(log_at)[-3000:]
+            time.sleep(0.3)
+        assert f"update_node: node {node} reason set to: hyperpod-lab inject-fault {job_id}" in _log_since(log_at)
+        # the job's step on that node is killed
+        deadline = time.monotonic() + 120
+        while job_pids(rec.native_id, node):
+            assert time.monotonic() < deadline, f"processes of {rec.native_id} still on {node}: " \
+                                                f"{job_pids(rec.native_id, node)}"
+            time.sleep(0.5)
+    finally:
+        if node:
+            res = scontrol("update", f"NodeName={node}", "State=RESUME")
+            assert res.returncode == 0 or "Invalid node state transition" in res.stderr, res.stderr
+        try:
+            client.cancel(job_id)
+        except HyperPodLabError:
+            pass
