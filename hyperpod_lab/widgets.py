@@ -2,9 +2,11 @@
 
 It shows the job's state, a progress bar of steps, a loss plot (an SVG polyline redrawn at most
 every ``plot_interval_s``), the latest events and a fault/recovery timeline (faults red,
-recoveries green with their downtime, checkpoints blue). A background thread reads the job's
-events (``Client.event_reader``, the same cursor-based reader the CLI uses) and updates the
-widgets' traits; ipykernel sends trait changes made from threads, so the monitor keeps updating
+recoveries green with their downtime, checkpoints blue, the nodes' pre-flight health checks and
+excluded nodes with the node they name; the header lists the excluded nodes). A background
+thread reads the job's
+events (``Client.event_reader``, the same cursor-based reader the CLI uses) and updates
+the widgets' traits; ipykernel sends trait changes made from threads, so the monitor keeps updating
 while other cells run. The thread stops when the ``finished`` event arrives or the job is
 terminal and no more events come (or on :meth:`JobMonitor.stop`).
 """
@@ -24,7 +26,10 @@ from hyperpod_lab.progress import Progress
 FINISH_GRACE_S = 30.0  # after 'finished', how long to wait for the scheduler's end state (s)
 _COLORS = {EventKind.FAULT_DETECTED.value: "#d32f2f", EventKind.RECOVERY_COMPLETED.value: "#2e7d32",
            EventKind.RECOVERY_STARTED.value: "#ef6c00", EventKind.CHECKPOINT_SAVED.value: "#1565c0",
-           EventKind.CHECKPOINT_RESTORED.value: "#6a1b9a", EventKind.FINISHED.value: "#424242"}
+           EventKind.CHECKPOINT_RESTORED.value: "#6a1b9a", EventKind.FINISHED.value: "#424242",
+           EventKind.HEALTH_CHECKED.value: "#00796b", EventKind.HEALTH_FAILED.value: "#c62828",
+           EventKind.NODE_EXCLUDED.value: "#ef6c00"}
+_HEALTH_CHECKS_FAILED = "#c62828"  # a health.checked whose checks failed
 
 
 class JobMonitor:
@@ -162,8 +167,10 @@ class JobMonitor:
         loss = f"{p.loss:.4g}" if isinstance(p.loss, (int, float)) else "–"
         state = html.escape(self.state) + (" (monitor stopped)" if final else "")
         err = f" <span style='color:#d32f2f'>{html.escape(self.error)}</span>" if self.error else ""
+        excluded = ", ".join(str(x["node"]) for x in p.excluded_nodes)
+        excluded = f" · excluded <span class='hp-excluded'>{html.escape(excluded)}</span>" if excluded else ""
         self.header.value = (f"<b>{html.escape(self.job_id)}</b> · state <b>{state}</b> · loss {loss} · "
-                             f"faults {p.faults} · recoveries {p.recoveries}{err}")
+                             f"faults {p.faults} · recoveries {p.recoveries}{excluded}{err}")
         now = time.monotonic()
         if force_plot or now - self._last_plot >= self.plot_interval_s:
             self._last_plot = now
@@ -189,11 +196,61 @@ def loss_svg(points: list[tuple[int, float]], width: int = 480, height: int = 14
             f"<text x='{width - pad}' y='{height - 6}' font-size='11' text-anchor='end'>step {x1}</text></svg>")
 
 
+_TIMELINE_KINDS = frozenset(k.value for k in (
+    EventKind.FAULT_DETECTED, EventKind.RECOVERY_COMPLETED, EventKind.CHECKPOINT_SAVED, EventKind.CHECKPOINT_RESTORED,
+    EventKind.ELASTIC_SCALED, EventKind.HEALTH_CHECKED, EventKind.HEALTH_FAILED, EventKind.NODE_EXCLUDED,
+    EventKind.FINISHED))
+
+
+def _node_of(e: Event) -> str:
+    node = e.data.get("node")
+    if node:
+        return str(node)
+    return e.writer[len("health-"):] if e.writer.startswith("health-") else "?"
+
+
+def _secs(x: Any) -> str:
+    return f"{x:.3g} s" if isinstance(x, (int, float)) and not isinstance(x, bool) else "? s"
+
+
+def event_label(e: Event) -> str:
+    """One line of a timeline mark: what happened, where (the node), how long."""
+    d = e.data
+    if e.kind == EventKind.FAULT_DETECTED.value:
+        if d.get("reason") == "node down":
+            ranks = d.get("rank")
+            ranks = ", ".join(map(str, ranks)) if isinstance(ranks, list) else ranks
+            return f"fault: node {d.get('node')} down (Slurm: {d.get('slurm_state') or 'DOWN'}), ranks {ranks}"
+        return f"fault: rank {d.get('rank')} on {d.get('node')} ({d.get('signal') or d.get('reason')})"
+    if e.kind == EventKind.RECOVERY_COMPLETED.value:
+        return (f"recovered in {d.get('downtime_s', 0):.1f} s from {d.get('restored_from')} "
+                f"(step {d.get('restored_step')})")
+    if e.kind == EventKind.CHECKPOINT_SAVED.value:
+        return f"checkpoint {d.get('tier')} step {d.get('step')}"
+    if e.kind == EventKind.CHECKPOINT_RESTORED.value:
+        return f"restored {d.get('tier')} step {d.get('step')}"
+    if e.kind == EventKind.HEALTH_CHECKED.value:
+        checks = d.get("checks") if isinstance(d.get("checks"), dict) else {}
+        failed = [k for k, c in checks.items() if isinstance(c, dict) and c.get("status") == "failed"]
+        if d.get("ok") is False or failed:
+            return f"health checks failed on {_node_of(e)}: {', '.join(failed) or '?'} ({_secs(d.get('seconds'))})"
+        return f"health checks passed on {_node_of(e)} ({len(checks)} checks, {_secs(d.get('seconds'))})"
+    if e.kind == EventKind.HEALTH_FAILED.value:
+        detail = f" — {d.get('detail')}" if d.get("detail") else ""
+        return f"health check failed on {_node_of(e)}: {d.get('check')}{detail}"
+    if e.kind == EventKind.NODE_EXCLUDED.value:
+        faults = d.get("faults")
+        counted = f" ({faults} fault{'' if faults == 1 else 's'})" if isinstance(faults, int) and faults else ""
+        return f"{_node_of(e)} excluded: {d.get('reason') or 'no reason given'}{counted}"
+    if e.kind == EventKind.FINISHED.value:
+        return f"finished: {d.get('status')}"
+    return e.kind
+
+
 def timeline_html(events: list[Event]) -> str:
-    """Fault/recovery timeline: checkpoints, faults (red) and recoveries (green, with downtime)."""
-    marks = [e for e in events if e.kind in (EventKind.FAULT_DETECTED.value, EventKind.RECOVERY_COMPLETED.value,
-                                             EventKind.CHECKPOINT_SAVED.value, EventKind.CHECKPOINT_RESTORED.value,
-                                             EventKind.ELASTIC_SCALED.value, EventKind.FINISHED.value)]
+    """Fault/recovery timeline: checkpoints, faults (red) and recoveries (green, with downtime),
+    the nodes' pre-flight health checks (passed: teal, failed: red) and excluded nodes (orange)."""
+    marks = [e for e in events if e.kind in _TIMELINE_KINDS]
     if not events:
         return ""
     t0 = events[0].time
@@ -201,21 +258,10 @@ def timeline_html(events: list[Event]) -> str:
     for e in marks:
         if e.kind == EventKind.CHECKPOINT_SAVED.value and e.data.get("tier") == "memory":
             continue  # frequent; the persistent tier is enough on the timeline
-        d = e.data
-        if e.kind == EventKind.FAULT_DETECTED.value:
-            text = f"fault: rank {d.get('rank')} on {d.get('node')} ({d.get('signal') or d.get('reason')})"
-        elif e.kind == EventKind.RECOVERY_COMPLETED.value:
-            text = (f"recovered in {d.get('downtime_s', 0):.1f} s from {d.get('restored_from')} "
-                    f"(step {d.get('restored_step')})")
-        elif e.kind == EventKind.CHECKPOINT_SAVED.value:
-            text = f"checkpoint {d.get('tier')} step {d.get('step')}"
-        elif e.kind == EventKind.CHECKPOINT_RESTORED.value:
-            text = f"restored {d.get('tier')} step {d.get('step')}"
-        elif e.kind == EventKind.FINISHED.value:
-            text = f"finished: {d.get('status')}"
-        else:
-            text = e.kind
+        text = event_label(e)
         color = _COLORS.get(e.kind, "#555")
+        if e.kind == EventKind.HEALTH_CHECKED.value and text.startswith("health checks failed"):
+            color = _HEALTH_CHECKS_FAILED
         items.append(f"<span class='hp-mark hp-{e.kind.replace('.', '-')}' style='display:inline-block;"
                      f"margin:2px;padding:1px 6px;border-radius:8px;border:1px solid {color};color:{color}'>"
                      f"+{e.time - t0:.1f}s {html.escape(text)}</span>")

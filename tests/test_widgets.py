@@ -15,7 +15,7 @@ import pytest
 from nbclient import NotebookClient
 
 from hyperpod_lab.events import Event
-from hyperpod_lab.widgets import JobMonitor, timeline_html
+from hyperpod_lab.widgets import JobMonitor, event_label, timeline_html
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -89,6 +89,54 @@ def test_timeline_marks_faults_red_and_recoveries_green_with_downtime():
     assert "#d32f2f" in fault.split("</span>")[0] and "rank 1 on n2 (SIGKILL)" in fault
     rec = out[out.index("hp-recovery-completed"):]
     assert "#2e7d32" in rec.split("</span>")[0] and "recovered in 4.5 s from memory" in rec and "+7.5s" in rec
+
+
+def test_timeline_names_the_node_of_health_checks_exclusions_and_node_down():
+    ok = {"status": "passed", "detail": "", "seconds": 0.1}
+    ev = [Event("submitted", "j", 100.0, "client", 0, {}),
+          Event("health.checked", "j", 102.0, "health-n1", 0, {"node": "n1", "ok": True, "seconds": 1.25,
+                                                                "checks": {"gpu": ok, "shm": ok}}),
+          Event("health.failed", "j", 102.5, "health-n2", 0, {"node": "n2", "check": "shm",
+                                                               "detail": "/dev/shm is 64 MiB, needs 1 GiB"}),
+          Event("health.checked", "j", 102.5, "health-n2", 1, {"node": "n2", "ok": False, "seconds": 2.0, "checks": {
+              "gpu": ok, "shm": {"status": "failed", "detail": "64 MiB"}}}),
+          Event("node.excluded", "j", 102.6, "supervisor", 0, {"node": "n2", "reason": "health check failed: shm",
+                                                                "faults": 0, "excluded": ["n2"]}),
+          Event("node.excluded", "j", 150.0, "supervisor", 1, {"node": "n3", "reason": "faulted twice", "faults": 2,
+                                                                "excluded": ["n2", "n3"]}),
+          Event("fault.detected", "j", 160.0, "supervisor", 2, {"reason": "node down", "node": "n4", "rank": [6, 7],
+                                                                 "slurm_state": "DOWN", "replica_group": 3})]
+    assert [event_label(e) for e in ev[1:]] == [
+        "health checks passed on n1 (2 checks, 1.25 s)",
+        "health check failed on n2: shm — /dev/shm is 64 MiB, needs 1 GiB",
+        "health checks failed on n2: shm (2 s)",
+        "n2 excluded: health check failed: shm",
+        "n3 excluded: faulted twice (2 faults)",
+        "fault: node n4 down (Slurm: DOWN), ranks 6, 7"]
+    out = timeline_html(ev)
+    for kind, color, text in [("health-checked", "#00796b", "+2.0s health checks passed on n1"),
+                              ("health-failed", "#c62828", "health check failed on n2: shm — /dev/shm is 64 MiB"),
+                              ("node-excluded", "#ef6c00", "+50.0s n3 excluded: faulted twice"),
+                              ("fault-detected", "#d32f2f", "node n4 down (Slurm: DOWN)")]:
+        marks = [m for m in out.split("<span class='hp-mark ")[1:] if m.startswith(f"hp-{kind}'")]
+        assert any(color in m and text in m for m in marks), (kind, marks)
+    failed_checks = [m for m in out.split("<span class='hp-mark ")[1:] if "health checks failed on n2" in m]
+    assert len(failed_checks) == 1 and "#c62828" in failed_checks[0]  # a failed node's checks are red, not teal
+
+
+def test_monitor_header_lists_the_excluded_nodes(tmp_path):
+    from hyperpod_lab.client import Client
+    from hyperpod_lab.jobs import JobRecord, JobStore
+
+    client = Client(JobStore(str(tmp_path / "store")))
+    client.store.put(JobRecord(job_id="hdr-1", name="hdr", cluster="local", orchestrator="local", native_id="1",
+                               job_dir=str(tmp_path / "job"), spec={"args": []}, status="running"))
+    mon = JobMonitor("hdr-1", client=client, start=False)
+    assert "excluded" not in mon.header.value
+    mon._on_event(Event("node.excluded", "hdr-1", 1.0, "supervisor", 0, {"node": "n2", "reason": "faulted twice",
+                                                                         "faults": 2, "excluded": ["n2"]}))
+    mon._render()
+    assert "excluded <span class='hp-excluded'>n2</span>" in mon.header.value and "faults 0" in mon.header.value
 
 
 def test_kernel_spec_is_installed_and_loads_the_magics():
