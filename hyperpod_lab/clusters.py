@@ -126,6 +126,10 @@ class ClusterProfile:
         shared_root: shared-storage directory, the same path on nodes and login node.
         python: Python interpreter on the nodes that has hyperpod-lab and torch.
         connect_timeout_s: SSH connect timeout, seconds.
+        op_timeout_s: (slurm) seconds any one remote operation may go without an answer (an SFTP
+            read, write, list, stat, mkdir, rename; an SSH channel or command request) before it
+            fails with ClusterUnreachable and the connection is dropped (default 30). A command's
+            own output timeout is the caller's ``timeout_s`` (see ``schedulers/remote.py``).
         defaults: partition / nodes / procs_per_node defaults.
         kube_context, kubeconfig: (eks) a kubeconfig context, and the kubeconfig file
             (default ``$KUBECONFIG`` or ``~/.kube/config``).
@@ -162,6 +166,7 @@ class ClusterProfile:
     shared_root: str | None = None
     python: str = "python3"
     connect_timeout_s: float = 10.0
+    op_timeout_s: float = 30.0
     defaults: ClusterDefaults = field(default_factory=ClusterDefaults)
     kube_context: str | None = None
     kubeconfig: str | None = None
@@ -213,6 +218,10 @@ class ClusterProfile:
                 raise ConfigError(f"{where}: ssm_target must look like sagemaker-cluster:<cluster-id>_<group>-"
                                   f"<instance-id> (or an instance id such as i-0123456789abcdef0), got "
                                   f"{self.ssm_target!r}")
+            if isinstance(self.op_timeout_s, bool) or not isinstance(self.op_timeout_s, (int, float)) \
+                    or not 0 < self.op_timeout_s <= 3600:
+                raise ConfigError(f"{where}: op_timeout_s must be a number of seconds, 0 < op_timeout_s <= 3600, "
+                                  f"got {self.op_timeout_s!r}")
             for key in ("region", "aws_profile"):
                 v = getattr(self, key)
                 if v is not None and (not isinstance(v, str) or not _AWS_NAME.fullmatch(v)):

@@ -24,8 +24,9 @@ known_hosts         profile ``known_hosts`` and config ``UserKnownHostsFile`` /
                     ``GlobalKnownHostsFile`` together; ``~/.ssh/known_hosts`` if none is named
 connect timeout     profile ``connect_timeout_s`` unless 10 (the default), else config
                     ``ConnectTimeout``, else 10 s
-keepalive           config ``ServerAliveInterval`` / ``ServerAliveCountMax`` (SSM: 60 s / 3
-                    when the config names none, since SSM drops idle sessions after 20 min)
+keepalive           config ``ServerAliveInterval`` / ``ServerAliveCountMax``, else 15 s / 3
+                    (SSM: 60 s / 3 when the config names none, since SSM drops idle sessions
+                    after 20 min); ``ServerAliveInterval 0`` turns keepalives off
 path                profile ``ssm_target`` (``aws ssm start-session ... AWS-StartSSHSession``),
                     else config ``ProxyJump`` (several hops) or ``ProxyCommand``, else direct
 ==================  =====================================================================
@@ -40,6 +41,14 @@ would take that one).
 Every hop's host key is verified with paramiko's ``RejectPolicy`` against the hop's
 known_hosts files: an unknown or changed key is an error naming the hop, never accepted, whatever
 ``StrictHostKeyChecking`` says. ``HostKeyAlias`` and agents are not used.
+
+Keepalives and dead links: the login node's transport sends a keepalive (``set_keepalive``) every
+``ServerAliveInterval`` seconds, and a :class:`KeepaliveMonitor` asks it for an answer (an
+``keepalive@openssh.com`` global request with want-reply, which OpenSSH answers with a failure
+reply, as ``ssh`` does) every interval: when none comes within ``ServerAliveInterval *
+ServerAliveCountMax`` seconds, the link is dead and the transport is closed, so every call in
+flight on it ends at once (and :class:`~hyperpod_lab.schedulers.remote.SSHRemote` reconnects).
+The probe travels through every jump host, so one monitor on the login node covers the route.
 
 A ``ProxyCommand`` from the config runs as OpenSSH runs it (``/bin/sh -c 'exec COMMAND'``, after
 paramiko's ``%h``/``%p``/``%r`` expansion; it is the config owner's own command). The SSM command
@@ -56,6 +65,8 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
+import time
 from dataclasses import dataclass, field
 
 from hyperpod_lab.clusters import ClusterProfile
@@ -63,6 +74,8 @@ from hyperpod_lab.errors import ClusterUnreachable, ConfigError, HostKeyError
 
 DEFAULT_PORT = 22
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
+DEFAULT_KEEPALIVE_S = 15  # ServerAliveInterval when the config names none (OpenSSH's default is off)
+DEFAULT_KEEPALIVE_COUNT = 3  # ServerAliveCountMax, as OpenSSH
 SSM_KEEPALIVE_S = 60
 SSM_KEEPALIVE_COUNT = 3
 MAX_HOPS = 8
@@ -84,7 +97,9 @@ class Hop:
         required_known_hosts: of those, the one the profile names (it must exist).
         proxy_argv: a command whose stdin/stdout carry this hop (ProxyCommand or SSM), or None.
         proxy_display: that command as the user wrote it (for messages).
-        keepalive_s, keepalive_count: ``ServerAliveInterval`` (0: off) and ``ServerAliveCountMax``.
+        keepalive_s, keepalive_count: ``ServerAliveInterval``, seconds (0: off; default 15) and
+            ``ServerAliveCountMax`` (default 3): the link is dead after ``keepalive_s *
+            keepalive_count`` seconds without an answer to a keepalive.
         connect_timeout_s: TCP connect, banner, auth and tunnel timeout, seconds.
         label: how errors name the hop, e.g. ``ProxyJump hop 1 (bastion:2223)``.
     """
@@ -98,8 +113,8 @@ class Hop:
     required_known_hosts: str | None = None
     proxy_argv: list[str] | None = None
     proxy_display: str | None = None
-    keepalive_s: int = 0
-    keepalive_count: int = 3
+    keepalive_s: int = DEFAULT_KEEPALIVE_S
+    keepalive_count: int = DEFAULT_KEEPALIVE_COUNT
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
     label: str = ""
 
@@ -228,8 +243,10 @@ def _make_hop(profile: ClusterProfile, path, opts: dict, alias: str, *, target: 
         timeout = float(profile.connect_timeout_s)
     else:
         timeout = float(_int(profile, path, alias, "ConnectTimeout", opts["connecttimeout"], 1, 86400))
-    keepalive = _int(profile, path, alias, "ServerAliveInterval", opts.get("serveraliveinterval", 0), 0, 86400)
-    count = _int(profile, path, alias, "ServerAliveCountMax", opts.get("serveralivecountmax", 3), 0, 1000)
+    keepalive = _int(profile, path, alias, "ServerAliveInterval",
+                     opts.get("serveraliveinterval", DEFAULT_KEEPALIVE_S), 0, 86400)
+    count = _int(profile, path, alias, "ServerAliveCountMax",
+                 opts.get("serveralivecountmax", DEFAULT_KEEPALIVE_COUNT), 0, 1000)
     return Hop(alias=alias, hostname=str(opts.get("hostname") or alias), port=port_, user=str(user_),
                key_files=[os.path.expanduser(k) for k in keys], known_hosts=_known_hosts(profile, opts),
                required_known_hosts=os.path.expanduser(profile.known_hosts) if profile.known_hosts else None,
@@ -526,16 +543,95 @@ def _connect_hop(hop: Hop, sock, profile_name: str, proxy: ProxyProcess | None):
     return client
 
 
+def probe(transport, timeout_s: float) -> bool:
+    """Whether ``transport`` answers a keepalive (``keepalive@openssh.com``, want-reply) within
+    ``timeout_s`` seconds. False for a closed transport. paramiko waits for the reply without a
+    timeout, so the request runs in a short-lived daemon thread, which ends when the reply comes or
+    the transport closes."""
+    if transport is None or not transport.is_active():
+        return False
+    done = threading.Event()
+
+    def ask():
+        try:
+            transport.global_request("keepalive@openssh.com", wait=True)  # a failure reply is an answer
+        except Exception:  # the transport went away: no answer
+            return
+        if transport.is_active():
+            done.set()
+
+    threading.Thread(target=ask, name="hyperpod-lab-keepalive-probe", daemon=True).start()
+    return done.wait(timeout_s)
+
+
+class KeepaliveMonitor:
+    """Detects a dead link to a login node (OpenSSH's ``ServerAliveInterval`` /
+    ``ServerAliveCountMax``): every ``interval_s`` seconds it asks the transport for an answer
+    (:func:`probe`); when none comes within ``interval_s * count`` seconds it records why in
+    :attr:`dead_reason` and closes the transport, so every call waiting on it ends at once.
+
+    Args:
+        transport: the login node's paramiko Transport.
+        interval_s: seconds between keepalives (> 0).
+        count: keepalives that may go unanswered (``ServerAliveCountMax``; 0 counts as 1).
+        label: the hop, for :attr:`dead_reason`.
+
+    Attributes:
+        dead_reason: None while the link answers; else a sentence naming the hop and the silence.
+    """
+
+    def __init__(self, transport, interval_s: float, count: int, label: str):
+        self.transport, self.interval_s, self.count, self.label = transport, float(interval_s), max(1, count), label
+        self.dead_reason: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hyperpod-lab-keepalive", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            if not self.transport.is_active():
+                return
+            window = self.interval_s * self.count
+            if not probe(self.transport, window) and not self._stop.is_set() and self.transport.is_active():
+                self.dead_reason = (f"{self.label} answered none of {self.count} keepalive(s) in {window:g} s "
+                                    f"(ServerAliveInterval {self.interval_s:g} s, ServerAliveCountMax {self.count}): "
+                                    f"the link is dead")
+                self.transport.close()
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
 @dataclass
 class OpenRoute:
     """A connected route: ``client`` is the login node's; ``parts`` are the jump clients and proxy
-    processes under it, closed (innermost first) by :meth:`close`."""
+    processes under it, closed (innermost first) by :meth:`close`; ``monitor`` watches the link
+    (None when ``ServerAliveInterval`` is 0)."""
 
     route: Route
     client: object
     parts: list = field(default_factory=list)
+    monitor: KeepaliveMonitor | None = None
+    opened_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def transport(self):
+        return self.client.get_transport()
+
+    @property
+    def active(self) -> bool:
+        """Whether the login node's transport is open (False once the monitor found it dead)."""
+        t = self.transport
+        return bool(t is not None and t.is_active())
+
+    @property
+    def dead_reason(self) -> str | None:
+        return self.monitor.dead_reason if self.monitor is not None else None
 
     def close(self) -> None:
+        if self.monitor is not None:
+            self.monitor.stop()
         for part in [self.client, *reversed(self.parts)]:
             try:
                 part.close()
@@ -586,7 +682,10 @@ def open_route(route: Route, profile_name: str) -> OpenRoute:
             except Exception:
                 pass
         raise
-    return OpenRoute(route=route, client=client, parts=parts)
+    target = route.target
+    monitor = (KeepaliveMonitor(client.get_transport(), target.keepalive_s, target.keepalive_count, target.label)
+               if target.keepalive_s else None)
+    return OpenRoute(route=route, client=client, parts=parts, monitor=monitor)
 
 
 def describe(route: Route) -> str:
@@ -595,5 +694,5 @@ def describe(route: Route) -> str:
                        for h in route.hops)
 
 
-__all__ = ["Hop", "Route", "OpenRoute", "ProxyProcess", "resolve_route", "open_route", "ssm_proxy_argv",
-           "ssh_config_path", "describe"]
+__all__ = ["Hop", "Route", "OpenRoute", "ProxyProcess", "KeepaliveMonitor", "resolve_route", "open_route",
+           "probe", "ssm_proxy_argv", "ssh_config_path", "describe"]
