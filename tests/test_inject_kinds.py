@@ -181,8 +181,10 @@ def test_node_kind_sets_the_ranks_node_down_on_slurm(dev_cluster, client):
             time.sleep(0.5)
     finally:
         if node:
+            # the dev cluster's ReturnToService=2 returns a node whose slurmd answers at once; then
+            # RESUME is refused ("Invalid node state specified": IDLE to RESUME), which is fine
             res = scontrol("update", f"NodeName={node}", "State=RESUME")
-            assert res.returncode == 0 or "Invalid node state transition" in res.stderr, res.stderr
+            assert res.returncode == 0 or "Invalid node state" in res.stderr, res.stderr
         try:
             client.cancel(job_id)
         except HyperPodLabError:
