@@ -11,42 +11,41 @@ with the job's variables set (``$HYPERPOD_LAB_JOB_DIR``, ``$HYPERPOD_LAB_JOB_ID`
 ``failed`` (with a detail that names the problem and the fix) or ``skipped`` (with the reason: a
 check that cannot run is skipped, never reported passed), and records its own duration in seconds.
 
-========== ==========================================================================================
-check      what it does (units)
-========== ==========================================================================================
-``gpu``    when GPUs are expected (``--expect-gpus N``, N > 0): ``nvidia-smi
-           --query-gpu=index,name,uuid,pci.bus_id,memory.total,ecc.errors.uncorrected.volatile.total,
-           retired_pages.pending,remapped_rows.pending,remapped_rows.failure
-           --format=csv,noheader,nounits`` must list >= N GPUs, none with an uncorrected ECC error
-           since the driver loaded, a retired page or remapped row pending (a GPU reset is due) or a
-           row-remapping failure; ``torch.cuda.device_count()`` must be >= N when torch imports.
-           No ``nvidia-smi`` (or one that fails or hangs 30 s) with GPUs expected fails. N = 0:
-           skipped ("no GPU requested"). Extra: ``gpus`` (one dict per GPU), ``torch_devices``.
-``shm``    free bytes (``statvfs``: ``f_bavail * f_frsize``) of the file system holding the memory
-           tier's directory for this node, ``<shm_root>/<job_id>/<node>`` (its nearest existing
-           ancestor; nothing is created), plus the bytes the job already holds there (its slots are
-           reused), must be >= the budget. ``shm_root``: ``$HYPERPOD_LAB_SHM_DIR``, else
-           ``/dev/shm/hyperpod-lab`` (:func:`hyperpod_lab.runtime.slots.shm_root`). Budget (bytes):
-           ``--shm-bytes``; else the most this job's ranks ever held on one node (the max over its
-           ``checkpoint.saved`` events of tier ``memory``, per node and step, of the sum of the
-           ranks' ``memory_bytes``), at least ``$HYPERPOD_LAB_HEALTH_MIN_SHM_BYTES`` (default
-           64 MiB). Skipped when the job has no memory tier (``checkpoint.memory_every_steps``
-           unset and recovery not ``checkpointless``). Extra: ``path``, ``free_bytes``,
-           ``held_bytes``, ``needed_bytes``, ``budget_from``.
-``storage`` writes 1 MiB to a new probe file in ``<job_dir>/health/<node>/`` (created), fsyncs it,
-           reads it back, compares, deletes it. An ``OSError`` (``EROFS``, ``EACCES``, ``ENOSPC``,
-           ...) fails naming the errno and the path. Extra: ``path``, ``write_s`` (write + fsync,
-           seconds), ``read_s``, ``bytes``.
-``versions`` ``hyperpod_lab.__version__`` must equal ``--expect-version`` and ``torch.__version__``
-           ``--expect-torch`` (each part skipped when not given); torch must import. Extra:
-           ``versions`` {``hyperpod_lab``, ``torch``, ``torch_cuda``, ``python``}, always.
-``clock``  skew (seconds) = this node's ``time.time()`` right after the probe's fsync minus the
-           probe's mtime as the shared storage reports it (NFS/FSx for OpenZFS/ONTAP: the server's
-           clock; a local disk or Lustre, whose clients stamp mtime: ~0, the check cannot see a
-           wrong clock there). Fails when ``|skew| > $HYPERPOD_LAB_HEALTH_MAX_CLOCK_SKEW_S``
-           (default 2.0 s). Skipped when the storage check failed. Extra: ``skew_s``,
-           ``max_skew_s``.
-========== ==========================================================================================
+``gpu``
+    When GPUs are expected (``--expect-gpus N``, N > 0): ``nvidia-smi
+    --query-gpu=index,name,uuid,pci.bus_id,memory.total,ecc.errors.uncorrected.volatile.total,
+    retired_pages.pending,remapped_rows.pending,remapped_rows.failure --format=csv,noheader,nounits``
+    must list >= N GPUs, none with an uncorrected ECC error since the driver loaded, a retired page
+    or remapped row pending (a GPU reset is due) or a row-remapping failure; and
+    ``torch.cuda.device_count()`` must be >= N when torch imports. No ``nvidia-smi`` (or one that
+    fails, or hangs 30 s) with GPUs expected fails. N = 0: skipped ("no GPU requested"). Extra:
+    ``expected``, ``visible``, ``gpus`` (one dict per GPU), ``torch_devices``.
+``shm``
+    Free bytes (``statvfs``: ``f_bavail * f_frsize``) of the file system holding the memory tier's
+    directory for this node, ``<shm_root>/<job_id>/<node>`` (its nearest existing ancestor; nothing
+    is created), plus the bytes the job already holds there (its slots are reused), must be >= the
+    budget. ``shm_root``: ``$HYPERPOD_LAB_SHM_DIR``, else ``/dev/shm/hyperpod-lab``
+    (:func:`hyperpod_lab.runtime.slots.shm_root`). Budget (bytes): ``--shm-bytes``; else the most
+    this job's ranks ever held on one node (the max over its ``checkpoint.saved`` events of tier
+    ``memory``, per node and step, of the sum of the ranks' ``memory_bytes``), at least
+    ``$HYPERPOD_LAB_HEALTH_MIN_SHM_BYTES`` (default 64 MiB). Skipped when the job has no memory
+    tier (``checkpoint.memory_every_steps`` unset and recovery not ``checkpointless``). Extra:
+    ``path``, ``free_bytes``, ``held_bytes``, ``needed_bytes``, ``budget_from``.
+``storage``
+    Writes 1 MiB to a new probe file in ``<job_dir>/health/<node>/`` (created), fsyncs it, reads it
+    back, compares, deletes it. An ``OSError`` (``EROFS``, ``EACCES``, ``ENOSPC``, ...) fails naming
+    the errno and the path. Extra: ``path``, ``write_s`` (write + fsync, seconds), ``read_s``,
+    ``bytes``.
+``versions``
+    ``hyperpod_lab.__version__`` must equal ``--expect-version`` and ``torch.__version__``
+    ``--expect-torch`` (each part left out when not given; skipped when neither is); torch must
+    import. Extra: ``versions`` {``hyperpod_lab``, ``torch``, ``torch_cuda``, ``python``}, always.
+``clock``
+    Skew (seconds) = this node's ``time.time()`` right after the probe's fsync minus the probe's
+    mtime as the shared storage reports it (NFS, FSx for OpenZFS/ONTAP: the server's clock; a local
+    disk or Lustre, whose clients stamp mtime: ~0, so the check cannot see a wrong clock there).
+    Fails when ``|skew| > $HYPERPOD_LAB_HEALTH_MAX_CLOCK_SKEW_S`` (default 2.0 s). Skipped when the
+    storage check failed. Extra: ``skew_s``, ``max_skew_s``.
 
 What the CLI writes: one ``health.checked`` event {node, run_id, ok, checks: {name: {status,
 detail, seconds, ...extra}}, seconds} (writer ``health-<node>``) and one ``health.failed`` {node,
@@ -60,7 +59,7 @@ What the supervisor does with the results: it reads every node's file (:func:`lo
 adds the cross-node check (:func:`summarize`: a node whose torch or hyperpod-lab version differs
 from the majority's fails ``versions``) and, for each failed node, excludes it (``node.excluded``),
 replaces it with a spare (``resiliency.spares``), or fails the job before step 0 when no spare is
-left. A node that wrote no result counts as failed. ``resiliency.health_checks: false``
+left. A node that wrote no result must be treated as failed (it may not have run at all). ``resiliency.health_checks: false``
 (``--no-health-checks``) skips all of this.
 
 This module needs no GPU, and imports torch only inside the ``gpu`` (when GPUs are expected) and
@@ -272,7 +271,7 @@ def _check_gpu(node: str, expect_gpus: int) -> CheckResult:
             proc = _nvidia_smi(fields)
     except FileNotFoundError:
         return CheckResult("gpu", FAILED, (
-            f"node {node}: nvidia-smi is not on PATH ({os.environ.get('PATH', '')}) and {want}; install the NVIDIA "
+            f"node {node}: nvidia-smi is not on PATH and {want}; install the NVIDIA "
             "driver (nvidia-smi) on this node, or exclude the node"), extra={"expected": expect_gpus})
     except subprocess.TimeoutExpired:
         return CheckResult("gpu", FAILED, (
