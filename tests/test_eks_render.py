@@ -137,6 +137,19 @@ def test_policies_map_to_the_fields():
     assert c["resources"] == {"limits": {"nvidia.com/gpu": 8}, "requests": {"nvidia.com/gpu": 8}}
 
 
+def test_spares_map_to_the_replica_specs_spares_field():
+    """FACTS.md (the sagemaker-hyperpod SDK's model): ``replicaSpecs[].spares``; the SDK model
+    accepts it. Kubeflow's PyTorchJob has no such field: a clear error, not a silent drop."""
+    spec = JobSpec(script="train.py", nodes=2, procs_per_node=8,
+                   resiliency=ResiliencyPolicy(spares=1)).validate()
+    hp = render_hyperpod_pytorch_job(spec, JOB_ID, profile())["spec"]
+    assert hp["replicaSpecs"][0]["replicas"] == 2 and hp["replicaSpecs"][0]["spares"] == 1
+    assert sdk_validate(jobs=[hp]) == []
+    assert "spares" not in render_hyperpod_pytorch_job(SPECS["fixed"], JOB_ID, profile())["spec"]["replicaSpecs"][0]
+    with pytest.raises(SpecError, match="resiliency.spares"):
+        render_kubeflow_pytorch_job(spec, JOB_ID, profile(operator="kubeflow"))
+
+
 def test_hang_detection_pattern_matches_the_step_lines():
     import re
 

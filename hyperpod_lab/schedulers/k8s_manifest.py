@@ -224,7 +224,8 @@ def render_hyperpod_pytorch_job(spec: JobSpec, job_id: str, profile: ClusterProf
     with ``resiliency.deep_health_check`` only (it exists only on nodes that ran one);
     ``/dev/shm`` memory-backed (profile ``shm_size``); EFA devices and ``FI_*`` with profile
     ``efa``; ``runPolicy.ttlSecondsAfterFinished`` so the final status can be read;
-    elastic -> ``elasticPolicy`` (min/max replicas, increment step 1); the checkpoint policy
+    elastic -> ``elasticPolicy`` (min/max replicas, increment step 1); ``resiliency.spares`` ->
+    ``replicaSpecs[0].spares``; the checkpoint policy
     reaches the runtime through ``$HYPERPOD_LAB_SPEC`` (the ConfigMap's ``spec.json``).
 
     Args:
@@ -257,7 +258,11 @@ def render_hyperpod_pytorch_job(spec: JobSpec, job_id: str, profile: ClusterProf
     }
     if el.enabled:
         replica["maxReplicas"] = max_nodes
-    check_pod_names(job_id, max_nodes)
+    if res.spares:
+        # the operator keeps this many spare pods to replace a faulty one (FACTS.md: the SDK
+        # model's replicaSpecs[].spares)
+        replica["spares"] = res.spares
+    check_pod_names(job_id, max_nodes + res.spares)
     run_policy: dict[str, Any] = {
         "cleanPodPolicy": "All",
         "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_S,
@@ -298,6 +303,9 @@ def render_kubeflow_pytorch_job(spec: JobSpec, job_id: str, profile: ClusterProf
         SpecError: ``resiliency.recovery`` is not ``restart`` (checkpointless runs on Slurm only).
     """
     _check_supported(spec)
+    if spec.resiliency.spares:
+        raise SpecError("resiliency.spares", "the Kubeflow PyTorchJob has no spare replicas; submit with --spares 0, "
+                                             "or to a HyperPod cluster (HyperPodPyTorchJob replicaSpecs[].spares)")
     el, res = spec.elastic, spec.resiliency
     retries = jobdir.effective_restarts(res)
     mount = profile.shared_mount or DEFAULT_SHARED_MOUNT
