@@ -3,18 +3,20 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { ICommandPalette, Notification } from '@jupyterlab/apputils';
+import { ICommandPalette, InputDialog, Notification } from '@jupyterlab/apputils';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
 import { HyperPodModel } from './model';
+import { FAULT_KINDS, type FaultKind } from './request';
 import { IHyperPodModel } from './tokens';
 import { HyperPodSidebar, SIDEBAR_ID } from './widgets/sidebar';
 
 export * from './tokens';
 export { describeEvent } from './format';
 export { HyperPodModel } from './model';
-export { HyperPodAPIError } from './request';
+export { FAULT_KINDS, HyperPodAPIError } from './request';
+export type { FaultKind } from './request';
 export { HyperPodSidebar, SIDEBAR_ID } from './widgets/sidebar';
 
 /** The id of the plugin. */
@@ -129,12 +131,30 @@ const plugin: JupyterFrontEndPlugin<IHyperPodModel> = {
     });
     commands.addCommand(CommandIDs.inject, {
       label: 'HyperPod: Inject Failure into Selected Job',
+      caption:
+        'kill: SIGKILL the rank; node: fail its node (Slurm: DOWN, needs an operator); ' +
+        'exception: the rank raises in its next step',
       isEnabled: () => model.selectedId !== null,
-      execute: args => {
+      // args: rank (default: the sidebar's rank field), kind (kill | node | exception; asked when absent)
+      execute: async args => {
         const rank =
           typeof args.rank === 'number' ? args.rank : sidebar!.jobView.faultRank;
+        let kind = typeof args.kind === 'string' ? args.kind : null;
+        if (kind === null) {
+          const choice = await InputDialog.getItem({
+            title: `Inject failure into rank ${rank}`,
+            label: 'Kind of failure',
+            items: [...FAULT_KINDS],
+            current: 0
+          });
+          if (!choice.button.accept || !choice.value) {
+            return;
+          }
+          kind = choice.value;
+        }
+        // an unknown kind reaches the server, whose 400 names the valid ones
         return model
-          .injectFailure(rank)
+          .injectFailure(rank, kind as FaultKind)
           .catch(e => onError('Inject failure', e));
       }
     });

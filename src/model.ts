@@ -106,11 +106,11 @@ export class HyperPodModel implements IHyperPodModel {
   }
 
   /**
-   * SIGKILL `rank` of the selected job.
+   * Inject a fault of `kind` (default `kill`: SIGKILL) into `rank` of the selected job.
    * @throws {HyperPodAPIError} as `request.injectFault`; Error when no job is selected
    */
-  async injectFailure(rank: number): Promise<IFaultInfo> {
-    return api.injectFault(this._requireSelected(), rank);
+  async injectFailure(rank: number, kind: api.FaultKind = 'kill'): Promise<IFaultInfo> {
+    return api.injectFault(this._requireSelected(), rank, kind);
   }
 
   /**

@@ -171,16 +171,29 @@ export async function cancelJob(jobId: string): Promise<IJobView> {
 }
 
 /**
- * SIGKILL one rank of a running job, to rehearse recovery.
- * @throws {HyperPodAPIError} 409 when the job is not running, 404 unknown job
+ * What a fault injection does (the server's `FAULT_KINDS`): `kill` SIGKILLs the rank's
+ * process, `node` fails the rank's node as the scheduler sees it (Slurm: set DOWN, needs an
+ * operator; EKS: its pod deleted), `exception` has the rank raise `InjectedFault` in its next step.
+ */
+export type FaultKind = 'kill' | 'node' | 'exception';
+
+/** Every {@link FaultKind}, the default (`kill`) first. */
+export const FAULT_KINDS: readonly FaultKind[] = ['kill', 'node', 'exception'];
+
+/**
+ * Inject a fault of `kind` (default `kill`) into one rank of a running job, to rehearse recovery.
+ * @throws {HyperPodAPIError} 400 bad rank or kind (the message names the kinds), 403 the
+ *   scheduler refused (a Slurm node needs an operator), 409 the job, rank or backend cannot
+ *   take it (e.g. `node` on the local backend), 404 unknown job
  */
 export async function injectFault(
   jobId: string,
-  rank: number
+  rank: number,
+  kind: FaultKind = 'kill'
 ): Promise<IFaultInfo> {
   return requestAPI<IFaultInfo>(`jobs/${enc(jobId)}/faults`, {
     method: 'POST',
-    body: JSON.stringify({ rank })
+    body: JSON.stringify({ rank, kind })
   });
 }
 
