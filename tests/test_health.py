@@ -268,12 +268,16 @@ def test_gpu_expected_without_nvidia_smi_fails(job_dir, roomy_shm):
 def test_wrong_versions_fail_naming_both(job_dir, roomy_shm):
     import torch
 
-    proc = _run(job_dir, roomy_shm, "--expect-version", "9.9.9", "--expect-torch", "1.0.0")
+    proc = _run(job_dir, roomy_shm, "--expect-version", "9.9.9", "--expect-torch", "1.0.0\nrc1")
     assert proc.returncode == 1
     v = _checked(job_dir)["checks"]["versions"]
     assert v["status"] == "failed"
-    for text in (__version__, "9.9.9", torch.__version__, "1.0.0", f"node {NODE}"):
+    for text in (__version__, "9.9.9", torch.__version__, "1.0.0 rc1", f"node {NODE}"):
         assert text in v["detail"], v["detail"]
+    # a detail is one line: the supervisor reads the failed checks from srun's output
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 6 and all(ln.startswith(f"hyperpod-lab: health {NODE}: ") for ln in lines)
+    assert f"hyperpod-lab: health {NODE}: versions failed (" in proc.stdout
     h = check_node(job_dir, JOB, NODE, shm_root=roomy_shm, expect_version=__version__,
                    expect_torch=torch.__version__)
     assert h.checks["versions"].status == "passed" and h.ok

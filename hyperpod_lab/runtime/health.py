@@ -603,6 +603,8 @@ def check_node(job_dir: str, job_id: str, node: str, *, expect_gpus: int = 0, sh
     checks["storage"].seconds = time.perf_counter() - t
     checks["versions"] = _timed(_check_versions, node, expect_version, expect_torch)
     checks["clock"] = _timed(_check_clock, node, probe, float(max_clock_skew_s))
+    for c in checks.values():  # one line each: the supervisor reads them from srun's output
+        c.detail = " ".join(c.detail.split())
     return NodeHealth(node=node, job_id=job_id, checks=checks, seconds=time.perf_counter() - mono0,
                       time=max(t0, time.time()))
 
