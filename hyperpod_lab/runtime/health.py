@@ -89,6 +89,7 @@ from hyperpod_lab.events import EventKind, EventReader, EventWriter
 from hyperpod_lab.jobdir import ENV_JOB_DIR, ENV_JOB_ID, ENV_SHM_DIR, ENV_SPEC, TIER_MEMORY, JobPaths
 
 __all__ = ["CheckResult", "NodeHealth", "check_node", "summarize", "load_results", "results_dir", "result_path",
+           "measured_shm_bytes",
            "main", "PASSED", "FAILED", "SKIPPED", "CHECKS", "ENV_HEALTH_MIN_SHM_BYTES", "ENV_HEALTH_MAX_CLOCK_SKEW_S",
            "DEFAULT_MIN_SHM_BYTES", "DEFAULT_MAX_CLOCK_SKEW_S"]
 
