@@ -4,8 +4,10 @@
   ``InjectedFault`` inside ``ctx.step``, ``fault.detected`` names it, torchrun restarts the workers
   and the job completes; the request file is consumed (no second fault after the restart);
 * local backend, ``--kind node``: the clear error (no nodes here);
-* a bad kind: the clear error from the CLI (parser and exit status), the client and the REST route
-  (a real jupyter-server);
+* the runtime's step hook on a request the local backend wrote: one look per 0.5 s at most, the
+  request consumed, a link in its place never followed;
+* a bad kind: the clear error from the CLI (parser and exit status), the ``%hyperpod`` magic, the
+  client and the REST route (a real jupyter-server);
 * the dev cluster (real Slurm): ``--kind node --rank 1`` of a 2-node job sets the rank's node DOWN
   through scontrol over SSH (slurmctld logs it) and the job's processes on that node end; the node
   is resumed and the job cancelled whatever happens.
@@ -87,12 +89,63 @@ def test_exception_kind_raises_in_the_rank_and_the_job_recovers(client):
     assert client.wait(job_id, timeout_s=60).state == JobStatus.COMPLETED, client.logs(job_id)[-3000:]
 
 
-def test_a_bad_kind_is_refused_by_the_cli_and_the_client(client):
+def test_the_step_hook_raises_once_looks_at_most_every_half_second_and_follows_no_link(tmp_path):
+    """The request written by a real scheduler (the local backend's file access) into a job
+    directory; a one-rank JobContext (no process group) steps over it."""
+    from hyperpod_lab.clusters import ClusterProfile
+    from hyperpod_lab.jobs import JobRecord
+    from hyperpod_lab.runtime.context import FAULT_CHECK_INTERVAL_S, InjectedFault, JobContext
+    from hyperpod_lab.schedulers.local import LocalScheduler
+    from hyperpod_lab.schedulers.remote import LocalRemote
+    from hyperpod_lab.spec import JobSpec
+
+    paths = JobPaths.for_job(str(tmp_path), "hook-job")
+    os.makedirs(paths.events)
+    sched = LocalScheduler(ClusterProfile(name="local", orchestrator="local", shared_root=str(tmp_path)), LocalRemote())
+    rec = JobRecord(job_id="hook-job", name="hook", cluster="local", orchestrator="local", native_id="1",
+                    job_dir=paths.folder, spec=JobSpec(script="x.py").to_dict(), status="running")
+    ctx = JobContext(rank=0, world_size=1, local_rank=0, local_world_size=1, group_rank=0, nodes=1, node="test",
+                     job_id="hook-job", job_dir=paths.folder, spec=None, restart_count=0, is_restart=False,
+                     owns_default_group=False, cpu_group=None, step_interval_s=1.0)
+    ctx.step(0, 1.0)  # nothing requested: the first step looks and finds nothing
+    info = sched.inject_fault(rec, 0, "exception")
+    assert info["kind"] == "exception" and "pid" not in info  # rank 0 wrote no rank file: it raises when it steps
+    assert oct(os.stat(paths.faults).st_mode & 0o777) == "0o700" and oct(os.stat(info["path"]).st_mode & 0o777) == "0o600"
+    ctx.step(1, 1.0)  # within FAULT_CHECK_INTERVAL_S of the last look: no look
+    assert os.path.exists(info["path"])
+    time.sleep(FAULT_CHECK_INTERVAL_S + 0.05)
+    with pytest.raises(InjectedFault, match=f"exception injected into rank 0 of job hook-job .*nonce {info['nonce']}"):
+        ctx.step(2, 1.0)
+    assert not os.path.exists(info["path"])  # consumed: a restarted worker does not raise again
+    time.sleep(FAULT_CHECK_INTERVAL_S + 0.05)
+    ctx.step(3, 1.0)
+    # a link in place of the request is never followed (nor raised on)
+    target = tmp_path / "elsewhere.json"
+    target.write_text('{"kind": "exception", "message": "through a link"}')
+    os.symlink(target, paths.fault_request(0))
+    time.sleep(FAULT_CHECK_INTERVAL_S + 0.05)
+    ctx.step(4, 1.0)
+    # a rank outside the job's world (1 node x 1 process) is refused
+    with pytest.raises(SpecError, match=r"job hook-job has ranks 0\.\.0; got 1"):
+        sched.inject_fault(rec, 1, "exception")
+
+
+def test_a_bad_kind_is_refused_by_the_cli_the_magic_and_the_client(client, capsys):
     with pytest.raises(SpecError, match="argument --kind: invalid choice: 'bogus'.*'kill', 'node', 'exception'"):
         cli.run(["inject-fault", "any-job", "--rank", "0", "--kind", "bogus"], client=client)
     p = subprocess.run([sys.executable, "-m", "hyperpod_lab.cli", "inject-fault", "any-job", "--rank", "0",
                         "--kind", "reboot"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "invalid choice: 'reboot'" in p.stderr and "'exception'" in p.stderr, p.stderr
+    # the %hyperpod magic (a real IPython shell) prints the same error
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from hyperpod_lab.magics import register
+
+    shell = InteractiveShell.instance()
+    register(shell)
+    capsys.readouterr()
+    assert shell.run_line_magic("hyperpod", "inject-fault any-job --rank 0 --kind bogus") is None
+    assert "error: arguments: argument --kind: invalid choice: 'bogus'" in capsys.readouterr().err
     # the kind is checked before the job is looked up
     with pytest.raises(SpecError, match=f"kind: must be one of {KINDS}, got 'bogus'"):
         client.inject_fault("no-such-job", 0, kind="bogus")
