@@ -14,6 +14,25 @@ export function plural(n: number, one: string, many: string = `${one}s`): string
   return `${n} ${n === 1 ? one : many}`;
 }
 
+/** The node an event names: its `node`, else a health checker's writer `health-<node>`. */
+export function nodeOf(ev: IJobEvent): string {
+  if (typeof ev.data.node === 'string' && ev.data.node) {
+    return ev.data.node;
+  }
+  return ev.writer.startsWith('health-') ? ev.writer.slice('health-'.length) : '?';
+}
+
+/** Whether a `health.checked` event reports a failed check. */
+export function healthFailed(ev: IJobEvent): boolean {
+  const checks = ev.data.checks;
+  return (
+    ev.data.ok === false ||
+    (!!checks &&
+      typeof checks === 'object' &&
+      Object.values(checks as object).some(c => (c as { status?: unknown } | null)?.status === 'failed'))
+  );
+}
+
 /** One line describing an event, as the timeline, the job list and the notices show it. */
 export function describeEvent(ev: IJobEvent): string {
   const d = ev.data;
@@ -35,6 +54,12 @@ export function describeEvent(ev: IJobEvent): string {
     case 'checkpoint.failed':
       return `${d.tier} checkpoint step ${d.step} failed: ${d.reason}`;
     case 'fault.detected':
+      if (d.reason === 'node down') {
+        const ranks = Array.isArray(d.rank)
+          ? ` (${d.rank.length === 1 ? 'rank' : 'ranks'} ${d.rank.join(', ')})`
+          : rank;
+        return `fault: node ${d.node} down (Slurm: ${d.slurm_state ?? 'DOWN'})${ranks}`;
+      }
       return `fault: rank ${d.rank} on ${d.node} died (${d.signal ?? `exit ${d.exitcode}`})`;
     case 'recovery.started':
       return `recovery started (${d.reason})`;
@@ -42,6 +67,23 @@ export function describeEvent(ev: IJobEvent): string {
       return `recovered in ${num(d.downtime_s)} s from ${d.restored_from ?? 'checkpoint'} at step ${d.restored_step}`;
     case 'elastic.scaled':
       return `scaled: world size ${d.old_world_size ?? '?'} → ${d.new_world_size ?? '?'}`;
+    case 'health.checked': {
+      const checks = d.checks && typeof d.checks === 'object' ? (d.checks as { [name: string]: unknown }) : {};
+      const failed = Object.entries(checks)
+        .filter(([, c]) => (c as { status?: unknown } | null)?.status === 'failed')
+        .map(([name]) => name);
+      const secs = typeof d.seconds === 'number' ? `${fmt(d.seconds)} s` : '? s';
+      if (healthFailed(ev)) {
+        return `health checks failed on ${nodeOf(ev)}: ${failed.join(', ') || '?'} (${secs})`;
+      }
+      return `health checks passed on ${nodeOf(ev)} (${plural(Object.keys(checks).length, 'check')}, ${secs})`;
+    }
+    case 'health.failed':
+      return `health check failed on ${nodeOf(ev)}: ${d.check}${d.detail ? ` — ${d.detail}` : ''}`;
+    case 'node.excluded': {
+      const faults = typeof d.faults === 'number' && d.faults > 0 ? ` (${plural(d.faults, 'fault')})` : '';
+      return `${nodeOf(ev)} excluded: ${d.reason ?? 'no reason given'}${faults}`;
+    }
     case 'finished':
       return `finished: ${d.status}${d.steps !== undefined ? `, ${d.steps} steps` : ''}`;
     default:

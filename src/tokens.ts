@@ -161,6 +161,38 @@ export interface IJobProgress {
   downtime_s?: number;
   /** Seconds of downtime of the last recovery, or null before the first (absent from older servers). */
   last_downtime_s?: number | null;
+  /** Nodes the job excluded (`node.excluded`), in the order first excluded (absent from older servers). */
+  excluded_nodes?: IExcludedNode[];
+  /** Each node's newest pre-flight health-check result, by node name (absent from older servers). */
+  health?: { [node: string]: INodeHealth };
+  /** Seconds of the pre-flight health-check runs (absent from older servers). */
+  preflight_s?: number;
+}
+
+/** A node the job excluded (`progress.excluded_nodes`): its next placements avoid it. */
+export interface IExcludedNode {
+  /** Node name, e.g. `n2`. */
+  node: string;
+  /** Why, e.g. `faulted twice` or `health check failed: shm`; null when only listed by a later event. */
+  reason: string | null;
+  /** Faults counted on the node in this job, or null. */
+  faults: number | null;
+  /** When it was excluded, seconds since the epoch. */
+  time: number;
+}
+
+/** A node's pre-flight health-check result (`progress.health[node]`). */
+export interface INodeHealth {
+  /** No check failed. */
+  ok: boolean;
+  /** The failed checks (`gpu`, `shm`, `storage`, `versions`, `clock`) and their detail. */
+  failed: { [check: string]: string | null };
+  /** The checks that could not run on the node. */
+  skipped: string[];
+  /** Seconds the node's checks took, or null. */
+  seconds: number | null;
+  /** When the result came, seconds since the epoch. */
+  time: number;
 }
 
 /** A job: its record (`hyperpod_lab.jobs.JobRecord`) plus progress. */
@@ -326,7 +358,10 @@ export interface IMeasuredGoodput {
   goodput: number | null;
   /** Recoveries measured. */
   faults: number;
-  /** Seconds lost by cause: checkpoint, detect, restart, restore, recompute, other (null: unknown). */
+  /**
+   * Seconds lost by cause: health_check (pre-flight node health checks; absent from older
+   * servers), checkpoint, detect, restart, restore, recompute, other (null: unknown).
+   */
   lost_s: { [cause: string]: number | null };
   /** lost_s / wall_s. */
   lost_fraction: { [cause: string]: number | null };

@@ -1,7 +1,7 @@
 /** The selected job: state, controls, live timeline, loss chart and per-rank logs. */
 import { Widget } from '@lumino/widgets';
 
-import { describeEvent, plural } from '../format';
+import { describeEvent, healthFailed, plural } from '../format';
 import { IHyperPodModel, IJobEvent, IJobProgress, isTerminal } from '../tokens';
 import { button, captionedTable, clock, duration, fmt, h, labelledList, liveBox, percent, uid } from './dom';
 import { renderLossChart } from './lossChart';
@@ -9,6 +9,7 @@ import { renderLossChart } from './lossChart';
 /** Where a job's wall time went, in display order: `lost_s` key (or `useful`) and label. */
 const TIME_PARTS: [string, string][] = [
   ['useful', 'Useful steps'],
+  ['health_check', 'Pre-flight health checks'],
   ['checkpoint', 'Checkpoint stalls'],
   ['detect', 'Failure detection'],
   ['restart', 'Restart'],
@@ -16,6 +17,40 @@ const TIME_PARTS: [string, string][] = [
   ['recompute', 'Recomputed steps'],
   ['other', 'Other (start-up, rounding)']
 ];
+
+/** Parts shown only when the job spent time on them (jobs without health checks show no row). */
+const OPTIONAL_PARTS = new Set(['health_check']);
+
+/** Colours of the parts the stylesheet does not colour. */
+const PART_COLORS: { [key: string]: string } = { health_check: 'var(--jp-brand-color1)' };
+
+/**
+ * `n2 (faulted twice), n3 (health check failed: shm)`: the nodes the job excluded as the server
+ * folded them, or '' when none.
+ */
+export function excludedSummary(p: IJobProgress | undefined): string {
+  return (p?.excluded_nodes ?? [])
+    .map(x => (x.reason ? `${x.node} (${x.reason})` : x.node))
+    .join(', ');
+}
+
+/**
+ * `health checks: 3 nodes passed, 1 failed (n2: shm)`: the nodes' newest pre-flight results, or
+ * '' before any.
+ */
+export function healthSummary(p: IJobProgress | undefined): string {
+  const nodes = Object.entries(p?.health ?? {});
+  if (nodes.length === 0) {
+    return '';
+  }
+  const failed = nodes.filter(([, r]) => !r.ok);
+  const passed = nodes.length - failed.length;
+  const which = failed.map(([n, r]) => `${n}: ${Object.keys(r.failed).join(', ') || 'failed'}`).join('; ');
+  return (
+    `health checks: ${plural(passed, 'node')} passed` +
+    (failed.length ? `, ${failed.length} failed (${which})` : '')
+  );
+}
 
 /**
  * `2 faults, 1 recovery, 14.2 s down`: the job's fault facts as the server folded them, or ''
@@ -32,10 +67,20 @@ export function faultSummary(p: IJobProgress | undefined): string {
 /** Timeline items kept in the DOM (the oldest are dropped). */
 const MAX_TIMELINE = 400;
 
-/** CSS modifier of a timeline item by event kind. */
-function kindClass(kind: string): string {
+/** CSS modifier of a timeline item by its event (kind, and whether a health check failed). */
+function kindClass(ev: IJobEvent): string {
+  const kind = ev.kind;
   if (kind === 'fault.detected' || kind === 'checkpoint.corrupt' || kind === 'checkpoint.failed') {
     return 'jp-mod-fault';
+  }
+  if (kind === 'health.failed' || (kind === 'health.checked' && healthFailed(ev))) {
+    return 'jp-mod-fault jp-mod-health';
+  }
+  if (kind === 'health.checked') {
+    return 'jp-mod-lifecycle jp-mod-health';
+  }
+  if (kind === 'node.excluded') {
+    return 'jp-mod-recovering jp-mod-excluded';
   }
   if (kind === 'recovery.completed') {
     return 'jp-mod-recovery';
@@ -111,9 +156,11 @@ export class JobView extends Widget {
     this._header = h('div', { class: 'jp-HyperPod-jobHeader' });
     this._status = h('span', { class: 'jp-HyperPod-state', 'data-testid': 'hp-job-status' });
     this._progress = h('div', { class: 'jp-HyperPod-progress', 'data-testid': 'hp-job-progress' });
+    this._nodes = h('div', { class: 'jp-HyperPod-dim jp-HyperPod-jobNodes', 'data-testid': 'hp-job-nodes' });
     this._header.append(
       h('div', { class: 'jp-HyperPod-jobTitle' }, h('span', { 'data-testid': 'hp-job-id' }, id), ' ', this._status),
-      this._progress
+      this._progress,
+      this._nodes
     );
 
     const rankId = uid('hp-rank');
@@ -238,7 +285,7 @@ export class JobView extends Widget {
     const parts = TIME_PARTS.map(([key, label]) => {
       const s = key === 'useful' ? m.useful_s : m.lost_s[key];
       return { key, label, s: s ?? null };
-    });
+    }).filter(p => !OPTIONAL_PARTS.has(p.key) || (p.s !== null && p.s > 0));
     const bar = h('div', {
       class: 'jp-HyperPod-timeBar',
       role: 'img',
@@ -257,7 +304,9 @@ export class JobView extends Widget {
         bar.appendChild(
           h('span', {
             class: `jp-HyperPod-timePart jp-mod-${p.key}`,
-            style: `width: ${Math.min(100, frac * 100).toFixed(2)}%`,
+            style:
+              `width: ${Math.min(100, frac * 100).toFixed(2)}%` +
+              (PART_COLORS[p.key] ? `; background: ${PART_COLORS[p.key]}` : ''),
             title: `${p.label}: ${duration(p.s)}`
           })
         );
@@ -266,7 +315,15 @@ export class JobView extends Widget {
         h(
           'tr',
           { 'data-cause': p.key, 'data-seconds': p.s ?? '' },
-          h('th', { scope: 'row' }, h('span', { class: `jp-HyperPod-swatch jp-mod-${p.key}` }), p.label),
+          h(
+            'th',
+            { scope: 'row' },
+            h('span', {
+              class: `jp-HyperPod-swatch jp-mod-${p.key}`,
+              style: PART_COLORS[p.key] ? `background: ${PART_COLORS[p.key]}` : null
+            }),
+            p.label
+          ),
           h('td', { class: 'jp-mod-number' }, p.s === null ? '—' : `${fmt(p.s)} s`),
           h('td', { class: 'jp-mod-number' }, percent(frac))
         )
@@ -304,6 +361,12 @@ export class JobView extends Widget {
       parts.push(faults);
     }
     this._progress.textContent = parts.join(' · ');
+    const excluded = excludedSummary(p);
+    const health = healthSummary(p);
+    const lines = [excluded ? `excluded nodes: ${excluded}` : '', health].filter(x => x);
+    this._nodes.textContent = lines.join(' · ');
+    this._nodes.hidden = lines.length === 0;
+    this._nodes.setAttribute('data-excluded-nodes', (p?.excluded_nodes ?? []).map(x => x.node).join(' '));
     const terminal = isTerminal(job.status);
     this._cancel.disabled = terminal;
     this._inject.disabled = job.status !== 'running';
@@ -388,7 +451,7 @@ export class JobView extends Widget {
     const li = h(
       'li',
       {
-        class: `jp-HyperPod-event ${kindClass(ev.kind)}`,
+        class: `jp-HyperPod-event ${kindClass(ev)}`,
         'data-kind': ev.kind,
         'data-writer': ev.writer,
         'data-seq': ev.seq,
@@ -408,6 +471,7 @@ export class JobView extends Widget {
   private _header!: HTMLDivElement;
   private _status!: HTMLSpanElement;
   private _progress!: HTMLDivElement;
+  private _nodes!: HTMLDivElement;
   private _rankInput!: HTMLInputElement;
   private _cancel!: HTMLButtonElement;
   private _inject!: HTMLButtonElement;

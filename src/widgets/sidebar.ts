@@ -5,7 +5,7 @@ import { describeEvent } from '../format';
 import { IHyperPodModel, IJobView } from '../tokens';
 import { DiscoverPanel } from './discoverPanel';
 import { button, errorBox, fmt, h, labelledList } from './dom';
-import { faultSummary, JobView } from './jobView';
+import { excludedSummary, faultSummary, JobView } from './jobView';
 import { ISubmitRequest, SubmitForm } from './submitForm';
 
 /** The id of the left-sidebar panel. */
@@ -193,6 +193,7 @@ export class HyperPodSidebar extends Panel {
     const selected = this._model.selectedId;
     for (const job of jobs) {
       const last = job.progress?.last_event;
+      const excluded = job.progress?.excluded_nodes ?? [];
       const button = h(
         'button',
         {
@@ -207,6 +208,17 @@ export class HyperPodSidebar extends Panel {
         h('span', { class: `jp-HyperPod-state jp-mod-${job.status}` }, job.status),
         ' ',
         h('span', { class: 'jp-HyperPod-dim' }, jobSummary(job)),
+        excluded.length
+          ? h(
+              'div',
+              {
+                class: 'jp-HyperPod-dim jp-HyperPod-excludedNodes',
+                'data-testid': 'hp-excluded-nodes',
+                'data-excluded-nodes': excluded.map(x => x.node).join(' ')
+              },
+              `excluded: ${excludedSummary(job.progress)}`
+            )
+          : null,
         last ? h('div', { class: 'jp-HyperPod-dim jp-HyperPod-jobLast' }, describeEvent(last)) : null
       );
       button.addEventListener('click', () => this._model.select(job.job_id));

@@ -12,6 +12,9 @@ const ADVICE_MODES: [string, string][] = [
 ];
 
 
+/** Most spare nodes a JobSpec takes (`hyperpod_lab.spec.MAX_SPARES`). */
+export const MAX_SPARES = 64;
+
 /** What the form hands to its owner on submit. */
 export interface ISubmitRequest {
   /** The JobSpec fields the user set (the server fills the rest with JobSpec defaults). */
@@ -143,6 +146,7 @@ export class SubmitForm extends Widget {
         h('legend', {}, 'Resiliency'),
         this._check('resiliency.auto_resume', 'Auto-resume after a failure', true),
         this._number('resiliency.max_retries', 'Max retries', 3, 0),
+        this._number('resiliency.spares', 'Spare nodes', 0, 0, undefined, MAX_SPARES),
         this._check('resiliency.health_checks', 'Node health checks', true)
       )
     );
@@ -380,6 +384,10 @@ export class SubmitForm extends Widget {
     if (badName !== undefined) {
       throw new FieldError('secret_env', `${badName} is not a variable name`);
     }
+    const spares = req('resiliency.spares');
+    if (spares < 0 || spares > MAX_SPARES) {
+      throw new FieldError('resiliency.spares', `Spare nodes: give a whole number from 0 to ${MAX_SPARES}`);
+    }
     const notebook = this._scriptRadio.checked ? null : this._currentNotebook();
     if (!this._scriptRadio.checked && !notebook) {
       throw new FieldError('script', 'open a notebook (and make it the current tab) to submit it');
@@ -395,7 +403,8 @@ export class SubmitForm extends Widget {
       resiliency: {
         auto_resume: checked('resiliency.auto_resume'),
         max_retries: req('resiliency.max_retries'),
-        health_checks: checked('resiliency.health_checks')
+        health_checks: checked('resiliency.health_checks'),
+        spares
       },
       checkpoint: {
         every_steps: req('checkpoint.every_steps'),
@@ -515,11 +524,13 @@ export class SubmitForm extends Widget {
     label: string,
     value: number | null,
     min: number,
-    placeholder?: string
+    placeholder?: string,
+    max?: number
   ): HTMLElement {
     const input = h('input', {
       type: 'number',
       min,
+      max,
       step: 1,
       placeholder,
       'data-field': field,
