@@ -218,9 +218,9 @@ def event_label(e: Event) -> str:
     d = e.data
     if e.kind == EventKind.FAULT_DETECTED.value:
         if d.get("reason") == "node down":
-            ranks = d.get("rank")
-            ranks = ", ".join(map(str, ranks)) if isinstance(ranks, list) else ranks
-            return f"fault: node {d.get('node')} down (Slurm: {d.get('slurm_state') or 'DOWN'}), ranks {ranks}"
+            ranks = d.get("rank") if isinstance(d.get("rank"), list) else [d.get("rank")]
+            which = f"rank{'s' if len(ranks) != 1 else ''} {', '.join(map(str, ranks))}"
+            return f"fault: node {d.get('node')} down (Slurm: {d.get('slurm_state') or 'DOWN'}), {which}"
         return f"fault: rank {d.get('rank')} on {d.get('node')} ({d.get('signal') or d.get('reason')})"
     if e.kind == EventKind.RECOVERY_COMPLETED.value:
         return (f"recovered in {d.get('downtime_s', 0):.1f} s from {d.get('restored_from')} "

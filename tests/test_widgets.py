@@ -113,6 +113,9 @@ def test_timeline_names_the_node_of_health_checks_exclusions_and_node_down():
         "n2 excluded: health check failed: shm",
         "n3 excluded: faulted twice (2 faults)",
         "fault: node n4 down (Slurm: DOWN), ranks 6, 7"]
+    one = Event("fault.detected", "j", 161.0, "supervisor", 3, {"reason": "node down", "node": "n5", "rank": [8],
+                                                                 "slurm_state": "DOWN*"})
+    assert event_label(one) == "fault: node n5 down (Slurm: DOWN*), rank 8"
     out = timeline_html(ev)
     for kind, color, text in [("health-checked", "#00796b", "+2.0s health checks passed on n1"),
                               ("health-failed", "#c62828", "health check failed on n2: shm — /dev/shm is 64 MiB"),
