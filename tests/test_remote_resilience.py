@@ -24,7 +24,7 @@ import pytest
 import tomli_w
 
 from hung_sftp import HungSSHServer, new_key_pair
-from hyperpod_lab.errors import ClusterUnreachable, RemoteCommandError
+from hyperpod_lab.errors import ClusterUnreachable
 from hyperpod_lab.events import EventKind, EventReader, EventWriter
 from hyperpod_lab.schedulers.remote import SSHRemote
 
@@ -139,3 +139,222 @@ def test_hung_cluster_never_delays_another_clusters_requests(hung, dev_cluster, 
             assert word in body["error"], (word, body["error"])
     finally:
         srv.stop()
+
+
+# ---- the dev cluster's sshd: our connection killed mid-stream ------------------------------------
+def _socket_inode(local_port: int, remote_port: int) -> str | None:
+    """The inode of the established TCP socket 127.0.0.1:local_port <-> 127.0.0.1:remote_port."""
+    want_local, want_remote = f"0100007F:{local_port:04X}", f"0100007F:{remote_port:04X}"
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if fields[1] == want_local and fields[2] == want_remote and fields[3] == "01":  # ESTABLISHED
+                return fields[9]
+    return None
+
+
+def _holders(inode: str) -> list[int]:
+    """Pids that hold socket ``inode`` open."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == f"socket:[{inode}]":
+                    pids.append(int(pid))
+                    break
+        except OSError:  # gone, or not ours to read
+            continue
+    return pids
+
+
+def _listener_pids(port: int) -> set[int]:
+    with open("/proc/net/tcp") as f:
+        inodes = [ln.split()[9] for ln in f.readlines()[1:]
+                  if ln.split()[1] == f"0100007F:{port:04X}" and ln.split()[3] == "0A"]  # LISTEN
+    return {p for i in inodes for p in _holders(i)}
+
+
+def kill_server_side(remote: SSHRemote) -> list[int]:
+    """SIGKILL the sshd process(es) serving ``remote``'s connection (found by our client's source
+    port); never the listening daemon."""
+    sock = remote.client.get_transport().sock
+    local_port = sock.getsockname()[1]
+    server_port = sock.getpeername()[1]
+    inode = _socket_inode(server_port, local_port)  # the server's end: local = sshd's port
+    assert inode, f"no established socket 127.0.0.1:{server_port} <- :{local_port}"
+    pids = _holders(inode)
+    listeners = _listener_pids(server_port)
+    assert pids and not set(pids) & listeners, (pids, listeners)
+    for pid in pids:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            assert b"sshd" in f.read(), pid
+        os.kill(pid, signal.SIGKILL)
+    return pids
+
+
+def test_killed_sshd_connection_stream_resumes_without_gap_or_duplicate(dev_cluster, tmp_path):
+    """A job's events are written (locally, the way a rank writes them on shared storage) while an
+    EventReader streams them through the dev cluster's sshd; the sshd process of that connection is
+    SIGKILLed mid-stream, twice, and writing goes on: the reader reconnects by itself and collects
+    exactly the events written, in order, each once."""
+    job_dir = str(tmp_path / "job")
+    os.makedirs(job_dir)
+    n_steps = 300
+    writer = EventWriter(job_dir, "rank-0", "resume-1")
+    written: list[int] = []
+
+    def write():
+        for i in range(n_steps):
+            writer.emit(EventKind.STEP, step=i, loss=1.0 / (i + 1))
+            written.append(i)
+            time.sleep(0.01)
+        writer.emit(EventKind.FINISHED, exit_code=0)
+
+    remote = SSHRemote(dev_cluster)
+    reader = EventReader(job_dir, files=remote)
+    got, killed = [], []
+
+    def kill_mid_stream():
+        """From another thread, so the kill lands while the reader is inside a list or a read."""
+        for at in (60, 180):
+            while len(got) < at and th.is_alive():
+                time.sleep(0.001)
+            killed.append((kill_server_side(remote), len(written)))
+
+    th = threading.Thread(target=write)
+    killer = threading.Thread(target=kill_mid_stream)
+    th.start()
+    killer.start()
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            got.extend(reader.poll())
+            if got and got[-1].kind == EventKind.FINISHED.value:
+                break
+            time.sleep(0.005)
+    finally:
+        th.join()
+        killer.join()
+        remote.close()
+    print(f"\nkilled sshd pids (events written by then): {killed}; reconnects: {remote.reconnects}; "
+          f"last drop: {remote.last_drop}")
+    assert len(killed) == 2, killed
+    assert all(at < n_steps for _, at in killed), ("the writer had finished before a kill", killed)
+    assert remote.reconnects >= 2, remote.reconnects
+    steps = [ev.data["step"] for ev in got if ev.kind == EventKind.STEP.value]
+    assert steps == list(range(n_steps)), ("gap or duplicate", steps[:5], len(steps))
+    assert [ev.seq for ev in got] == list(range(n_steps + 1))
+    assert got[-1].kind == EventKind.FINISHED.value and not reader.skipped
+
+
+# ---- a link that goes silent: keepalives find it dead ---------------------------------------------
+class FreezingRelay:
+    """A TCP relay 127.0.0.1:port -> target; :meth:`freeze` makes every connection open now stop
+    forwarding (nothing closed, nothing reset: a dead link), while new connections still flow."""
+
+    def __init__(self, target_port: int):
+        self.target_port = target_port
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.stop_event = threading.Event()
+        self.conns: list[dict] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self.stop_event.is_set():
+            try:
+                a, _ = self.sock.accept()
+            except OSError:
+                continue
+            b = socket.create_connection(("127.0.0.1", self.target_port))
+            conn = {"socks": (a, b), "frozen": False}
+            self.conns.append(conn)
+            threading.Thread(target=self._pump, args=(conn,), daemon=True).start()
+
+    def _pump(self, conn):
+        a, b = conn["socks"]
+        peer = {a: b, b: a}
+        while not self.stop_event.is_set():
+            if conn["frozen"]:
+                time.sleep(0.05)
+                continue
+            r, _, _ = select.select([a, b], [], [], 0.05)
+            for s in r:
+                try:
+                    data = s.recv(65536)
+                    if not data:
+                        raise OSError("closed")
+                    peer[s].sendall(data)
+                except OSError:
+                    a.close()
+                    b.close()
+                    return
+
+    def freeze(self):
+        for c in self.conns:
+            c["frozen"] = True
+
+    def close(self):
+        self.stop_event.set()
+        self.sock.close()
+        for c in self.conns:
+            for s in c["socks"]:
+                s.close()
+
+
+def test_dead_link_found_by_keepalives_and_the_call_completes_over_a_new_connection(dev_cluster, tmp_path):
+    """ServerAliveInterval 1, ServerAliveCountMax 2 (from the OpenSSH config): the link goes silent
+    while a read waits; the keepalive monitor declares it dead after ~2 s (the read's own timeout
+    is 30 s), and the read completes over a new connection."""
+    relay = FreezingRelay(dev_cluster.port)
+    kh = tmp_path / "known_hosts"  # the dev sshd's key, under the relay's address
+    with open(dev_cluster.known_hosts) as f:
+        kh.write_text(f.read().replace(f"[127.0.0.1]:{dev_cluster.port}", f"[127.0.0.1]:{relay.port}"))
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(f"Host relayed\n  HostName 127.0.0.1\n  Port {relay.port}\n"
+                   f"  ServerAliveInterval 1\n  ServerAliveCountMax 2\n")
+    prof = dataclasses.replace(dev_cluster, name="relayed", host="relayed", port=22, ssh_config=str(cfg),
+                               known_hosts=str(kh), op_timeout_s=30.0)
+    path = tmp_path / "data.bin"
+    path.write_bytes(os.urandom(1 << 16))
+    remote = SSHRemote(prof)
+    try:
+        assert remote.route.target.keepalive_s == 1 and remote.route.target.keepalive_count == 2
+        assert remote.read_from(str(path)) == path.read_bytes()
+        relay.freeze()
+        t0 = time.monotonic()
+        assert remote.read_from(str(path), 100) == path.read_bytes()[100:]
+        took = time.monotonic() - t0
+        print(f"\nread across a dead link: {took:.2f} s; dropped because: {remote.last_drop}")
+        assert took < 1 * 2 + 1 + 4, took  # interval x count, the probe's round, a reconnect: far below 30 s
+        assert remote.reconnects == 1
+        assert "keepalive" in (remote.last_drop or ""), remote.last_drop
+        assert "relayed" in remote.last_drop and f"127.0.0.1:{relay.port}" in remote.last_drop
+    finally:
+        remote.close()
+        relay.close()
+
+
+def test_default_keepalive_is_15_s_and_0_turns_it_off(tmp_path):
+    from hyperpod_lab.clusters import ClusterProfile
+    from hyperpod_lab.schedulers.ssh_route import resolve_route
+
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text("Host quiet\n  ServerAliveInterval 0\n")
+    base = ClusterProfile(name="k", orchestrator="slurm", host="plain", shared_root="/s", ssh_config=str(cfg))
+    hop = resolve_route(base).target
+    assert (hop.keepalive_s, hop.keepalive_count) == (15, 3)
+    assert resolve_route(dataclasses.replace(base, host="quiet")).target.keepalive_s == 0
+
+
+def test_op_timeout_is_validated():
+    from hyperpod_lab.clusters import ClusterProfile
+    from hyperpod_lab.errors import ConfigError
+
+    assert ClusterProfile(name="k", orchestrator="slurm", host="h", shared_root="/s").op_timeout_s == 30.0
+    for bad in (0, -1, "30", True, 10_000):
+        with pytest.raises(ConfigError, match="op_timeout_s"):
+            ClusterProfile(name="k", orchestrator="slurm", host="h", shared_root="/s", op_timeout_s=bad).validate()

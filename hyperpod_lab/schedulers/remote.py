@@ -230,6 +230,7 @@ class SSHRemote(Remote):
 
     Attributes:
         reconnects: times the connection was reopened after a drop (tests, logs).
+        last_drop: why the connection was last dropped (None: never).
 
     Raises:
         ConfigError: the OpenSSH config is missing, unreadable or contradictory.
@@ -253,7 +254,7 @@ class SSHRemote(Remote):
         self._open = open_route(self.route, profile.name)
         self._gen = 1
         self._sftp = None
-        self._last_drop: str | None = None
+        self.last_drop: str | None = None
 
     # ---- the connection --------------------------------------------------------------
     @property
@@ -284,13 +285,13 @@ class SSHRemote(Remote):
             if o is not None and o.active:
                 return self._gen, o
             if o is not None:
-                self._last_drop = o.dead_reason or self._last_drop or "the connection closed"
+                self.last_drop = o.dead_reason or "the connection had closed when a call began"
                 self._close_quietly(o)
                 self._open, self._sftp = None, None
             self._open = self._open_route(self.route, self.profile.name)
             self._gen += 1
             self.reconnects += 1
-            log.info("hyperpod_lab: reconnected to %s (was: %s)", self._where(), self._last_drop)
+            log.info("hyperpod_lab: reconnected to %s (was: %s)", self._where(), self.last_drop)
             return self._gen, self._open
 
     def reconnect(self) -> None:
@@ -305,8 +306,8 @@ class SSHRemote(Remote):
                 return
             o, sftp = self._open, self._sftp
             self._open, self._sftp = None, None
-            self._last_drop = o.dead_reason or why
-        log.warning("hyperpod_lab: dropped the connection to %s: %s", self._where(), self._last_drop)
+            self.last_drop = o.dead_reason or why
+        log.warning("hyperpod_lab: dropped the connection to %s: %s", self._where(), self.last_drop)
         if sftp is not None:
             try:
                 sftp.get_channel().close()
