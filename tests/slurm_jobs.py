@@ -62,3 +62,29 @@ def wait_pending(client, job_id: str, timeout_s: float = 20.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"job {job_id} was not requeued within {timeout_s} s: {client.status(job_id)}")
         time.sleep(0.2)
+
+
+class Follow:
+    """A job's events as they arrive, read through the client's EventReader."""
+
+    def __init__(self, client, job_id: str):
+        self.client, self.job_id = client, job_id
+        self.reader = client.event_reader(job_id)
+        self.events: list = []
+
+    def until(self, pred, what: str, timeout: float = 240) -> None:
+        """Read events until ``pred()`` holds; fail after ``timeout`` seconds with the log tail."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.events.extend(self.reader.poll())
+            if pred():
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}: {[e.kind for e in self.events][-30:]}\n"
+                             f"{self.client.logs(self.job_id)[-4000:]}")
+
+    def step(self) -> int:
+        return max([e.data["step"] for e in self.events if e.kind == "step"], default=-1)
+
+    def kinds(self, kind: str, **match) -> list:
+        return [e for e in self.events if e.kind == kind and all(e.data.get(k) == v for k, v in match.items())]

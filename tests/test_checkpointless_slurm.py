@@ -15,7 +15,7 @@ import signal
 import time
 
 from hyperpod_lab import cli
-from slurm_jobs import scontrol, wait_pending, wait_until_gone
+from slurm_jobs import Follow, scontrol, wait_pending, wait_until_gone
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "tests", "scripts", "ft_train.py")
@@ -25,32 +25,6 @@ STEPS = 200
 def _ppid(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         return int(next(line.split()[1] for line in f if line.startswith("PPid:")))
-
-
-class Follow:
-    """A job's events as they arrive, read through the client's EventReader."""
-
-    def __init__(self, client, job_id: str):
-        self.client, self.job_id = client, job_id
-        self.reader = client.event_reader(job_id)
-        self.events: list = []
-
-    def until(self, pred, what: str, timeout: float = 240) -> None:
-        """Read events until ``pred()`` holds; fail after ``timeout`` seconds with the log tail."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.events.extend(self.reader.poll())
-            if pred():
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}: {[e.kind for e in self.events][-30:]}\n"
-                             f"{self.client.logs(self.job_id)[-4000:]}")
-
-    def step(self) -> int:
-        return max([e.data["step"] for e in self.events if e.kind == "step"], default=-1)
-
-    def kinds(self, kind: str, **match) -> list:
-        return [e for e in self.events if e.kind == kind and all(e.data.get(k) == v for k, v in match.items())]
 
 
 def test_checkpointless_elastic_job_on_slurm(dev_cluster, client):

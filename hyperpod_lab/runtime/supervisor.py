@@ -76,6 +76,10 @@ LOST_STATES = ("down", "drain", "fail", "not_responding", "power", "maint", "reb
 """sinfo ``%T`` state words (lower case, ``*`` = not responding) that make a node unusable."""
 
 
+_HEALTH_FAILED_LINE = re.compile(r"^(?:\d+: )?hyperpod-lab: health (\S+): (\w+) failed \([\d.]+ s\): (.*)$")
+"""A failed check as :mod:`hyperpod_lab.runtime.health` prints it (``_line``), behind srun's label."""
+
+
 def say(message: str) -> None:
     """One ``hyperpod-lab:`` line on stdout (the Slurm log)."""
     sys.stdout.write(f"hyperpod-lab: {message}\n")
@@ -264,12 +268,24 @@ class Supervisor:
                 f"--nodelist={','.join(candidates)}", "--kill-on-bad-exit=0", "--label",
                 self.python, "-m", "hyperpod_lab.runtime.health", "--node-run-id", run_id, *self.health_args]
         t0 = time.time()
-        rc = subprocess.call(argv)
+        printed: dict[str, list[tuple[str, str]]] = {}  # node -> failed checks, from the nodes' output
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, errors="replace") as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                m = _HEALTH_FAILED_LINE.match(line.rstrip("\n"))
+                if m:
+                    printed.setdefault(m.group(1), []).append((m.group(2), m.group(3)))
+            rc = proc.wait()
+        sys.stdout.flush()
         results = {r.node: r for r in load_results(self.job_dir, run_id)}
         failed = summarize(list(results.values()))
         for node in candidates:
             if node not in results:
-                failed.setdefault(node, []).append(("run", f"the health check did not report (srun exit {rc})"))
+                # no result file: a node whose shared storage is unwritable cannot write one, but
+                # its output (srun --label) says which checks failed
+                failed.setdefault(node, []).extend(printed.get(node) or [
+                    ("run", f"the health check did not report (srun exit {rc})")])
         for node, checks in sorted(failed.items()):
             for check, detail in checks:
                 say(f"health check failed on {node}: {check}: {detail}")
