@@ -208,3 +208,25 @@ def test_restart_count_and_launcher_argv_are_defined_once():
     args = launch._torchrun.parse_args(argv[3:])
     assert (args.standalone, args.nproc_per_node, args.max_restarts, args.monitor_interval) == (True, "4", 2, 0.1)
     assert (args.training_script, args.training_script_args) == ("s.py", ["--x", "a b"])
+
+
+def test_event_kinds_are_the_same_in_python_typescript_and_the_openapi_description():
+    """The schema is defined once (hyperpod_lab.events.EventKind) and mirrored in src/tokens.ts
+    (EVENT_KINDS) and docs/openapi.yaml (Event.kind): a kind added to one is added to all."""
+    import re
+
+    import yaml
+
+    from hyperpod_lab.events import EventKind
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    kinds = [k.value for k in EventKind]
+    with open(os.path.join(root, "src", "tokens.ts")) as f:
+        block = re.search(r"export const EVENT_KINDS = \[(.*?)\] as const", f.read(), re.S).group(1)
+    assert re.findall(r"'([^']+)'", block) == kinds
+    with open(os.path.join(root, "docs", "openapi.yaml")) as f:
+        api = yaml.safe_load(f)
+    assert api["components"]["schemas"]["Event"]["properties"]["kind"]["enum"] == kinds
+    with open(os.path.join(root, "docs", "events.md")) as f:
+        doc = f.read()
+    assert all(f"| `{k}` |" in doc for k in kinds), [k for k in kinds if f"| `{k}` |" not in doc]

@@ -182,7 +182,9 @@ def test_sidebar_streams_a_fault_and_its_recovery(dev_cluster, lab_root):
             assert re.fullmatch(r"\d+\.\d\d %", value.inner_text())
             causes = view.locator("[data-testid=hp-goodput-lost] [data-cause]").evaluate_all(
                 "els => els.map(e => e.dataset.cause)")
-            assert causes == ["useful", "checkpoint", "detect", "restart", "restore", "recompute", "other"]
+            # health_check: the supervisor's pre-flight health checks ran before training (Slurm)
+            assert causes == ["useful", "health_check", "checkpoint", "detect", "restart", "restore", "recompute",
+                              "other"]
             _shot(page, "2-running")
 
             # 4. inject a failure into rank 1 from the sidebar
