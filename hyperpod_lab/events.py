@@ -46,6 +46,8 @@ class EventKind(str, Enum):
     HEALTH_CHECKED = "health.checked"
     HEALTH_FAILED = "health.failed"
     NODE_EXCLUDED = "node.excluded"
+    STRAGGLER_DETECTED = "straggler.detected"
+    JOB_FAILED = "job.failed"
     FINISHED = "finished"
 
 

@@ -35,6 +35,8 @@ export const EVENT_KINDS = [
   'health.checked',
   'health.failed',
   'node.excluded',
+  'straggler.detected',
+  'job.failed',
   'finished'
 ] as const;
 
