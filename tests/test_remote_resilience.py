@@ -24,7 +24,7 @@ import pytest
 import tomli_w
 
 from hung_sftp import HungSSHServer, new_key_pair
-from hyperpod_lab.errors import ClusterUnreachable
+from hyperpod_lab.errors import ClusterUnreachable, RemoteCommandError
 from hyperpod_lab.events import EventKind, EventReader, EventWriter
 from hyperpod_lab.schedulers.remote import SSHRemote
 
@@ -358,3 +358,58 @@ def test_op_timeout_is_validated():
     for bad in (0, -1, "30", True, 10_000):
         with pytest.raises(ConfigError, match="op_timeout_s"):
             ClusterProfile(name="k", orchestrator="slurm", host="h", shared_root="/s", op_timeout_s=bad).validate()
+
+
+def test_commands_rerun_after_a_drop_only_when_safe(dev_cluster, tmp_path):
+    """A connection found dead before a command goes out: reconnect and run it (once). Lost while
+    a command runs: an ``idempotent`` one (a query) runs again; any other (sbatch, scancel) is not
+    repeated and the error says it may or may not have run."""
+    remote = SSHRemote(dev_cluster)
+    try:
+        # dead before sending: the server side killed, the transport has noticed
+        kill_server_side(remote)
+        deadline = time.monotonic() + 10
+        while remote.alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not remote.alive
+        marker = tmp_path / "ran"
+        res = remote.run(["sh", "-c", f"echo x >> {marker}; echo ok"])
+        assert res.stdout == "ok\n" and marker.read_text() == "x\n" and remote.reconnects == 1
+
+        def kill_soon():
+            time.sleep(0.7)
+            kill_server_side(remote)
+
+        # lost mid-command, not idempotent: not repeated
+        k = threading.Thread(target=kill_soon)
+        k.start()
+        with pytest.raises(ClusterUnreachable, match="not repeated: it may or may not have taken effect") as e:
+            remote.run(["sh", "-c", f"echo y >> {marker}; sleep 3; echo done"])
+        k.join()
+        assert "exec `sh`" in str(e.value)
+        time.sleep(3)
+        assert marker.read_text() == "x\ny\n"  # it ran once; nothing ran it again
+        # lost mid-command, idempotent: run again over a new connection
+        k = threading.Thread(target=kill_soon)
+        k.start()
+        res = remote.run(["sh", "-c", f"echo z >> {marker}; sleep 2; echo done"], idempotent=True)
+        k.join()
+        assert res.stdout == "done\n" and remote.reconnects == 3
+        assert marker.read_text().count("z") == 2  # the query ran twice, as it may
+    finally:
+        remote.close()
+
+
+def test_a_slow_command_times_out_and_keeps_the_connection(dev_cluster):
+    remote = SSHRemote(dev_cluster)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RemoteCommandError) as e:
+            remote.run(["sleep", "10"], timeout_s=1.5)
+        took = time.monotonic() - t0
+        assert e.value.exit_status == -1, e.value
+        assert took < 1.5 + SLACK_S, took
+        assert "no output and no exit within 1.5 s" in str(e.value) and "127.0.0.1:" in str(e.value)
+        assert remote.alive and remote.run(["true"]).exit_status == 0 and remote.reconnects == 0
+    finally:
+        remote.close()

@@ -139,6 +139,8 @@ class LocalRemote(LocalFiles, Remote):
         os.replace(tmp, path)
 
 
+_ONE_REQUEST = 32768  # paramiko's largest SFTP read request: a read up to this size needs no prefetch thread
+
 #: seconds to wait before each reconnect of one call: a dropped connection is retried after 0.5 s,
 #: then 1, 2, 4 s (at most ``len(RECONNECT_DELAYS_S)`` reconnects per call, and none that would end
 #: past the call's ``op_timeout_s`` budget)
@@ -322,15 +324,22 @@ class SSHRemote(Remote):
         except Exception:
             pass
 
-    def _usable(self, gen: int, sftp: bool) -> bool:
-        """Whether connection ``gen`` (and, for ``sftp``, its SFTP channel) is still open."""
-        o = self._open
-        if gen != self._gen or o is None or not o.active:
-            return False
-        if sftp:
-            s = self._sftp
-            return s is not None and not s.get_channel().closed
-        return True
+    def _usable(self, gen: int, sftp: bool, settle_s: float = 0.0) -> bool:
+        """Whether connection ``gen`` (and, for ``sftp``, its SFTP channel once opened) is still
+        open. ``settle_s``: wait up to that long for a closing transport to say so (paramiko
+        closes the channels a moment before it marks the transport inactive)."""
+        deadline = time.monotonic() + settle_s
+        while True:
+            o = self._open
+            if gen != self._gen or o is None or not o.active:
+                return False
+            if sftp:
+                s = self._sftp
+                if s is not None and s.get_channel().closed:
+                    return False
+            if time.monotonic() >= deadline:
+                return True
+            time.sleep(0.05)
 
     def _sftp_of(self, gen: int, o):
         """The SFTP client of connection ``gen`` (opened on first use, its channel timeout set).
@@ -401,7 +410,10 @@ class SSHRemote(Remote):
                 last = str(e)  # reconnecting failed: try again after the next delay
                 retry = tries < len(RECONNECT_DELAYS_S)
             except (paramiko.SSHException, EOFError, OSError) as e:
-                if gen is None or self._usable(gen, sftp):
+                # an errno (no such file, permission denied) or SFTP's end-of-file is an answer;
+                # anything else on a command may be its channel closing with the link: let it settle
+                answer = getattr(e, "errno", None) is not None or (sftp and isinstance(e, EOFError))
+                if gen is None or self._usable(gen, sftp, 0.0 if answer or sftp else 1.0):
                     if isinstance(e, paramiko.SSHException):  # a refused channel etc.: the connection is fine
                         raise ClusterUnreachable(f"{self._where()}: {op} {path} failed: {e}") from None
                     raise  # an answer (no such file, permission denied, a command's EOF): not the link
@@ -514,13 +526,12 @@ class SSHRemote(Remote):
                 with self._file(sftp, path, "rb") as f:
                     if offset:
                         f.seek(offset)
-                    if length is None:
-                        f.prefetch()
-                        return f.read()
-                    n = min(max(0, length), max(0, f.stat().st_size - offset))
+                    left = max(0, f.stat().st_size - offset)  # to the end as of now
+                    n = left if length is None else min(max(0, length), left)
                     if n <= 0:
                         return b""
-                    f.prefetch(offset + n)  # only the range asked for, never the rest of the file
+                    if n > _ONE_REQUEST:  # pipelined reads of the range asked for, never the rest
+                        f.prefetch(offset + n)
                     return f.read(n)
             except IOError as e:
                 if getattr(e, "errno", None) == errno.ENOENT:
