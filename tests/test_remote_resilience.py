@@ -59,6 +59,7 @@ def _fails_in_time(fn, *words):
     assert took < OP_TIMEOUT_S + SLACK_S, (took, msg)
     for w in words:
         assert w in msg, (w, msg)
+    print(f"\n{words[0]}: failed after {took:.2f} s (op_timeout_s {OP_TIMEOUT_S:g})")
     return took, msg
 
 
