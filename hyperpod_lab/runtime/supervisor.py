@@ -33,7 +33,8 @@ What it does, in order:
      Slurm accepts once the job is pending again) or fails.
 
 4. **Bad nodes.** Every fault is counted against its node: node losses and failed steps
-   here, and the launch agents' ``fault.detected`` events (a worker that crashed on that node). A
+   here, and the launch agents' reports of a worker killed by a signal on that node (not a
+   Python exception, not a peer's failure; see :meth:`Supervisor.read_agent_faults`). A
    node with :data:`FAULTS_TO_EXCLUDE` faults in one job is excluded (``node.excluded``): not
    chosen as a spare, not used by a later step or run, and named in the requeued job's
    ``ExcNodeList``. A checkpointless group on a node that gets excluded while it runs is stopped
@@ -70,6 +71,7 @@ from hyperpod_lab.jobdir import ENV_REPLICA_GROUP, ENV_REPLICA_GROUPS, JobPaths
 FAULTS_TO_EXCLUDE = 2
 """Faults on one node in one job after which the node is excluded from the job's placements."""
 
+SAME_INCIDENT_S = 5.0  # worker deaths on one node this close together are one fault (seconds)
 POLL_S = 0.2  # how often running steps are polled (seconds)
 EVENTS_POLL_S = 1.0  # how often the job's events are read for agents' faults (seconds)
 LOST_STATES = ("down", "drain", "fail", "not_responding", "power", "maint", "reboot", "unknown")
@@ -223,6 +225,7 @@ class Supervisor:
         self.next_group = nodes
         self.finished_rc: int | None = None
         self._last_events = 0.0
+        self._last_fault_time: dict[str, float] = {}
 
     # ---- placement -------------------------------------------------------------------------
     def usable(self, busy: Sequence[str] = ()) -> list[str]:
@@ -252,10 +255,25 @@ class Supervisor:
             self.exclude(node, f"faulted {self.placement.faults[node]} times in this job")
 
     def read_agent_faults(self) -> None:
-        """Count the launch agents' ``fault.detected`` (a worker crashed on that node)."""
+        """Count the launch agents' reports of a worker killed on a node.
+
+        A node is blamed for a worker that died of a signal (the OOM killer, SIGBUS/SIGSEGV of a
+        bad GPU or memory, a kill): the agent's root-cause ``fault.detected`` with a ``signal``
+        other than SIGTERM/SIGINT (those are the agent's own stop of the siblings). A Python
+        exception is the script's, not the node's (it would fail on any node), and the workers
+        of other nodes that fail because a peer died exit with an error, not a signal. Several
+        workers of one node killed within :data:`SAME_INCIDENT_S` count once.
+        """
         for ev in self.reader.poll():
-            if ev.kind == EventKind.FAULT_DETECTED.value and ev.writer.startswith("agent-") and ev.data.get("node"):
-                self.count_fault(str(ev.data["node"]), f"{ev.writer}:{ev.seq}")
+            d = ev.data
+            if (ev.kind != EventKind.FAULT_DETECTED.value or not ev.writer.startswith("agent-") or not d.get("node")
+                    or d.get("root_cause") is False or d.get("signal") in (None, "SIGTERM", "SIGINT")):
+                continue
+            node = str(d["node"])
+            if ev.time - self._last_fault_time.get(node, float("-inf")) < SAME_INCIDENT_S:
+                continue
+            self._last_fault_time[node] = ev.time
+            self.count_fault(node, f"{ev.writer}:{ev.seq}")
 
     # ---- health ----------------------------------------------------------------------------
     def preflight(self, candidates: list[str]) -> list[str]:
