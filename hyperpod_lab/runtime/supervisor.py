@@ -71,7 +71,7 @@ from hyperpod_lab.jobdir import ENV_REPLICA_GROUP, ENV_REPLICA_GROUPS, JobPaths
 FAULTS_TO_EXCLUDE = 2
 """Faults on one node in one job after which the node is excluded from the job's placements."""
 
-SAME_INCIDENT_S = 5.0  # worker deaths on one node this close together are one fault (seconds)
+SAME_INCIDENT_S = 1.0  # worker deaths on one node this close together (one failure round of its agent) are one fault, s
 POLL_S = 0.2  # how often running steps are polled (seconds)
 EVENTS_POLL_S = 1.0  # how often the job's events are read for agents' faults (seconds)
 LOST_STATES = ("down", "drain", "fail", "not_responding", "power", "maint", "reboot", "unknown")
