@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--spares", type=_int, default=0, metavar="K",
                    help="ask for K spare nodes beyond --nodes: a spare takes over a lost or excluded node "
                         "with no requeue (Slurm; EKS: the HyperPodPyTorchJob's spares)")
+    s.add_argument("--storm-restarts", type=_int, default=ResiliencyPolicy.storm_restarts, metavar="K",
+                   help="stop retrying (exit status 3, no requeue) after K restarts in a row without step "
+                        "progress, or K ended by the same fault with no new checkpoint (default 3)")
     s.add_argument("--no-health-checks", action="store_true",
                    help="skip the pre-flight node health checks (GPUs, /dev/shm, shared storage, versions, clock)")
     s.add_argument("--recovery", choices=["restart", "checkpointless"], default="restart",
@@ -187,7 +190,8 @@ def spec_from_args(a: argparse.Namespace, script_args: list[str]) -> JobSpec:
         time_limit_min=a.time_limit_min, exclusive=a.exclusive,
         resiliency=ResiliencyPolicy(auto_resume=not a.no_auto_resume, max_retries=a.max_retries,
                                     recovery=a.recovery, deep_health_check=a.deep_health_check,
-                                    spares=a.spares, health_checks=not a.no_health_checks),
+                                    spares=a.spares, health_checks=not a.no_health_checks,
+                                    storm_restarts=a.storm_restarts),
         checkpoint=CheckpointPolicy(every_steps=a.checkpoint_every, keep_last=a.checkpoint_keep,
                                     memory_every_steps=a.checkpoint_memory_every, s3_uri=a.checkpoint_s3,
                                     s3_every_steps=a.checkpoint_s3_every),

@@ -44,6 +44,7 @@ def _no_nul(name: str, values) -> None:
 
 RECOVERY_MODES = ("restart", "checkpointless")
 MAX_SPARES = 64
+MAX_STORM_RESTARTS = 1000
 
 
 @dataclass
@@ -69,6 +70,9 @@ class ResiliencyPolicy:
             checkpoint tier) or ``checkpointless`` (each node is a data-parallel replica group
             under a torchft Lighthouse; survivors go on, a replacement heals from a live peer, the
             tiered checkpoint is only the fallback; see ``hyperpod_lab.runtime.ft``).
+        storm_restarts: K of the restart-storm guard (``hyperpod_lab.runtime.storm``): the job
+            stops retrying (``job.failed``, exit status 3, no requeue) when K restarts in a row
+            made no step progress, or ended with the same fault and no new checkpoint. 1 to 1000.
     """
 
     auto_resume: bool = True
@@ -77,6 +81,7 @@ class ResiliencyPolicy:
     deep_health_check: bool = False
     recovery: str = "restart"
     spares: int = 0
+    storm_restarts: int = 3
 
     def validate(self) -> None:
         if not isinstance(self.auto_resume, bool):
@@ -95,6 +100,10 @@ class ResiliencyPolicy:
         if isinstance(self.spares, bool) or not isinstance(self.spares, int) or not 0 <= self.spares <= MAX_SPARES:
             raise SpecError("resiliency.spares", f"must be a whole number from 0 to {MAX_SPARES}, got "
                                                  f"{str(self.spares)[:40]}; use --spares 1")
+        if (isinstance(self.storm_restarts, bool) or not isinstance(self.storm_restarts, int)
+                or not 1 <= self.storm_restarts <= MAX_STORM_RESTARTS):
+            raise SpecError("resiliency.storm_restarts", f"must be a whole number from 1 to {MAX_STORM_RESTARTS}, "
+                                                         f"got {str(self.storm_restarts)[:40]}; use --storm-restarts 3")
 
 
 @dataclass

@@ -18,6 +18,9 @@ is appended, decided with an ``flock`` on ``<job_dir>/agents/<name>.lock``):
 * ``recovery.started`` {restart_count, reason, node} whenever the agent restarts its workers:
   ``reason`` is ``"local worker failed"`` (a restart counted against ``--max-restarts``) or
   ``"peer re-rendezvous"`` (another node re-joined the rendezvous; torchrun does not count it).
+* ``job.failed`` when its restarts storm (K restarts without progress, or one fault repeating:
+  :mod:`hyperpod_lab.runtime.storm`): it restarts no more and exits with status 3 (``STORM_EXIT``)
+  instead of torchrun's 1; a job whose storm was declared exits 3 at once when started again.
 
 Without ``$HYPERPOD_LAB_JOB_DIR`` it is plain torchrun, with one deliberate difference that holds
 in both cases: ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE`` defaults to ``1`` (set it to ``0`` to get
@@ -79,7 +82,7 @@ import torch.distributed.launcher.api as _launcher_api
 import torch.distributed.run as _torchrun
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 
 from hyperpod_lab.events import EventKind, EventWriter
 from hyperpod_lab.jobdir import (
@@ -89,6 +92,7 @@ from hyperpod_lab.jobdir import (
     ENV_REPLICA_GROUP_OFFSET,
     SLURM_REPLICA_GROUP,
 )
+from hyperpod_lab.runtime import storm
 from hyperpod_lab.runtime.context import node_name, safe_name
 
 log = logging.getLogger(__name__)
@@ -191,6 +195,7 @@ def _failure_reason(failure: Any, sig: str | None) -> str:
 
 
 _EVENTS: AgentEvents | None = None
+_STORM: storm.StormGuard | None = None  # restart storms: runtime/storm.py
 
 
 class EventingElasticAgent(LocalElasticAgent):
@@ -204,6 +209,8 @@ class EventingElasticAgent(LocalElasticAgent):
         result = super()._monitor_workers(worker_group)
         if _EVENTS is not None and result.state in _FAILED_STATES:
             _EVENTS.worker_failed(worker_group, result)
+            if _STORM is not None and _STORM.failure(storm.agent_fault(result, _EVENTS.node)) is not None:
+                self._remaining_restarts = 0  # a restart storm: torchrun stops the workers and fails
         return result
 
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
@@ -228,12 +235,13 @@ def install(job_dir: str, job_id: str) -> bool:
     Raises:
         OSError: ``job_dir`` cannot be created or written.
     """
-    global _EVENTS
+    global _EVENTS, _STORM
     if "LocalElasticAgent" not in _launcher_api.launch_agent.__code__.co_names:
         print("hyperpod-lab: this torch's launch_agent does not build LocalElasticAgent by name; "
               "running plain torchrun without fault/recovery events", file=sys.stderr)
         return False
     _EVENTS = AgentEvents(job_dir, job_id)
+    _STORM = storm.StormGuard(job_dir, _EVENTS.writer, storm.storm_restarts_from_env())
     _launcher_api.LocalElasticAgent = EventingElasticAgent
     return True
 
@@ -259,6 +267,7 @@ def main(argv: list[str] | None = None) -> None:
         os.environ[ENV_REPLICA_GROUP] = str(int(os.environ.get("SLURM_NODEID", "0"))
                                             + int(os.environ.get(ENV_REPLICA_GROUP_OFFSET, "0") or 0))
     job_dir = os.environ.get(ENV_JOB_DIR)
+    storm.refuse_if_declared(job_dir)  # a stopped job started again (requeue, auto-resume): exit 3 at once
     if job_dir:
         job_id = os.environ.get(ENV_JOB_ID)
         if not job_id:  # one id for the agent's events and the workers' (they inherit os.environ)
@@ -266,7 +275,14 @@ def main(argv: list[str] | None = None) -> None:
                 else "adhoc-" + time.strftime("%Y%m%d-%H%M%S")
             os.environ[ENV_JOB_ID] = job_id
         install(job_dir, job_id)
-    _torchrun.run(args)
+    try:
+        _torchrun.run(args)
+    except ChildFailedError as e:
+        if _STORM is None or _STORM.declared is None:
+            raise
+        print(e.format_msg(), file=sys.stderr)  # torchrun's failure summary, then the storm's status
+        print(f"hyperpod-lab: {_STORM.declared.get('reason')}; exit {storm.STORM_EXIT}", file=sys.stderr)
+        raise SystemExit(storm.STORM_EXIT) from None
 
 
 if __name__ == "__main__":

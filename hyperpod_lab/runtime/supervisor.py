@@ -40,6 +40,16 @@ What it does, in order:
    ``ExcNodeList``. A checkpointless group on a node that gets excluded while it runs is stopped
    and replaced from a spare when there is one.
 
+5. **Restart storms** (:mod:`hyperpod_lab.runtime.storm`, ``resiliency.storm_restarts`` = K):
+   every relaunch here (a restart step after a lost node, a spare's replica group replacing an
+   ended one, a requeue for want of nodes) goes through the job's storm guard, whose counts
+   outlive requeues (``<job_dir>/storm-supervisor.json``). When K relaunches in a row made no
+   step progress (or one fault repeated), or a launch agent declared a storm (``storm.json``),
+   the supervisor relaunches and requeues nothing, stops the steps still running (the agents
+   get :data:`STORM_GRACE_S` to exit on their own), runs ``scontrol update JobId=<id>
+   Requeue=0`` and exits 3. A job started again after a storm (a requeue by hand, ``RequeueExit``)
+   does the same at once.
+
 ``<job_dir>/placement.json`` (written atomically by this process only): ``{"faults": {node: n},
 "excluded": {node: reason}, "time": epoch s}``; it outlives requeues.
 
@@ -48,12 +58,13 @@ Limits: the batch script runs on the allocation's first node, so losing that nod
 
 Exit status: 0 when training finished (rank 0's ``finished`` event), 1 when the job failed (the
 reason is the last ``hyperpod-lab:`` line of the Slurm log), or the failed training step's own
-status.
+status; 3 (``STORM_EXIT``) after a restart storm.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -67,12 +78,14 @@ from typing import Any, Sequence
 
 from hyperpod_lab.events import EventKind, EventReader, EventWriter
 from hyperpod_lab.jobdir import ENV_REPLICA_GROUP, ENV_REPLICA_GROUPS, JobPaths
+from hyperpod_lab.runtime import storm as _storm
 
 FAULTS_TO_EXCLUDE = 2
 """Faults on one node in one job after which the node is excluded from the job's placements."""
 
 SAME_INCIDENT_S = 1.0  # worker deaths on one node this close together (one failure round of its agent) are one fault, s
 POLL_S = 0.2  # how often running steps are polled (seconds)
+STORM_GRACE_S = 10.0  # after an agent declared a storm, its peers get this long to exit (seconds)
 EVENTS_POLL_S = 1.0  # how often the job's events are read for agents' faults (seconds)
 LOST_STATES = ("down", "drain", "fail", "not_responding", "power", "maint", "reboot", "unknown")
 """sinfo ``%T`` state words (lower case, ``*`` = not responding) that make a node unusable."""
@@ -406,8 +419,57 @@ class Supervisor:
         time.sleep(60)  # Slurm ends this batch script (the job is requeued)
         return 1
 
+    # ---- restart storms (hyperpod_lab.runtime.storm) ---------------------------------------
+    storm_stopped = False  # the job ended in a restart storm
+
+    @functools.cached_property
+    def storm(self) -> _storm.StormGuard:
+        """The storm guard of this supervisor's relaunches (its counts survive requeues)."""
+        return _storm.StormGuard(self.job_dir, self.events, _storm.storm_restarts_from_env(),
+                                 JobPaths(self.job_dir).path("storm-supervisor.json"))
+
+    def relaunch_allowed(self, fault: _storm.Fault) -> bool:
+        """A run ended with ``fault`` and would be relaunched (or requeued): False when that is a
+        restart storm (declared now, with ``job.failed``, or earlier by a launch agent)."""
+        return self.storm_stopped is False and self.storm.failure(fault) is None
+
+    def storm_waited(self) -> bool:
+        """A launch agent declared a storm more than :data:`STORM_GRACE_S` ago (its peers may
+        wait in a rendezvous that will never complete)."""
+        try:
+            return time.time() - os.stat(_storm.marker_path(self.job_dir)).st_mtime > STORM_GRACE_S
+        except OSError:
+            return False
+
+    def stop_storm(self) -> int:
+        """End the job after a restart storm: stop its steps, tell Slurm not to requeue it, exit 3.
+
+        ``scontrol update JobId=<id> Requeue=0`` (scontrol(1): "Requeue=<0|1> Stipulates whether a
+        job should be requeued after a node failure: 0 for no, 1 for yes"): the job was submitted
+        with ``--requeue``, so a node failing while it ends would otherwise put it back in the queue.
+        """
+        first = not self.storm_stopped
+        self.storm_stopped = True
+        for step in self.steps:
+            if step.proc.poll() is None:
+                step.proc.terminate()
+        for step in self.steps:
+            try:
+                step.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                step.proc.kill()
+        if first:
+            found = _storm.declared(self.job_dir) or self.storm.declared or {}
+            rc = subprocess.call(["scontrol", "update", f"JobId={self.slurm_job_id}", "Requeue=0"],
+                                 stderr=subprocess.DEVNULL)
+            say(f"job failed: {found.get('reason', 'restart storm')}; no requeue "
+                f"(scontrol update Requeue=0: {'done' if rc == 0 else f'failed ({rc})'}); exit {_storm.STORM_EXIT}")
+        return _storm.STORM_EXIT
+
     # ---- main loops ------------------------------------------------------------------------
     def run(self) -> int:
+        if _storm.declared(self.job_dir) is not None:
+            return self.stop_storm()  # a restart storm ended this job: a requeue or re-run does nothing
         self.read_agent_faults()
         usable = self.usable()
         if self.health:
@@ -419,12 +481,15 @@ class Supervisor:
             if self.health and any(r.startswith("health check failed") for r in self.placement.excluded.values()):
                 say(f"job failed before training: {why}")  # a node failed its checks: fail fast
                 return 1
+            if not self.relaunch_allowed(_storm.Fault(None, None, "too few usable nodes")):
+                return self.stop_storm()
             return self.requeue_or_fail(why)
         active, spares = usable[:self.nodes], usable[self.nodes:]
         if spares:
             say(f"spare nodes: {','.join(spares)}")
         if self.mode == "checkpointless":
-            return self.run_checkpointless(active)
+            rc = self.run_checkpointless(active)
+            return _storm.STORM_EXIT if self.storm_stopped else rc
         return self.run_restart(active)
 
     def _spare(self) -> str | None:
@@ -455,6 +520,8 @@ class Supervisor:
 
     def on_group_ended(self, step: Step) -> None:
         node, rc = step.nodes[0], step.proc.returncode
+        if self.storm_stopped:
+            return
         if self.training_finished():
             say(f"replica group {step.group} on {node} ended ({rc})")
             return
@@ -472,6 +539,9 @@ class Supervisor:
         self.replace_group(step)
 
     def replace_group(self, step: Step) -> None:
+        if not self.relaunch_allowed(_storm.Fault(step.group, step.nodes[0], f"exit {step.proc.returncode}")):
+            self.stop_storm()  # a restart storm: no replacement, the other groups stop too
+            return
         spare = self._spare()
         if spare is None:
             say(f"no spare node for replica group {step.group}; the other groups go on")
@@ -506,9 +576,11 @@ class Supervisor:
         while True:
             self.start_restart_step(active)
             step = self.steps[-1]
-            while step.proc.poll() is None:
+            while step.proc.poll() is None and not self.storm_waited():
                 self.maybe_read_events()
                 time.sleep(POLL_S)
+            if _storm.declared(self.job_dir) is not None:
+                return self.stop_storm()  # the launch agents declared a restart storm
             rc = step.proc.returncode
             self.steps.remove(step)
             if self.training_finished():
@@ -518,6 +590,8 @@ class Supervisor:
                 return rc  # 0, or the launch agents gave up (max_retries): the job ends with their status
             for node, state in lost.items():
                 self.report_lost(node, state, None)
+            if not self.relaunch_allowed(_storm.Fault(None, ",".join(sorted(lost)), "node down")):
+                return self.stop_storm()
             usable = self.usable()
             if len(usable) < self.nodes:
                 return self.requeue_or_fail(f"lost {','.join(lost)}; {len(usable)} usable nodes, "
