@@ -60,6 +60,19 @@ Definitions (also in ``docs/events.md``):
 * **excluded nodes**: ``node.excluded`` events (writer ``supervisor``), one entry per node in
   the order they were first excluded, with the ``reason`` and ``faults`` of its newest event;
   nodes named in an event's ``excluded`` list and not excluded before come first.
+* **hang time**, ``hang_s``: per incident, the largest ``stalled_s`` of its ``fault.detected``
+  with ``reason: "hang"`` (the seconds the hung rank had made no progress when the watchdog
+  declared it: time lost before the detection); ``hang_s`` sums the incidents'.
+* **straggling time**, ``straggle_s``: a ``straggler.detected`` flags its rank from the event on;
+  in synchronous training every step then waits for it, so each step completed while a rank is
+  flagged costs ``step_s - median_step_s`` seconds (the event's; the largest excess among the
+  flagged ranks, never a sum); the ``window`` steps the detection measured before the event
+  were slow too and count once, when the rank is first flagged (only what exceeds the excess
+  already charged). A flag ends when an incident opens or the job (re)starts (``started``): new
+  processes, and with ``action: exclude`` a new node; a rank still slow is flagged again.
+  ``straggle_steps`` counts the steps charged; ``stragglers`` lists the ranks flagged now.
+* **failure**: the ``job.failed`` event's data (a restart storm: ``reason``, ``restarts``,
+  ``fault``, ``requeue``) and its ``time``, or None.
 
 Events are folded in the order given; give them in time order (``EventReader.poll`` does).
 """
@@ -84,6 +97,9 @@ _FINISHED = EventKind.FINISHED.value
 _HEALTH_CHECKED = EventKind.HEALTH_CHECKED.value
 _HEALTH_FAILED = EventKind.HEALTH_FAILED.value
 _NODE_EXCLUDED = EventKind.NODE_EXCLUDED.value
+_STRAGGLER = EventKind.STRAGGLER_DETECTED.value
+_JOB_FAILED = EventKind.JOB_FAILED.value
+HANG = "hang"  # fault.detected.reason of the launch agent's watchdog's report of a hung rank
 _HEALTH_WRITER = "health-"  # a node's health-check writer is health-<node>
 
 #: characters of a health check's ``detail`` kept in the facts (the JobView carries them)
@@ -130,7 +146,8 @@ def _new_incident(detected_at: float | None, last_step: int | None, last_step_ti
     return {"detected_at": detected_at, "fault_events": 0, "last_step": last_step,
             "last_step_time": last_step_time, "recovered_at": None, "end_at": None, "closed": False,
             "downtime_s": None, "reported_downtime_s": None, "lost_s": None, "restored_step": None,
-            "restored_from": None, "resumed_step": None, "restart_count": None, "restore_s": 0.0}
+            "restored_from": None, "resumed_step": None, "restart_count": None, "restore_s": 0.0,
+            "hang_s": 0.0}
 
 
 class JobFacts:
@@ -169,6 +186,12 @@ class JobFacts:
         preflight_runs: one dict per pre-flight run: ``run_id``, ``start``, ``end`` (epoch s), ``nodes``
             (``health.checked`` events), ``failed`` (nodes whose checks failed).
         preflight_s: total seconds of the pre-flight runs (0.0 before any).
+        hang_s: seconds lost to hangs before their detection (0.0 before any; each incident's
+            ``hang_s`` too).
+        straggle_s, straggle_steps: seconds lost to stragglers and the steps they slowed.
+        stragglers: the ranks flagged now: ``[{rank, node, score, step_s, median_step_s,
+            excess_s, time, action}]``.
+        failure: ``job.failed``'s data plus its ``time``, or None.
 
     Args:
         saved: a :meth:`to_dict` result to continue from (the server keeps them in its store);
@@ -204,6 +227,11 @@ class JobFacts:
         self.preflight_runs: list[dict[str, Any]] = [dict(r) for r in d.get("preflight_runs") or []]
         # the newest run takes more health events: no started nor step event came since its last
         self.preflight_open = bool(d.get("preflight_open", False))
+        self.straggle_s = float(d.get("straggle_s") or 0.0)
+        self.straggle_steps = int(d.get("straggle_steps") or 0)
+        self.stragglers: list[dict[str, Any]] = [dict(x) for x in d.get("stragglers") or []]
+        self.straggle_mark: int | None = d.get("straggle_mark")  # step the straggling was charged up to
+        self.failure: dict[str, Any] | None = dict(d["failure"]) if d.get("failure") else None
         # a summary saved before incidents were kept: keep its totals
         self._saved_downtime = float(d.get("downtime_s") or 0.0) if not self.incidents else 0.0
 
@@ -234,6 +262,7 @@ class JobFacts:
             self._on_step(ev, t)
         elif kind == _STARTED:
             self.preflight_open = False
+            self.stragglers = []  # new processes: a rank still slow is flagged again
             if self.started_time is None:
                 self.started_time = t
         elif kind == _SAVED:
@@ -252,6 +281,12 @@ class JobFacts:
             self._on_health(ev, t)
         elif kind == _NODE_EXCLUDED:
             self._on_excluded(ev, t)
+        elif kind == _STRAGGLER:
+            self._on_straggler(ev, t)
+        elif kind == _JOB_FAILED:
+            self.failure = {**{k: v for k, v in d.items() if k in ("reason", "restarts", "fault", "requeue",
+                                                                    "criterion", "exit_code")},
+                            "time": t, "writer": ev.writer}
         elif kind == _FINISHED:
             steps = _int(d.get("steps"))
             if steps is not None and steps > 0:
@@ -267,6 +302,11 @@ class JobFacts:
         s = _int(d.get("step"))
         if s is not None:
             self.max_step = s if self.max_step is None else max(self.max_step, s)
+            if self.stragglers and self.straggle_mark is not None and s > self.straggle_mark:
+                n = s - self.straggle_mark
+                self.straggle_s += n * max(x["excess_s"] for x in self.stragglers)
+                self.straggle_steps += n
+            self.straggle_mark = s
         self.loss = d.get("loss", self.loss)
         self.steps_per_s = d.get("steps_per_s", self.steps_per_s)
         if _int(d.get("total_steps")) is not None:
@@ -298,11 +338,15 @@ class JobFacts:
             inc = _new_incident(at, self.step, self.last_step_time)
             self.incidents.append(inc)
             self.faults += 1
+            self.stragglers = []  # the recovery restarts the ranks (or replaces the node)
         elif inc["detected_at"] is None or at < inc["detected_at"]:
             inc["detected_at"] = at
             if inc["end_at"] is not None:
                 self._end(inc, inc["end_at"], again=True)
         inc["fault_events"] += 1
+        stalled = _num(ev.data.get("stalled_s"))
+        if ev.data.get("reason") == HANG and stalled is not None and stalled > 0:
+            inc["hang_s"] = max(inc.get("hang_s") or 0.0, stalled)
         rc = _int(ev.data.get("restart_count"))
         if rc is not None and inc["restart_count"] is None:
             inc["restart_count"] = rc
@@ -415,6 +459,28 @@ class JobFacts:
         if _int(d.get("faults")) is not None:
             entry["faults"] = d["faults"]
 
+    def _on_straggler(self, ev: Event, t: float) -> None:
+        """``straggler.detected``: its rank is flagged (see the module doc: straggling time)."""
+        d = ev.data
+        step_s, median = _num(d.get("step_s")), _num(d.get("median_step_s"))
+        if step_s is None or median is None:
+            return
+        excess = max(0.0, step_s - median)
+        rank = d.get("rank")
+        entry = next((x for x in self.stragglers if x["rank"] == rank), None)
+        if entry is None:
+            window = _int(d.get("window"))
+            current = max((x["excess_s"] for x in self.stragglers), default=0.0)
+            if window is not None and window > 0 and excess > current:
+                self.straggle_s += window * (excess - current)  # the slow steps the detection measured
+                self.straggle_steps += window if not self.stragglers else 0
+            entry = {"rank": rank, "time": t}
+            self.stragglers.append(entry)
+        entry.update({"node": d.get("node"), "score": _num(d.get("score")), "step_s": step_s,
+                      "median_step_s": median, "excess_s": excess, "action": d.get("action")})
+        if self.straggle_mark is None:
+            self.straggle_mark = _int(self.step)
+
     def _end(self, inc: dict[str, Any], t: float, again: bool = False) -> None:
         """The incident's first completed step after recovery is at ``t``: its downtime and lost time."""
         inc["end_at"] = t
@@ -459,6 +525,11 @@ class JobFacts:
         return sum(i["lost_s"] for i in self.incidents if i["end_at"] is not None and i["lost_s"] is not None)
 
     @property
+    def hang_s(self) -> float:
+        """Seconds lost to hangs before their detection (the incidents' ``hang_s``)."""
+        return sum(float(i.get("hang_s") or 0.0) for i in self.incidents)
+
+    @property
     def preflight_s(self) -> float:
         """Total seconds of the pre-flight runs (each from its first check's start to its newest event)."""
         return sum(max(0.0, r["end"] - r["start"]) for r in self.preflight_runs)
@@ -490,7 +561,9 @@ class JobFacts:
                 "health": {k: {**v, "failed": dict(v["failed"]), "skipped": list(v["skipped"])}
                            for k, v in self.health.items()},
                 "preflight_runs": [dict(r) for r in self.preflight_runs], "preflight_open": self.preflight_open,
-                "preflight_s": self.preflight_s}
+                "preflight_s": self.preflight_s, "hang_s": self.hang_s, "straggle_s": self.straggle_s,
+                "straggle_steps": self.straggle_steps, "stragglers": [dict(x) for x in self.stragglers],
+                "straggle_mark": self.straggle_mark, "failure": dict(self.failure) if self.failure else None}
 
 
 def fold(events: Iterable[Event], spec: dict | None = None) -> JobFacts:

@@ -314,7 +314,67 @@ def test_node_down_alone_opens_an_incident():
     assert fold(events[:4] + [excluded, events[4]]).faults == 1  # Slurm's late word on it is not
 
 
-@pytest.mark.parametrize("make", [checkpoint_restart, preflight_then_training, node_down_during_training])
+def hang_and_straggler():
+    """1 s steps 0-9 from t=1; after step 4 rank 2 (n2) is flagged a straggler (1.5 s steps
+    against a median of 1.0 over a 3-step window); rank 3 is flagged too, less slow (1.2 s);
+    after step 9 (t=10) rank 1 hangs: the watchdog reports it at t=31 with stalled_s 20 (and
+    again, a second look, 21); restarted, step 8 at t=40, then 9-11; the job is stopped later
+    by a restart storm (job.failed)."""
+    ev = mk()
+    out = [ev("started", 0.0, world_size=4)]
+    out += [ev("step", 1.0 + s, step=s, loss=1.0) for s in range(5)]
+    out.append(ev("straggler.detected", 5.2, "agent-n2", rank=2, node="n2", score=1.5, step_s=1.5,
+                  median_step_s=1.0, compute_s=1.4, wait_s=0.1, window=3, action="report"))
+    out.append(ev("straggler.detected", 5.3, "agent-n3", rank=3, node="n3", score=1.2, step_s=1.2,
+                  median_step_s=1.0, compute_s=1.1, wait_s=0.1, window=3, action="report"))
+    out += [ev("step", 1.0 + s, step=s, loss=1.0) for s in range(5, 10)]
+    out += [ev("fault.detected", 31.0, "agent-n1", rank=1, node="n1", reason="hang", stalled_s=20.0,
+               section="forward"),
+            ev("fault.detected", 31.5, "agent-n1", rank=1, node="n1", reason="hang", stalled_s=21.0),
+            ev("fault.detected", 31.6, "agent-n0", rank=0, node="n0", stalled_s=99.0, reason="peer died"),
+            ev("started", 38.0, world_size=4),
+            ev("recovery.completed", 40.0, restored_step=7, restart_count=1, restored_from="persistent")]
+    out += [ev("step", 40.0 + s - 8, step=s, loss=1.0) for s in range(8, 12)]
+    out.append(ev("job.failed", 50.0, "agent-n1", reason="restart storm: 3 restarts in a row made no step progress",
+                  restarts=3, fault="rank 1 on n1: boom", requeue=False, criterion="no progress", exit_code=3))
+    return out
+
+
+def test_hang_time_is_the_watchdogs_stall_before_detection():
+    f = fold(hang_and_straggler())
+    (inc,) = f.incidents
+    assert inc["hang_s"] == 21.0 and f.hang_s == 21.0  # the largest stalled_s of its hang reports
+    assert inc["detected_at"] == 31.0 and inc["downtime_s"] == 9.0
+    assert fold(checkpoint_restart()).hang_s == 0.0  # a crash is no hang, whatever else it carries
+    assert f.to_dict()["hang_s"] == 21.0
+
+
+def test_straggling_time_is_the_excess_of_the_slowest_flagged_rank_per_step():
+    f = fold(hang_and_straggler())
+    # flagged after step 4: its 3-step window (3 x 0.5 s), then steps 5-9 (5 x 0.5 s); rank 3 is
+    # less slow than rank 2: it adds nothing; the hang's incident clears the flags: steps 8-11
+    # after the restart cost nothing
+    assert f.straggle_s == pytest.approx(3 * 0.5 + 5 * 0.5) and f.straggle_steps == 8
+    assert f.stragglers == []
+    before = fold(hang_and_straggler()[:13])  # up to step 9, before the hang
+    assert [(x["rank"], x["node"], x["excess_s"]) for x in before.stragglers] == [(2, "n2", 0.5), (3, "n3", pytest.approx(0.2))]
+    # a rank flagged faster than the median costs nothing
+    ev = mk()
+    fast = [ev("step", 1.0, step=0), ev("straggler.detected", 1.1, "agent-n0", rank=0, step_s=0.8, median_step_s=1.0,
+                                        window=5), ev("step", 2.0, step=1), ev("step", 3.0, step=2)]
+    assert fold(fast).straggle_s == 0.0
+
+
+def test_job_failed_is_the_facts_failure():
+    f = fold(hang_and_straggler())
+    assert f.failure == {"reason": "restart storm: 3 restarts in a row made no step progress", "restarts": 3,
+                         "fault": "rank 1 on n1: boom", "requeue": False, "criterion": "no progress",
+                         "exit_code": 3, "time": 50.0, "writer": "agent-n1"}
+    assert fold(checkpoint_restart()).failure is None
+
+
+@pytest.mark.parametrize("make", [checkpoint_restart, preflight_then_training, node_down_during_training,
+                                  hang_and_straggler])
 def test_saved_dict_round_trip_continues_the_fold_with_every_kind(make):
     events = make()
     whole = fold(events).to_dict()

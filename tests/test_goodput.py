@@ -393,6 +393,46 @@ def test_measure_counts_the_health_checks_as_their_own_part():
                                                  measured=m)
 
 
+def job_events_hung_and_straggling(stalled_s):
+    """job_events where the fault is a hang (the watchdog's fault.detected 1 s after the last
+    step event, with ``stalled_s``) and rank 1 was flagged a straggler after step 5 (0.6 s steps
+    against a median of 0.5, measured over 2 steps)."""
+    out = []
+    for e in job_events():
+        if e.kind == "fault.detected":
+            e = Event(kind=e.kind, job_id=e.job_id, time=e.time, writer=e.writer, seq=e.seq,
+                      data={"rank": 1, "node": "n1", "reason": "hang", "stalled_s": stalled_s, "section": None})
+        out.append(e)
+        if e.kind == "step" and e.data["step"] == 5 and not any(x.kind == "recovery.completed" for x in out):
+            out.append(ev("straggler.detected", e.time + 0.01, "agent-n1", rank=1, node="n1", score=1.2,
+                          step_s=0.6, median_step_s=0.5, compute_s=0.55, wait_s=0.05, window=2, action="report"))
+    return out
+
+
+@pytest.mark.parametrize("stalled, hang, detect", [(0.7, 0.7, 0.3), (5.0, 1.0, 0.0), (0.0, 0.0, 1.0)])
+def test_measure_counts_hang_and_straggling_time(stalled, hang, detect):
+    """The hang's stall (at most the detection lag: the last step event is 1 s before the report)
+    is its own part, the rest of the lag stays detection; the straggler cost 0.1 s on each of its
+    2 measured steps and the 4 steps after it (6-9) until the fault: 0.6 s, taken from the
+    steps' time (useful), never from another part."""
+    plain = gp.measure_from_events(job_events())
+    m = gp.measure_from_events(job_events_hung_and_straggling(stalled))
+    json.dumps(m, allow_nan=False)
+    (r,) = m["recoveries"]
+    assert r["hang_s"] == pytest.approx(hang) and r["detect_s"] == pytest.approx(detect)
+    lost = m["lost_s"]
+    assert lost["hang"] == pytest.approx(hang) and lost["detect"] == pytest.approx(detect)
+    assert lost["straggle"] == pytest.approx(0.6)
+    assert m["useful_s"] == pytest.approx(plain["useful_s"] - 0.6)
+    for k in ("checkpoint", "restart", "restore", "recompute", "other"):
+        assert lost[k] == pytest.approx(plain["lost_s"][k], abs=1e-9), k
+    assert m["useful_s"] + sum(lost.values()) == pytest.approx(m["wall_s"])
+    assert m["lost_fraction"]["straggle"] == pytest.approx(0.6 / m["wall_s"])
+    assert plain["lost_s"]["hang"] == 0.0 and plain["lost_s"]["straggle"] == 0.0
+    text = gp.report_text(gp.advise(64, "0.04%", checkpoint_cost_s=1, step_time_s=1), measured=m)
+    assert "straggle" in text and ("hang" in text) == (hang > 0)
+
+
 def test_project_from_measurement():
     m = gp.measure_from_events(job_events())
     p = gp.project(m, 2048, "0.0161%")
@@ -446,7 +486,10 @@ def test_measurement_counts_detection_once(written):
 @st.composite
 def jobs(draw):
     """Random jobs: runs of steps, checkpoints of any cost, faults reported by one or two agents
-    at any delay, restores of any length (even longer than the downtime), any restored step."""
+    at any delay, restores of any length (even longer than the downtime), any restored step;
+    hangs (a watchdog's fault.detected {reason: hang} whose stalled_s may exceed the time since
+    the last step) and stragglers flagged at any step (any excess, any window, even longer than
+    the job, ranks flagged twice)."""
     seq: dict = {}
 
     def e(kind, t, writer="rank-0", **data):
@@ -468,6 +511,12 @@ def jobs(draw):
         for _ in range(draw(st.integers(1, 8))):
             t += dt
             out.append(e("step", t, step=step, loss=1.0))
+            if draw(st.integers(0, 5)) == 0:  # a straggler flagged after this step
+                median = draw(st.floats(0.01, 2.0))
+                out.append(e("straggler.detected", t + draw(st.floats(0.0, 0.5)), "agent-n1",
+                             rank=draw(st.integers(0, 2)), node="n1", score=2.0,
+                             step_s=median + draw(st.floats(-0.5, 3.0)), median_step_s=median,
+                             window=draw(st.integers(0, 40)), action="report"))
             if draw(st.booleans()):
                 blocked = draw(st.floats(0.0, 3.0))
                 out.append(e("checkpoint.saved", t + blocked, tier=draw(st.sampled_from(["memory", "persistent"])),
@@ -476,7 +525,11 @@ def jobs(draw):
             step += 1
         if draw(st.booleans()):
             t += draw(st.floats(0.0, 5.0))
-            out.append(e("fault.detected", t, "agent-n1", rank=1))
+            if draw(st.booleans()):  # a hang: the watchdog reports how long the rank made no progress
+                out.append(e("fault.detected", t, "agent-n1", rank=1, reason="hang",
+                             stalled_s=draw(st.floats(0.0, 60.0)), section=None))
+            else:
+                out.append(e("fault.detected", t, "agent-n1", rank=1))
             if draw(st.booleans()):
                 out.append(e("fault.detected", t + draw(st.floats(0.0, 3.0)), "agent-n0", rank=0))
             if draw(st.booleans()):
@@ -514,8 +567,11 @@ def test_lost_time_adds_up_to_the_wall_time_with_no_negative_part(events):
         assert m["useful_s"] >= 0.0 and 0.0 <= (m["goodput"] or 0.0) <= 1.0
         assert m["useful_s"] + sum(parts) == pytest.approx(m["wall_s"], abs=1e-9)
     for r in m["recoveries"]:
-        assert min(r["downtime_s"], r["restore_s"], r["restart_s"], r["health_check_s"]) >= 0.0
+        assert min(r["downtime_s"], r["restore_s"], r["restart_s"], r["health_check_s"], r["hang_s"]) >= 0.0
         assert r["restore_s"] + r["restart_s"] + r["health_check_s"] == pytest.approx(r["downtime_s"])
+        assert r["detect_s"] is None or r["detect_s"] >= 0.0
+    assert set(lost) == {"health_check", "checkpoint", "hang", "detect", "restart", "restore", "recompute",
+                         "straggle", "other"}
 
 
 def test_advise_is_json_and_recommends_daly():

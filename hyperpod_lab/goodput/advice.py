@@ -159,6 +159,9 @@ def figure_png(fig) -> bytes:
     return buf.getvalue()
 
 
+_OPTIONAL_PARTS = ("health_check", "hang", "straggle")  # lost-time parts listed only when the job had them
+
+
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x * 100:.1f} %"
 
@@ -197,7 +200,7 @@ def report_text(advice: dict, measured: dict | None = None, projection: dict | N
         lines.append(f"measured ({mm['job_id']}): {mm['steps']} steps in {mm['wall_s']:.4g} s, step {st}, "
                      f"goodput {_pct(mm['goodput'])}, {mm['faults']} faults, {len(mm['recoveries'])} recoveries")
         lines.append("  lost: " + ", ".join(f"{k} {_pct(v)}" for k, v in mm["lost_fraction"].items()
-                                            if k != "health_check" or v))  # only jobs that ran the checks
+                                            if k not in _OPTIONAL_PARTS or v))  # only jobs that had them
         for name, t in mm["tiers"].items():
             every = "-" if t["interval_steps"] is None else f"{t['interval_steps']:g}"
             rs = "" if t["restore_s"] is None else f", restore {t['restore_s']:.3g} s"
@@ -205,7 +208,8 @@ def report_text(advice: dict, measured: dict | None = None, projection: dict | N
                          f"blocked {t['blocked_s']:.3g} s each{rs}")
         for r in mm["recoveries"]:
             hc = f", health checks {r['health_check_s']:.3g} s" if r.get("health_check_s") else ""
-            lines.append(f"  recovery from {r['restored_from']}: downtime {r['downtime_s']:.3g} s (restore "
+            hung = f"hung {r['hang_s']:.3g} s before its detection, " if r.get("hang_s") else ""
+            lines.append(f"  recovery from {r['restored_from']}: {hung}downtime {r['downtime_s']:.3g} s (restore "
                          f"{r['restore_s']:.3g} s{hc}), {r['recomputed_steps']} steps recomputed")
     if projection is not None:
         p = projection

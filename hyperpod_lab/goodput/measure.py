@@ -34,11 +34,12 @@ _STEP = EventKind.STEP.value
 _SAVED = EventKind.CHECKPOINT_SAVED.value
 # the order in which lost time is granted when the estimates overlap (see measure_from_events):
 # measured intervals first (the pre-flight health checks, a recovery's restore and restart, the
-# checkpoint stalls), then the bounds (detection: an upper bound; recomputation: overlaps the
-# first step after a recovery)
-_LOST_ORDER = ("health_check", "restore", "restart", "checkpoint", "detect", "recompute")
+# checkpoint stalls, a hang's stall as its watchdog measured it), then the bounds (detection: an
+# upper bound; recomputation: overlaps the first step after a recovery). Straggling is not in it:
+# it is time inside the measured step time, taken from the useful time (see measure_from_events)
+_LOST_ORDER = ("health_check", "restore", "restart", "checkpoint", "hang", "detect", "recompute")
 #: the parts of ``lost_s`` besides ``other``, in display order
-LOST_PARTS = ("health_check", "checkpoint", "detect", "restart", "restore", "recompute")
+LOST_PARTS = ("health_check", "checkpoint", "hang", "detect", "restart", "restore", "recompute", "straggle")
 
 #: items (step events, breaks, checkpoint stalls) a meter holds before it settles the oldest
 DEFAULT_WINDOW = 256
@@ -202,6 +203,11 @@ def _recovery(inc: dict, step_time: float | None, preflight_runs: list[dict] = (
     down = float(inc["downtime_s"])
     detect = (max(0.0, inc["detected_at"] - inc["last_step_time"])
               if inc["detected_at"] is not None and inc["last_step_time"] is not None else None)
+    # a hang: the watchdog's stalled_s is the part of the detection lag the rank spent hung
+    hang = float(inc.get("hang_s") or 0.0)
+    if detect is not None:
+        hang = min(hang, detect)
+        detect -= hang
     restore = min(float(inc["restore_s"]), down)
     # the pre-flight health checks run during the downtime (a requeued job checks its nodes again)
     end = float(inc["end_at"])
@@ -215,7 +221,7 @@ def _recovery(inc: dict, step_time: float | None, preflight_runs: list[dict] = (
         resume = 0
     redo = max(0, reached - resume)
     return {"time": inc["end_at"], "downtime_s": down, "restored_from": inc["restored_from"],
-            "restored_step": inc["restored_step"], "detect_s": detect, "restore_s": restore,
+            "restored_step": inc["restored_step"], "hang_s": hang, "detect_s": detect, "restore_s": restore,
             "health_check_s": health, "restart_s": max(0.0, down - restore - health), "recomputed_steps": redo,
             "recompute_s": redo * step_time if step_time is not None else None}
 
@@ -348,15 +354,29 @@ class GoodputMeter:
                            "blocked_total_s": ts.blocked_total,
                            "restore_s": statistics.median(rs) if rs else None}
 
-        useful = min(wall, n_steps * step_time) if step_time is not None else None
+        # steps x the measured step time: the steps' wall time, stragglers' slow steps included
+        in_steps = min(wall, n_steps * step_time) if step_time is not None else None
+        recovered = {id(inc) for inc in facts.incidents if inc["recovered_at"] is not None
+                     and inc["end_at"] is not None and isinstance(inc["downtime_s"], (int, float))}
         estimates = {"health_check": sum(_overlap(r["start"], r["end"], t0, facts.last_time) for r in runs),
                      "checkpoint": sum(t["blocked_total_s"] for t in tiers.values()),
+                     # recovered incidents' hang time within their detection lag; the others' as written
+                     "hang": sum(r["hang_s"] for r in recoveries)
+                     + sum(float(i.get("hang_s") or 0.0) for i in facts.incidents if id(i) not in recovered),
                      "detect": sum(r["detect_s"] or 0.0 for r in recoveries),
                      "restart": sum(r["restart_s"] for r in recoveries),
                      "restore": sum(r["restore_s"] for r in recoveries),
                      "recompute": sum(r["recompute_s"] or 0.0 for r in recoveries)}
-        left = wall - (useful or 0.0)
-        granted = {}
+        straggle_est = max(0.0, float(facts.straggle_s))
+        if in_steps is not None:
+            straggle = min(straggle_est, in_steps)  # the part of the steps' time spent waiting for stragglers
+            useful = in_steps - straggle
+            left = wall - in_steps
+        else:
+            straggle = min(straggle_est, wall)
+            useful = None
+            left = wall - straggle
+        granted = {"straggle": straggle}
         for k in _LOST_ORDER:
             granted[k] = min(max(0.0, estimates[k]), left)
             left -= granted[k]
@@ -391,15 +411,17 @@ def measure_from_events(events: Iterable) -> dict:
         * ``steps``: useful steps (``finished.steps``, else the highest step + 1);
         * ``step_time_s``: seconds per step between consecutive ``step`` events of one run,
           minus the checkpoint stalls that began between them;
-        * ``useful_s`` = steps × step_time_s (at most ``wall_s``); ``goodput`` = useful_s / wall_s;
+        * ``useful_s`` = steps × step_time_s (at most ``wall_s``) minus the straggling time;
+          ``goodput`` = useful_s / wall_s;
         * ``tiers``: per tier ``checkpoints``, ``interval_steps`` (median gap), ``blocked_s``
           (mean per checkpoint, the slowest rank's), ``blocked_total_s``, ``restore_s`` (median
           of the incidents restored from it, else null);
         * ``faults``: failure incidents (the fold's); ``recoveries``: per recovered incident
           whose downtime is known: ``downtime_s`` (its first detection to the first completed
-          step after the recovery), ``restored_from``, ``restored_step``, ``detect_s`` (last
-          ``step`` event to the first detection: an upper bound, steps are reported at most
-          once a second), ``restore_s`` (slowest ``checkpoint.restored`` ``seconds`` of the
+          step after the recovery), ``restored_from``, ``restored_step``, ``hang_s`` (of a hang, ``fault.detected``
+          {reason: "hang"}: its ``stalled_s``, the seconds the rank was stuck before the watchdog
+          declared it, at most the detection lag), ``detect_s`` (last ``step`` event to the first
+          detection, less ``hang_s``: an upper bound, steps are reported at most once a second), ``restore_s`` (slowest ``checkpoint.restored`` ``seconds`` of the
           incident, at most the downtime), ``health_check_s`` (seconds of pre-flight runs
           within the downtime, at most downtime - restore), ``restart_s`` (= downtime -
           restore - health_check),
@@ -408,13 +430,18 @@ def measure_from_events(events: Iterable) -> dict:
           ``detect_s``, never in the downtime;
         * ``lost_s`` and ``lost_fraction``: wall time lost to ``health_check`` (the pre-flight
           runs of the nodes' health checks, ``health.checked``/``health.failed``, within the
-          wall time: never a fault), ``checkpoint``, ``detect``, ``restart``, ``restore``,
-          ``recompute``, and ``other`` (the rest: first start-up, evaluation, rounding). With a
-          step time, ``useful_s + sum(lost_s) == wall_s`` and no part is negative: where the
-          estimates overlap (a bound taken twice), the parts are granted in the order
-          health_check, restore, restart, checkpoint, detect, recompute, each at most what is
-          left of the wall time. Without one, ``other``, ``useful_s`` and
-          ``goodput`` are null and the parts add up to at most ``wall_s``.
+          wall time: never a fault), ``checkpoint``, ``hang`` (hung ranks before their
+          detection: the incidents' ``hang_s``), ``detect``, ``restart``, ``restore``,
+          ``recompute``, ``straggle`` (steps slowed by a straggler: ``(step_s -
+          median_step_s)`` of the flagged rank per step while it is flagged, see
+          :mod:`hyperpod_lab.facts`), and ``other`` (the rest: first start-up, evaluation,
+          rounding). With a step time, ``useful_s + sum(lost_s) == wall_s`` and no part is
+          negative: straggling is time inside the steps, so it is taken from ``steps ×
+          step_time_s`` (at most all of it); the other parts share what is left of the wall
+          time, granted in the order health_check, restore, restart, checkpoint, hang, detect,
+          recompute, each at most what is left (where the estimates overlap, a bound taken
+          twice). Without one, ``other``, ``useful_s`` and ``goodput`` are null and the parts
+          add up to at most ``wall_s``.
 
     Raises:
         GoodputInputError: no events, or no step events (nothing to measure yet).

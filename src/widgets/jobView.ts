@@ -11,18 +11,29 @@ const TIME_PARTS: [string, string][] = [
   ['useful', 'Useful steps'],
   ['health_check', 'Pre-flight health checks'],
   ['checkpoint', 'Checkpoint stalls'],
+  ['hang', 'Hung before detection'],
   ['detect', 'Failure detection'],
   ['restart', 'Restart'],
   ['restore', 'Checkpoint restore'],
   ['recompute', 'Recomputed steps'],
+  ['straggle', 'Waiting for stragglers'],
   ['other', 'Other (start-up, rounding)']
 ];
 
-/** Parts shown only when the job spent time on them (jobs without health checks show no row). */
-const OPTIONAL_PARTS = new Set(['health_check']);
+/**
+ * Parts shown only when the job spent time on them (jobs without health checks, hangs or
+ * stragglers show no row). hang: a hung rank's stall before the watchdog detected it (the
+ * `fault.detected` {reason: hang} `stalled_s`); straggle: steps slowed by a flagged straggler
+ * (`step_s - median_step_s` per step while flagged), taken from the steps' time.
+ */
+const OPTIONAL_PARTS = new Set(['health_check', 'hang', 'straggle']);
 
 /** Colours of the parts the stylesheet does not colour. */
-const PART_COLORS: { [key: string]: string } = { health_check: 'var(--jp-brand-color1)' };
+const PART_COLORS: { [key: string]: string } = {
+  health_check: 'var(--jp-brand-color1)',
+  hang: 'var(--jp-error-color0)',
+  straggle: 'var(--jp-warn-color0)'
+};
 
 /**
  * `n2 (faulted twice), n3 (health check failed: shm)`: the nodes the job excluded as the server
