@@ -89,6 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--recovery", choices=["restart", "checkpointless"], default="restart",
                    help="restart: every rank restarts from the newest checkpoint; checkpointless: each node is a "
                         "data-parallel replica, survivors go on and a replacement heals from a live peer")
+    s.add_argument("--hang-timeout", type=float, metavar="S", dest="hang_timeout_s",
+                   help="seconds without step progress after which a rank counts as hung: its stacks go to its "
+                        "log, fault.detected {reason: hang}, and it is recovered like a crash (default: "
+                        "max(30, 10 x the p99 step time), measured after warm-up)")
+    s.add_argument("--on-straggler", choices=["report", "exclude"], default=ResiliencyPolicy.on_straggler,
+                   help="a rank consistently slower than the others: report it (straggler.detected), or also "
+                        "exclude its node (Slurm: a spare replaces it, else the next placement avoids it)")
     s.add_argument("--checkpoint-every", type=_int, default=CheckpointPolicy.every_steps, metavar="STEPS")
     s.add_argument("--checkpoint-keep", type=_int, default=CheckpointPolicy.keep_last, metavar="N")
     s.add_argument("--checkpoint-memory-every", type=_int, metavar="STEPS")
@@ -127,13 +134,18 @@ def build_parser() -> argparse.ArgumentParser:
     from hyperpod_lab.schedulers.base import FAULT_KINDS
 
     fi = sub.add_parser("inject-fault", help="fail one rank, to rehearse recovery: SIGKILL its process (--kind kill), "
-                        "fail its node (--kind node) or make it raise in its training step (--kind exception)")
+                        "fail its node (--kind node), make it raise in its training step (--kind exception), "
+                        "stop it (--kind hang) or slow it down (--kind slow --factor F)")
     fi.add_argument("job")
     fi.add_argument("--rank", type=_int, required=True)
     fi.add_argument("--kind", choices=FAULT_KINDS, default="kill",
                     help="kill: SIGKILL the rank's process (default); node: the scheduler loses the rank's node "
                     "(Slurm: scontrol sets it DOWN, needs operator rights; EKS: its pod is deleted); exception: "
-                    "the rank raises InjectedFault inside its next training step")
+                    "the rank raises InjectedFault inside its next training step; hang: SIGSTOP the rank's process "
+                    "(the launch agent's watchdog detects the hang and recovers it); slow: the rank's steps take "
+                    "--factor times longer (straggler detection flags it)")
+    fi.add_argument("--factor", type=float, default=None, metavar="F",
+                    help="--kind slow: the rank's step time is multiplied by F, 1 to 100 (default 2; 1 ends it)")
     fi.add_argument("--after-checkpoint", action="store_true",
                     help="wait for the first checkpoint.saved event before injecting the fault")
     fi.add_argument("--timeout", type=float, default=300.0)
@@ -191,7 +203,8 @@ def spec_from_args(a: argparse.Namespace, script_args: list[str]) -> JobSpec:
         resiliency=ResiliencyPolicy(auto_resume=not a.no_auto_resume, max_retries=a.max_retries,
                                     recovery=a.recovery, deep_health_check=a.deep_health_check,
                                     spares=a.spares, health_checks=not a.no_health_checks,
-                                    storm_restarts=a.storm_restarts),
+                                    storm_restarts=a.storm_restarts,
+                                    hang_timeout_s=a.hang_timeout_s, on_straggler=a.on_straggler),
         checkpoint=CheckpointPolicy(every_steps=a.checkpoint_every, keep_last=a.checkpoint_keep,
                                     memory_every_steps=a.checkpoint_memory_every, s3_uri=a.checkpoint_s3,
                                     s3_every_steps=a.checkpoint_s3_every),
@@ -328,8 +341,13 @@ def run(argv: list[str], out: TextIO | None = None, client=None) -> Any:
                 if time.monotonic() > deadline:
                     raise HyperPodLabError(f"no checkpoint.saved event within {a.timeout} s")
                 time.sleep(0.5)
-        info = client.inject_fault(a.job, a.rank, kind=a.kind)
-        if a.kind == "node":
+        info = client.inject_fault(a.job, a.rank, kind=a.kind, factor=a.factor)
+        if a.kind == "hang":
+            say(f"stopped rank {a.rank} of {a.job} ({info.get('how')}); the launch agent's watchdog declares it "
+                "hung when it has made no progress for its hang timeout")
+        elif a.kind == "slow":
+            say(f"rank {a.rank} of {a.job} runs {info['factor']:g}x slower from its next step (request {info['path']})")
+        elif a.kind == "node":
             say(f"failed node {info['node']} of rank {a.rank} of {a.job}: {info['how']}")
         elif a.kind == "exception":
             say(f"rank {a.rank} of {a.job} raises InjectedFault at its next step (request {info['path']})")

@@ -17,7 +17,7 @@ from hyperpod_lab.events import Event, EventKind, EventReader, EventWriter
 from hyperpod_lab.jobdir import JobPaths
 from hyperpod_lab.jobs import JobRecord, JobStatus, JobStore, new_job_id
 from hyperpod_lab.schedulers import Scheduler, for_profile
-from hyperpod_lab.schedulers.base import fault_kind
+from hyperpod_lab.schedulers.base import fault_kind, slow_factor
 from hyperpod_lab.spec import JobSpec, secret_values
 
 CLIENT_WRITER = "client"
@@ -237,7 +237,7 @@ class Client:
         secrets = secret_values(list(rec.spec.get("secret_env") or []))  # the joining nodes need them too
         return self.scheduler(rec.cluster).scale(rec, add_nodes, secrets=secrets)
 
-    def inject_fault(self, job_id: str, rank: int, kind: str = "kill") -> dict:
+    def inject_fault(self, job_id: str, rank: int, kind: str = "kill", factor: float | None = None) -> dict:
         """Inject a fault into rank ``rank`` of a running job, to rehearse recovery.
 
         Args:
@@ -245,25 +245,37 @@ class Client:
             rank: the global rank (0-based).
             kind: ``"kill"`` (SIGKILL the rank's process), ``"node"`` (fail the rank's node as
                 the scheduler sees it: Slurm sets it DOWN, which needs operator rights; EKS
-                deletes the rank's pod; the local backend has none) or ``"exception"`` (the rank
-                raises ``InjectedFault`` inside its next training step, within ~0.5 s of steps);
-                see :meth:`hyperpod_lab.schedulers.base.Scheduler.inject_fault`.
+                deletes the rank's pod; the local backend has none), ``"exception"`` (the rank
+                raises ``InjectedFault`` inside its next training step, within ~0.5 s of steps),
+                ``"hang"`` (the rank's process is stopped with SIGSTOP, for the launch agent's
+                hang watchdog to catch; EKS: the rank stops itself at its next step) or
+                ``"slow"`` (the rank's steps take ``factor`` times longer, for straggler
+                detection); see :meth:`hyperpod_lab.schedulers.base.Scheduler.inject_fault`.
+            factor: ``slow`` only: the slowdown, 1 (normal speed again) to 100, default 2.
 
         Returns:
             ``{"kind", "rank", ...}``: kill: the rank's info (``node``, ``pid``, ...); node:
             ``node`` and ``how`` (what was done); exception: ``path`` (the request file),
-            ``nonce``, ``message`` and, once the rank started, ``node`` and ``pid``.
+            ``nonce``, ``message`` and, once the rank started, ``node`` and ``pid``; hang: the
+            rank's info and ``how``; slow: as exception plus ``factor``.
 
         Raises:
-            SpecError: ``kind`` is not kill, node or exception; the rank is outside the job.
+            SpecError: ``kind`` is not one of kill, node, exception, hang, slow; ``factor`` out of
+                range or given with another kind; the rank is outside the job.
             JobStateError: the job or the rank is not running; the backend cannot do ``kind``.
             NotAllowed: the scheduler refused (failing a Slurm node needs an operator).
         """
         kind = fault_kind(kind)
+        factor = slow_factor(kind, factor)
         rec = self.status(job_id)
         if rec.state != JobStatus.RUNNING:
             raise JobStateError(f"job {job_id} is {rec.status}; faults can only be injected into a running job")
-        return self.scheduler(rec.cluster).inject_fault(rec, rank, kind)
+        return self.scheduler(rec.cluster).inject_fault(rec, rank, kind, factor)
+
+
+def _may_have_run(e: BaseException) -> bool:
+    """Whether a failed submission may still have queued the job: the connection was lost after
+    the command went out, or the command went silent past its timeout (it may still run)."""
 
 
 def summarize(events: list[Event], wall_s: float | None = None) -> dict:

@@ -4,9 +4,10 @@
   captures the job as a :class:`hyperpod_lab.handle.Job` (a ``str`` of the id with ``.monitor()``,
   ``.status()``, ``.wait()``, ``.events()``).
 * ``%hyperpod watch JOB``: a live monitor widget (state, steps, loss, events, faults/recoveries).
-* ``%hyperpod inject-fault JOB --rank R [--kind kill|node|exception]``: rehearse a failure of one
-  rank (SIGKILL, its node failed as the scheduler sees it, or an exception in its training step);
-  see ``hyperpod-lab inject-fault --help``.
+* ``%hyperpod inject-fault JOB --rank R [--kind kill|node|exception|hang|slow] [--factor F]``:
+  rehearse a failure of one rank (SIGKILL, its node failed as the scheduler sees it, an exception
+  in its training step, a hang: its process stopped with SIGSTOP until the watchdog recovers it,
+  or a slowdown: its steps take F times longer, default 2); see ``hyperpod-lab inject-fault --help``.
 * ``%%hyperpod submit [options] [-- ARGS]``: the cell body is the training script.
 * ``%%hyperpod run --local --nproc 2 [-- ARGS]``: run the cell body here with torchrun (the
   ``local`` cluster) and stream its events until it finishes.

@@ -45,6 +45,8 @@ def _no_nul(name: str, values) -> None:
 RECOVERY_MODES = ("restart", "checkpointless")
 MAX_SPARES = 64
 MAX_STORM_RESTARTS = 1000
+STRAGGLER_ACTIONS = ("report", "exclude")
+MAX_HANG_TIMEOUT_S = 7 * 24 * 3600.0  # a week: anything longer is no hang detection
 
 
 @dataclass
@@ -70,6 +72,17 @@ class ResiliencyPolicy:
             checkpoint tier) or ``checkpointless`` (each node is a data-parallel replica group
             under a torchft Lighthouse; survivors go on, a replacement heals from a live peer, the
             tiered checkpoint is only the fallback; see ``hyperpod_lab.runtime.ft``).
+        hang_timeout_s: seconds without progress (no ``ctx.step``, no section entered or left)
+            after which the launch agent's watchdog declares a rank hung, dumps its stacks,
+            reports ``fault.detected`` {reason: "hang"} and kills it so it is recovered like a
+            crash. ``None`` (default): derived from the job's own step times,
+            ``max(30 s, 10 x p99 step time)`` after warm-up (see
+            ``hyperpod_lab.runtime.watchdog``). On EKS with the HyperPod operator it also sets the
+            log monitor's ``expectedRecurringFrequencyInSeconds``. From 1 s to a week.
+        on_straggler: what a rank flagged as a straggler (its step compute time consistently
+            above the other ranks', ``straggler.detected``) leads to: ``report`` (an event only)
+            or ``exclude`` (Slurm: its node is excluded like a node that faulted twice; a spare
+            replaces it, else the next placement avoids it).
         storm_restarts: K of the restart-storm guard (``hyperpod_lab.runtime.storm``): the job
             stops retrying (``job.failed``, exit status 3, no requeue) when K restarts in a row
             made no step progress, or ended with the same fault and no new checkpoint. 1 to 1000.
@@ -82,6 +95,8 @@ class ResiliencyPolicy:
     recovery: str = "restart"
     spares: int = 0
     storm_restarts: int = 3
+    hang_timeout_s: float | None = None
+    on_straggler: str = "report"
 
     def validate(self) -> None:
         if not isinstance(self.auto_resume, bool):
@@ -104,6 +119,16 @@ class ResiliencyPolicy:
                 or not 1 <= self.storm_restarts <= MAX_STORM_RESTARTS):
             raise SpecError("resiliency.storm_restarts", f"must be a whole number from 1 to {MAX_STORM_RESTARTS}, "
                                                          f"got {str(self.storm_restarts)[:40]}; use --storm-restarts 3")
+        t = self.hang_timeout_s
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or t != t
+                              or not 1.0 <= t <= MAX_HANG_TIMEOUT_S):
+            raise SpecError("resiliency.hang_timeout_s",
+                            f"must be seconds from 1 to {MAX_HANG_TIMEOUT_S:.0f} (a week), or unset to derive it from "
+                            f"the job's step times; got {str(t)[:40]}; use --hang-timeout 120")
+        if self.on_straggler not in STRAGGLER_ACTIONS:
+            raise SpecError("resiliency.on_straggler",
+                            f"must be one of {', '.join(STRAGGLER_ACTIONS)}, got {str(self.on_straggler)[:40]!r}; "
+                            "use --on-straggler report")
 
 
 @dataclass

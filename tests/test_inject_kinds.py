@@ -32,7 +32,7 @@ from hyperpod_lab.schedulers.slurm import scontrol_refused
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = os.path.join(REPO, "tests", "scripts", "steps.py")
 SLURMCTLD_LOG = "/var/tmp/hyperpod-lab-dev/log/slurmctld.log"
-KINDS = "kill, node, exception"
+KINDS = "kill, node, exception, hang, slow"
 
 
 class Follow:

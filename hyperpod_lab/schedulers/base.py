@@ -25,11 +25,16 @@ from hyperpod_lab.spec import JobSpec
 DEFAULT_LOG_TAIL = 256 * 1024  # bytes of a log returned when no range is asked for (the tail)
 LOG_PAGE_BYTES = 4 * 1024 * 1024  # bytes per read when a whole log is read (``Scheduler.logs``)
 
-FAULT_KINDS = ("kill", "node", "exception")
+FAULT_KINDS = ("kill", "node", "exception", "hang", "slow")
 """What ``inject-fault --kind`` does (:meth:`Scheduler.inject_fault`): ``kill`` SIGKILLs the rank's
 process; ``node`` fails the rank's node the way the scheduler sees it (Slurm: the node set DOWN;
 EKS: the rank's pod deleted); ``exception`` has the rank raise ``InjectedFault`` inside its
-training step (a request file the runtime reads, ``JobPaths.fault_request``)."""
+training step (a request file the runtime reads, ``JobPaths.fault_request``); ``hang`` stops the
+rank's process (SIGSTOP; EKS: the rank stops itself on a request file) for the launch agent's hang
+watchdog to catch; ``slow`` makes the rank's steps take ``factor`` times longer (a request file)."""
+
+DEFAULT_SLOW_FACTOR = 2.0
+MAX_SLOW_FACTOR = 100.0
 
 
 def fault_kind(kind: object) -> str:
@@ -37,6 +42,26 @@ def fault_kind(kind: object) -> str:
     if not isinstance(kind, str) or kind not in FAULT_KINDS:
         raise SpecError("kind", f"must be one of {', '.join(FAULT_KINDS)}, got {kind!r}")
     return kind
+
+
+def slow_factor(kind: str, factor: object) -> float | None:
+    """The slowdown factor of an injection of ``kind``: for ``slow``, ``factor`` (default
+    :data:`DEFAULT_SLOW_FACTOR`) as a float from 1 (back to normal speed) to
+    :data:`MAX_SLOW_FACTOR`; for other kinds None.
+
+    Raises:
+        SpecError: (field ``factor``) not such a number, or given with a kind other than ``slow``.
+    """
+    if kind != "slow":
+        if factor is not None:
+            raise SpecError("factor", f"is only for --kind slow, not {kind}")
+        return None
+    if factor is None:
+        return DEFAULT_SLOW_FACTOR
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 1.0 <= factor <= MAX_SLOW_FACTOR:
+        raise SpecError("factor", f"must be a number from 1 (normal speed) to {MAX_SLOW_FACTOR:g}, got "
+                                  f"{str(factor)[:40]}; e.g. --factor 2 doubles the rank's step time")
+    return float(factor)
 
 
 @dataclass
@@ -266,7 +291,7 @@ class Scheduler(ABC):
         override this."""
         raise JobStateError(f"the {type(self).__name__} backend cannot add nodes to a running job")
 
-    def inject_fault(self, rec: JobRecord, rank: int, kind: str = "kill") -> dict:
+    def inject_fault(self, rec: JobRecord, rank: int, kind: str = "kill", factor: float | None = None) -> dict:
         """Inject a fault of ``kind`` (:data:`FAULT_KINDS`) into rank ``rank`` of a running job, to
         rehearse recovery.
 
@@ -278,22 +303,39 @@ class Scheduler(ABC):
           ``InjectedFault`` at its next step (within ~0.5 s of steps), then the normal crash path
           reports ``fault.detected`` and recovers. Returns ``{"path", "nonce", "message"}`` plus
           the rank's ``node``/``pid`` when it has started.
+        * ``hang``: stop the rank's process (:meth:`_stop_rank`: SIGSTOP where the backend can
+          signal it, else a request the rank obeys by stopping itself at its next step); nothing
+          else happens until the launch agent's hang watchdog declares it hung
+          (``fault.detected`` {reason: "hang"}) and kills it. Returns its rank info and ``how``.
+        * ``slow``: write a request (:meth:`_request_slow`) after which every step of the rank
+          takes ``factor`` times its measured duration (the runtime sleeps ``(factor - 1)`` x the
+          step's own compute time; ``factor`` 1 ends it); lasts until the rank's process ends.
+          Returns as ``exception`` plus ``factor``.
 
         Every answer also holds ``kind`` and ``rank``.
 
+        Args:
+            factor: ``slow`` only: from 1 to :data:`MAX_SLOW_FACTOR` (default
+                :data:`DEFAULT_SLOW_FACTOR`).
+
         Raises:
-            SpecError: ``kind`` is not one of :data:`FAULT_KINDS`; (exception) ``rank`` is outside
-                the job's world.
-            JobStateError: the rank has not started or is not running (kill, node), the backend
-                cannot do ``kind`` (e.g. ``node`` on the local backend).
+            SpecError: ``kind`` is not one of :data:`FAULT_KINDS`; ``factor`` is out of range or
+                given with another kind; (exception, slow) ``rank`` is outside the job's world.
+            JobStateError: the rank has not started or is not running (kill, node, hang), the
+                backend cannot do ``kind`` (e.g. ``node`` on the local backend).
             NotAllowed: (node) the scheduler refused: failing a node needs operator rights.
             RemoteCommandError, ClusterUnreachable: the cluster could not be asked.
         """
         kind = fault_kind(kind)
+        factor = slow_factor(kind, factor)
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
             raise SpecError("rank", f"must be a rank >= 0, got {rank!r}")
         if kind == "exception":
             info = self._request_exception(rec, rank)
+        elif kind == "slow":
+            info = self._request_slow(rec, rank, factor)
+        elif kind == "hang":
+            info = self._stop_rank(rec, rank)
         elif kind == "node":
             info = self._fail_node(rec, rank)
         else:
@@ -309,6 +351,19 @@ class Scheduler(ABC):
         """Fail rank ``rank``'s node as the scheduler sees it; return ``{"node", "how"}``.
         Backends with nodes override this; here: JobStateError."""
         raise JobStateError(f"the {type(self).__name__} backend cannot fail a node; use --kind kill or exception")
+
+    def _stop_rank(self, rec: JobRecord, rank: int) -> dict:
+        """``inject-fault --kind hang``: here (backends that cannot signal the rank's process) a
+        request ``{kind: "hang"}`` the rank obeys at its next step by stopping itself with
+        SIGSTOP; backends that can signal it override this with a SIGSTOP from outside. Returns
+        as :meth:`_request_exception` plus ``how``.
+
+        Raises:
+            SpecError: ``rank`` is outside :meth:`world_size_bound`.
+        """
+        info = self._write_request(rec, rank, "hang", f"hyperpod-lab inject-fault: rank {rank} of job "
+                                                      f"{rec.job_id} stops (SIGSTOP to itself)")
+        return {**info, "how": "the rank stops itself (SIGSTOP) at its next step"}
 
     def world_size_bound(self, rec: JobRecord) -> int:
         """The most ranks the job can have: (nodes, or the elastic maximum when larger, plus the
@@ -327,12 +382,35 @@ class Scheduler(ABC):
         Raises:
             SpecError: ``rank`` is outside :meth:`world_size_bound`.
         """
+        return self._write_request(rec, rank, "exception",
+                                   f"hyperpod-lab inject-fault: exception injected into rank {rank} of job {rec.job_id}")
+
+    def _request_slow(self, rec: JobRecord, rank: int, factor: float) -> dict:
+        """Write the request ``{kind: "slow", factor, ...}`` (as :meth:`_request_exception`):
+        from its next step on, rank ``rank``'s runtime sleeps ``(factor - 1)`` x each step's own
+        measured compute time inside ``JobContext.step``. Returns the request's info plus ``factor``.
+
+        Raises:
+            SpecError: ``rank`` is outside :meth:`world_size_bound`.
+        """
+        info = self._write_request(rec, rank, "slow", f"hyperpod-lab inject-fault: rank {rank} of job {rec.job_id} "
+                                                      f"runs {factor:g}x slower", factor=factor)
+        return {**info, "factor": factor}
+
+    def _write_request(self, rec: JobRecord, rank: int, kind: str, message: str, **extra) -> dict:
+        """Write the fault request ``faults/rank-R.json`` ({kind, message, time (epoch s), nonce,
+        **extra}; 0600, written atomically) that rank ``rank``'s runtime reads at its steps (one
+        look per 0.5 s at most). Returns ``{"path", "nonce", "message"}`` plus the rank's
+        ``node``/``pid`` when it has started.
+
+        Raises:
+            SpecError: ``rank`` is outside :meth:`world_size_bound`.
+        """
         world = self.world_size_bound(rec)
         if rank >= world:
             raise SpecError("rank", f"job {rec.job_id} has ranks 0..{world - 1}; got {rank}")
         paths = JobPaths(rec.job_dir)
-        message = f"hyperpod-lab inject-fault: exception injected into rank {rank} of job {rec.job_id}"
-        req = {"kind": "exception", "message": message, "time": time.time(), "nonce": secrets.token_hex(8)}
+        req = {"kind": kind, "message": message, "time": time.time(), "nonce": secrets.token_hex(8), **extra}
         self.remote.makedirs(paths.faults)
         path = paths.fault_request(rank)
         self.remote.write_bytes(path, json.dumps(req).encode(), mode=0o600)
@@ -340,6 +418,6 @@ class Scheduler(ABC):
         try:
             ri = self.rank_info(rec, rank)
             info.update(node=ri.get("node"), pid=ri.get("pid"))
-        except (JobStateError, ValueError):  # not started yet (or its file is half written): it raises at its first step
+        except (JobStateError, ValueError):  # not started yet (or its file is half written): it acts at its first step
             pass
         return info

@@ -349,11 +349,12 @@ class EksScheduler(Scheduler):
         ns, _ = self._split(rec)
         return {**info, "how": f"delete pod {ns}/{info['pod']} (grace period 0)"}
 
-    def _request_exception(self, rec, rank):
-        """``inject-fault --kind exception``: the request file must be where the pods read the job
-        directory, the profile's ``shared_root`` (FSx mounted here and in the pods). Raises
-        JobStateError without one; else as :meth:`Scheduler._request_exception`."""
+    def _write_request(self, rec, rank, kind, message, **extra):
+        """``inject-fault --kind exception|slow|hang`` (a pod's process cannot be signalled from
+        here: ``hang`` is the rank stopping itself): the request file must be where the pods read
+        the job directory, the profile's ``shared_root`` (FSx mounted here and in the pods).
+        Raises JobStateError without one; else as :meth:`Scheduler._write_request`."""
         if not self.profile.shared_root:
             raise JobStateError(f"cluster profile {self.profile.name!r} sets no shared_root, so the job's pods cannot "
                                 "read a fault request written here; set shared_root to the FSx mount, or use --kind kill")
-        return super()._request_exception(rec, rank)
+        return super()._write_request(rec, rank, kind, message, **extra)

@@ -151,6 +151,14 @@ class LocalScheduler(Scheduler):
             raise JobStateError(f"rank {rank} (pid {info['pid']}) of job {rec.job_id} is not running")
         return info
 
+    def _stop_rank(self, rec, rank):
+        """``inject-fault --kind hang``: SIGSTOP rank ``rank`` after :func:`hyperpod_lab.procs.verify`
+        (as :meth:`_kill_rank`); the launch agent's watchdog must catch it. Raises JobStateError."""
+        info = self.rank_info(rec, rank)
+        if not signal_job_process(info.get("pid"), rec.job_id, signal.SIGSTOP, start=info.get("proc_start")):
+            raise JobStateError(f"rank {rank} (pid {info['pid']}) of job {rec.job_id} is not running")
+        return {**info, "how": f"SIGSTOP to pid {info['pid']}"}
+
     def _fail_node(self, rec, rank):
         """``inject-fault --kind node``: there is no scheduler here to fail a node. Raises JobStateError."""
         raise JobStateError("the local backend has no nodes; use --kind kill or exception")

@@ -578,17 +578,27 @@ class SlurmScheduler(Scheduler):
     def _kill_rank(self, rec, rank):
         """``inject-fault --kind kill``: SIGKILL rank ``rank``'s pid (from ``ranks/rank-R.json``)
         on its node, through ``srun --overlap`` into the job's allocation. Raises JobStateError."""
+        return self._signal_rank(rec, rank, "KILL", "kill")
+
+    def _stop_rank(self, rec, rank):
+        """``inject-fault --kind hang``: SIGSTOP rank ``rank``'s pid on its node (as
+        :meth:`_kill_rank`); the launch agent's watchdog must catch it. Returns the rank info plus
+        ``how``. Raises JobStateError."""
+        info = self._signal_rank(rec, rank, "STOP", "stop")
+        return {**info, "how": f"SIGSTOP to pid {info.get('pid')} on {info['node']}"}
+
+    def _signal_rank(self, rec, rank, sig: str, verb: str) -> dict:
         info = self.rank_info(rec, rank)
         # the check runs on the rank's node, beside the process (see hyperpod_lab.procs)
         argv = ["srun", f"--jobid={rec.native_id}", "--overlap", "--nodes=1", "--ntasks=1",
                 f"--nodelist={info['node']}", self.profile.python, "-m", "hyperpod_lab.procs",
-                "--job-id", rec.job_id, "--pid", str(info.get("pid")), "--signal", "KILL"]
+                "--job-id", rec.job_id, "--pid", str(info.get("pid")), "--signal", sig]
         if info.get("proc_start") is not None:
             argv += ["--start", str(int(info["proc_start"]))]
         try:
             self.remote.run(argv, timeout_s=30)
         except RemoteCommandError as e:
-            raise JobStateError(f"could not kill rank {rank} (pid {info.get('pid')} on {info['node']}) of job "
+            raise JobStateError(f"could not {verb} rank {rank} (pid {info.get('pid')} on {info['node']}) of job "
                                 f"{rec.job_id}: {e.stderr.strip()[-500:]}") from None
         return info
 

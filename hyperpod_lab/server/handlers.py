@@ -21,7 +21,7 @@ from jupyter_server.utils import ensure_async
 from hyperpod_lab.clusters import load_profiles, get_profile
 from hyperpod_lab.errors import (ClusterUnreachable, ConfigError, HostKeyError, HyperPodLabError, JobStateError,
                                  NotAllowed, RemoteCommandError, SpecError, UnknownCluster, UnknownJob)
-from hyperpod_lab.schedulers.base import DEFAULT_LOG_TAIL, LogChunk, fault_kind
+from hyperpod_lab.schedulers.base import DEFAULT_LOG_TAIL, LogChunk, fault_kind, slow_factor
 from hyperpod_lab.server.notebook_script import spec_from_request
 from hyperpod_lab.server.redact import redact
 from hyperpod_lab.spec import host_code_env
@@ -176,10 +176,11 @@ class CancelHandler(HyperPodHandler):
 
 
 class FaultsHandler(HyperPodHandler):
-    """``POST jobs/<id>/faults`` ``{"rank": R, "kind": "kill" | "node" | "exception"}`` (kind
-    default ``kill``): :meth:`hyperpod_lab.client.Client.inject_fault`. 400 for a bad rank or
-    kind (the message names the valid kinds), 403 when the scheduler refuses (a Slurm node
-    needs an operator), 409 when the job, rank or backend cannot take it."""
+    """``POST jobs/<id>/faults`` ``{"rank": R, "kind": "kill" | "node" | "exception" | "hang" |
+    "slow", "factor": F}`` (kind default ``kill``; ``factor`` for ``slow`` only, 1 to 100, default
+    2): :meth:`hyperpod_lab.client.Client.inject_fault`. 400 for a bad rank, kind (the message
+    names the valid kinds) or factor, 403 when the scheduler refuses (a Slurm node needs an
+    operator), 409 when the job, rank or backend cannot take it."""
 
     @tornado.web.authenticated
     @authorized
@@ -189,7 +190,8 @@ class FaultsHandler(HyperPodHandler):
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
             raise SpecError("rank", f'send {{"rank": R}} with R a rank >= 0, got {rank!r}')
         kind = fault_kind(body.get("kind", "kill"))
-        info = await self.hp.watcher.run_for_job(job_id, self.hp.client.inject_fault, job_id, rank, kind)
+        factor = slow_factor(kind, body.get("factor"))
+        info = await self.hp.watcher.run_for_job(job_id, self.hp.client.inject_fault, job_id, rank, kind, factor)
         self.reply({"rank": rank, **info})
 
 
