@@ -70,6 +70,10 @@ ENV_LIGHTHOUSE_HOST = "HYPERPOD_LAB_LIGHTHOUSE_HOST"
 """Checkpointless: the address the Lighthouse binds and publishes."""
 ENV_S3_ENDPOINT = "HYPERPOD_LAB_S3_ENDPOINT_URL"
 """S3 tier: endpoint URL (an S3-compatible server), else AWS's default."""
+ENV_HEARTBEAT_DIR = "HYPERPOD_LAB_HEARTBEAT_DIR"
+"""Set by the launch agent for its workers: the node-local (``/dev/shm``) private directory where
+each rank beats its heartbeat (``local-<L>.hb``) for the agent's hang watchdog
+(``hyperpod_lab.runtime.watchdog``); unset: no heartbeat."""
 
 CHECKPOINT_KEY_BYTES = 32
 """Size of :attr:`JobPaths.checkpoint_key`, bytes."""

@@ -17,6 +17,9 @@
 ``HYPERPOD_LAB_CHECKPOINT_TIMEOUT_S`` collective timeout of the checkpoint (CPU/gloo) group,
                                      seconds (default 600: one rank may write longer than others)
 ``HYPERPOD_LAB_STEP_EVENT_INTERVAL_S`` minimum seconds between two ``step`` events (default 1.0)
+``HYPERPOD_LAB_HEARTBEAT_DIR``       set by the launch agent: the node-local directory where this
+                                     rank beats its heartbeat for the agent's hang watchdog
+                                     (:mod:`hyperpod_lab.runtime.watchdog`); unset: no heartbeat
 ==================================== ==========================================================
 
 The job's checkpoint key (``<job_dir>/checkpoint.key``, written by the submitter) authenticates
@@ -29,10 +32,13 @@ of 1, with a real single-member process group so code may call collectives uncon
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import json
 import math
 import os
 import re
+import signal
 import socket
 import stat
 import sys
@@ -49,6 +55,7 @@ from hyperpod_lab.events import Event, EventKind, EventReader, EventSchemaError,
 from hyperpod_lab.jobdir import (
     ENV_CHECKPOINT_TIMEOUT,
     ENV_COLLECTIVE_TIMEOUT,
+    ENV_HEARTBEAT_DIR,
     ENV_JOB_DIR,
     ENV_JOB_ID,
     ENV_REPLICA_GROUP,
@@ -59,6 +66,7 @@ from hyperpod_lab.jobdir import (
 from hyperpod_lab.procs import process_start
 from hyperpod_lab.runtime.auth import create_key, load_or_create_key, read_key
 from hyperpod_lab.runtime.private_dir import ensure_private_dir
+from hyperpod_lab.runtime.watchdog import FAULTHANDLER_SIGNAL, HeartbeatWriter, heartbeat_file
 from hyperpod_lab.spec import JobSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -160,6 +168,10 @@ class InjectedFault(RuntimeError):
     It crashes the worker like any exception (``fault.detected`` names it, torchrun restarts)."""
 
 
+MAX_SLOW_FACTOR = 100.0
+"""Largest ``inject-fault --kind slow --factor`` a rank obeys (larger ones are capped)."""
+
+
 class JobContext:
     """This process's place in the job: rank, device, job directory, spec and event writer.
 
@@ -193,13 +205,19 @@ class JobContext:
         is_leader: whether this process writes the job-level events (``step``, ``finished``):
             rank 0, or in checkpointless mode the first rank of the first participating replica
             (updated every step by :class:`~hyperpod_lab.runtime.ft.Checkpointless`).
+        heartbeat: this rank's :class:`~hyperpod_lab.runtime.watchdog.HeartbeatWriter` when the
+            launch agent watches it (``$HYPERPOD_LAB_HEARTBEAT_DIR``), else None.
+        last_step_timing: ``{step, step_s, compute_s, wait_s, slowed_s}`` of the last :meth:`step`
+            (seconds; see :meth:`step`), or None before the first.
+        slow_factor: 1.0, or the factor ``inject-fault --kind slow`` set.
     """
 
     def __init__(self, *, rank: int, world_size: int, local_rank: int, local_world_size: int,
                  group_rank: int, nodes: int, node: str, job_id: str, job_dir: str, spec: JobSpec | None,
                  restart_count: int, is_restart: bool, owns_default_group: bool,
                  cpu_group: "dist.ProcessGroup | None", step_interval_s: float,
-                 replica_group: int | None = None, checkpoint_key: bytes | None = None):
+                 replica_group: int | None = None, checkpoint_key: bytes | None = None,
+                 heartbeat: HeartbeatWriter | None = None):
         self.rank, self.world_size = rank, world_size
         self.replica_group = replica_group
         self.global_rank = rank if replica_group is None else replica_group * local_world_size + rank
@@ -224,6 +242,16 @@ class JobContext:
         self._closed = False
         self._checkpoint_key = checkpoint_key
         self._fault_check_at = 0.0  # monotonic time of the next look for an injected fault (0: the first step looks)
+        # step timing (monotonic s): end of the previous step, waiting measured since, sections
+        self.heartbeat = heartbeat
+        self._t_prev = time.monotonic()
+        self._wait_acc = 0.0
+        self._sections: list[tuple[str, bool, float | None]] = []
+        self._wait_depth = 0
+        self._ddp_ready = 0.0  # watch_ddp: when the newest gradient bucket was ready / reduced
+        self._ddp_done = 0.0
+        self.slow_factor = 1.0
+        self.last_step_timing: dict[str, Any] | None = None
 
     @property
     def checkpoint_key(self) -> bytes:
@@ -317,7 +345,16 @@ class JobContext:
         Other ranks only count. No collectives.
 
         First it calls :meth:`check_injected_fault` (at most one file look per
-        :data:`FAULT_CHECK_INTERVAL_S`).
+        :data:`FAULT_CHECK_INTERVAL_S`). Then it times the step: ``step_s`` is the wall time since
+        the previous call returned (since :func:`init` for the first), ``wait_s`` the part of it
+        spent waiting (sections opened with ``wait=True`` such as :meth:`waiting`, the
+        checkpointless quorum and all-reduce, the gradient all-reduce wait :meth:`watch_ddp`
+        measures, :meth:`note_wait`), ``compute_s = step_s - wait_s``. With ``inject-fault --kind
+        slow --factor F`` in force it first sleeps ``(F - 1) x`` the step's own compute time
+        (counted as compute). The timings go to :attr:`last_step_timing` and, under the launch
+        agent, to this rank's heartbeat (one store into node-local shared memory; see
+        :mod:`hyperpod_lab.runtime.watchdog`), which is what the hang watchdog and straggler
+        detection read.
 
         Args:
             step: 0-based index of the step just completed.
@@ -328,6 +365,7 @@ class JobContext:
             InjectedFault: ``hyperpod-lab inject-fault --kind exception`` asked this rank to fail.
         """
         self.check_injected_fault()
+        self._beat_step(int(step))
         self._steps_done = max(self._steps_done, int(step) + 1)
         now = time.monotonic()
         if self.local_rank == 0 and (self._last_print is None or now - self._last_print >= self.step_interval_s):
@@ -337,28 +375,153 @@ class JobContext:
             sys.stdout.write(f"hyperpod-lab: rank {self.global_rank} step {int(step)} loss {_json_safe(loss)}\n")
             sys.stdout.flush()
             self._last_print = now
-        if not self.is_leader:
+        try:
+            if not self.is_leader:
+                self._stepped = True
+                return
+            first = not self._stepped
             self._stepped = True
+            if first and self.is_restart and self.replica_group is None:  # checkpointless: ft.py reports
+                self._emit_recovery_completed()
+            if first or self._last_emit is None or now - self._last_emit[0] >= self.step_interval_s:
+                rate = None
+                if self._last_emit is not None and now > self._last_emit[0]:
+                    rate = (int(step) - self._last_emit[1]) / (now - self._last_emit[0])
+                self.emit(EventKind.STEP, step=int(step), loss=_json_safe(loss), steps_per_s=rate, **metrics)
+                self._last_emit = (now, int(step))
+        finally:
+            self._t_prev = time.monotonic()  # the next step's time starts when this call returns
+
+    def _beat_step(self, step: int) -> None:
+        """Time the step just completed (and slow it down when asked to), then beat."""
+        now = time.monotonic()
+        period = max(0.0, now - self._t_prev)
+        wait = self._wait_acc
+        if self._ddp_ready > self._t_prev and self._ddp_done > self._ddp_ready:
+            wait += self._ddp_done - self._ddp_ready
+        self._wait_acc = 0.0
+        wait = min(wait, period)
+        slowed = 0.0
+        if self.slow_factor > 1.0 and period - wait > 0:
+            slowed = (self.slow_factor - 1.0) * (period - wait)
+            time.sleep(slowed)
+            now = time.monotonic()
+            period = now - self._t_prev
+        compute = period - wait
+        self.last_step_timing = {"step": step, "step_s": period, "compute_s": compute, "wait_s": wait,
+                                 "slowed_s": slowed}
+        if self.heartbeat is not None:
+            try:
+                self.heartbeat.step(step, period, compute, wait, self.slow_factor, now=now)
+            except (ValueError, OSError):  # closed mapping: the heartbeat is gone, training is not
+                self.heartbeat = None
+
+    # ---- progress: sections, waiting, DDP ------------------------------------------------
+    @contextlib.contextmanager
+    def section(self, name: str, *, wait: bool = False, timeout_s: float | None = None):
+        """``with ctx.section("forward"):``: name what this rank is doing, for the hang watchdog.
+
+        Entering and leaving a section are progress (a heartbeat); a hang report names the
+        section the rank was stuck in (``fault.detected`` ``section``). Sections nest (the
+        innermost is reported). Costs one store into the heartbeat (none without an agent).
+
+        Args:
+            name: a short name (at most 48 bytes are kept), e.g. ``"forward"``, ``"eval"``.
+            wait: the rank waits for others in here (a collective, a barrier): the time counts
+                as ``wait_s`` of the step (straggler detection), and the watchdog gives a rank
+                waiting here twice the hang timeout (the peer it waits for is the likely hung one).
+            timeout_s: this section's own hang timeout (s), instead of the job's T: for work
+                longer than T between steps (an evaluation, a long synchronous save).
+
+        Raises:
+            ValueError: an empty name, or ``timeout_s`` not > 0.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError("a section needs a name, e.g. ctx.section('forward')")
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
+        t0 = time.monotonic()
+        self._sections.append((name, bool(wait), timeout_s))
+        if wait:
+            self._wait_depth += 1
+        self._beat_section(t0)
+        try:
+            yield self
+        finally:
+            t1 = time.monotonic()
+            self._sections.pop()
+            if wait:
+                self._wait_depth -= 1
+                if self._wait_depth == 0:  # nested waits count once
+                    self._wait_acc += t1 - t0
+            self._beat_section(t1)
+
+    def waiting(self, name: str = "collective", timeout_s: float | None = None):
+        """``with ctx.waiting("allreduce"):``: a :meth:`section` with ``wait=True``."""
+        return self.section(name, wait=True, timeout_s=timeout_s)
+
+    def note_wait(self, seconds: float) -> None:
+        """Add ``seconds`` this rank spent waiting for others (measured by the caller) to the
+        current step's ``wait_s``. Negative values count as 0."""
+        self._wait_acc += max(0.0, float(seconds))
+
+    def watch_ddp(self, model: Any) -> Any:
+        """Measure how long this rank waits for the others in DDP's gradient all-reduce.
+
+        Registers a communication hook on ``model`` (a ``DistributedDataParallel``) that does
+        what DDP's default does (divide by the group size, all-reduce each gradient bucket) and
+        notes when the newest bucket was ready (this rank's backward done) and when its reduced
+        gradients arrived (every rank's done): their difference is the step's ``wait_s``. A slow
+        rank is ready last and waits least; the others wait for it. Call it before the first
+        backward (DDP allows one hook). Returns ``model``.
+
+        Raises:
+            RuntimeError: a hook is already registered (DDP's own error).
+        """
+        group = getattr(model, "process_group", None) or dist.group.WORLD
+        size = dist.get_world_size(group)
+        ctx = self
+
+        def hook(_state, bucket):
+            ctx._ddp_ready = time.monotonic()
+            buf = bucket.buffer()
+            buf.div_(size)
+            fut = dist.all_reduce(buf, group=group, async_op=True).get_future()
+
+            def done(f):
+                ctx._ddp_done = max(ctx._ddp_done, time.monotonic())
+                return f.value()[0]
+
+            return fut.then(done)
+
+        model.register_comm_hook(None, hook)
+        return model
+
+    def _beat_section(self, now: float) -> None:
+        if self.heartbeat is None:
             return
-        first = not self._stepped
-        self._stepped = True
-        if first and self.is_restart and self.replica_group is None:  # checkpointless: ft.py reports
-            self._emit_recovery_completed()
-        if first or self._last_emit is None or now - self._last_emit[0] >= self.step_interval_s:
-            rate = None
-            if self._last_emit is not None and now > self._last_emit[0]:
-                rate = (int(step) - self._last_emit[1]) / (now - self._last_emit[0])
-            self.emit(EventKind.STEP, step=int(step), loss=_json_safe(loss), steps_per_s=rate, **metrics)
-            self._last_emit = (now, int(step))
+        name, wait, timeout = self._sections[-1] if self._sections else (None, False, None)
+        try:
+            self.heartbeat.section(name, wait=wait or self._wait_depth > 0, timeout_s=timeout, now=now)
+        except (ValueError, OSError):
+            self.heartbeat = None
 
     def check_injected_fault(self) -> None:
-        """Raise :class:`InjectedFault` when ``inject-fault --kind exception`` asked this rank to.
+        """Act on ``hyperpod-lab inject-fault`` requests for this rank (``--kind exception``,
+        ``slow``, ``hang``).
 
         Cheap enough for every step: it looks (one ``open`` of ``paths.fault_request(global_rank)``,
         never following a link) only when :data:`FAULT_CHECK_INTERVAL_S` seconds (monotonic) have
         passed since the last look; otherwise it costs one clock read. A request found is deleted
-        before raising, so the restarted worker does not raise again. :meth:`step` and
-        ``Checkpointless.begin_step`` call it; a custom loop may too.
+        before it is acted on, so the restarted worker does not act again. :meth:`step` and
+        ``Checkpointless.begin_step`` call it; a custom loop may too. By the request's ``kind``:
+
+        * ``exception`` (or none): raise :class:`InjectedFault`;
+        * ``slow``: from the next :meth:`step` on, sleep ``(factor - 1) x`` each step's own
+          compute time (:attr:`slow_factor`; ``factor`` 1 ends it; capped at
+          :data:`MAX_SLOW_FACTOR`); lasts until this process ends;
+        * ``hang``: stop this process (SIGSTOP to itself; the backends that cannot signal the
+          process, EKS, ask for it this way) until the launch agent's watchdog kills it.
 
         Raises:
             InjectedFault: with the request's ``message``.
@@ -389,6 +552,23 @@ class JobContext:
             req = {}
         if not isinstance(req, dict):
             req = {}
+        kind = req.get("kind")
+        if kind == "slow":
+            try:
+                factor = float(req.get("factor", 2.0))
+            except (TypeError, ValueError):
+                factor = 2.0
+            self.slow_factor = min(MAX_SLOW_FACTOR, max(1.0, factor)) if math.isfinite(factor) else 1.0
+            sys.stdout.write(f"hyperpod-lab: rank {self.global_rank} runs {self.slow_factor:g}x slower "
+                             f"(inject-fault --kind slow, nonce {req.get('nonce')})\n")
+            sys.stdout.flush()
+            return
+        if kind == "hang":
+            sys.stdout.write(f"hyperpod-lab: rank {self.global_rank} stops itself (inject-fault --kind hang, "
+                             f"nonce {req.get('nonce')})\n")
+            sys.stdout.flush()
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return
         message = " ".join(str(req.get("message") or "hyperpod-lab inject-fault").split())[:1000]  # one line
         raise InjectedFault(f"{message} (node {self.node}, nonce {req.get('nonce')})")
 
@@ -409,7 +589,9 @@ class JobContext:
         Waits for pending asynchronous checkpoints to commit, then a barrier (so ``finished`` is
         only written once every rank got here), then rank 0 emits ``finished``
         {status: "succeeded", steps, **data} (``steps`` = last step reported to :meth:`step` + 1),
-        then the process groups are destroyed. Idempotent.
+        then the process groups are destroyed. Idempotent. It runs in the section ``"finish"``,
+        whose hang timeout is the checkpoint group's collective timeout plus a minute (the final
+        commits may take longer than a step; the barrier gives up by itself after that timeout).
 
         Args:
             **data: extra fields for the ``finished`` event (e.g. ``final_loss=0.12``).
@@ -420,12 +602,13 @@ class JobContext:
         if self._closed:
             return
         try:
-            for ckpt in list(self._checkpointers):
-                ckpt.wait()
-            if self.cpu_group is not None and self.world_size > 1:
-                dist.barrier(group=self.cpu_group)
-            if self.is_leader:
-                self.emit(EventKind.FINISHED, **{"status": "succeeded", "steps": self._steps_done, **data})
+            with self.section("finish", timeout_s=env_seconds(ENV_CHECKPOINT_TIMEOUT, DEFAULT_CHECKPOINT_TIMEOUT_S) + 60):
+                for ckpt in list(self._checkpointers):
+                    ckpt.wait()
+                if self.cpu_group is not None and self.world_size > 1:
+                    dist.barrier(group=self.cpu_group)
+                if self.is_leader:
+                    self.emit(EventKind.FINISHED, **{"status": "succeeded", "steps": self._steps_done, **data})
         finally:
             self._teardown()
 
@@ -436,6 +619,9 @@ class JobContext:
         for ckpt in list(self._checkpointers):
             ckpt.close()
         self._checkpointers.clear()
+        if self.heartbeat is not None:
+            self.heartbeat.close()
+            self.heartbeat = None
         if dist.is_available() and dist.is_initialized():
             try:
                 if self._owns_default_group:
@@ -482,6 +668,27 @@ def _incident_start_time(job_dir: str) -> float | None:
     from hyperpod_lab.facts import fold
 
     return fold(EventReader(job_dir).poll()).incident_detected_at
+
+
+def _start_heartbeat(env, global_rank: int, local_rank: int) -> HeartbeatWriter | None:
+    """This rank's heartbeat in ``$HYPERPOD_LAB_HEARTBEAT_DIR`` (set by the launch agent, whose
+    watchdog reads it), with :mod:`faulthandler` on
+    :data:`~hyperpod_lab.runtime.watchdog.FAULTHANDLER_SIGNAL` writing every thread's stack to
+    stdout (the rank's log: the watchdog's fallback when py-spy is missing). None (and a
+    warning on stderr when the directory is unusable) without an agent: training never fails
+    for its watchdog."""
+    directory = env.get(ENV_HEARTBEAT_DIR)
+    if not directory:
+        return None
+    try:
+        faulthandler.register(FAULTHANDLER_SIGNAL, file=sys.stdout, all_threads=True, chain=False)
+    except (AttributeError, ValueError, RuntimeError, OSError):  # no fileno (a notebook's stdout)
+        pass
+    try:
+        return HeartbeatWriter(heartbeat_file(directory, local_rank), global_rank, local_rank)
+    except OSError as e:
+        print(f"hyperpod-lab: no heartbeat for the hang watchdog ({directory}: {e})", file=sys.stderr)
+        return None
 
 
 def _default_job_id(in_torchrun: bool) -> str:
@@ -629,7 +836,8 @@ def init() -> JobContext:
                      group_rank=group_rank, nodes=nodes, node=node, job_id=job_id, job_dir=job_dir, spec=spec,
                      restart_count=restart_count, is_restart=restart_count > 0 or started_before,
                      owns_default_group=owns, cpu_group=cpu_group, step_interval_s=step_interval,
-                     replica_group=replica_group, checkpoint_key=checkpoint_key)
+                     replica_group=replica_group, checkpoint_key=checkpoint_key,
+                     heartbeat=_start_heartbeat(env, global_rank, local_rank))
     if global_rank == 0 and not ctx.is_restart:
         script = spec.script if spec is not None else (sys.argv[0] if sys.argv and sys.argv[0] else "<interactive>")
         ctx.emit(EventKind.STARTED, world_size=world_size, nodes=nodes, script=script, restart_count=restart_count)

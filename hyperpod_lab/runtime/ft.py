@@ -272,7 +272,8 @@ class Checkpointless:
         self.ctx.check_injected_fault()
         self.optimizer.zero_grad(set_to_none=False)
         t_quorum = time.time()
-        self.manager.start_quorum()
+        with self.ctx.waiting("quorum"):  # waiting for the other replica groups (straggler timing, watchdog)
+            self.manager.start_quorum()
         if self._healed is not None and self._first and self._initial:
             self._healed = None  # the initial weight sync
         if self._healed is not None:
@@ -324,13 +325,14 @@ class Checkpointless:
             member[self.ctx.replica_group] = 1.0
         member[MAX_REPLICA_GROUPS] = float(loss_sum)
         flat = torch.cat([g.reshape(-1).to(torch.float32) for g in grads] + [member])
-        if self.ctx.world_size > 1:
-            dist.all_reduce(flat, group=self.ctx.cpu_group)
         failed: str | None = None
-        try:
-            self.manager.allreduce(flat, reduce_op=dist.ReduceOp.SUM).wait()
-        except Exception as e:  # torchft reports errors through errored(); be safe
-            failed = f"{type(e).__name__}: {e}"
+        with self.ctx.waiting("allreduce"):  # waiting for the others (straggler timing, watchdog)
+            if self.ctx.world_size > 1:
+                dist.all_reduce(flat, group=self.ctx.cpu_group)
+            try:
+                self.manager.allreduce(flat, reduce_op=dist.ReduceOp.SUM).wait()
+            except Exception as e:  # torchft reports errors through errored(); be safe
+                failed = f"{type(e).__name__}: {e}"
         err = self.manager.errored()
         if err is not None and failed is None:
             failed = str(err.original_exception)

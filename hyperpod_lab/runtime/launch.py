@@ -18,6 +18,16 @@ is appended, decided with an ``flock`` on ``<job_dir>/agents/<name>.lock``):
 * ``recovery.started`` {restart_count, reason, node} whenever the agent restarts its workers:
   ``reason`` is ``"local worker failed"`` (a restart counted against ``--max-restarts``) or
   ``"peer re-rendezvous"`` (another node re-joined the rendezvous; torchrun does not count it).
+* ``fault.detected`` {reason: "hang", ...} and ``straggler.detected`` from its hang watchdog and
+  straggler detection over its local workers (:mod:`hyperpod_lab.runtime.watchdog`,
+  :mod:`hyperpod_lab.runtime.straggler`): it makes a private node-local heartbeat directory
+  (``/dev/shm/hyperpod-lab-hb-<uid>/<job>-<pid>``, removed at exit) and passes it to the workers
+  as ``$HYPERPOD_LAB_HEARTBEAT_DIR``; every monitor interval it reads their heartbeats; a worker
+  without progress for the hang timeout (the spec's ``resiliency.hang_timeout_s``, else derived
+  from the job's step times) gets its stacks dumped, the hang reported and a SIGKILL, after which
+  torchrun restarts it as any failed worker (its failure report then says ``reason: "killed by
+  the hang watchdog ..."``, ``root_cause: false``); a worker whose steps are consistently slower
+  than the other ranks' is reported (``resiliency.on_straggler``).
 * ``job.failed`` when its restarts storm (K restarts without progress, or one fault repeating:
   :mod:`hyperpod_lab.runtime.storm`): it restarts no more and exits with status 3 (``STORM_EXIT``)
   instead of torchrun's 1; a job whose storm was declared exits 3 at once when started again.
@@ -69,14 +79,16 @@ and the launcher degrades to plain torchrun instead of failing the job.
 
 from __future__ import annotations
 
+import atexit
 import errno
 import fcntl
 import logging
 import os
+import shutil
 import signal
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch.distributed.launcher.api as _launcher_api
 import torch.distributed.run as _torchrun
@@ -86,14 +98,20 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, r
 
 from hyperpod_lab.events import EventKind, EventWriter
 from hyperpod_lab.jobdir import (
+    ENV_HEARTBEAT_DIR,
     ENV_JOB_DIR,
     ENV_JOB_ID,
     ENV_REPLICA_GROUP,
     ENV_REPLICA_GROUP_OFFSET,
+    ENV_SPEC,
     SLURM_REPLICA_GROUP,
+    JobPaths,
 )
 from hyperpod_lab.runtime import storm
 from hyperpod_lab.runtime.context import node_name, safe_name
+from hyperpod_lab.runtime.private_dir import ensure_private_dir
+from hyperpod_lab.runtime.straggler import StragglerDetector
+from hyperpod_lab.runtime.watchdog import Watchdog, Worker, default_heartbeat_root
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +132,8 @@ class AgentEvents:
         self.job_dir, self.job_id = job_dir, job_id
         self._lock_fd: int | None = None
         self.writer = EventWriter(job_dir, self._claim_name(f"agent-{safe_name(self.node)}"), job_id)
+        # pid -> why the hang watchdog killed it (None: it did not); set by install_watchdog
+        self.killed_reason: Callable[[int | None], str | None] = lambda pid: None
 
     def _claim_name(self, base: str) -> str:
         """``base``, or ``base-2``, ``base-3``... if a live agent on this file system holds it."""
@@ -139,7 +159,10 @@ class AgentEvents:
         The root cause comes first and carries ``root_cause: true``: a worker killed by a signal
         other than SIGTERM (OOM killer, ``inject-fault``), else the worker whose recorded error is
         oldest (error-file mtime), else the lowest rank; SIGTERMed workers come last (the agent
-        SIGTERMs a failed worker's local siblings, which then show up as failures too).
+        SIGTERMs a failed worker's local siblings, which then show up as failures too). A worker
+        the hang watchdog killed is reported with ``reason: "killed by the hang watchdog ..."``
+        and no worker of that failure is a root cause: the watchdog's ``fault.detected``
+        {reason: "hang"} was.
         """
         if not result.failures:
             self._emit(EventKind.FAULT_DETECTED, rank=None, local_rank=None, node=self.node, exitcode=None,
@@ -148,13 +171,14 @@ class AgentEvents:
         items = sorted(result.failures.items(), key=lambda kv: _root_cause_key(kv[0], kv[1]))
         group = os.environ.get(ENV_REPLICA_GROUP)  # checkpointless: ranks are numbered per replica group
         extra = {} if not group else {"replica_group": int(group)}
+        hung = {f.pid: self.killed_reason(f.pid) for _, f in items}
         for i, (global_rank, failure) in enumerate(items):
             sig = failure.signal_name() if failure.exitcode < 0 else None
             if group:
                 global_rank = int(group) * worker_group.spec.local_world_size + global_rank
             self._emit(EventKind.FAULT_DETECTED, rank=global_rank, local_rank=failure.local_rank, node=self.node,
-                       exitcode=failure.exitcode, signal=sig, reason=_failure_reason(failure, sig),
-                       pid=failure.pid, root_cause=i == 0, **extra)
+                       exitcode=failure.exitcode, signal=sig, reason=hung[failure.pid] or _failure_reason(failure, sig),
+                       pid=failure.pid, root_cause=i == 0 and not any(hung.values()), **extra)
 
     def restarting(self, restart_count: int, reason: str) -> None:
         """Emit ``recovery.started``."""
@@ -195,6 +219,7 @@ def _failure_reason(failure: Any, sig: str | None) -> str:
 
 
 _EVENTS: AgentEvents | None = None
+_WATCHDOG: Watchdog | None = None  # hangs and stragglers: runtime/watchdog.py, runtime/straggler.py
 _STORM: storm.StormGuard | None = None  # restart storms: runtime/storm.py
 
 
@@ -211,7 +236,22 @@ class EventingElasticAgent(LocalElasticAgent):
             _EVENTS.worker_failed(worker_group, result)
             if _STORM is not None and _STORM.failure(storm.agent_fault(result, _EVENTS.node)) is not None:
                 self._remaining_restarts = 0  # a restart storm: torchrun stops the workers and fails
+        if _WATCHDOG is not None and result.state == WorkerState.HEALTHY:
+            try:
+                _WATCHDOG.check()  # a hung worker is killed here; the next monitor call reports it
+            except Exception as e:  # the watchdog must never take the agent (and the job) down
+                log.warning("hyperpod-lab: hang watchdog check failed: %s", e)
         return result
+
+    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        pids = super()._start_workers(worker_group)
+        if _WATCHDOG is not None:
+            logs = getattr(self._pcontext, "stdouts", None) or {}
+            _WATCHDOG.workers_started(
+                Worker(local_rank=w.local_rank, global_rank=w.global_rank, pid=int(pids[w.local_rank]),
+                       log_file=logs.get(w.local_rank) or None)
+                for w in worker_group.workers if w.local_rank in pids)
+        return pids
 
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
         if _EVENTS is not None:
@@ -243,7 +283,50 @@ def install(job_dir: str, job_id: str) -> bool:
     _EVENTS = AgentEvents(job_dir, job_id)
     _STORM = storm.StormGuard(job_dir, _EVENTS.writer, storm.storm_restarts_from_env())
     _launcher_api.LocalElasticAgent = EventingElasticAgent
+    install_watchdog(job_dir, _EVENTS)
     return True
+
+
+def _spec_resiliency(job_dir: str) -> tuple[float | None, str]:
+    """``(hang_timeout_s, on_straggler)`` of the job's spec (``$HYPERPOD_LAB_SPEC``, else
+    ``<job_dir>/spec.json``); the defaults ``(None, "report")`` without a readable spec."""
+    from hyperpod_lab.errors import SpecError
+    from hyperpod_lab.spec import JobSpec
+
+    path = os.environ.get(ENV_SPEC) or JobPaths(job_dir, join=os.path.join).spec
+    try:
+        with open(path) as f:
+            res = JobSpec.from_json(f.read()).resiliency
+        return res.hang_timeout_s, res.on_straggler
+    except (OSError, SpecError):
+        return None, "report"
+
+
+def install_watchdog(job_dir: str, events: AgentEvents) -> Watchdog | None:
+    """Set up this agent's hang watchdog and straggler detection (see the module doc): a private
+    heartbeat directory under :func:`~hyperpod_lab.runtime.watchdog.default_heartbeat_root`
+    (removed when the agent exits), ``$HYPERPOD_LAB_HEARTBEAT_DIR`` for the workers, and the
+    watchdog the agent's monitor loop runs, configured from the job's spec. Returns it, or None
+    (a warning on stderr) when the directory cannot be made: the job then runs without it."""
+    global _WATCHDOG
+    hang_timeout_s, on_straggler = _spec_resiliency(job_dir)
+    top = os.path.join(default_heartbeat_root(), f"hyperpod-lab-hb-{os.getuid()}")
+    path = os.path.join(top, f"{safe_name(events.job_id, 80)}-{os.getpid()}")
+    try:
+        ensure_private_dir(path, top=top)
+    except (OSError, ValueError) as e:
+        print(f"hyperpod-lab: no hang watchdog: heartbeat directory {path}: {e}", file=sys.stderr)
+        return None
+    atexit.register(shutil.rmtree, path, True)
+    os.environ[ENV_HEARTBEAT_DIR] = path  # the workers inherit the agent's environment
+
+    def emit(kind: str, **data: Any) -> None:
+        events._emit(EventKind(kind), **data)
+
+    stragglers = StragglerDetector(job_dir, events.writer.writer, events.node, emit, action=on_straggler)
+    _WATCHDOG = Watchdog(path, events.node, emit, hang_timeout_s=hang_timeout_s, stragglers=stragglers)
+    events.killed_reason = _WATCHDOG.killed_reason
+    return _WATCHDOG
 
 
 @record
