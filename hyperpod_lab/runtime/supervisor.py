@@ -288,6 +288,15 @@ class Supervisor:
             self._last_fault_time[node] = ev.time
             self.count_fault(node, f"{ev.writer}:{ev.seq}")
 
+    def read_stragglers(self) -> None:
+        """Exclude the nodes whose launch agent flagged a straggler with ``resiliency.on_straggler
+        = exclude`` (:func:`hyperpod_lab.runtime.straggler.excluded_nodes`): a checkpointless
+        group there is replaced by a spare (:meth:`excluded_running`), later placements avoid it."""
+        from hyperpod_lab.runtime.straggler import excluded_nodes
+
+        for node, reason in excluded_nodes(self.job_dir).items():
+            self.exclude(node, reason)
+
     # ---- health ----------------------------------------------------------------------------
     def preflight(self, candidates: list[str]) -> list[str]:
         """Run the health checks on ``candidates``; returns the healthy ones (failing ones excluded)."""
@@ -571,6 +580,7 @@ class Supervisor:
         if now - self._last_events >= EVENTS_POLL_S:
             self._last_events = now
             self.read_agent_faults()
+            self.read_stragglers()
 
     def run_restart(self, active: list[str]) -> int:
         while True:
