@@ -159,6 +159,44 @@ def test_hang_detection_pattern_matches_the_step_lines():
     assert not re.match(STEP_LOG_PATTERN, "train_lm: 1,234 params, corpus 2 bytes")
 
 
+def test_hang_rule_follows_the_runtimes_step_line_and_hang_timeout(tmp_path):
+    """The operator's JobHangingDetection rule watches the line the runtime really prints (a real
+    ``hp.init()`` + ``ctx.step`` in a fresh process), and its period is the spec's hang timeout plus
+    the line's print interval (rounded up), else HANG_AFTER_S."""
+    import re
+    import sys
+
+    from hyperpod_lab.schedulers.k8s_manifest import HANG_AFTER_S, hang_after_s
+
+    code = ("import hyperpod_lab.runtime as hp\n"
+            "with hp.init() as ctx:\n"
+            "    for s in range(3):\n"
+            "        ctx.step(s, 0.5 + s)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERPOD_LAB_")}
+    env.update(HYPERPOD_LAB_JOB_DIR=str(tmp_path / "job"), HYPERPOD_LAB_STEP_EVENT_INTERVAL_S="0.001")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("hyperpod-lab: rank")]
+    assert lines == ["hyperpod-lab: rank 0 step 0 loss 0.5", "hyperpod-lab: rank 0 step 1 loss 1.5",
+                     "hyperpod-lab: rank 0 step 2 loss 2.5"], out.stdout
+    assert [re.match(STEP_LOG_PATTERN, ln).group(1) for ln in lines] == ["0", "1", "2"]
+
+    def rule(spec):
+        hp = render_hyperpod_pytorch_job(spec, JOB_ID, profile())["spec"]
+        rules = {r["name"]: r for r in hp["runPolicy"]["logMonitoringConfiguration"]}
+        assert rules["JobHangingDetection"]["logPattern"] == STEP_LOG_PATTERN
+        assert sdk_validate(jobs=[hp]) == []
+        return rules["JobHangingDetection"]["expectedRecurringFrequencyInSeconds"]
+
+    assert rule(SPECS["fixed"]) == HANG_AFTER_S == 600
+    timed = JobSpec(script="train.py", nodes=2, procs_per_node=8,
+                    resiliency=ResiliencyPolicy(hang_timeout_s=45.0)).validate()
+    assert rule(timed) == hang_after_s(timed) == 46  # T 45 s + the default 1 s line interval
+    slow_lines = JobSpec(script="train.py", nodes=2, procs_per_node=8, env={"HYPERPOD_LAB_STEP_EVENT_INTERVAL_S": "2.5"},
+                         resiliency=ResiliencyPolicy(hang_timeout_s=45.2)).validate()
+    assert rule(slow_lines) == 48  # ceil(45.2 + 2.5)
+
+
 def test_missing_profile_fields_and_big_scripts_are_clear_errors():
     with pytest.raises(ConfigError, match="set 'image'"):
         render_hyperpod_pytorch_job(SPECS["fixed"], JOB_ID, profile(image=None))

@@ -69,13 +69,34 @@ AGENT_PORT = 8080  # the HyperPod elastic agent's port
 CONFIGMAP_MAX_BYTES = 1024 * 1024
 SPEC_KEY = "spec.json"
 
-# Hang detection. The pattern matches the step line every rank prints through the runtime's
-# ``JobContext.step`` (``hyperpod-lab: rank 0 step 3 loss 2.1234``, at most once per
-# ``$HYPERPOD_LAB_STEP_EVENT_INTERVAL_S``) and the example's own ``step 3 loss 2.1234 tok/s 5120``. The job counts as hung when no step line arrives for
-# HANG_AFTER_S seconds, and as failed to start when none arrives within START_CUTOFF_S.
+# Hang detection. The pattern matches the step line local rank 0 of every pod prints through the
+# runtime's ``JobContext.step`` (``hyperpod-lab: rank 0 step 3 loss 2.1234``, at most once per
+# ``$HYPERPOD_LAB_STEP_EVENT_INTERVAL_S``) and the example's own ``step 3 loss 2.1234 tok/s 5120``.
+# The job counts as hung when no step line arrives for hang_after_s(spec) seconds (the runtime's
+# hang timeout plus the line's interval, else HANG_AFTER_S), and as failed to start when none
+# arrives within START_CUTOFF_S.
 STEP_LOG_PATTERN = r".*\bstep (\d+) loss .*"
 START_CUTOFF_S = 900
 HANG_AFTER_S = 600
+"""The hang rule's period when the spec sets no ``resiliency.hang_timeout_s``: the derived T of
+the launch agent's watchdog (``max(30 s, 10 x p99 step time)``, measured while the job runs) cannot
+be rendered into the resource, so the operator waits this long."""
+
+
+def hang_after_s(spec: JobSpec) -> int:
+    """``expectedRecurringFrequencyInSeconds`` of the ``JobHangingDetection`` rule, consistent with
+    the runtime's hang timeout T: the step line is printed at most once per
+    ``HYPERPOD_LAB_STEP_EVENT_INTERVAL_S`` (the spec's ``env``, default 1 s), so with
+    ``resiliency.hang_timeout_s`` = T a live job prints one at least every T + that interval
+    (``ceil``, s); without T, :data:`HANG_AFTER_S`."""
+    t = spec.resiliency.hang_timeout_s
+    if t is None:
+        return HANG_AFTER_S
+    try:
+        interval = float(spec.env.get(jobdir.ENV_STEP_INTERVAL, "1") or 1)
+    except ValueError:
+        interval = 1.0
+    return int(-(-(float(t) + max(0.0, interval)) // 1))
 RESTART_EVAL_PERIOD_S = 3600
 GRACEFUL_SHUTDOWN_S = 120
 
@@ -270,7 +291,7 @@ def render_hyperpod_pytorch_job(spec: JobSpec, job_id: str, profile: ClusterProf
         "logMonitoringConfiguration": [
             {"name": "JobStart", "logPattern": STEP_LOG_PATTERN, "expectedStartCutOffInSeconds": START_CUTOFF_S},
             {"name": "JobHangingDetection", "logPattern": STEP_LOG_PATTERN,
-             "expectedRecurringFrequencyInSeconds": HANG_AFTER_S},
+             "expectedRecurringFrequencyInSeconds": hang_after_s(spec)},
         ],
     }
     if retries:
