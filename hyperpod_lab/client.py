@@ -12,12 +12,14 @@ import time
 from typing import Callable, Iterator
 
 from hyperpod_lab.clusters import ClusterProfile, get_profile
-from hyperpod_lab.errors import ClusterUnreachable, HostKeyError, JobStateError, RemoteCommandError, SpecError
+from hyperpod_lab.errors import (ClusterUnreachable, HostKeyError, HyperPodLabError, JobStateError,
+                                 RemoteCommandError, SpecError)
 from hyperpod_lab.events import Event, EventKind, EventReader, EventWriter
 from hyperpod_lab.jobdir import JobPaths
 from hyperpod_lab.jobs import JobRecord, JobStatus, JobStore, new_job_id
 from hyperpod_lab.schedulers import Scheduler, for_profile
 from hyperpod_lab.schedulers.base import fault_kind, slow_factor
+from hyperpod_lab.schedulers.remote import CommandOutcomeUnknown
 from hyperpod_lab.spec import JobSpec, secret_values
 
 CLIENT_WRITER = "client"
@@ -81,7 +83,8 @@ class Client:
 
     def submit(self, spec: JobSpec) -> JobRecord:
         """Stage the script and spec on the cluster's shared storage, submit, record the job
-        and write its ``submitted`` event.
+        and write its ``submitted`` event. On Slurm over SSH that is one command on the login
+        node (staging, sbatch and the event: ``SlurmScheduler.submit_with_event``).
 
         Raises:
             SpecError, UnknownCluster: bad input, e.g. a ``secret_env`` name not set in this
@@ -89,6 +92,10 @@ class Client:
             DuplicateJob: the fresh job id is taken (nothing staged).
             ClusterUnreachable, HostKeyError: the login node cannot be reached safely.
             RemoteCommandError: the scheduler refused the job (its staged files are removed).
+            CommandOutcomeUnknown: the connection was lost (or the command went silent) after
+                the submission went out, and the job was not found at once: sbatch may still have
+                queued it, so its record is kept ("submitting") with its directory, and the next
+                status refresh finds it (``Scheduler.find_native_id``) if it was queued.
         """
         spec, profile, script = self.prepare(spec)
         secrets = secret_values(spec.secret_env)  # before anything is contacted: a missing one is bad input
@@ -100,18 +107,47 @@ class Client:
         rec = JobRecord(job_id=job_id, name=spec.name, cluster=spec.cluster, orchestrator=profile.orchestrator,
                         native_id="", job_dir=sched.job_dir(job_id), spec=spec.to_dict(), reason=SUBMITTING)
         self.store.add(rec)
+        # the 'submitted' event, without native_id: the backend may append it (with the id) in
+        # the same round trip as the submission; else it is appended below
+        event = Event(kind=EventKind.SUBMITTED.value, job_id=job_id, time=time.time(), writer=CLIENT_WRITER, seq=0,
+                      data={"cluster": spec.cluster, "name": spec.name, "nodes": spec.nodes,
+                            "procs_per_node": spec.procs_per_node, "world_size": spec.world_size})
         try:
-            native_id = sched.submit(spec, job_id, script, secrets=secrets)
-        except BaseException:
-            sched.discard(job_id)  # leave nothing half-done: the directory and record are ours alone
-            self.store.remove(job_id)
-            raise
+            native_id, written = sched.submit_with_event(spec, job_id, script, secrets, event)
+        except BaseException as e:
+            if not _may_have_run(e):
+                sched.discard(job_id)  # leave nothing half-done: the directory and record are ours alone
+                self.store.remove(job_id)
+                raise
+            # sbatch may have queued the job: deleting its directory would break it. Keep both,
+            # look for it once now; otherwise refresh adopts it later (or it stays 'submitting')
+            native_id, written = self._find_submitted(sched, rec), False
+            if native_id is None:
+                raise CommandOutcomeUnknown(
+                    f"{e} Job {job_id} was kept (status 'submitting') with its staged directory: sbatch may "
+                    f"have queued it, and the next status refresh finds it if so ('hyperpod-lab status "
+                    f"{job_id}').") from None
+            written = self._has_submitted_event(sched, rec)
         rec.native_id, rec.spec, rec.reason = native_id, spec.to_dict(), None
         self.store.put(rec)
-        self._append_event(sched, rec, EventKind.SUBMITTED, cluster=spec.cluster, native_id=native_id,
-                           name=spec.name, nodes=spec.nodes, procs_per_node=spec.procs_per_node,
-                           world_size=spec.world_size)
+        if not written:
+            self._append_event(sched, rec, EventKind.SUBMITTED, **dict(event.data, native_id=native_id))
         return rec
+
+    @staticmethod
+    def _find_submitted(sched: Scheduler, rec: JobRecord) -> str | None:
+        """The scheduler id of a job whose submission's outcome is unknown, if it is found now."""
+        try:
+            return sched.find_native_id(rec)
+        except (HyperPodLabError, OSError, EOFError):
+            return None
+
+    @staticmethod
+    def _has_submitted_event(sched: Scheduler, rec: JobRecord) -> bool:
+        try:
+            return any(e.kind == EventKind.SUBMITTED.value for e in EventReader(rec.job_dir, sched.remote).poll())
+        except (HyperPodLabError, OSError, EOFError):
+            return False
 
     def _append_event(self, sched: Scheduler, rec: JobRecord, kind: EventKind, **data) -> Event:
         """One event of the ``client`` writer, through the backend's file access (SFTP or local)."""
@@ -276,6 +312,7 @@ class Client:
 def _may_have_run(e: BaseException) -> bool:
     """Whether a failed submission may still have queued the job: the connection was lost after
     the command went out, or the command went silent past its timeout (it may still run)."""
+    return isinstance(e, CommandOutcomeUnknown) or (isinstance(e, RemoteCommandError) and e.exit_status == -1)
 
 
 def summarize(events: list[Event], wall_s: float | None = None) -> dict:

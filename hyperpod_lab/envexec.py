@@ -1,11 +1,37 @@
-"""``python -m hyperpod_lab.envexec -- ARGV...``: run ARGV with extra environment variables read
-from standard input, so that secret values never appear in a command line, a file or a log.
+"""The one program hyperpod-lab runs on a Slurm login node to submit: stage a job's files from
+standard input, then run a command (``sbatch``) with extra environment variables also read from
+standard input, so that secret values never appear in a command line, a file or a log.
 
-Standard input holds one JSON object ``{"NAME": "value", ...}`` (at most :data:`MAX_BYTES`).
-The Slurm backend runs ``sbatch`` this way on the login node: sbatch's default
-``--export=ALL`` hands the variables to the job (Slurm keeps a job's environment in the
-controller's state directory, not on shared storage), and a requeued run gets them again.
-Exit status: ARGV's, or 2 for bad input (the reason on stderr, never the values).
+Two modes; in both the command is an argv list (joined with ``remote.quote_argv``, each word
+quoted), so nothing a user typed is ever interpreted by a shell:
+
+* ``python -m hyperpod_lab.envexec -- ARGV...``: standard input holds one JSON object
+  ``{"NAME": "value", ...}`` (at most :data:`MAX_BYTES`); ARGV is exec'd with them added.
+* ``... --stage -- ARGV...``: standard input holds a *staging frame* (:func:`frame`): one header
+  line of JSON (the job directory, its sub-directories, each file's path, mode and size, the
+  variables, and optionally an event line to append once ARGV succeeded) followed by the files'
+  bytes, back to back. The program creates the job directory (``mkdir``: it must not exist yet,
+  the job id is fresh) and the sub-directories 0700, writes each file with ``O_CREAT | O_EXCL |
+  O_NOFOLLOW`` at its mode (0600, or 0700 for the batch script), runs ARGV with the variables,
+  and when ARGV exits 0 appends the event with the job id ARGV printed (``sbatch --parsable``'s
+  ``123`` or ``123;cluster``) as ``data.native_id``. Its standard output is ARGV's, then one
+  line ``hyperpod-lab-stage: {"event": true|false}`` (:func:`split_output`). Exit status: ARGV's;
+  2 for a bad frame or a staging error (nothing was run; the reason on stderr, never a value);
+  127 when ARGV's program is not found.
+
+Why one command with the files on its standard input, and not SFTP (issue 16, item 5): over
+SFTP, staging cost a round trip per directory level checked, per file opened, written, chmodded,
+renamed and closed, then the exec of sbatch, then SFTP again for the ``submitted`` event: about
+40 request/answer pairs before the job id came back (542 ms over sbatch alone). A single exec
+costs one channel open and one exec request, whatever the number of files; the files, the
+secrets and the event travel as data on the channel, never as words of a command line, and
+``O_EXCL`` + ``O_NOFOLLOW`` in a directory the program has just created (0700) means nothing
+another user prepared can be written through. Pipelined SFTP writes would still need the
+directory checks and a separate exec, and would leave the event append as a third step.
+
+The Slurm backend runs it as ``python -c <this file's source>`` (:func:`program_argv`): the
+source is a constant of this package, quoted as one argv word, so the login node needs a Python
+3 (the profile's ``python``), not this package or the same version of it. Standard library only.
 """
 
 from __future__ import annotations
@@ -13,13 +39,29 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
 
 MAX_BYTES = 64 * 1024
+MAX_HEADER_BYTES = 1 << 20
+MAX_FILE_BYTES = 1 << 30
+STAGE_MARK = "hyperpod-lab-stage: "
+FILE_MODES = (0o600, 0o700)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_JOB_ID_LINE = re.compile(r"\s*(\d+)(?:;\S+)?\s*")  # sbatch --parsable (as slurm.parse_sbatch)
 
 
-def parse(data: bytes) -> dict[str, str]:
+def check_env(env) -> dict:
+    """``env`` when it is a JSON object of variables. Raises ValueError naming the problem (never a value)."""
+    if not isinstance(env, dict):
+        raise ValueError("the variables are not a JSON object")
+    for k, v in env.items():
+        if not _NAME.fullmatch(k) or not isinstance(v, str) or "\0" in v:
+            raise ValueError(f"variable {k[:100]!r}: names must match {_NAME.pattern} and values be strings without NUL")
+    return env
+
+
+def parse(data: bytes) -> dict:
     """The variables of ``data``. Raises ValueError naming the problem (never a value)."""
     if len(data) > MAX_BYTES:
         raise ValueError(f"more than {MAX_BYTES} bytes of variables on standard input")
@@ -29,24 +71,212 @@ def parse(data: bytes) -> dict[str, str]:
         raise ValueError("standard input is not a JSON object of variables") from None
     if not isinstance(env, dict):
         raise ValueError("standard input is not a JSON object of variables")
-    for k, v in env.items():
-        if not _NAME.fullmatch(k) or not isinstance(v, str) or "\0" in v:
-            raise ValueError(f"variable {k[:100]!r}: names must match {_NAME.pattern} and values be strings without NUL")
-    return env
+    return check_env(env)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] != "--" or len(argv) < 2:
-        print("usage: python -m hyperpod_lab.envexec -- ARGV...  (variables as JSON on stdin)", file=sys.stderr)
+# ---- staging ---------------------------------------------------------------------------------
+def frame(folder: str, dirs, files, env: dict, event: dict | None = None) -> bytes:
+    """The standard input of ``--stage``.
+
+    Args:
+        folder: the job directory (absolute; created, must not exist).
+        dirs: sub-directories to create (relative, parents first).
+        files: ``(relative path, mode, bytes)`` each.
+        env: variables for the command.
+        event: ``{"path": relative path, "record": event dict}`` to append after the command
+            succeeded, its ``data.native_id`` set to the job id the command printed; or None.
+    """
+    header = {"folder": folder, "dirs": list(dirs), "files": [[p, m, len(b)] for p, m, b in files],
+              "env": env, "event": event}
+    return b"".join([json.dumps(header, separators=(",", ":")).encode() + b"\n", *(b for _, _, b in files)])
+
+
+def split_output(stdout: str) -> tuple[str, bool | None]:
+    """``(the command's output, whether the event was appended)`` of a ``--stage`` run's
+    standard output (None: no report line, the program did not finish)."""
+    head, mark, tail = stdout.rpartition(STAGE_MARK)
+    if not mark or (head and not head.endswith("\n")):
+        return stdout, None
+    try:
+        report = json.loads(tail.strip())
+    except ValueError:
+        return stdout, None
+    return head, bool(report.get("event")) if isinstance(report, dict) else None
+
+
+def _rel(path) -> str:
+    parts = path.split("/") if isinstance(path, str) and path and "\0" not in path and not path.startswith("/") else []
+    if not parts or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"{str(path)[:200]!r} is not a relative path inside the job directory")
+    return path
+
+
+def _job_folder(folder) -> str:
+    if not isinstance(folder, str) or not folder.startswith("/") or "\0" in folder \
+            or os.path.normpath(folder) != folder or folder == "/":
+        raise ValueError(f"{str(folder)[:200]!r} is not an absolute, normalised job directory")
+    return folder
+
+
+def make_job_folder(folder: str, dirs) -> None:
+    """Create ``folder`` (0700; it must not exist yet, its parents are made 0700 as needed) and
+    its sub-directories ``dirs`` (0700). Raises ValueError for a bad path, OSError (FileExistsError
+    when the folder exists)."""
+    _job_folder(folder)
+    rels = [_rel(d) for d in dirs]
+    os.makedirs(os.path.dirname(folder), mode=0o700, exist_ok=True)
+    os.mkdir(folder, 0o700)
+    for d in rels:
+        os.mkdir(os.path.join(folder, d), 0o700)
+
+
+def write_new(path: str, mode: int, chunks) -> None:
+    """Write a new file ``path`` (``O_EXCL``, never through a link) at ``mode`` (0600 or 0700)
+    from the byte strings ``chunks``. Raises ValueError for another mode, OSError."""
+    if mode not in FILE_MODES:
+        raise ValueError(f"mode {mode!r} of {os.path.basename(path)!r} is not 0600 or 0700")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        for chunk in chunks:
+            while chunk:
+                chunk = chunk[os.write(fd, chunk):]
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
+def append_line(path: str, line: bytes) -> None:
+    """One ``write()`` of ``line`` on an ``O_APPEND`` descriptor (created 0600, never through a link)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def event_line(record: dict, native_id: str) -> bytes:
+    """``record`` (an event as ``Event.to_json`` writes it) with ``data.native_id``, as one line."""
+    rec = dict(record)
+    rec["data"] = dict(rec.get("data") or {}, native_id=native_id)
+    return (json.dumps(rec, separators=(",", ":"), sort_keys=True) + "\n").encode()
+
+
+def job_id_of(stdout: bytes) -> str | None:
+    """The job id ``sbatch --parsable`` printed (its last such line), or None."""
+    for line in stdout.decode(errors="replace").strip().splitlines()[::-1]:
+        m = _JOB_ID_LINE.fullmatch(line)
+        if m:
+            return m.group(1)
+    return None
+
+
+def _read_exactly(stream, n: int):
+    while n > 0:
+        chunk = stream.read(min(n, 1 << 20))
+        if not chunk:
+            raise ValueError("standard input ended before the files it announced")
+        n -= len(chunk)
+        yield chunk
+
+
+def _stage_from(stream) -> tuple[dict, dict | None]:
+    """Read a frame from ``stream`` and stage it. Returns (variables, event). Raises ValueError, OSError."""
+    line = stream.readline(MAX_HEADER_BYTES + 1)
+    if len(line) > MAX_HEADER_BYTES or not line.endswith(b"\n"):
+        raise ValueError("no header line (JSON, at most 1 MiB) on standard input")
+    try:
+        header = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError("the header line is not JSON") from None
+    if not isinstance(header, dict):
+        raise ValueError("the header line is not a JSON object")
+    env = check_env(header.get("env") or {})
+    files = header.get("files") or []
+    event = header.get("event")
+    if not isinstance(files, list) or not all(isinstance(f, list) and len(f) == 3 and isinstance(f[1], int)
+                                              and isinstance(f[2], int) and 0 <= f[2] <= MAX_FILE_BYTES for f in files):
+        raise ValueError("'files' must be [[path, mode, size], ...]")
+    if event is not None and not (isinstance(event, dict) and isinstance(event.get("record"), dict)):
+        raise ValueError("'event' must be {\"path\": ..., \"record\": {...}}")
+    folder = _job_folder(header.get("folder"))
+    for path, mode, _ in files:
+        _rel(path)
+        if mode not in FILE_MODES:
+            raise ValueError(f"mode {mode!r} of {str(path)[:200]!r} is not 0600 or 0700")
+    if event is not None:
+        _rel(event.get("path"))
+    make_job_folder(folder, header.get("dirs") or [])
+    for path, mode, size in files:
+        write_new(os.path.join(folder, path), mode, _read_exactly(stream, size))
+    if stream.read(1):
+        raise ValueError("more bytes on standard input than the files announced")
+    return env, ({"path": os.path.join(folder, event["path"]), "record": event["record"]} if event else None)
+
+
+def _stage_and_run(cmd: list) -> int:
+    try:
+        env, event = _stage_from(sys.stdin.buffer)
+    except (ValueError, OSError) as e:
+        print(f"envexec: nothing was run, staging failed: {e}", file=sys.stderr)
         return 2
+    try:
+        p = subprocess.run(cmd, env=dict(os.environ, **env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    except OSError as e:
+        print(f"envexec: {cmd[0]}: {e.strerror or e}", file=sys.stderr)
+        return 127
+    written = False
+    if p.returncode == 0 and event is not None:
+        native_id = job_id_of(p.stdout)
+        if native_id is not None:
+            try:
+                append_line(event["path"], event_line(event["record"], native_id))
+                written = True
+            except OSError as e:
+                print(f"envexec: the event was not appended: {e}", file=sys.stderr)
+    out = p.stdout
+    if out and not out.endswith(b"\n"):
+        out += b"\n"
+    sys.stdout.buffer.write(out + (STAGE_MARK + json.dumps({"event": written}) + "\n").encode())
+    sys.stdout.flush()
+    return p.returncode
+
+
+def main(argv: list | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    stage = bool(argv) and argv[0] == "--stage"
+    if stage:
+        argv = argv[1:]
+    if not argv or argv[0] != "--" or len(argv) < 2:
+        print("usage: python -m hyperpod_lab.envexec [--stage] -- ARGV...  (variables as JSON, or a staging "
+              "frame, on stdin)", file=sys.stderr)
+        return 2
+    os.umask(0o077)
+    if stage:
+        return _stage_and_run(argv[1:])
     try:
         env = parse(sys.stdin.buffer.read(MAX_BYTES + 1))
     except ValueError as e:
         print(f"envexec: {e}", file=sys.stderr)
         return 2
-    os.execvpe(argv[1], argv[1:], {**os.environ, **env})
+    os.execvpe(argv[1], argv[1:], dict(os.environ, **env))
     return 127  # not reached
+
+
+_SOURCE: list = []
+
+
+def program_argv(python: str, stage: bool = False) -> list:
+    """The argv that runs this program with ``python`` on a login node: ``python -c <this file's
+    source> [--stage] --`` (the command's words follow). Falls back to ``-m hyperpod_lab.envexec``
+    (which needs the package there) when the source cannot be read."""
+    if not _SOURCE:
+        try:
+            with open(os.path.abspath(__file__), encoding="utf-8") as f:
+                _SOURCE.append(f.read())
+        except (OSError, NameError):
+            _SOURCE.append("")
+    head = [python, "-c", _SOURCE[0]] if _SOURCE[0] else [python, "-m", "hyperpod_lab.envexec"]
+    return head + (["--stage", "--"] if stage else ["--"])
 
 
 if __name__ == "__main__":

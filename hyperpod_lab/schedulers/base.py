@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import posixpath
 import secrets
+import shutil
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -18,7 +19,8 @@ from hyperpod_lab.clusters import ClusterProfile
 from hyperpod_lab.errors import HyperPodLabError, JobStateError, SpecError
 from hyperpod_lab.jobdir import CHECKPOINT_KEY_BYTES, JOBS_SUBDIR, JobPaths  # noqa: F401  (JOBS_SUBDIR: re-exported)
 from hyperpod_lab.jobs import JobRecord, JobStatus
-from hyperpod_lab.schedulers.remote import Remote
+from hyperpod_lab.events import Event
+from hyperpod_lab.schedulers.remote import Remote, StagedFile, Staging
 from hyperpod_lab.spec import JobSpec
 
 
@@ -131,26 +133,45 @@ class Scheduler(ABC):
     def staged_script(self, spec: JobSpec, job_id: str) -> str:
         return self.paths(job_id).script(spec.script)
 
-    def stage(self, spec: JobSpec, job_id: str, script_bytes: bytes) -> str:
-        """Create the job directory and write the script and ``spec.json`` there (SFTP for
-        remote clusters). Returns the job directory."""
+    def staging(self, spec: JobSpec, job_id: str, script_bytes: bytes) -> Staging:
+        """What staging the job writes (nothing is written here): the job directory, its
+        :data:`JobPaths.SUBDIRS` (0700: private to the user), the script, ``spec.json`` and the
+        checkpoint key (0600). A backend may add files (Slurm: the batch script)."""
         paths = self.paths(job_id)
-        self.remote.makedirs(paths.folder)
-        for sub in JobPaths.SUBDIRS:
-            self.remote.makedirs(paths.path(sub))  # 0700: private to the user
-        self.remote.write_bytes(paths.script(spec.script), script_bytes, mode=0o600)
-        self.remote.write_bytes(paths.spec, spec.to_json().encode(), mode=0o600)
+        rel = lambda path: posixpath.relpath(path, paths.folder)  # noqa: E731
         # the job's own key for authenticating its checkpoints: checkpoint files are only loaded
         # when their HMAC verifies, so write access to storage is not code execution at restore
-        self.remote.write_bytes(paths.checkpoint_key, secrets.token_bytes(CHECKPOINT_KEY_BYTES), mode=0o600)
-        return paths.folder
+        return Staging(paths.folder, tuple(JobPaths.SUBDIRS), [
+            StagedFile(rel(paths.script(spec.script)), script_bytes, 0o600),
+            StagedFile(rel(paths.spec), spec.to_json().encode(), 0o600),
+            StagedFile(rel(paths.checkpoint_key), secrets.token_bytes(CHECKPOINT_KEY_BYTES), 0o600)])
+
+    def stage(self, spec: JobSpec, job_id: str, script_bytes: bytes) -> str:
+        """Create the job directory and write :meth:`staging`'s files there (``Remote.stage``:
+        one call per directory and file). Returns the job directory."""
+        plan = self.staging(spec, job_id, script_bytes)
+        self.remote.stage(plan)
+        return plan.folder
+
+    def submit_with_event(self, spec: JobSpec, job_id: str, script_bytes: bytes, secrets: dict[str, str] | None,
+                          event: Event) -> tuple[str, bool]:
+        """:meth:`submit`, and append ``event`` (the client's ``submitted``, without
+        ``native_id``) with ``data.native_id`` set, where the backend can do so in the same round
+        trip (Slurm over SSH: the one command that stages and runs sbatch). Returns
+        ``(native id, whether the event was appended)``; this default appends nothing."""
+        return self.submit(spec, job_id, script_bytes, secrets=secrets), False
 
     def discard(self, job_id: str) -> None:
         """Remove what :meth:`stage` and :meth:`submit` left of a job whose submission failed
-        (its directory is its own: the job id is fresh). Best effort: errors are swallowed,
-        the submission's own error is the one the user sees."""
+        (its directory is its own: the job id is fresh): on this machine when it mounts the
+        shared storage (``Remote.local_path``), else with ``rm -rf`` on the cluster. Best effort:
+        errors are swallowed, the submission's own error is the one the user sees."""
         try:
-            self.remote.run(["rm", "-rf", "--", self.job_dir(job_id)], check=False)
+            local = self.remote.local_path(self.job_dir(job_id))
+            if local is not None:
+                shutil.rmtree(local, ignore_errors=True)
+            else:
+                self.remote.run(["rm", "-rf", "--", self.job_dir(job_id)], check=False)
         except Exception:
             pass
 

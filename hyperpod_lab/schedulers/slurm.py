@@ -24,6 +24,7 @@ import posixpath
 import re
 import shlex
 
+from hyperpod_lab import envexec
 from hyperpod_lab._version import __version__
 from hyperpod_lab.errors import HyperPodLabError, JobStateError, RemoteCommandError, SpecError
 from hyperpod_lab.jobdir import (ENV_JOB_DIR, ENV_JOB_ID, ENV_REPLICA_GROUP, ENV_REPLICA_GROUP_OFFSET,
@@ -31,6 +32,7 @@ from hyperpod_lab.jobdir import (ENV_JOB_DIR, ENV_JOB_ID, ENV_REPLICA_GROUP, ENV
                                  effective_restarts, launcher_argv, lighthouse_argv)
 from hyperpod_lab.jobs import JobStatus
 from hyperpod_lab.schedulers.base import LogChunk, Scheduler, read_log_range
+from hyperpod_lab.schedulers.remote import StagedFile
 from hyperpod_lab.spec import JobSpec
 
 HYPERPOD_MARKER = "/opt/sagemaker_cluster"
@@ -479,35 +481,54 @@ class SlurmScheduler(Scheduler):
     def _sbatch(self, argv: list[str], secrets: dict[str, str]) -> str:
         """Run sbatch with ``SLURM_UMASK=0077`` (the job's output files private to the user; see
         sbatch(1), INPUT ENVIRONMENT VARIABLES); ``secrets`` go to its environment through
-        standard input (:mod:`hyperpod_lab.envexec`), and sbatch's ``--export=ALL`` hands them
-        to the job."""
+        standard input (:mod:`hyperpod_lab.envexec`, run as ``python -c <its source>``: nothing
+        of this package is needed on the login node), and sbatch's ``--export=ALL`` hands them
+        to the job. A submit stages and runs sbatch in one command instead (:meth:`submit_with_event`)."""
         if secrets:
-            res = self.remote.run([self.profile.python, "-m", "hyperpod_lab.envexec", "--", *argv], timeout_s=60,
+            res = self.remote.run([*envexec.program_argv(self.profile.python), *argv], timeout_s=60,
                                   input=json.dumps({**secrets, "SLURM_UMASK": SLURM_UMASK}).encode())
         else:
             res = self.remote.run(["env", f"SLURM_UMASK={SLURM_UMASK}", *argv], timeout_s=60)
         return parse_sbatch(res.stdout)
 
     def submit(self, spec, job_id, script_bytes, secrets=None):
+        return self.submit_with_event(spec, job_id, script_bytes, secrets, None)[0]
+
+    def submit_with_event(self, spec, job_id, script_bytes, secrets, event):
+        """Stage and submit in one command on the login node (``Remote.stage_and_run``: the script,
+        ``spec.json``, ``checkpoint.key`` and the rendered ``job.sbatch`` travel on its standard
+        input with the secrets; in local-mount mode they are written here first), ``event``
+        appended there once sbatch printed the job id. No SFTP. Returns ``(job id, whether the
+        event was appended)``."""
         if spec.partition is None:  # the profile's default partition, recorded with the job
             spec.partition = self.profile.defaults.partition
-        job_dir = self.stage(spec, job_id, script_bytes)
-        self.remote.write_bytes(JobPaths(job_dir).sbatch,
-                                self._render(spec, job_id).encode(), mode=0o700)
-        return self._sbatch(sbatch_argv(spec.name, job_dir), secrets or {})
+        plan = self.staging(spec, job_id, script_bytes)
+        plan.files.append(StagedFile(posixpath.relpath(JobPaths(plan.folder).sbatch, plan.folder),
+                                     self._render(spec, job_id).encode(), 0o700))
+        record = None
+        if event is not None:
+            record = {"path": posixpath.relpath(JobPaths(plan.folder).event_file(event.writer), plan.folder),
+                      "record": json.loads(event.to_json())}
+        # one command: staging, sbatch (SLURM_UMASK and the secrets on its standard input, as
+        # _sbatch), the job id, the event (Remote.stage_and_run)
+        res, written = self.remote.stage_and_run(plan, sbatch_argv(spec.name, plan.folder),
+                                                 {**(secrets or {}), "SLURM_UMASK": SLURM_UMASK},
+                                                 self.profile.python, event=record, timeout_s=60)
+        return parse_sbatch(res.stdout), written
 
     def poll(self, records):
         ids = [r.native_id for r in records]
         if not ids:
             return {}
         joined = ",".join(ids)
-        sq = self.remote.run(["squeue", "-h", "--states=all", "-o", "%i|%T|%r", "-j", joined], check=False)
+        sq = self.remote.run(["squeue", "-h", "--states=all", "-o", "%i|%T|%r", "-j", joined], check=False,
+                             idempotent=True)
         live = parse_squeue(sq.stdout) if sq.exit_status == 0 else {}
         need = [i for i in ids if i not in live or live[i][0].is_terminal()]
         acct: dict[str, tuple[JobStatus, int | None, str]] = {}
         if need:
             sa = self.remote.run(["sacct", "-n", "-P", "-X", "-o", "JobID,State,ExitCode", "-j", ",".join(need)],
-                                 check=False)
+                                 check=False, idempotent=True)
             if sa.exit_status == 0:
                 acct = parse_sacct(sa.stdout)
         out = {}
@@ -539,7 +560,7 @@ class SlurmScheduler(Scheduler):
     def health(self):
         """The nodes as ``sinfo -N`` reports them (one command over the remote seam); see
         :meth:`Scheduler.health`. Raises ClusterUnreachable, HostKeyError, RemoteCommandError."""
-        res = self.remote.run(SINFO_ARGV, check=True, timeout_s=30)
+        res = self.remote.run(SINFO_ARGV, check=True, timeout_s=30, idempotent=True)
         return {"state": "up", "error": None, "nodes": parse_sinfo(res.stdout)}
 
     def cancel(self, rec):

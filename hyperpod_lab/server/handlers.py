@@ -140,7 +140,8 @@ class JobsHandler(HyperPodHandler):
     async def post(self):
         spec = spec_from_request(self.json_body(), self.hp.root_dir)
         await self._check_host_code(spec)
-        rec = await self.hp.watcher.run(self.hp.client.submit, spec)
+        # on the cluster's own worker: a hung cluster holds only its own submits
+        rec = await self.hp.watcher.run_on(spec.cluster, self.hp.client.submit, spec)
         self.hp.watcher.track(rec)
         self.reply({"job": self.hp.watcher.view(rec)}, status=201)
 
