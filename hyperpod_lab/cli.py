@@ -158,12 +158,22 @@ def build_parser() -> argparse.ArgumentParser:
     gp = sub.add_parser("goodput", help="recommended checkpoint interval and projected goodput per recovery "
                         "mode (and a job's measured goodput with --job)")
     gp.add_argument("--instances", type=_int, required=True, help="instances (nodes) of the job")
-    gp.add_argument("--failure-rate", required=True, metavar="RATE",
-                    help="failures per instance-hour: a fraction (0.0004) or a percentage ('0.04%%')")
+    rate = gp.add_mutually_exclusive_group(required=True)
+    rate.add_argument("--failure-rate", metavar="RATE",
+                      help="failures per instance-hour: a fraction (0.0004), a percentage ('0.04%%') or a range "
+                      "LOW:HIGH ('0.01%%:0.06%%'); one value is projected from half to twice it. A bare number above "
+                      "0.067 %% per instance-hour (the highest published) is warned about")
+    rate.add_argument("--failure-rate-per-day", metavar="N",
+                      help="instead of --failure-rate: failures a day of the whole job (all --instances), e.g. 7.76 "
+                      "(Llama 3 on 2,048 instances), or LOW:HIGH")
     gp.add_argument("--checkpoint-cost", type=float, metavar="S", help="seconds a checkpoint blocks training "
                     "(default with --job: measured)")
     gp.add_argument("--step-time", type=float, metavar="S", help="seconds per step (default with --job: measured)")
-    gp.add_argument("--restart-s", type=float, help="seconds to restart the whole job (default 900)")
+    gp.add_argument("--restart-s", metavar="S", help="seconds to restart the whole job, or LOW:HIGH (default: "
+                    "measured with --job, else 900); one value is projected from half to twice it")
+    gp.add_argument("--node-loss-fraction", type=float, metavar="F", help="fraction of the failures that take "
+                    "their node, and its memory tier, with them (default 1: the projection restores a lost node's "
+                    "state from the peer, persistent or s3 tier)")
     gp.add_argument("--detect-s", type=float, help="seconds to detect a failure (default 30)")
     gp.add_argument("--heal-s", type=float, help="checkpointless: seconds peers take to heal (default 90)")
     gp.add_argument("--restore-s", type=float, help="seconds to load a checkpoint (default: the checkpoint cost)")
@@ -376,8 +386,9 @@ def _goodput(a: argparse.Namespace, say, client) -> None:
         from hyperpod_lab.client import Client
 
         measured = gp.measure_from_events((client or Client()).event_reader(a.job).poll())
-        projection = gp.project(measured, a.instances, a.failure_rate,
-                                **{k: v for k, v in costs.items() if k not in ("restore_s",)})
+        extra = {} if a.node_loss_fraction is None else {"node_loss_fraction": a.node_loss_fraction}
+        projection = gp.project(measured, a.instances, a.failure_rate, failure_rate_per_day=a.failure_rate_per_day,
+                                **extra, **{k: v for k, v in costs.items() if k not in ("restore_s",)})
         step_time = step_time if step_time is not None else measured["step_time_s"]
         if cost is None and measured["tiers"]:
             cost = max(t["blocked_s"] for t in measured["tiers"].values())
@@ -385,7 +396,9 @@ def _goodput(a: argparse.Namespace, say, client) -> None:
         raise SpecError("goodput", "give --checkpoint-cost SECONDS and --step-time SECONDS "
                         "(or --job JOB to measure them from its events)")
     advice = gp.advise(a.instances, a.failure_rate, cost, step_time, work_gpu_hours=a.work_gpu_hours,
-                       gpus_per_instance=a.gpus_per_instance, **costs)
+                       gpus_per_instance=a.gpus_per_instance, failure_rate_per_day=a.failure_rate_per_day, **costs)
+    for w in dict.fromkeys(advice["warnings"] + (projection or {}).get("warnings", [])):
+        print(f"warning: {w.replace('failure_rate ', '--failure-rate ', 1)}", file=sys.stderr)
     if a.json:
         say(json.dumps({"advice": advice, "measured": measured, "projection": projection}, indent=2))
     else:

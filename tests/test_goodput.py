@@ -450,6 +450,106 @@ def test_project_from_measurement():
         gp.measure_from_events([ev("submitted", 1.0, "client")])
 
 
+def test_project_does_not_keep_a_node_local_tier_through_a_node_loss():
+    """The job's memory tier (every 4 steps) lives in the node's /dev/shm: a projected failure
+    (an instance failure) loses it, so the restore comes from the persistent tier (every 8):
+    more recomputation than if memory survived."""
+    m = gp.measure_from_events(job_events())
+    p = gp.project(m, 2048, "0.0161%")
+    tiers = {t["name"]: t for t in p["tiers"]}
+    assert tiers["memory"]["survives_failure"] == 0.0 and tiers["persistent"]["survives_failure"] == 1.0
+    assert p["node_loss_fraction"] == 1.0
+    kept = gp.project(m, 2048, "0.0161%", node_loss_fraction=0.0)  # only process crashes: memory survives
+    assert {t["name"]: t["survives_failure"] for t in kept["tiers"]} == {"memory": 1.0, "persistent": 1.0}
+    lost, ok = p["modes"]["checkpoint-restart"], kept["modes"]["checkpoint-restart"]
+    assert lost["lost"]["recompute"] > ok["lost"]["recompute"] and lost["goodput"] < ok["goodput"]
+    # the closed form: memory lost -> recompute half the persistent interval (one persistent
+    # checkpoint measured: its interval is the job's 12 steps of 0.5 s), stalls included
+    per_failure = lost["lost"]["recompute"] * p["mtbf_hours"] * 3600
+    assert per_failure == pytest.approx(12 * 0.5 / 2 * (1 + 0.05 / 2 + 0.2 / 6), rel=1e-6)
+    per_failure_kept = ok["lost"]["recompute"] * kept["mtbf_hours"] * 3600
+    assert per_failure_kept == pytest.approx(4 * 0.5 / 2 * (1 + 0.05 / 2 + 0.2 / 6), rel=1e-6)  # memory's 4
+    half = gp.project(m, 2048, "0.0161%", node_loss_fraction=0.5)
+    assert lost["goodput"] < half["modes"]["checkpoint-restart"]["goodput"] < ok["goodput"]
+    # a peer copy lives on another node: it survives the node, as the persistent tier does
+    peer = json.loads(json.dumps(m))
+    peer["tiers"] = {"memory": m["tiers"]["memory"], "peer": dict(m["tiers"]["memory"]),
+                     "persistent": m["tiers"]["persistent"]}
+    assert {t["name"]: t["survives_failure"] for t in gp.project(peer, 2048, "0.0161%")["tiers"]} == \
+        {"memory": 0.0, "peer": 1.0, "persistent": 1.0}
+    # only node-local checkpoints: nothing to restore a lost node from
+    only = json.loads(json.dumps(m))
+    only["tiers"] = {"memory": m["tiers"]["memory"]}
+    with pytest.raises(GoodputInputError, match="survives the loss of a node"):
+        gp.project(only, 2048, "0.0161%")
+
+
+def test_projection_is_a_band_over_the_failure_rate_and_the_restart_time():
+    m = gp.measure_from_events(job_events())
+    p = gp.project(m, 2048, "0.0161%")
+    json.dumps(p, allow_nan=False)
+    b = p["band"]
+    assert b["mid"]["failure_rate_per_instance_hour"] == pytest.approx(0.000161)
+    assert b["low"]["failure_rate_per_instance_hour"] == pytest.approx(0.000322)  # one value: half to twice
+    assert b["high"]["failure_rate_per_instance_hour"] == pytest.approx(0.0000805)
+    # one measured restart (2.6 s): half to twice it
+    assert (b["high"]["restart_s"], b["mid"]["restart_s"], b["low"]["restart_s"]) == pytest.approx((1.3, 2.6, 5.2))
+    for mode in gp.RECOVERY_MODES:
+        g = p["modes"][mode]["goodput_band"]
+        assert set(g) == {"low", "mid", "high"} and g["low"] < g["mid"] < g["high"], (mode, g)
+        assert g["mid"] == p["modes"][mode]["goodput"]
+    # a range: its ends, the geometric mean between them
+    r = gp.project(m, 2048, "0.01%:0.04%", restart_s="60:960")["band"]
+    assert r["low"]["failure_rate_per_instance_hour"] == pytest.approx(0.0004)
+    assert r["mid"]["failure_rate_per_instance_hour"] == pytest.approx(0.0002)
+    assert r["high"]["failure_rate_per_instance_hour"] == pytest.approx(0.0001)
+    assert (r["high"]["restart_s"], r["mid"]["restart_s"], r["low"]["restart_s"]) == pytest.approx((60, 240, 960))
+    assert r["failure_rate_from"].endswith("(range)") and r["restart_from"] == "given range"
+    # several measured restarts: fewest to most seconds, the median in the middle
+    many = json.loads(json.dumps(m))
+    many["recoveries"] = [dict(m["recoveries"][0], restart_s=x, health_check_s=0.0) for x in (2.0, 10.0, 4.0)]
+    mb = gp.project(many, 2048, "0.0161%")["band"]
+    assert (mb["high"]["restart_s"], mb["mid"]["restart_s"], mb["low"]["restart_s"]) == (2.0, 4.0, 10.0)
+    assert mb["restart_from"].startswith("measured: 3 restarts")
+    with pytest.raises(GoodputInputError, match="backwards"):
+        gp.project(m, 2048, "0.04%:0.01%")
+    # the advice carries the band too
+    a = gp.advise(512, "0.04%", 30, 2.0)
+    for mode in gp.RECOVERY_MODES:
+        g = a["modes"][mode]["goodput_band"]
+        assert g["low"] < g["mid"] == a["modes"][mode]["goodput"] < g["high"]
+    assert a["band"]["low"]["restart_s"] == 1800 and a["band"]["high"]["restart_s"] == 450
+
+
+@pytest.mark.parametrize("rate, warned", [
+    ("0.3", True), (0.3, True), ("0.00068", True), ("0.0001:0.004", True),
+    ("0.3%", False), ("0.04%", False), (0.0004, False), ("0.00067", False), ("0.01%:0.06%", False),
+])
+def test_an_implausible_bare_rate_warns_and_names_the_units(rate, warned):
+    w = gp.band.rate_warning(rate)
+    assert (w is not None) == warned, w
+    a = gp.advise(512, rate, 30, 2.0)
+    assert bool(a["warnings"]) == warned
+    if warned:
+        assert "0.067 %" in w and "docs/goodput.md" in w and "--failure-rate-per-day" in w and "%'" in w
+
+
+def test_a_per_day_rate_is_explicit():
+    # Llama 3: 7.76 interruptions a day on 2,048 instances is the paper's 0.0158 % per instance-hour
+    rows = {r["key"]: r for r in gp.public_figures()}
+    assert gp.band.rate_from_per_day(7.76, 2048) == pytest.approx(7.76 / 24 / 2048)
+    assert gp.band.rate_from_per_day(7.76, 2048) == pytest.approx(rows["llama3_rate"]["value"]["rate_paper"], rel=0.01)
+    a = gp.advise(2048, None, 30, 2.0, failure_rate_per_day=7.76)
+    assert a["failure_rate_per_instance_hour"] == pytest.approx(7.76 / 24 / 2048) and not a["warnings"]
+    assert a["band"]["failure_rate_from"].startswith("7.76 failures a day on 2048 instances")
+    with pytest.raises(GoodputInputError, match="one of the two"):
+        gp.advise(2048, None, 30, 2.0)
+    with pytest.raises(GoodputInputError, match="one of the two"):
+        gp.advise(2048, "0.04%", 30, 2.0, failure_rate_per_day=7.76)
+    with pytest.raises(GoodputInputError, match="failures a day"):
+        gp.advise(2048, None, 30, 2.0, failure_rate_per_day="often")
+
+
 def checkpointless_events(downtime_written):
     """0.5 s steps from t=40; group 1 killed after step 20 (t=50.5); its agent detects it at
     50.7, the survivors' leader at 50.9 (written at the first commit after the loss, 51.9, with
@@ -619,6 +719,31 @@ def test_cli_refuses_bad_input(argv, words):
         run(args, out=io.StringIO())
 
 
+def test_cli_band_warning_and_per_day(capsys):
+    out = io.StringIO()
+    run(ARGS, out=out)
+    text = out.getvalue()
+    assert "GOODPUT (LOW-HIGH)" in text and "88.9 % (70.8-94.3 %)" in text
+    assert "band: low at 0.08 % per instance-hour and 30 min restarts, high at 0.02 % and 7.5 min" in text
+    assert capsys.readouterr().err == ""
+    args = list(ARGS)
+    args[args.index("0.04%")] = "0.3"
+    out = io.StringIO()
+    run(args + ["--json"], out=out)
+    err = capsys.readouterr().err
+    assert err.startswith("warning: --failure-rate 0.3: ") and "did you mean '0.3%'" in err, err
+    assert json.loads(out.getvalue())["advice"]["warnings"]
+    out = io.StringIO()
+    per_day = ["goodput", "--instances", "2048", "--failure-rate-per-day", "7.76", "--checkpoint-cost", "30",
+               "--step-time", "2", "--restart-s", "60:900", "--json"]
+    run(per_day, out=out)
+    d = json.loads(out.getvalue())["advice"]
+    assert d["failure_rate_per_instance_hour"] == pytest.approx(7.76 / 24 / 2048)
+    assert d["band"]["low"]["restart_s"] == 900 and d["band"]["high"]["restart_s"] == 60
+    with pytest.raises(SpecError, match="not allowed with argument --failure-rate-per-day"):  # one or the other
+        run(per_day + ["--failure-rate", "0.04%"], out=io.StringIO())
+
+
 def test_cli_needs_costs_or_a_job():
     with pytest.raises(SpecError, match="--checkpoint-cost SECONDS and --step-time SECONDS"):
         run(["goodput", "--instances", "8", "--failure-rate", "0.04%"], out=io.StringIO())
@@ -641,7 +766,8 @@ def test_cli_measures_a_job(client, tmp_path):
     text = out.getvalue()
     assert "measured (job-1): 12 steps" in text and "step 0.5 s" in text
     assert "tier memory: 2 checkpoints, every 4 steps" in text and "recovery from memory: downtime 3 s" in text
-    assert "projected with the job's measured costs at 2048 instances" in text
+    assert "projected with the job's measured costs at 2048 instances (mid, low-high): checkpoint-restart " in text
+    assert "tiers after a node loss: memory lost, persistent kept" in text
     out = io.StringIO()
     run(["goodput", "--instances", "2048", "--failure-rate", "0.0161%", "--job", "job-1", "--json"], out=out,
         client=client)
@@ -649,6 +775,8 @@ def test_cli_measures_a_job(client, tmp_path):
     assert d["measured"]["step_time_s"] == pytest.approx(0.5) and d["advice"]["step_time_s"] == pytest.approx(0.5)
     assert d["advice"]["checkpoint_cost_s"] == pytest.approx(0.2)  # the slowest tier's
     assert set(d["projection"]["modes"]) == set(gp.RECOVERY_MODES)
+    for mode in gp.RECOVERY_MODES:
+        assert set(d["projection"]["modes"][mode]["goodput_band"]) == {"low", "mid", "high"}
 
 
 def test_magic_shows_the_plot_inline(tmp_path, monkeypatch):

@@ -24,12 +24,15 @@ The model (formulas and the public figures it reproduces: ``docs/goodput.md``):
 expected value for one tier and checkpoint-restart (Daly 2006); :func:`simulate` a seeded
 Monte Carlo simulator of the same model (per-instance failure times, several tiers, peers lost
 within the healing window) that checks both. :func:`measure_from_events` measures a job from
-its events, :class:`GoodputMeter` the same folded one event at a time in bounded memory; :func:`project` and :func:`advise` give the goodput at N instances.
+its events, :class:`GoodputMeter` the same folded one event at a time in bounded memory; :func:`project` and :func:`advise` give the goodput at N instances,
+as a band (low, mid, high) over the failure rate and the restart time (``band``), with a
+node-local tier (``memory``) lost with its node (:func:`tier_survival`).
 
 The package, one module per idea (``from hyperpod_lab.goodput import X`` works for each public
 name): ``scenario`` (units, failure arithmetic, :class:`Tier`, :class:`Scenario`),
 ``closed_form`` (Young/Daly intervals, the exact one-tier form, the multi-tier breakdown),
-``simulation`` (Monte Carlo), ``measure`` (a job's events, through the job facts fold of
+``simulation`` (Monte Carlo), ``band`` (the failure-rate and restart-time bands of a
+projection, the per-day rate, the implausible-rate warning), ``measure`` (a job's events, through the job facts fold of
 :mod:`hyperpod_lab.facts`, and projection), ``advice`` (advice, curve, plot, report) and
 ``figures`` (the public-figures table; ``python -m hyperpod_lab.goodput --table``).
 
@@ -49,6 +52,15 @@ from hyperpod_lab.goodput.advice import (
     goodput_curve,
     plot_goodput_vs_interval,
     report_text,
+)
+from hyperpod_lab.goodput import band
+from hyperpod_lab.goodput.band import (
+    BAND_FACTOR,
+    PLAUSIBLE_MAX_RATE,
+    rate_band,
+    rate_from_per_day,
+    rate_warning,
+    restart_band,
 )
 from hyperpod_lab.goodput.closed_form import (
     daly_interval_s,
@@ -71,6 +83,7 @@ from hyperpod_lab.goodput.scenario import (
     DEFAULT_REPLICAS,
     DEFAULT_RESTART_S,
     LOST_KINDS,
+    NODE_LOCAL_TIERS,
     RECOVERY_MODES,
     SECONDS_PER_HOUR,
     TIER_ORDER,
@@ -79,10 +92,13 @@ from hyperpod_lab.goodput.scenario import (
     cluster_mtbf_hours,
     failure_rate_from_counts,
     parse_failure_rate,
+    tier_survival,
 )
 from hyperpod_lab.goodput.simulation import simulate
 
 __all__ = [
+    "BAND_FACTOR", "NODE_LOCAL_TIERS", "PLAUSIBLE_MAX_RATE", "band", "rate_band", "rate_from_per_day",
+    "rate_warning", "restart_band", "tier_survival",
     "CHECKPOINTLESS", "CHECKPOINT_RESTART", "DEFAULT_DETECT_S", "DEFAULT_GPUS_PER_INSTANCE", "DEFAULT_HEAL_S",
     "DEFAULT_MAX_INTERVAL_S", "DEFAULT_REPLICAS", "DEFAULT_RESTART_S", "GoodputMeter", "LLAMA3_ASSUMPTIONS",
     "LOST_KINDS",

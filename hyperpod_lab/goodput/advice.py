@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import io
 import math
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 
 from hyperpod_lab.errors import GoodputInputError
+from hyperpod_lab.goodput.band import BAND_FACTOR, rate_inputs, restart_band
 from hyperpod_lab.goodput.closed_form import daly_interval_s, expected_goodput, goodput_breakdown, training_days, young_interval_s
 from hyperpod_lab.goodput.scenario import (
     _RATE_UNIT, CHECKPOINT_RESTART, CHECKPOINTLESS, DEFAULT_DETECT_S, DEFAULT_GPUS_PER_INSTANCE, DEFAULT_HEAL_S,
@@ -30,49 +31,65 @@ def _steps(interval_s: float, step_time_s: float) -> int:
     return max(1, int(round(interval_s / step_time_s)))
 
 
-def advise(instances: int, failure_rate: float | str, checkpoint_cost_s: float, step_time_s: float, *,
-           restart_s: float = DEFAULT_RESTART_S, detect_s: float = DEFAULT_DETECT_S,
+def advise(instances: int, failure_rate: Any, checkpoint_cost_s: float, step_time_s: float, *,
+           restart_s: Any = DEFAULT_RESTART_S, detect_s: float = DEFAULT_DETECT_S,
            heal_s: float = DEFAULT_HEAL_S, restore_s: float | None = None, replicas: int = DEFAULT_REPLICAS,
            fallback_probability: float | None = None, work_gpu_hours: float | None = None,
            gpus_per_instance: int = DEFAULT_GPUS_PER_INSTANCE,
-           max_interval_s: float = DEFAULT_MAX_INTERVAL_S) -> dict:
+           max_interval_s: float = DEFAULT_MAX_INTERVAL_S, failure_rate_per_day: Any = None,
+           band_factor: float = BAND_FACTOR) -> dict:
     """Recommended checkpoint interval and projected goodput for each recovery mode.
 
     One persistent tier; the interval is Daly's (:func:`daly_interval_s`) for the MTBF of the
     failures that need the checkpoint: every failure for checkpoint-restart, only those peers
     cannot heal for checkpointless (MTBF / fallback probability), at most ``max_interval_s``.
+    The interval is chosen at the middle failure rate and restart time; the projected goodput at
+    that interval is also given as a band (``goodput_band``: low, mid, high) over the failure
+    rate and the restart time (:mod:`hyperpod_lab.goodput.band`).
 
     Args:
         instances: instances (nodes), at least 1.
-        failure_rate: fraction per instance-hour (``0.0004``) or ``"0.04%"``; more than 0.
+        failure_rate: per instance-hour: a fraction (``0.0004``), ``"0.04%"`` or a range
+            (``"0.01%:0.06%"``); more than 0. None when ``failure_rate_per_day`` is given.
         checkpoint_cost_s: seconds one checkpoint blocks training.
         step_time_s: seconds per training step.
-        restart_s, detect_s, heal_s: seconds of a job restart, of failure detection, of peer
-            healing (defaults from public figures, see docs/goodput.md).
+        restart_s, detect_s, heal_s: seconds of a job restart (a value, spanning half to twice it
+            in the band, or a range ``"60:900"``), of failure detection, of peer healing
+            (defaults from public figures, see docs/goodput.md).
         restore_s: seconds to load the checkpoint (default ``checkpoint_cost_s``).
         replicas, fallback_probability: checkpointless fallback (see :class:`Scenario`).
         work_gpu_hours: useful GPU-hours of the training run, to project training days.
         gpus_per_instance: GPUs per instance (8 for p5 / p4d).
         max_interval_s: longest interval to recommend, seconds.
+        failure_rate_per_day: instead of ``failure_rate``: the job's failures a day (all its
+            ``instances``), a number or a range.
+        band_factor: how far a single value spans either way in the band (default 2).
 
     Returns:
         A JSON-serialisable dict: ``instances``, ``failure_rate_per_instance_hour``,
         ``mtbf_hours``, ``mtbf_s``, ``failures_per_day``, ``checkpoint_cost_s``,
         ``step_time_s`` and ``modes``: for each recovery mode ``interval_s``, ``interval_steps``,
         ``young_interval_s``, ``goodput``, ``lost`` (fractions of wall time),
-        ``fallback_probability``, and ``training_days`` when ``work_gpu_hours`` is given.
+        ``fallback_probability``, ``goodput_band`` (``{"low", "mid", "high"}``), and
+        ``training_days`` when ``work_gpu_hours`` is given; ``band`` (the failure rate, MTBF and
+        restart seconds of each point and where they came from) and ``warnings`` (an implausible
+        bare rate: :func:`~hyperpod_lab.goodput.band.rate_warning`). The top-level rate, MTBF
+        and restart seconds are the middle ones.
 
     Raises:
         GoodputInputError: an input out of range or in the wrong unit.
     """
-    rate = parse_failure_rate(failure_rate)
-    if rate == 0:
+    rates, rate_from, warnings = rate_inputs(instances, failure_rate, failure_rate_per_day, band_factor)
+    rate = rates[1]
+    if rate == 0 or rates[0] == 0:
         raise GoodputInputError("failure_rate", f"0 gives no finite MTBF to plan for; {_RATE_UNIT}")
+    restarts, restart_from = restart_band(restart_s, (), DEFAULT_RESTART_S, band_factor)
     cost = _seconds(checkpoint_cost_s, "checkpoint_cost_s")
     base = Scenario(instances=instances, failure_rate_per_instance_hour=rate, step_time_s=step_time_s,
                     tiers=[Tier("persistent", 1, cost, cost if restore_s is None else restore_s)],
-                    detect_s=detect_s, restart_s=restart_s, heal_s=heal_s, replicas=replicas,
+                    detect_s=detect_s, restart_s=restarts[1], heal_s=heal_s, replicas=replicas,
                     fallback_probability=fallback_probability)
+    points = {"low": (rates[2], restarts[2]), "mid": (rates[1], restarts[1]), "high": (rates[0], restarts[0])}
     max_interval_s = _seconds(max_interval_s, "max_interval_s", positive=True)
     if work_gpu_hours is not None:
         _seconds(work_gpu_hours, "work_gpu_hours", positive=True, unit="GPU-h", what="useful GPU-hours")
@@ -87,10 +104,12 @@ def advise(instances: int, failure_rate: float | str, checkpoint_cost_s: float, 
         steps = _steps(interval, sc.step_time_s)
         sc = sc.with_(tiers=[Tier("persistent", steps, cost, sc.tiers[0].restore_s)])
         b = goodput_breakdown(sc)
+        band = {k: goodput_breakdown(sc.with_(failure_rate_per_instance_hour=r, restart_s=x))["goodput"]
+                for k, (r, x) in points.items()}
         entry = {"interval_s": steps * sc.step_time_s, "interval_steps": steps,
                  "young_interval_s": min(young_interval_s(cost, m_need), max_interval_s)
                  if not math.isinf(m_need) else max_interval_s,
-                 "goodput": b["goodput"], "lost": b["lost"], "fallback_probability": q,
+                 "goodput": b["goodput"], "goodput_band": band, "lost": b["lost"], "fallback_probability": q,
                  "cost_per_failure_s": b["cost_per_failure_s"]}
         if work_gpu_hours is not None:
             days = training_days(work_gpu_hours, gpus, b["goodput"])
@@ -100,7 +119,11 @@ def advise(instances: int, failure_rate: float | str, checkpoint_cost_s: float, 
             "mtbf_hours": m / SECONDS_PER_HOUR, "mtbf_s": m, "failures_per_day": 86400.0 / m,
             "checkpoint_cost_s": cost, "step_time_s": base.step_time_s, "detect_s": base.detect_s,
             "restart_s": base.restart_s, "heal_s": base.heal_s, "restore_s": base.tiers[0].restore_s,
-            "work_gpu_hours": work_gpu_hours, "modes": modes}
+            "work_gpu_hours": work_gpu_hours, "modes": modes,
+            "band": {**{k: {"failure_rate_per_instance_hour": r, "restart_s": x,
+                            "mtbf_hours": 1.0 / (base.instances * r)} for k, (r, x) in points.items()},
+                     "failure_rate_from": rate_from, "restart_from": restart_from},
+            "warnings": warnings}
 
 
 def goodput_curve(advice: dict, intervals_s: Iterable[float]) -> dict:
@@ -162,6 +185,25 @@ def figure_png(fig) -> bytes:
 _OPTIONAL_PARTS = ("health_check", "hang", "straggle")  # lost-time parts listed only when the job had them
 
 
+def _kept(tier: dict) -> str:
+    """``"memory lost"``, ``"peer kept"``: a projected tier after a failure."""
+    p = tier["survives_failure"]
+    return f"{tier['name']} " + ("lost" if p == 0 else "kept" if p == 1 else f"kept {p * 100:.3g} %")
+
+
+def _band(b: dict) -> str:
+    """``"70.8-94.3 %"``: a goodput band's low and high."""
+    return f"{b['low'] * 100:.1f}-{b['high'] * 100:.1f} %"
+
+
+def _band_inputs(band: dict) -> str:
+    """What a band assumes: the failure rates (and MTBF) and restart seconds of low and high."""
+    lo, hi = band["low"], band["high"]
+    return (f"band: low at {lo['failure_rate_per_instance_hour'] * 100:.3g} % per instance-hour and "
+            f"{_duration(lo['restart_s'])} restarts, high at {hi['failure_rate_per_instance_hour'] * 100:.3g} % and "
+            f"{_duration(hi['restart_s'])} (rate: {band['failure_rate_from']}; restart: {band['restart_from']})")
+
+
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x * 100:.1f} %"
 
@@ -182,18 +224,21 @@ def report_text(advice: dict, measured: dict | None = None, projection: dict | N
              f"per instance-hour: MTBF {a['mtbf_hours']:.3g} h ({a['failures_per_day']:.3g} failures a day); "
              f"checkpoint {a['checkpoint_cost_s']:.3g} s, step {a['step_time_s']:.3g} s, restart {a['restart_s']:.3g} s, "
              f"detect {a['detect_s']:.3g} s, heal {a['heal_s']:.3g} s"]
-    head = ["RECOVERY MODE", "CHECKPOINT EVERY", "GOODPUT"] + (["TRAINING DAYS"] if a.get("work_gpu_hours") else []) \
-        + ["LOST TO (% OF WALL TIME)"]
+    head = ["RECOVERY MODE", "CHECKPOINT EVERY", "GOODPUT (LOW-HIGH)"] \
+        + (["TRAINING DAYS"] if a.get("work_gpu_hours") else []) + ["LOST TO (% OF WALL TIME)"]
     rows = []
     for mode, m in a["modes"].items():
         lost = ", ".join(f"{k} {v * 100:.2g}" for k, v in m["lost"].items() if v >= 5e-5)
-        row = [mode, f"{_duration(m['interval_s'])} ({m['interval_steps']} steps)", _pct(m["goodput"])]
+        row = [mode, f"{_duration(m['interval_s'])} ({m['interval_steps']} steps)",
+               _pct(m["goodput"]) + (f" ({_band(m['goodput_band'])})" if m.get("goodput_band") else "")]
         if a.get("work_gpu_hours"):
             row.append("-" if m.get("training_days") is None else f"{m['training_days']:.1f}")
         rows.append(row + [lost])
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
     for r in [head] + rows:
         lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    if a.get("band"):
+        lines.append(_band_inputs(a["band"]))
     if measured is not None:
         mm = measured
         st = "-" if mm["step_time_s"] is None else f"{mm['step_time_s']:.3g} s"
@@ -213,6 +258,9 @@ def report_text(advice: dict, measured: dict | None = None, projection: dict | N
                          f"{r['restore_s']:.3g} s{hc}), {r['recomputed_steps']} steps recomputed")
     if projection is not None:
         p = projection
-        lines.append(f"projected with the job's measured costs at {p['instances']} instances: "
-                     + ", ".join(f"{mode} {_pct(m['goodput'])}" for mode, m in p["modes"].items()))
+        lines.append(f"projected with the job's measured costs at {p['instances']} instances (mid, low-high): "
+                     + ", ".join(f"{mode} {_pct(m['goodput'])} ({_band(m['goodput_band'])})"
+                                 for mode, m in p["modes"].items()))
+        lines.append("  " + _band_inputs(p["band"]))
+        lines.append("  tiers after a node loss: " + ", ".join(_kept(t) for t in p["tiers"]))
     return "\n".join(lines)

@@ -8,11 +8,12 @@ import bisect
 import math
 import statistics
 from dataclasses import asdict
-from typing import Iterable
+from typing import Any, Iterable
 
 from hyperpod_lab.errors import GoodputInputError
 from hyperpod_lab.events import EventKind
 from hyperpod_lab.facts import JobFacts
+from hyperpod_lab.goodput.band import BAND_FACTOR, rate_inputs, restart_band
 from hyperpod_lab.goodput.closed_form import goodput_breakdown
 from hyperpod_lab.goodput.scenario import (
     DEFAULT_DETECT_S,
@@ -24,6 +25,9 @@ from hyperpod_lab.goodput.scenario import (
     TIER_ORDER,
     Scenario,
     Tier,
+    _probability,
+    cluster_mtbf_hours,
+    tier_survival,
 )
 
 
@@ -456,32 +460,55 @@ def _tier_rank(name: str) -> tuple[int, str]:
     return (TIER_ORDER.index(name) if name in TIER_ORDER else len(TIER_ORDER), name)
 
 
-def project(measured: dict, instances: int, failure_rate: float | str, *, heal_s: float = DEFAULT_HEAL_S,
+def project(measured: dict, instances: int, failure_rate: Any = None, *, heal_s: float = DEFAULT_HEAL_S,
             replicas: int = DEFAULT_REPLICAS, fallback_probability: float | None = None,
-            detect_s: float | None = None, restart_s: float | None = None) -> dict:
-    """Projected goodput at ``instances`` and ``failure_rate`` from a job's measurements.
+            detect_s: float | None = None, restart_s: Any = None, failure_rate_per_day: Any = None,
+            node_loss_fraction: float = 1.0, band_factor: float = BAND_FACTOR) -> dict:
+    """Projected goodput at ``instances`` from a job's measurements, as a band (low, mid, high)
+    over the failure rate and the restart time.
 
     The measured step time, tiers (interval, blocked and restore seconds) and the median measured
-    detection and restart seconds (the defaults where the job had no recovery) form a
-    :class:`Scenario`, evaluated for both recovery modes with :func:`goodput_breakdown`.
+    detection seconds form a :class:`Scenario`, evaluated for both recovery modes with
+    :func:`goodput_breakdown` at three points (:mod:`hyperpod_lab.goodput.band`): ``low`` at the
+    highest failure rate and the longest restart, ``mid`` at the middles, ``high`` at the lowest
+    rate and the shortest restart.
+
+    Tiers and node loss: the model's failures are instance failures, and a node-local tier
+    (``memory``: the node's own /dev/shm) is lost with its node; only a fraction ``1 -
+    node_loss_fraction`` of the failures (a process crash that leaves the node up) finds it.
+    After a node loss the restore comes from the next tier that survives: ``peer`` (a copy in
+    another node's memory), ``persistent`` or ``s3``.
 
     Args:
         measured: a :func:`measure_from_events` result.
         instances: instances (nodes) to project to.
-        failure_rate: fraction per instance-hour or ``"0.04%"``.
+        failure_rate: per instance-hour: a fraction (``0.0004``), a percentage (``"0.04%"``) or
+            a range (``"0.01%:0.06%"``, ``(lo, hi)``); one value spans half to twice it.
+        failure_rate_per_day: instead of ``failure_rate``: the job's failures a day (all its
+            ``instances``), a number or a range.
         heal_s, replicas, fallback_probability: checkpointless parameters (see :class:`Scenario`).
-        detect_s, restart_s: override the measured (or default) seconds.
+        detect_s: override the measured (or default) detection seconds.
+        restart_s: a value or range of restart seconds; default: the measured restarts (two or
+            more: fewest to most), else one measured or the default value, half to twice it.
+        node_loss_fraction: fraction of the failures that take their node (and its memory tier)
+            with them, 0 to 1 (default 1: every failure is an instance failure).
+        band_factor: how far a single value spans either way (default 2).
 
     Returns:
-        JSON-serialisable ``{"instances", "failure_rate_per_instance_hour", "mtbf_hours",
-        "step_time_s", "tiers": [...], "detect_s", "restart_s", "modes": {mode: {"goodput",
-        "lost", "fallback_probability"}}}``.
+        JSON-serialisable ``{"instances", "failure_rate_per_instance_hour" (mid), "mtbf_hours"
+        (mid), "step_time_s", "tiers": [...] (with ``survives_failure``), "detect_s",
+        "restart_s" (mid), "node_loss_fraction", "band": {"low"|"mid"|"high":
+        {"failure_rate_per_instance_hour", "mtbf_hours", "restart_s"}, "failure_rate_from",
+        "restart_from"}, "modes": {mode: {"goodput": mid, "goodput_band": {"low", "mid",
+        "high"}, "lost" (mid), "fallback_probability" (mid)}}, "warnings": [...]}``.
 
     Raises:
-        GoodputInputError: the measurement has no step time or no checkpoint yet.
+        GoodputInputError: no step time or no checkpoint measured yet; no tier survives a node
+            loss; no rate, or both kinds; a rate or range out of its unit.
     """
     if not measured.get("step_time_s"):
         raise GoodputInputError("measured", "no step time measured yet (needs two step events of one run)")
+    loss = _probability(node_loss_fraction, "node_loss_fraction")
     tiers = []
     for name, t in sorted(measured.get("tiers", {}).items(),
                           key=lambda kv: (kv[1]["interval_steps"] or math.inf, _tier_rank(kv[0]))):
@@ -489,21 +516,36 @@ def project(measured: dict, instances: int, failure_rate: float | str, *, heal_s
         restore = t["restore_s"]
         if restore is None:
             restore = max((r["restore_s"] for r in measured.get("recoveries", [])), default=0.0)
-        tiers.append(Tier(name, max(1, int(round(n))), t["blocked_s"], restore))
+        tiers.append(Tier(name, max(1, int(round(n))), t["blocked_s"], restore, tier_survival(name, loss)))
     if not tiers:
         raise GoodputInputError("measured", "no checkpoint.saved events yet: nothing to project from")
+    if tiers[-1].survives_failure < 1.0:
+        raise GoodputInputError("tiers", f"no checkpoint tier of this job survives the loss of a node "
+                                f"({', '.join(t.name for t in tiers)}: node-local memory is lost with its node); "
+                                "save a peer, persistent or s3 tier too (or give node_loss_fraction < 1)")
+    rates, rate_from, warnings = rate_inputs(instances, failure_rate, failure_rate_per_day, band_factor)
     recs = measured.get("recoveries", [])
     det = [r["detect_s"] for r in recs if r["detect_s"] is not None]
     rst = [r["restart_s"] + (r.get("health_check_s") or 0.0) for r in recs]  # a restart checks its nodes again
     detect = detect_s if detect_s is not None else (statistics.median(det) if det else DEFAULT_DETECT_S)
-    restart = restart_s if restart_s is not None else (statistics.median(rst) if rst else DEFAULT_RESTART_S)
-    base = Scenario(instances=instances, failure_rate_per_instance_hour=failure_rate,
-                    step_time_s=measured["step_time_s"], tiers=tiers, detect_s=detect, restart_s=restart,
+    restarts, restart_from = restart_band(restart_s, rst, DEFAULT_RESTART_S, band_factor)
+    base = Scenario(instances=instances, failure_rate_per_instance_hour=rates[1],
+                    step_time_s=measured["step_time_s"], tiers=tiers, detect_s=detect, restart_s=restarts[1],
                     heal_s=heal_s, replicas=replicas, fallback_probability=fallback_probability)
+    points = {"low": (rates[2], restarts[2]), "mid": (rates[1], restarts[1]), "high": (rates[0], restarts[0])}
     modes = {}
     for mode in RECOVERY_MODES:
-        b = goodput_breakdown(base.with_(mode=mode))
-        modes[mode] = {"goodput": b["goodput"], "lost": b["lost"], "fallback_probability": b["fallback_probability"]}
+        at = {k: goodput_breakdown(base.with_(mode=mode, failure_rate_per_instance_hour=r, restart_s=x))
+              for k, (r, x) in points.items()}
+        b = at["mid"]
+        modes[mode] = {"goodput": b["goodput"], "goodput_band": {k: at[k]["goodput"] for k in points},
+                       "lost": b["lost"], "fallback_probability": b["fallback_probability"]}
+    band = {k: {"failure_rate_per_instance_hour": r, "restart_s": x,
+                "mtbf_hours": cluster_mtbf_hours(base.instances, r) if r > 0 else None}
+            for k, (r, x) in points.items()}
+    band.update(failure_rate_from=rate_from, restart_from=restart_from)
     return {"instances": base.instances, "failure_rate_per_instance_hour": base.failure_rate_per_instance_hour,
-            "mtbf_hours": base.mtbf_s / SECONDS_PER_HOUR, "step_time_s": base.step_time_s,
-            "tiers": [asdict(t) for t in base.tiers], "detect_s": detect, "restart_s": restart, "modes": modes}
+            "mtbf_hours": base.mtbf_s / SECONDS_PER_HOUR if rates[1] > 0 else None, "step_time_s": base.step_time_s,
+            "tiers": [asdict(t) for t in base.tiers], "detect_s": detect, "restart_s": restarts[1],
+            "node_loss_fraction": loss, "band": band, "modes": modes, "warnings": warnings}
+

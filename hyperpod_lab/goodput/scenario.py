@@ -30,6 +30,16 @@ DEFAULT_MAX_INTERVAL_S = 86400.0  # longest interval advised (a day): checkpoint
 _RATE_UNIT = ("rates are fractions per instance-hour, e.g. 0.0004, or explicit percentages, "
               "e.g. '0.04%'")
 LOST_KINDS = ("checkpoint", "detect", "restart", "restore", "heal", "recompute")
+NODE_LOCAL_TIERS = ("memory",)
+"""Tiers kept on the node itself (its /dev/shm): lost with the node. ``peer`` is another node's
+memory, ``persistent`` and ``s3`` are off the node."""
+
+
+def tier_survival(name: str, node_loss_fraction: float = 1.0) -> float:
+    """Probability that tier ``name``'s newest checkpoint is readable after a failure when a
+    fraction ``node_loss_fraction`` of the failures take their node: ``1 - node_loss_fraction``
+    for a node-local tier (:data:`NODE_LOCAL_TIERS`), else 1."""
+    return 1.0 - float(node_loss_fraction) if name in NODE_LOCAL_TIERS else 1.0
 
 
 # ---- input checking -----------------------------------------------------------------------
