@@ -29,7 +29,7 @@ secrets and the event travel as data on the channel, never as words of a command
 another user prepared can be written through. Pipelined SFTP writes would still need the
 directory checks and a separate exec, and would leave the event append as a third step.
 
-The Slurm backend runs it as ``python -c <this file's source>`` (:func:`program_argv`): the
+The Slurm backend runs it as ``python -I -S -c <this file's source>`` (:func:`program_argv`): the
 source is a constant of this package, quoted as one argv word, so the login node needs a Python
 3 (the profile's ``python``), not this package or the same version of it. Standard library only.
 """
@@ -266,8 +266,8 @@ _SOURCE: list = []
 
 
 def program_argv(python: str, stage: bool = False) -> list:
-    """The argv that runs this program with ``python`` on a login node: ``python -c <this file's
-    source> [--stage] --`` (the command's words follow). Falls back to ``-m hyperpod_lab.envexec``
+    """The argv that runs this program with ``python`` on a login node: ``python -I -S -c <this
+    file's source> [--stage] --`` (the command's words follow). Falls back to ``-m hyperpod_lab.envexec``
     (which needs the package there) when the source cannot be read."""
     if not _SOURCE:
         try:
@@ -275,7 +275,9 @@ def program_argv(python: str, stage: bool = False) -> list:
                 _SOURCE.append(f.read())
         except (OSError, NameError):
             _SOURCE.append("")
-    head = [python, "-c", _SOURCE[0]] if _SOURCE[0] else [python, "-m", "hyperpod_lab.envexec"]
+    # -I -S: isolated from PYTHON* variables and the user's site, and no site-packages at all
+    # (standard library only; the startup of a big environment's .pth files is skipped too)
+    head = [python, "-I", "-S", "-c", _SOURCE[0]] if _SOURCE[0] else [python, "-m", "hyperpod_lab.envexec"]
     return head + (["--stage", "--"] if stage else ["--"])
 
 

@@ -116,8 +116,8 @@ def _slow_program(monkeypatch, before_s: float = 0.0, after_s: float = 0.0):
 
     def slow(python, stage=False):
         argv = real(python, stage)
-        assert argv[1] == "-c"
-        argv[2] = argv[2].replace("    sys.exit(main())",
+        i = argv.index("-c") + 1
+        argv[i] = argv[i].replace("    sys.exit(main())",
                                   f"    import time\n    time.sleep({before_s})\n    rc = main()\n"
                                   f"    time.sleep({after_s})\n    sys.exit(rc)")
         return argv
