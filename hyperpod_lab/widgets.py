@@ -76,8 +76,12 @@ class JobMonitor:
         self.plot = widgets.HTML()
         self.timeline = widgets.HTML()
         self.table = widgets.HTML()
+        from hyperpod_lab.goodput.measure import GoodputMeter
+
+        self.meter = GoodputMeter()  # where the wall time went (its own facts fold of the same events)
+        self.goodput = widgets.HTML()
         self.widget = widgets.VBox([self.header, widgets.HBox([self.bar, self.bar_label]), self.plot,
-                                    self.timeline, self.table])
+                                    self.timeline, self.goodput, self.table])
         self.widget.add_class("hyperpod-lab-monitor")
         self._render(force_plot=True)
         self._thread = threading.Thread(target=self._run, name=f"hyperpod-monitor-{self.job_id}", daemon=True)
@@ -152,6 +156,7 @@ class JobMonitor:
     def _on_event(self, ev: Event) -> None:
         self.events.append(ev)
         self.progress.update(ev)
+        self.meter.update(ev)
         if ev.kind == EventKind.STEP.value and isinstance(ev.data.get("loss"), (int, float)):
             self.losses.append((int(ev.data.get("step", len(self.losses))), float(ev.data["loss"])))
 
@@ -176,7 +181,34 @@ class JobMonitor:
             self._last_plot = now
             self.plot.value = loss_svg(self.losses)
             self.timeline.value = timeline_html(self.events)
+            self.goodput.value = goodput_html(self.meter)
         self.table.value = events_table(self.events[-self.table_rows:])
+
+
+#: the goodput breakdown's parts as the monitor names them (``lost_s`` keys of the measurement)
+LOST_LABELS = {"health_check": "pre-flight health checks", "checkpoint": "checkpoint stalls",
+               "hang": "hung before detection", "detect": "failure detection", "restart": "restart",
+               "restore": "checkpoint restore", "recompute": "recomputed steps", "straggle": "waiting for stragglers",
+               "other": "other"}
+
+
+def goodput_html(meter) -> str:
+    """One line: the measured goodput and the parts of the wall time lost (each above 0, in the
+    order of ``hyperpod_lab.goodput.measure.LOST_PARTS``, hang and straggling time included), from
+    a :class:`~hyperpod_lab.goodput.GoodputMeter`."""
+    from hyperpod_lab.errors import GoodputInputError
+
+    try:
+        m = meter.result()
+    except GoodputInputError:
+        return "<div class='hp-goodput'>goodput: measured after the first steps</div>"
+    wall = m["wall_s"]
+    if m["goodput"] is None or wall <= 0:
+        return "<div class='hp-goodput'>goodput: measured after two steps of one run</div>"
+    parts = [f"<span class='hp-lost' data-cause='{k}' data-seconds='{v:.6g}'>{html.escape(LOST_LABELS.get(k, k))} "
+             f"{v / wall * 100:.1f} %</span>" for k, v in m["lost_s"].items() if v]
+    return (f"<div class='hp-goodput' data-goodput='{m['goodput']:.6g}'>goodput <b>{m['goodput'] * 100:.1f} %</b> of "
+            f"{wall:.1f} s wall" + (" · lost: " + ", ".join(parts) if parts else "") + "</div>")
 
 
 def loss_svg(points: list[tuple[int, float]], width: int = 480, height: int = 140) -> str:

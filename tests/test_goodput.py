@@ -433,6 +433,28 @@ def test_measure_counts_hang_and_straggling_time(stalled, hang, detect):
     assert "straggle" in text and ("hang" in text) == (hang > 0)
 
 
+def test_the_notebook_monitor_shows_hang_and_straggling_time(tmp_path):
+    """The notebook widget's goodput line (hyperpod_lab.widgets.goodput_html) names the new parts."""
+    from hyperpod_lab.client import Client
+    from hyperpod_lab.jobs import JobRecord, JobStore
+    from hyperpod_lab.widgets import JobMonitor
+
+    client = Client(JobStore(str(tmp_path / "store")))
+    client.store.put(JobRecord(job_id="job-1", name="g", cluster="local", orchestrator="local", native_id="1",
+                               job_dir=str(tmp_path / "job"), spec={"args": []}, status="running"))
+    mon = JobMonitor("job-1", client=client, start=False)
+    assert "measured after the first steps" in mon.goodput.value
+    for e in sorted(job_events_hung_and_straggling(0.7), key=lambda e: (e.time, e.writer, e.seq)):
+        mon._on_event(e)
+    mon._render(force_plot=True)
+    html = mon.goodput.value
+    m = gp.measure_from_events(job_events_hung_and_straggling(0.7))
+    assert f"goodput <b>{m['goodput'] * 100:.1f} %</b>" in html
+    assert "data-cause='hang'" in html and "hung before detection" in html
+    assert "data-cause='straggle'" in html and "waiting for stragglers" in html
+    assert f"data-seconds='{m['lost_s']['straggle']:.6g}'" in html and "data-cause='health_check'" not in html
+
+
 def test_project_from_measurement():
     m = gp.measure_from_events(job_events())
     p = gp.project(m, 2048, "0.0161%")
