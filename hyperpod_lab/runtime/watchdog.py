@@ -265,10 +265,14 @@ def percentile(values: Iterable[float], q: float) -> float:
     return xs[k]
 
 
-def derived_hang_timeout(samples: Iterable[float], floor_s: float = HANG_FLOOR_S, factor: float = HANG_FACTOR,
-                         min_samples: int = MIN_SAMPLES) -> float | None:
+def derived_hang_timeout(samples: Iterable[float], floor_s: float | None = None, factor: float | None = None,
+                         min_samples: int | None = None) -> float | None:
     """T = ``max(floor_s, factor x p99(samples))`` seconds, or None with fewer than
-    ``min_samples`` step times (s) to go on."""
+    ``min_samples`` step times (s) to go on (defaults: :data:`HANG_FLOOR_S`,
+    :data:`HANG_FACTOR`, :data:`MIN_SAMPLES`, read at each call)."""
+    floor_s = HANG_FLOOR_S if floor_s is None else floor_s
+    factor = HANG_FACTOR if factor is None else factor
+    min_samples = MIN_SAMPLES if min_samples is None else min_samples
     xs = list(samples)
     if len(xs) < min_samples:
         return None
