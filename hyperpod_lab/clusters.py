@@ -51,6 +51,14 @@ A HyperPod Slurm cluster through AWS Systems Manager (written by ``clusters disc
     known_hosts = "~/.ssh/known_hosts"  # holding the node's key under the ssm_target (or `host`)
     shared_root = "/fsx"
 
+Shared storage mounted on this machine too (SageMaker Studio with the cluster's FSx attached)::
+
+    [clusters.hp-studio]
+    orchestrator = "slurm"
+    host = "login"
+    shared_root = "/fsx"              # the cluster's path
+    local_mount = "/mnt/fsx"          # the same directory here; or "auto": found by a probe file
+
 A built-in profile named ``local`` (the local backend: torchrun on this machine) always exists.
 A value starting with :data:`PLACEHOLDER` (written by ``clusters discover`` for what the
 SageMaker API cannot know, such as a Slurm login node) must be filled in before submitting.
@@ -130,6 +138,13 @@ class ClusterProfile:
             read, write, list, stat, mkdir, rename; an SSH channel or command request) before it
             fails with ClusterUnreachable and the connection is dropped (default 30). A command's
             own output timeout is the caller's ``timeout_s`` (see ``schedulers/remote.py``).
+        local_mount: (slurm) where *this* machine mounts the cluster's shared storage (the local
+            path of ``shared_root``; e.g. a SageMaker Studio space with the cluster's FSx
+            attached), or ``"auto"`` (found by a probe file written over SFTP and looked for
+            here). Staging, event and log reading then use the local file system and SSH
+            carries only scheduler commands; the server learns of new events from file-system
+            notifications (``schedulers/remote.py``'s ``MountedRemote``). The files are written
+            as this machine's user, who must be the cluster user (same uid) there. Unset: SFTP.
         defaults: partition / nodes / procs_per_node defaults.
         kube_context, kubeconfig: (eks) a kubeconfig context, and the kubeconfig file
             (default ``$KUBECONFIG`` or ``~/.kube/config``).
@@ -167,6 +182,7 @@ class ClusterProfile:
     python: str = "python3"
     connect_timeout_s: float = 10.0
     op_timeout_s: float = 30.0
+    local_mount: str | None = None
     defaults: ClusterDefaults = field(default_factory=ClusterDefaults)
     kube_context: str | None = None
     kubeconfig: str | None = None
@@ -222,6 +238,11 @@ class ClusterProfile:
                     or not 0 < self.op_timeout_s <= 3600:
                 raise ConfigError(f"{where}: op_timeout_s must be a number of seconds, 0 < op_timeout_s <= 3600, "
                                   f"got {self.op_timeout_s!r}")
+            lm = self.local_mount
+            if lm is not None and lm != "auto" and not (isinstance(lm, str) and lm.strip()
+                                                        and os.path.isabs(os.path.expanduser(lm))):
+                raise ConfigError(f"{where}: local_mount must be the absolute local path of shared_root on this "
+                                  f"machine (e.g. \"/mnt/fsx\") or \"auto\", got {lm!r}")
             for key in ("region", "aws_profile"):
                 v = getattr(self, key)
                 if v is not None and (not isinstance(v, str) or not _AWS_NAME.fullmatch(v)):

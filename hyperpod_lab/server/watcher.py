@@ -24,6 +24,16 @@
   read once, in pages, and its meter kept with its cursor (``goodput_cache_jobs`` of them), so
   the next request reads only the new bytes.
 
+* **Notifications** (issue 16, item 3): a job whose files this machine sees through its own
+  mount of the cluster's shared storage (``local_mount``, ``schedulers/remote.py``'s
+  ``MountedRemote``) has its ``events/`` directory watched with ``watchdog`` (inotify on Linux):
+  an appended or new event file wakes the job's tailer at once, and the timed read becomes a
+  fallback every ``notify_fallback_s``. Notifications are trusted only while they announce what
+  the reads find: a timed read that finds events no notification announced (a network file
+  system such as Lustre or NFS tells a client of its own writes, not of other hosts') returns the
+  job to reads every ``stream_interval_s``. Without watchdog, or where a watch cannot be set, the
+  reads are timed as for any job (``notify=False`` turns notifications off).
+
 Everything runs on the tornado IOLoop; every blocking call runs in a worker thread: each
 cluster has its own (so a cluster's SSH/SFTP connection is never used by two threads at once,
 and a slow cluster or a big read never delays another cluster's calls), and the store and the
@@ -167,6 +177,13 @@ class Tailer:
         self.dirty = False              # cursor/progress not yet saved
         self.polled = False             # read at least once since created or reset
         self.finished_seen = False      # a 'finished' event was read
+        # notifications (local-mount mode): see DirNotifier and Watcher._poll_batch
+        self.local_events: str | None = None  # its events directory here ("" : none / no watch)
+        self.watched_fs = False         # notifications come for it
+        self.notify_ok = True           # and are trusted (no timed read found events they missed)
+        self.notify_armed = False       # a read completed since the watch began
+        self.notify_seq = 0             # notifications received
+        self.read_seq = self.last_read_seq = 0  # notify_seq when this read / the previous one began
 
     def covers(self, cursor: dict[str, int]) -> bool:
         return all(cursor.get(f, 0) >= off for f, off in self.base.items())
@@ -198,6 +215,91 @@ class Tailer:
         self.complete = self.polled = self.finished_seen = False
 
 
+class DirNotifier:
+    """Wakes tailers when their event files change: one ``watchdog`` observer (inotify on Linux,
+    its own thread) watching each job's ``events/`` directory, not recursively. A change (a file
+    created, written, closed after writing, moved in) calls ``on_change(job_id)`` on the IOLoop;
+    reads of the files (opened, closed without writing) do not.
+
+    Args:
+        loop: the IOLoop's asyncio loop.
+        on_change: called there with the job id.
+
+    Attributes:
+        available: watchdog is installed and its observer runs.
+    """
+
+    _KINDS = ("created", "modified", "moved", "closed")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_change: Callable[[str], None]):
+        self.loop, self.on_change = loop, on_change
+        self.watches: dict[str, Any] = {}
+        self.observer = None
+        try:
+            from watchdog.observers import Observer
+        except ImportError:
+            log.info("hyperpod_lab: watchdog is not installed: event files are read on a timer only")
+            return
+        try:
+            obs = Observer()
+            obs.daemon = True
+            obs.start()
+        except Exception as e:  # e.g. no inotify instance left
+            log.warning("hyperpod_lab: file-system notifications unavailable (%s): event files are read on a "
+                        "timer only", e)
+            return
+        self.observer = obs
+
+    @property
+    def available(self) -> bool:
+        return self.observer is not None
+
+    def watch(self, job_id: str, path: str) -> bool:
+        """Watch ``path`` (a job's events directory, on this machine) for ``job_id``. Returns
+        whether notifications now come for it (False: unavailable, or the watch failed)."""
+        if self.observer is None:
+            return False
+        if job_id in self.watches:
+            return True
+        from watchdog.events import FileSystemEventHandler
+
+        notify = self._notify
+        kinds = self._KINDS
+
+        class _Handler(FileSystemEventHandler):
+            def on_any_event(self, event):
+                if not event.is_directory and event.event_type in kinds:
+                    notify(job_id)
+
+        try:
+            self.watches[job_id] = self.observer.schedule(_Handler(), path, recursive=False)
+            return True
+        except Exception as e:  # missing directory, inotify watch limit (OSError), ...
+            log.warning("hyperpod_lab: no notifications for %s's events (%s): read on a timer", job_id, e)
+            return False
+
+    def _notify(self, job_id: str) -> None:  # the observer's thread
+        try:
+            self.loop.call_soon_threadsafe(self.on_change, job_id)
+        except RuntimeError:  # the loop is closed: the server is stopping
+            pass
+
+    def unwatch(self, job_id: str) -> None:
+        w = self.watches.pop(job_id, None)
+        if w is not None and self.observer is not None:
+            try:
+                self.observer.unschedule(w)
+            except Exception:
+                pass
+
+    def stop(self) -> None:
+        if self.observer is not None:
+            self.observer.stop()
+            self.observer.join(timeout=2)
+            self.observer = None
+        self.watches.clear()
+
+
 class Watcher:
     """Job state and events for the server. Construct once per server; ``start()`` on the IOLoop.
 
@@ -219,13 +321,21 @@ class Watcher:
         max_subscribers: most subscribers of one job.
         cluster_workers: worker threads per cluster (1 keeps an SSH connection to one thread).
         goodput_cache_jobs: goodput meters of untracked jobs kept (with their cursors), newest used.
+        notify: watch the event files of jobs on locally mounted shared storage (file-system
+            notifications, see the module docstring).
+        notify_fallback_s: the timed read of a watched job whose notifications are trusted (s).
+
+    Attributes:
+        notify_wakeups: tailer wake-ups by a notification; notify_misses: timed reads that found
+            events no notification announced (the job then went back to timed reads).
     """
 
     def __init__(self, client: Client, min_interval_s: float = 1.0, max_interval_s: float = 10.0,
                  stream_interval_s: float = 0.25, idle_max_interval_s: float = 10.0, idle_batch: int = 8,
                  read_bytes: int = 1 << 20, page_bytes: int = 256 << 10, window_events: int = 1024,
                  send_queue_bytes: int = 1 << 20, stall_timeout_s: float = 30.0, max_subscribers: int = 64,
-                 cluster_workers: int = 1, goodput_cache_jobs: int = 64):
+                 cluster_workers: int = 1, goodput_cache_jobs: int = 64, notify: bool = True,
+                 notify_fallback_s: float = 2.0):
         self.client, self.store = client, client.store
         self.min_interval_s, self.max_interval_s = min_interval_s, max_interval_s
         self.stream_interval_s, self.idle_max_interval_s = stream_interval_s, idle_max_interval_s
@@ -235,6 +345,7 @@ class Watcher:
         self.max_subscribers, self.cluster_workers = max_subscribers, cluster_workers
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hyperpod-lab")  # store, no cluster
         self._executors: dict[str, ThreadPoolExecutor] = {}
+        self._file_executors: dict[str, ThreadPoolExecutor] = {}  # local-mount reads (run_on_files)
         self.closed_slow = 0  # subscribers closed for staying over send_queue_bytes (tests, benchmarks)
         self.tailers: dict[str, Tailer] = {}
         self.progress: dict[str, dict] = {}
@@ -250,6 +361,10 @@ class Watcher:
         # job id -> {"meter": GoodputMeter, "cursor": {file: offset}} of jobs with no tailer
         self._goodput: OrderedDict[str, dict] = OrderedDict()
         self._goodput_locks: dict[str, asyncio.Lock] = {}
+        self.notify, self.notify_fallback_s = notify, notify_fallback_s
+        self.notifier: DirNotifier | None = None
+        self.notify_wakeups = 0
+        self.notify_misses = 0
 
     # ---- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
@@ -261,6 +376,8 @@ class Watcher:
             if not rec.state.is_terminal():
                 self._ensure_tailer(rec)
         loop = asyncio.get_event_loop()
+        if self.notify:
+            self.notifier = DirNotifier(loop, self._notified)
         self._tasks = [loop.create_task(self._status_loop()), loop.create_task(self._events_loop())]
 
     async def stop(self) -> None:
@@ -268,8 +385,10 @@ class Watcher:
         for t in self._tasks:
             t.cancel()
         await self._persist()
+        if self.notifier is not None:
+            self.notifier.stop()
         self.executor.shutdown(wait=False)
-        for ex in self._executors.values():
+        for ex in [*self._executors.values(), *self._file_executors.values()]:
             ex.shutdown(wait=False)
 
     async def run(self, fn: Callable, *args, **kwargs):
@@ -291,6 +410,17 @@ class Watcher:
         delays another cluster's calls, the store's, or the IOLoop."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor_of(cluster), lambda: fn(*args, **kwargs))
+
+    async def run_on_files(self, cluster: str, fn: Callable, *args, **kwargs):
+        """Run a blocking read of ``cluster``'s files that are on this machine (local-mount mode)
+        on a worker of its own: it needs no SSH connection, so it never waits behind the
+        cluster's commands (a status refresh's squeue and sacct)."""
+        ex = self._file_executors.get(cluster)
+        if ex is None:
+            name = "hyperpod-lab-files-" + re.sub(r"[^A-Za-z0-9_.-]", "_", cluster)[:40]
+            ex = self._file_executors[cluster] = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(ex, lambda: fn(*args, **kwargs))
 
     async def run_for_job(self, job_id: str, fn: Callable, *args, **kwargs):
         """:meth:`run_on` the cluster of job ``job_id``. Raises UnknownJob."""
@@ -501,7 +631,8 @@ class Watcher:
                         return
                     continue
                 try:
-                    located, cursor = await self.run_on(rec.cluster, self._read_page, rec, dict(sub.cursor))
+                    run = self.run_on_files if t.local_events else self.run_on
+                    located, cursor = await run(rec.cluster, self._read_page, rec, dict(sub.cursor))
                 except (HyperPodLabError, OSError, EOFError) as e:
                     log.warning("hyperpod_lab: history of %s not read: %s", rec.job_id, e)
                     await asyncio.sleep(1.0)
@@ -602,11 +733,48 @@ class Watcher:
                 pass
 
     # ---- events loop -----------------------------------------------------------------
+    def _notified(self, job_id: str) -> None:
+        """A notification for ``job_id``'s event files (IOLoop thread): read it now (watched) or
+        within ``min_interval_s`` (unwatched)."""
+        t = self.tailers.get(job_id)
+        if t is None or t.complete:
+            return
+        self.notify_wakeups += 1
+        t.notify_seq += 1
+        now = time.monotonic()
+        t.next_poll = min(t.next_poll, now if t.subs else now + self.min_interval_s)
+        self._wake_events.set()
+
+    def _notifications(self, polls, results) -> None:
+        """After a batch of reads (IOLoop thread): judge the notifications of the jobs read
+        (events found that none announced: back to timed reads), and watch the event
+        directories of newly read jobs whose files are on this machine."""
+        for res in results:
+            t, located, error = res[0], res[3], res[5]
+            if error is not None or not t.watched_fs:
+                continue
+            if t.notify_armed and t.notify_ok and located and t.read_seq == t.last_read_seq:
+                t.notify_ok = False
+                self.notify_misses += 1
+                log.info("hyperpod_lab: a timed read of %s found events no notification announced (a network "
+                         "file system's other hosts write them): read every %g s", t.job_id, self.stream_interval_s)
+            t.notify_armed = True
+        if self.notifier is None:
+            return
+        for t, _, _ in polls:
+            if not t.watched_fs and t.local_events and not t.complete:
+                t.watched_fs = self.notifier.watch(t.job_id, t.local_events)
+                if not t.watched_fs:
+                    t.local_events = ""  # not again
+
     def _poll_blocking(self, polls: list[tuple[Tailer, JobRecord, dict[str, int]]]):
         out = []
         for t, rec, cursor in polls:
             try:
                 reader = self.client.event_reader(rec.job_id, cursor)
+                if t.local_events is None:
+                    local_path = getattr(reader.files, "local_path", None)
+                    t.local_events = (local_path(reader.dir) if local_path is not None else None) or ""
                 # a job catching up on a backlog reads in smaller pages, so the live jobs polled
                 # in the same round are not held up behind a large parse
                 located = reader.poll_located(max_bytes=self.page_bytes if t.more else self.read_bytes)
@@ -672,17 +840,27 @@ class Watcher:
 
     async def _poll_batch(self, polls: list[tuple[Tailer, JobRecord, dict[str, int]]]) -> None:
         started = time.monotonic()
+        for t, _, _ in polls:
+            t.last_read_seq, t.read_seq = t.read_seq, t.notify_seq
+        # files on this machine (read once already, so known to be): read beside the cluster's
+        # commands, not behind them
+        run = self.run_on_files if all(t.local_events for t, _, _ in polls) else self.run_on
         try:
-            results = await self.run_on(polls[0][1].cluster, self._poll_blocking, polls)
+            results = await run(polls[0][1].cluster, self._poll_blocking, polls)
         except Exception:
             log.exception("hyperpod_lab: event poll failed")
             results = []
         for res in results:
             self._apply(*res, started_at=started)
+        self._notifications(polls, results)
         done = time.monotonic()
         for t, _, _ in polls:
-            # more than read_bytes waiting: read on at once (the IOLoop ran in between)
-            t.next_poll = done if t.more else done + (self.stream_interval_s if t.subs else t.idle_interval)
+            interval = self.stream_interval_s if t.subs else t.idle_interval
+            if t.watched_fs and t.notify_ok:  # notifications wake it: the timed read is a fallback
+                interval = max(interval, self.notify_fallback_s)
+            # more than read_bytes waiting, or a notification came during the read: read on at
+            # once (the IOLoop ran in between)
+            t.next_poll = done if t.more or t.notify_seq != t.read_seq else done + interval
 
     async def _persist(self) -> None:
         dirty = [(t.job_id, dict(t.cursor), t.saved()) for t in self.tailers.values() if t.dirty]
@@ -703,6 +881,8 @@ class Watcher:
                         self.progress[t.job_id] = t.saved()
                         if not t.dirty:
                             del self.tailers[t.job_id]
+                            if self.notifier is not None:
+                                self.notifier.unwatch(t.job_id)
                             if t.meter is not None:  # goodput goes on from here, never from the start
                                 self._cache_goodput(t.job_id, {"meter": t.meter, "cursor": dict(t.cursor)})
                     continue
@@ -728,6 +908,8 @@ class Watcher:
                             rec = self.store.get(t.job_id)
                         except HyperPodLabError:
                             self.tailers.pop(t.job_id, None)
+                            if self.notifier is not None:
+                                self.notifier.unwatch(t.job_id)
                             continue
                         if rec.state.is_terminal() and t.terminal_seen_at is None:
                             t.terminal_seen_at = now
