@@ -8,7 +8,7 @@ import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
 import { HyperPodModel } from './model';
-import { FAULT_KINDS, type FaultKind } from './request';
+import { DEFAULT_SLOW_FACTOR, FAULT_KINDS, type FaultKind } from './request';
 import { IHyperPodModel } from './tokens';
 import { HyperPodSidebar, SIDEBAR_ID } from './widgets/sidebar';
 
@@ -133,9 +133,11 @@ const plugin: JupyterFrontEndPlugin<IHyperPodModel> = {
       label: 'HyperPod: Inject Failure into Selected Job',
       caption:
         'kill: SIGKILL the rank; node: fail its node (Slurm: DOWN, needs an operator); ' +
-        'exception: the rank raises in its next step',
+        'exception: the rank raises in its next step; hang: SIGSTOP the rank (the watchdog ' +
+        'catches and restarts it); slow: its steps take F times longer (a straggler)',
       isEnabled: () => model.selectedId !== null,
-      // args: rank (default: the sidebar's rank field), kind (kill | node | exception; asked when absent)
+      // args: rank (default: the sidebar's rank field), kind (kill | node | exception | hang | slow;
+      // asked when absent), factor (slow: the slowdown; asked when absent, default 2)
       execute: async args => {
         const rank =
           typeof args.rank === 'number' ? args.rank : sidebar!.jobView.faultRank;
@@ -152,9 +154,22 @@ const plugin: JupyterFrontEndPlugin<IHyperPodModel> = {
           }
           kind = choice.value;
         }
-        // an unknown kind reaches the server, whose 400 names the valid ones
+        let factor: number | undefined =
+          typeof args.factor === 'number' ? args.factor : undefined;
+        if (kind === 'slow' && factor === undefined) {
+          const answer = await InputDialog.getNumber({
+            title: `Slow rank ${rank} down`,
+            label: 'Step time factor (1 ends a slowdown)',
+            value: DEFAULT_SLOW_FACTOR
+          });
+          if (!answer.button.accept || answer.value === null) {
+            return;
+          }
+          factor = answer.value;
+        }
+        // an unknown kind or a bad factor reaches the server, whose 400 names the valid ones
         return model
-          .injectFailure(rank, kind as FaultKind)
+          .injectFailure(rank, kind as FaultKind, kind === 'slow' ? factor : undefined)
           .catch(e => onError('Inject failure', e));
       }
     });

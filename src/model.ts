@@ -106,11 +106,16 @@ export class HyperPodModel implements IHyperPodModel {
   }
 
   /**
-   * Inject a fault of `kind` (default `kill`: SIGKILL) into `rank` of the selected job.
+   * Inject a fault of `kind` (default `kill`: SIGKILL) into `rank` of the selected job;
+   * `factor`: the slowdown of `slow` (default the server's, 2).
    * @throws {HyperPodAPIError} as `request.injectFault`; Error when no job is selected
    */
-  async injectFailure(rank: number, kind: api.FaultKind = 'kill'): Promise<IFaultInfo> {
-    return api.injectFault(this._requireSelected(), rank, kind);
+  async injectFailure(
+    rank: number,
+    kind: api.FaultKind = 'kill',
+    factor?: number
+  ): Promise<IFaultInfo> {
+    return api.injectFault(this._requireSelected(), rank, kind, factor);
   }
 
   /**

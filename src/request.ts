@@ -173,27 +173,42 @@ export async function cancelJob(jobId: string): Promise<IJobView> {
 /**
  * What a fault injection does (the server's `FAULT_KINDS`): `kill` SIGKILLs the rank's
  * process, `node` fails the rank's node as the scheduler sees it (Slurm: set DOWN, needs an
- * operator; EKS: its pod deleted), `exception` has the rank raise `InjectedFault` in its next step.
+ * operator; EKS: its pod deleted), `exception` has the rank raise `InjectedFault` in its next step,
+ * `hang` stops the rank (SIGSTOP) until the launch agent's hang watchdog catches and restarts it,
+ * `slow` makes the rank's steps take `factor` times longer (straggler detection flags it).
  */
-export type FaultKind = 'kill' | 'node' | 'exception';
+export type FaultKind = 'kill' | 'node' | 'exception' | 'hang' | 'slow';
 
 /** Every {@link FaultKind}, the default (`kill`) first. */
-export const FAULT_KINDS: readonly FaultKind[] = ['kill', 'node', 'exception'];
+export const FAULT_KINDS: readonly FaultKind[] = ['kill', 'node', 'exception', 'hang', 'slow'];
+
+/** The default slowdown of a `slow` injection (the server's `DEFAULT_SLOW_FACTOR`). */
+export const DEFAULT_SLOW_FACTOR = 2;
+
+/** The largest slowdown the server accepts (`MAX_SLOW_FACTOR`); 1 ends a slowdown. */
+export const MAX_SLOW_FACTOR = 100;
 
 /**
  * Inject a fault of `kind` (default `kill`) into one rank of a running job, to rehearse recovery.
- * @throws {HyperPodAPIError} 400 bad rank or kind (the message names the kinds), 403 the
- *   scheduler refused (a Slurm node needs an operator), 409 the job, rank or backend cannot
+ * `factor` (only for `slow`, 1 to {@link MAX_SLOW_FACTOR}; the server's default 2 when omitted):
+ * the rank's step time is multiplied by it.
+ * @throws {HyperPodAPIError} 400 bad rank, kind (the message names the kinds) or factor, 403
+ *   the scheduler refused (a Slurm node needs an operator), 409 the job, rank or backend cannot
  *   take it (e.g. `node` on the local backend), 404 unknown job
  */
 export async function injectFault(
   jobId: string,
   rank: number,
-  kind: FaultKind = 'kill'
+  kind: FaultKind = 'kill',
+  factor?: number
 ): Promise<IFaultInfo> {
+  const body: { rank: number; kind: FaultKind; factor?: number } = { rank, kind };
+  if (factor !== undefined) {
+    body.factor = factor;
+  }
   return requestAPI<IFaultInfo>(`jobs/${enc(jobId)}/faults`, {
     method: 'POST',
-    body: JSON.stringify({ rank, kind })
+    body: JSON.stringify(body)
   });
 }
 

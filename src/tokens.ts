@@ -596,10 +596,15 @@ export interface IHyperPodModel {
    */
   cancelSelected(): Promise<IJobView>;
   /**
-   * SIGKILL `rank` of the selected job.
+   * Inject a fault into `rank` of the selected job: `kind` (default `kill`: SIGKILL; also `node`,
+   * `exception`, `hang`, `slow`) and, for `slow`, its `factor` (default 2).
    * @throws {HyperPodAPIError} as `request.injectFault`; Error when no job is selected
    */
-  injectFailure(rank: number): Promise<IFaultInfo>;
+  injectFailure(
+    rank: number,
+    kind?: 'kill' | 'node' | 'exception' | 'hang' | 'slow',
+    factor?: number
+  ): Promise<IFaultInfo>;
   /**
    * Log text of the selected job for `rank` (null: the whole job output).
    * @throws {HyperPodAPIError} as `request.getLogs`; Error when no job is selected
