@@ -65,11 +65,15 @@ Definitions (also in ``docs/events.md``):
   declared it: time lost before the detection); ``hang_s`` sums the incidents'.
 * **straggling time**, ``straggle_s``: a ``straggler.detected`` flags its rank from the event on;
   in synchronous training every step then waits for it, so each step completed while a rank is
-  flagged costs ``step_s - median_step_s`` seconds (the event's; the largest excess among the
-  flagged ranks, never a sum); the ``window`` steps the detection measured before the event
-  were slow too and count once, when the rank is first flagged (only what exceeds the excess
-  already charged). A flag ends when an incident opens or the job (re)starts (``started``): new
-  processes, and with ``action: exclude`` a new node; a rank still slow is flagged again.
+  flagged costs its *excess*: ``compute_s - median_compute_s`` (the extra compute the other
+  ranks wait for in the collective; their step times include that wait, so ``step_s`` and
+  ``median_step_s`` are nearly equal), else, without the compute split, ``step_s -
+  median_step_s``; with several ranks flagged the largest excess, never a sum. The ``window``
+  steps the detection measured before the event were slow too and count once, when the rank is
+  first flagged (only what exceeds the excess already charged). A flag ends when an incident
+  opens or the job (re)starts (``started``): new processes, and with ``action: exclude`` a new
+  node; a rank still slow is flagged again. The runtime writes no event when an episode ends
+  without a restart, so a rank that speeds up again stays charged until then (an over-estimate).
   ``straggle_steps`` counts the steps charged; ``stragglers`` lists the ranks flagged now.
 * **failure**: the ``job.failed`` event's data (a restart storm: ``reason``, ``restarts``,
   ``fault``, ``requeue``) and its ``time``, or None.
@@ -463,9 +467,13 @@ class JobFacts:
         """``straggler.detected``: its rank is flagged (see the module doc: straggling time)."""
         d = ev.data
         step_s, median = _num(d.get("step_s")), _num(d.get("median_step_s"))
-        if step_s is None or median is None:
+        compute, median_compute = _num(d.get("compute_s")), _num(d.get("median_compute_s"))
+        if compute is not None and median_compute is not None:
+            excess = max(0.0, compute - median_compute)  # what the other ranks wait for, each step
+        elif step_s is not None and median is not None:
+            excess = max(0.0, step_s - median)
+        else:
             return
-        excess = max(0.0, step_s - median)
         rank = d.get("rank")
         entry = next((x for x in self.stragglers if x["rank"] == rank), None)
         if entry is None:

@@ -315,18 +315,19 @@ def test_node_down_alone_opens_an_incident():
 
 
 def hang_and_straggler():
-    """1 s steps 0-9 from t=1; after step 4 rank 2 (n2) is flagged a straggler (1.5 s steps
-    against a median of 1.0 over a 3-step window); rank 3 is flagged too, less slow (1.2 s);
+    """1 s steps 0-9 from t=1; after step 4 rank 2 (n2) is flagged a straggler (1.4 s of
+    compute a step against the others' 0.9 over a 3-step window; the step times, waits
+    included, nearly equal); rank 3 is flagged too, less slow (1.1 s of compute);
     after step 9 (t=10) rank 1 hangs: the watchdog reports it at t=31 with stalled_s 20 (and
     again, a second look, 21); restarted, step 8 at t=40, then 9-11; the job is stopped later
     by a restart storm (job.failed)."""
     ev = mk()
     out = [ev("started", 0.0, world_size=4)]
     out += [ev("step", 1.0 + s, step=s, loss=1.0) for s in range(5)]
-    out.append(ev("straggler.detected", 5.2, "agent-n2", rank=2, node="n2", score=1.5, step_s=1.5,
-                  median_step_s=1.0, compute_s=1.4, wait_s=0.1, window=3, action="report"))
-    out.append(ev("straggler.detected", 5.3, "agent-n3", rank=3, node="n3", score=1.2, step_s=1.2,
-                  median_step_s=1.0, compute_s=1.1, wait_s=0.1, window=3, action="report"))
+    out.append(ev("straggler.detected", 5.2, "agent-n2", rank=2, node="n2", score=1.56, step_s=1.5,
+                  median_step_s=1.45, compute_s=1.4, median_compute_s=0.9, wait_s=0.1, window=3, action="report"))
+    out.append(ev("straggler.detected", 5.3, "agent-n3", rank=3, node="n3", score=1.22, step_s=1.5,
+                  median_step_s=1.5, compute_s=1.1, median_compute_s=0.9, wait_s=0.4, window=3, action="report"))
     out += [ev("step", 1.0 + s, step=s, loss=1.0) for s in range(5, 10)]
     out += [ev("fault.detected", 31.0, "agent-n1", rank=1, node="n1", reason="hang", stalled_s=20.0,
                section="forward"),
@@ -357,12 +358,16 @@ def test_straggling_time_is_the_excess_of_the_slowest_flagged_rank_per_step():
     assert f.straggle_s == pytest.approx(3 * 0.5 + 5 * 0.5) and f.straggle_steps == 8
     assert f.stragglers == []
     before = fold(hang_and_straggler()[:13])  # up to step 9, before the hang
-    assert [(x["rank"], x["node"], x["excess_s"]) for x in before.stragglers] == [(2, "n2", 0.5), (3, "n3", pytest.approx(0.2))]
-    # a rank flagged faster than the median costs nothing
+    assert [(x["rank"], x["node"], x["excess_s"]) for x in before.stragglers] == [(2, "n2", pytest.approx(0.5)), (3, "n3", pytest.approx(0.2))]
+    # a rank flagged faster than the median costs nothing; without the compute split the step times tell
     ev = mk()
     fast = [ev("step", 1.0, step=0), ev("straggler.detected", 1.1, "agent-n0", rank=0, step_s=0.8, median_step_s=1.0,
                                         window=5), ev("step", 2.0, step=1), ev("step", 3.0, step=2)]
     assert fold(fast).straggle_s == 0.0
+    ev = mk()
+    steps_only = [ev("step", 1.0, step=0), ev("straggler.detected", 1.1, "agent-n0", rank=0, step_s=1.3,
+                                              median_step_s=1.0, window=2), ev("step", 2.0, step=1)]
+    assert fold(steps_only).straggle_s == pytest.approx(2 * 0.3 + 1 * 0.3)
 
 
 def test_job_failed_is_the_facts_failure():

@@ -395,8 +395,8 @@ def test_measure_counts_the_health_checks_as_their_own_part():
 
 def job_events_hung_and_straggling(stalled_s):
     """job_events where the fault is a hang (the watchdog's fault.detected 1 s after the last
-    step event, with ``stalled_s``) and rank 1 was flagged a straggler after step 5 (0.6 s steps
-    against a median of 0.5, measured over 2 steps)."""
+    step event, with ``stalled_s``) and rank 1 was flagged a straggler after step 5 (0.45 s of
+    compute a step against the others' 0.35, measured over 2 steps)."""
     out = []
     for e in job_events():
         if e.kind == "fault.detected":
@@ -404,8 +404,9 @@ def job_events_hung_and_straggling(stalled_s):
                       data={"rank": 1, "node": "n1", "reason": "hang", "stalled_s": stalled_s, "section": None})
         out.append(e)
         if e.kind == "step" and e.data["step"] == 5 and not any(x.kind == "recovery.completed" for x in out):
-            out.append(ev("straggler.detected", e.time + 0.01, "agent-n1", rank=1, node="n1", score=1.2,
-                          step_s=0.6, median_step_s=0.5, compute_s=0.55, wait_s=0.05, window=2, action="report"))
+            out.append(ev("straggler.detected", e.time + 0.01, "agent-n1", rank=1, node="n1", score=1.29,
+                          step_s=0.5, median_step_s=0.5, compute_s=0.45, median_compute_s=0.35, wait_s=0.05,
+                          window=2, action="report"))
     return out
 
 
@@ -635,10 +636,12 @@ def jobs(draw):
             out.append(e("step", t, step=step, loss=1.0))
             if draw(st.integers(0, 5)) == 0:  # a straggler flagged after this step
                 median = draw(st.floats(0.01, 2.0))
+                split = {} if draw(st.booleans()) else {  # with the compute split, or step times only
+                    "compute_s": median / 2 + draw(st.floats(-0.5, 3.0)), "median_compute_s": median / 2}
                 out.append(e("straggler.detected", t + draw(st.floats(0.0, 0.5)), "agent-n1",
                              rank=draw(st.integers(0, 2)), node="n1", score=2.0,
                              step_s=median + draw(st.floats(-0.5, 3.0)), median_step_s=median,
-                             window=draw(st.integers(0, 40)), action="report"))
+                             window=draw(st.integers(0, 40)), action="report", **split))
             if draw(st.booleans()):
                 blocked = draw(st.floats(0.0, 3.0))
                 out.append(e("checkpoint.saved", t + blocked, tier=draw(st.sampled_from(["memory", "persistent"])),

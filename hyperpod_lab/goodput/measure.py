@@ -436,8 +436,8 @@ def measure_from_events(events: Iterable) -> dict:
           runs of the nodes' health checks, ``health.checked``/``health.failed``, within the
           wall time: never a fault), ``checkpoint``, ``hang`` (hung ranks before their
           detection: the incidents' ``hang_s``), ``detect``, ``restart``, ``restore``,
-          ``recompute``, ``straggle`` (steps slowed by a straggler: ``(step_s -
-          median_step_s)`` of the flagged rank per step while it is flagged, see
+          ``recompute``, ``straggle`` (steps slowed by a straggler: the flagged rank's
+          ``compute_s - median_compute_s`` per step while it is flagged, see
           :mod:`hyperpod_lab.facts`), and ``other`` (the rest: first start-up, evaluation,
           rounding). With a step time, ``useful_s + sum(lost_s) == wall_s`` and no part is
           negative: straggling is time inside the steps, so it is taken from ``steps ×

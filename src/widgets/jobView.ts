@@ -24,7 +24,7 @@ const TIME_PARTS: [string, string][] = [
  * Parts shown only when the job spent time on them (jobs without health checks, hangs or
  * stragglers show no row). hang: a hung rank's stall before the watchdog detected it (the
  * `fault.detected` {reason: hang} `stalled_s`); straggle: steps slowed by a flagged straggler
- * (`step_s - median_step_s` per step while flagged), taken from the steps' time.
+ * (its `compute_s - median_compute_s` per step while flagged), taken from the steps' time.
  */
 const OPTIONAL_PARTS = new Set(['health_check', 'hang', 'straggle']);
 
