@@ -143,6 +143,27 @@ def test_guard_reads_progress_from_step_events_and_declares_once(tmp_path):
     assert d["reason"].startswith("restart storm: 2 restarts in a row made no step progress")
 
 
+@pytest.mark.parametrize("durable", [False, True])
+def test_a_repeated_fault_with_progress_but_no_checkpoint(tmp_path, durable):
+    """Rank 1 killed again and again while the job gets further every time, with no checkpoint:
+    in a restart job that progress is lost at each restart (a storm after K); in a
+    checkpointless job the surviving replicas keep it (the recovery benchmark kills rank 1 every
+    MTBF seconds): no storm."""
+    job_dir = str(tmp_path / "job")
+    os.makedirs(job_dir)
+    guard = StormGuard(job_dir, EventWriter(job_dir, "agent-n1", "j"), 2, steps_are_durable=durable)
+    kill = Fault(1, "n1", "worker killed by SIGKILL")
+    verdicts = []
+    for i in range(6):
+        _step(job_dir, 10 * (i + 1))  # further every time
+        verdicts.append(guard.failure(kill))
+    if durable:
+        assert verdicts == [None] * 6 and not _job_failed(job_dir)
+    else:
+        assert verdicts[:2] == [None, None] and verdicts[2]["criterion"] == "same fault"
+        assert "the same fault ended 2 restarts in a row with no new checkpoint" in verdicts[2]["reason"]
+
+
 def test_supervisor_counts_survive_a_requeue(tmp_path):
     job_dir = str(tmp_path / "job")
     os.makedirs(job_dir)

@@ -281,7 +281,8 @@ def install(job_dir: str, job_id: str) -> bool:
               "running plain torchrun without fault/recovery events", file=sys.stderr)
         return False
     _EVENTS = AgentEvents(job_dir, job_id)
-    _STORM = storm.StormGuard(job_dir, _EVENTS.writer, storm.storm_restarts_from_env())
+    _STORM = storm.StormGuard(job_dir, _EVENTS.writer, storm.storm_restarts_from_env(),
+                              steps_are_durable=storm.checkpointless_from_env())
     _launcher_api.LocalElasticAgent = EventingElasticAgent
     install_watchdog(job_dir, _EVENTS)
     return True

@@ -11,8 +11,10 @@ storm_restarts`` = K, default 3) stops that:
   from the ``step`` events of the ``rank-*`` writers); or
 * **the same fault**: the same fault (same rank, same node, same reason: the exception's last
   line, the signal or the exit code, with addresses and long numbers blanked) ended K restarts
-  in a row with no new checkpoint committed in between (``checkpoint.saved`` of any tier at a
-  step beyond the newest one before). A fault that comes back only after the job saved new
+  in a row with no *durable* progress in between: no new checkpoint committed
+  (``checkpoint.saved`` of any tier at a step beyond the newest one before) and, in a
+  checkpointless job (whose state lives in the surviving replicas, not in checkpoints), no step
+  beyond the high-water mark either. A fault that comes back only after the job saved new
   progress (a rank killed once an hour) is not a storm: each restart gets further.
 
 Counting (:class:`StormPolicy`): the first failure of a job is not a restart; the K-th restart
@@ -132,7 +134,8 @@ class StormPolicy:
 
         Args:
             progressed: the run completed a step beyond the job's high-water mark at its start.
-            checkpointed: the run committed a checkpoint of a step beyond the newest before it.
+            checkpointed: the run made durable progress: committed a checkpoint of a step beyond
+                the newest before it (or, checkpointless, completed a step beyond the high-water mark).
             fault: what ended it (None: unknown; it never matches another).
 
         Returns:
@@ -235,17 +238,28 @@ def declare(job_dir: str, writer: EventWriter, data: dict) -> bool:
     return True
 
 
-def storm_restarts_from_env(default: int = DEFAULT_STORM_RESTARTS) -> int:
-    """K from the job's spec (``$HYPERPOD_LAB_SPEC``, ``resiliency.storm_restarts``), else ``default``."""
+def _resiliency_from_env() -> dict:
     path = os.environ.get(ENV_SPEC)
     if not path:
-        return default
+        return {}
     try:
         with open(path) as f:
-            k = (json.load(f).get("resiliency") or {}).get("storm_restarts", default)
+            res = json.load(f).get("resiliency") or {}
     except (OSError, ValueError, AttributeError):
-        return default
+        return {}
+    return res if isinstance(res, dict) else {}
+
+
+def storm_restarts_from_env(default: int = DEFAULT_STORM_RESTARTS) -> int:
+    """K from the job's spec (``$HYPERPOD_LAB_SPEC``, ``resiliency.storm_restarts``), else ``default``."""
+    k = _resiliency_from_env().get("storm_restarts", default)
     return k if isinstance(k, int) and not isinstance(k, bool) and k >= 1 else default
+
+
+def checkpointless_from_env() -> bool:
+    """Whether the job's spec says ``resiliency.recovery: checkpointless`` (its steps are durable
+    in the surviving replicas)."""
+    return _resiliency_from_env().get("recovery") == "checkpointless"
 
 
 class StormGuard:
@@ -257,10 +271,14 @@ class StormGuard:
         writer: the writer that emits ``job.failed`` (the agent's or the supervisor's).
         k: ``resiliency.storm_restarts``.
         state_path: where to keep the counts between runs, or None.
+        steps_are_durable: a checkpointless job: steps beyond the high-water mark are durable
+            progress (kept by the surviving replicas) as much as a new checkpoint is.
     """
 
-    def __init__(self, job_dir: str, writer: EventWriter, k: int, state_path: str | None = None):
+    def __init__(self, job_dir: str, writer: EventWriter, k: int, state_path: str | None = None,
+                 steps_are_durable: bool = False):
         self.job_dir, self.writer, self.state_path = job_dir, writer, state_path
+        self.steps_are_durable = steps_are_durable
         saved = self._load()
         self.policy = StormPolicy(k, saved.get("policy"))
         self.probe = ProgressProbe(job_dir).poll()
@@ -306,7 +324,7 @@ class StormGuard:
             return found
         self.probe.poll()
         progressed = self.probe.step > self.step_at_start
-        checkpointed = self.probe.checkpoint > self.checkpoint_at_start
+        checkpointed = self.probe.checkpoint > self.checkpoint_at_start or (self.steps_are_durable and progressed)
         verdict = self.policy.on_failure(progressed=progressed, checkpointed=checkpointed, fault=fault)
         if verdict is None:
             self.started()  # the restart follows at once

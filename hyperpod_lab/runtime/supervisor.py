@@ -435,7 +435,8 @@ class Supervisor:
     def storm(self) -> _storm.StormGuard:
         """The storm guard of this supervisor's relaunches (its counts survive requeues)."""
         return _storm.StormGuard(self.job_dir, self.events, _storm.storm_restarts_from_env(),
-                                 JobPaths(self.job_dir).path("storm-supervisor.json"))
+                                 JobPaths(self.job_dir).path("storm-supervisor.json"),
+                                 steps_are_durable=self.mode == "checkpointless")
 
     def relaunch_allowed(self, fault: _storm.Fault) -> bool:
         """A run ended with ``fault`` and would be relaunched (or requeued): False when that is a
