@@ -102,11 +102,12 @@ BEATER = textwrap.dedent("""
     import faulthandler, os, signal, sys, time
     from hyperpod_lab.runtime.watchdog import HeartbeatWriter, FAULTHANDLER_SIGNAL
     faulthandler.register(FAULTHANDLER_SIGNAL, file=sys.stdout, all_threads=True, chain=False)
-    hb = HeartbeatWriter(sys.argv[1], 3, 0)
-    wait = sys.argv[3] == "wait"
+    hb = HeartbeatWriter(sys.argv[1], int(sys.argv[4]), int(sys.argv[5]))
+    mode = sys.argv[3]
     def stuck_here():
-        if wait:
+        if mode == "wait":
             hb.section("allreduce", wait=True)
+        if mode in ("wait", "sleep"):
             time.sleep(3600)
         os.kill(os.getpid(), signal.SIGSTOP)
         time.sleep(3600)
@@ -121,11 +122,12 @@ BEATER = textwrap.dedent("""
 """)
 
 
-def start_beater(tmp_path, steps: int, mode: str = "stop"):
-    log = tmp_path / "rank-3.log"
+def start_beater(tmp_path, steps: int, mode: str = "stop", local_rank: int = 0, rank: int = 3):
+    log = tmp_path / f"rank-{rank}.log"
     out = open(log, "w")
-    path = heartbeat_file(str(tmp_path), 0)
-    proc = subprocess.Popen([sys.executable, "-c", BEATER, path, str(steps), mode], stdout=out, stderr=subprocess.STDOUT)
+    path = heartbeat_file(str(tmp_path), local_rank)
+    proc = subprocess.Popen([sys.executable, "-c", BEATER, path, str(steps), mode, str(rank), str(local_rank)],
+                            stdout=out, stderr=subprocess.STDOUT)
     out.close()
     deadline = time.monotonic() + 60
     while "beaten" not in log.read_text():
@@ -217,6 +219,25 @@ def test_a_rank_waiting_in_a_collective_gets_twice_the_timeout(tmp_path):
         assert "Thread" in log.read_text() and "stuck_here" in log.read_text()  # py-spy on a live process
     finally:
         proc.kill()
+
+
+def test_a_stopped_rank_is_handled_alone_before_its_waiting_local_peer(tmp_path):
+    """Both local ranks stalled past T (one stopped, one blocked behind it, e.g. in DDP's
+    all-reduce): only the stopped one is reported and killed; torchrun then restarts the other."""
+    blocked, blocked_log = start_beater(tmp_path, 30, mode="sleep", local_rank=0, rank=4)
+    stopped, stopped_log = start_beater(tmp_path, 30, mode="stop", local_rank=1, rank=5)
+    try:
+        events = []
+        dog = Watchdog(str(tmp_path), "nodeA", lambda kind, **d: events.append(d), out=open(os.devnull, "w"),
+                       hang_timeout_s=1.0)
+        dog.workers_started([Worker(0, 4, blocked.pid, str(blocked_log)), Worker(1, 5, stopped.pid, str(stopped_log))])
+        time.sleep(1.5)  # both stalled past T by the first check
+        hangs = dog.check()
+        assert [h["rank"] for h in hangs] == [5] and hangs[0]["process_state"] == "stopped", hangs
+        assert stopped.wait(timeout=10) == -signal.SIGKILL and blocked.poll() is None
+    finally:
+        blocked.kill()
+        stopped.kill()
 
 
 # --------------------------------------------------------------------------- real jobs

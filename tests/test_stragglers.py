@@ -246,3 +246,40 @@ def _node() -> str:
     import socket
 
     return re.sub(r"[^A-Za-z0-9_.-]", "_", os.environ.get("SLURMD_NODENAME") or socket.gethostname())[:60]
+
+
+def test_a_bad_factor_is_refused_by_the_client_the_cli_the_magic_and_the_rest_route(client, tmp_path, capsys):
+    from hyperpod_lab.errors import SpecError
+
+    for kind, factor, msg in (("slow", 0.5, "factor: must be a number from 1"), ("slow", 101, "factor: must be a number"),
+                              ("slow", True, "factor: must be a number"), ("kill", 2, "factor: is only for --kind slow")):
+        with pytest.raises(SpecError, match=msg):  # checked before the job is looked up
+            client.inject_fault("no-such-job", 0, kind=kind, factor=factor)
+    with pytest.raises(SpecError, match="factor: must be a number from 1"):
+        cli.run(["inject-fault", "no-such-job", "--rank", "0", "--kind", "slow", "--factor", "500"], client=client)
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from hyperpod_lab.magics import register
+
+    shell = InteractiveShell.instance()
+    register(shell)
+    capsys.readouterr()
+    assert shell.run_line_magic("hyperpod", "inject-fault any-job --rank 0 --kind slow --factor 0") is None
+    assert "error: factor: must be a number from 1 (normal speed) to 100" in capsys.readouterr().err
+
+    from jupyter_server_proc import JupyterServer
+
+    srv = JupyterServer(str(tmp_path / "root"), str(tmp_path))
+    os.makedirs(srv.root_dir)
+    srv.start()
+    try:
+        status, body = srv.call("POST", "/hyperpod/jobs/no-such-job/faults", {"rank": 0, "kind": "slow", "factor": 500})
+        assert status == 400 and body["error"]["field"] == "factor", body
+        status, body = srv.call("POST", "/hyperpod/jobs/no-such-job/faults", {"rank": 0, "kind": "kill", "factor": 2})
+        assert status == 400 and body["error"]["field"] == "factor", body
+        for kind, extra in (("slow", {"factor": 3}), ("slow", {}), ("hang", {})):  # valid: as far as the job lookup
+            status, body = srv.call("POST", "/hyperpod/jobs/no-such-job/faults", {"rank": 0, "kind": kind, **extra})
+            assert status == 404, body
+    finally:
+        srv.stop()
+    assert not srv.auth_warnings(), srv.auth_warnings()

@@ -75,6 +75,8 @@ VICTIM_FACTOR = 2.0
 """A rank waiting in a collective (a ``wait`` section) is hung only after this many T."""
 DUMP_TIMEOUT_S = 20.0
 """Most seconds a ``py-spy dump`` may take."""
+NATIVE_DUMP_TIMEOUT_S = 5.0
+"""Most seconds the second, ``--native`` dump of a running hung rank may take (after the report)."""
 FAULTHANDLER_SIGNAL = signal.SIGUSR1
 """What ``hp.init()`` registers :func:`faulthandler.register` on (stacks to the rank's stdout)."""
 FAULTHANDLER_WAIT_S = 1.0
@@ -306,14 +308,14 @@ def find_py_spy() -> str | None:
     return shutil.which("py-spy")
 
 
-def py_spy_dump(pid: int, stopped: bool, py_spy: str | None = None,
-                timeout_s: float = DUMP_TIMEOUT_S) -> tuple[str | None, str]:
+def py_spy_dump(pid: int, stopped: bool, py_spy: str | None = None, timeout_s: float = DUMP_TIMEOUT_S,
+                native: bool = False) -> tuple[str | None, str]:
     """Python stacks of every thread of ``pid`` by ``py-spy dump``.
 
     A stopped process cannot be suspended by py-spy (``Failed to suspend process``), so it is read
-    with ``--nonblocking``; a running one is suspended while read (``--native`` first: the C/C++
-    frames name the collective a rank waits in), falling back to the plain and then the
-    non-blocking dump.
+    with ``--nonblocking``; a running one is suspended while read, falling back to the
+    non-blocking dump. ``native``: only ``--native`` (running processes: the C/C++ frames name the
+    collective a rank waits in; reading libtorch's symbols can take seconds on a busy node).
 
     Returns:
         ``(text, how)``: the dump and the command that made it, or ``(None, why)`` when py-spy is
@@ -322,7 +324,7 @@ def py_spy_dump(pid: int, stopped: bool, py_spy: str | None = None,
     py_spy = py_spy or find_py_spy()
     if not py_spy:
         return None, "py-spy not found"
-    attempts = [["--nonblocking"]] if stopped else [["--native"], [], ["--nonblocking"]]
+    attempts = [["--nonblocking"]] if stopped else ([["--native"]] if native else [[], ["--nonblocking"]])
     why = ""
     for extra in attempts:
         argv = [py_spy, "dump", "--pid", str(int(pid)), *extra]
@@ -403,7 +405,7 @@ class Watchdog:
         Returns:
             The hangs handled in this call (the ``fault.detected`` data of each).
         """
-        handled = []
+        hung = []
         for w in list(self.watched.values()):
             if w.hung:
                 continue
@@ -411,9 +413,13 @@ class Watchdog:
             if beat is None or beat.pid != w.worker.pid:
                 continue  # not started beating yet (or a previous start's file)
             self._consume(w, beat)
-            hang = self._judge(w, beat, time.monotonic() if now is None else now)
-            if hang is not None:
-                handled.append(hang)
+            verdict = self._judge(w, beat, time.monotonic() if now is None else now)
+            if verdict is not None:
+                hung.append(verdict)
+        # a stopped rank is the one its local peers wait for: handle it alone (torchrun then stops
+        # and restarts the others); else every hung rank, the longest stalled first
+        stopped = [v for v in hung if v[5] in ("T", "t")]
+        handled = [self._on_hang(*v) for v in sorted(stopped or hung, key=lambda v: -v[2])]
         if self.stragglers is not None:
             self.stragglers.tick()
         return handled
@@ -431,7 +437,8 @@ class Watchdog:
                 self.stragglers.add(beat.global_rank, step, step_s, compute_s, wait_s)
         w.last_beat = beat
 
-    def _judge(self, w: _Watched, beat: Beat, now: float) -> dict[str, Any] | None:
+    def _judge(self, w: _Watched, beat: Beat, now: float) -> tuple | None:
+        """``(w, beat, stalled_s, T, source, process state)`` when the rank is hung, else None."""
         t, source = self.timeout()
         if beat.section and beat.section_timeout > 0:
             t, source = beat.section_timeout, "section"
@@ -450,7 +457,7 @@ class Watchdog:
         stopped = state in ("T", "t")
         if beat.section_wait and not stopped and source != "section" and stalled < VICTIM_FACTOR * t:
             return None  # waiting in a collective behind a peer: that peer's watchdog acts first
-        return self._on_hang(w, beat, stalled, t, source, state)
+        return (w, beat, stalled, t, source, state)
 
     # ---- a hang -----------------------------------------------------------------------------
     def _on_hang(self, w: _Watched, beat: Beat, stalled: float, t: float, source: str,
@@ -463,7 +470,7 @@ class Watchdog:
         head = (f"hyperpod-lab: watchdog: rank {rank} (local rank {w.worker.local_rank}, pid {pid}, node {self.node}) "
                 f"made no progress for {stalled:.1f} s ({where}; hang timeout {t:.1f} s, {source}; process "
                 f"{_state_word(state)})")
-        text, how = py_spy_dump(pid, stopped)
+        text, how = py_spy_dump(pid, stopped, native=False)  # Python frames: fast, before the report
         method = "py-spy" if text is not None else None
         if text is None:
             method = self._faulthandler(pid, stopped, how)
@@ -475,6 +482,10 @@ class Watchdog:
         self.emit("fault.detected", **data)
         self.killed[pid] = data
         self.hangs.append(data)
+        if text is not None and not stopped:  # a running rank: its C/C++ frames name the collective it waits in
+            native, native_how = py_spy_dump(pid, False, native=True, timeout_s=NATIVE_DUMP_TIMEOUT_S)
+            if native is not None:
+                text, how = native, native_how
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
