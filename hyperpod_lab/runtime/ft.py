@@ -7,10 +7,15 @@ Each data-parallel replica group (a node's torchrun, ``--standalone``, with
 every step. Gradients are summed across the quorum with torchft's reconfigurable gloo process
 group. So:
 
-* **a replica dies** (process or node): the survivors' all-reduce fails or the Lighthouse stops
-  hearing its heartbeat; the survivors drop that step (``should_commit`` is False), form a new
+* **a replica dies** (process or node): the survivors' all-reduce fails (a killed process: at
+  once, its kernel closes the connection, gloo "Connection closed by peer"; a silent node: at the
+  collective timeout); the survivors drop that step (``should_commit`` is False), form a new
   quorum without it and redo the step alone, re-sharding the global batch over fewer replicas
-  (gradient accumulation keeps the global batch size). No process restarts, no storage read.
+  (gradient accumulation keeps the global batch size). The new quorum forms as soon as the
+  Lighthouse has stopped hearing the dead group's heartbeat (its heartbeat timeout, 100 ms on
+  loopback, 300 ms across nodes; the dead group's heartbeats stopped with its process), which
+  has usually passed by the time the survivors' failed step returns. No process restarts, no
+  storage read.
 * **a replacement or new replica joins** (torchrun restarted the worker, or a new node): its
   first quorum finds it behind; torchft sends it the live state of a healthy replica (model,
   optimizer, data cursor) over HTTP and it joins the next step. No storage read.
@@ -24,11 +29,17 @@ to a recovering replica) listens on this node's cluster address only (:func:`hea
 interface (:func:`bound_http_transport`). torchft 0.2.0 has no authentication hook for it, for
 its Lighthouse or for its manager server: see docs/checkpointless.md, "Security".
 
-Decision and measurements: ``docs/checkpointless.md``. Timeout hierarchy (seconds, all set
-deliberately): Lighthouse heartbeat timeout (``--heartbeat-ms``, 500 ms) <
-collective timeout (``$HYPERPOD_LAB_FT_TIMEOUT_S``, 10 s: an all-reduce with a silent peer) <
-quorum timeout (``$HYPERPOD_LAB_FT_QUORUM_TIMEOUT_S``, 60 s: waiting for ``min_replicas``) <
-torchrun's restart of a failed worker (its monitor interval 0.1 s, then start-up).
+Decision and measurements: ``docs/checkpointless.md``. Timeout hierarchy (all set deliberately;
+the Lighthouse's are published in ``lighthouse.json``): each group's Manager heartbeat interval
+(a fifth of the heartbeat timeout: 20 ms on loopback) < Lighthouse heartbeat timeout
+(``--heartbeat-ms`` of :mod:`hyperpod_lab.runtime.lighthouse`: 100 ms when it listens on loopback,
+300 ms across nodes, above TCP's 200 ms minimum retransmission timeout; a dead group is dropped
+from the next quorum after it, re-checked every ``--quorum-tick-ms``, 10 ms) < Lighthouse join
+timeout (``--join-timeout-ms``, 5 s: how long a quorum waits for a group that is alive,
+heartbeating, but slow to ask) < collective timeout (``$HYPERPOD_LAB_FT_TIMEOUT_S``, 10 s: an
+all-reduce with a silent peer) < quorum timeout (``$HYPERPOD_LAB_FT_QUORUM_TIMEOUT_S``, 60 s:
+waiting for ``min_replicas``). torchrun restarts a failed worker on its own clock (its monitor
+interval 0.1 s, then start-up).
 
 Typical use (the step loop changes; the model code does not)::
 
@@ -79,6 +90,7 @@ if TYPE_CHECKING:
 ENV_LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_QUORUM_TIMEOUT_S = 60.0
+DEFAULT_HEARTBEAT_MS = 100  # a Lighthouse that published no timeout: heartbeat every 20 ms
 MAX_REPLICA_GROUPS = 1024
 REPLICAS_DIRNAME = "replicas"  # <job_dir>/replicas/group-<G>.json: the replica-group registry
 
@@ -152,6 +164,20 @@ def bound_http_transport(host: str, timeout: timedelta):
     return BoundHTTPTransport()
 
 
+def manager_heartbeat_interval_ms(job_dir: str) -> int:
+    """How often this group's torchft Manager heartbeats to the job's Lighthouse: the
+    ``heartbeat_interval_ms`` the Lighthouse published in ``lighthouse.json`` (five beats per
+    heartbeat timeout), else that of :data:`DEFAULT_HEARTBEAT_MS`."""
+    from hyperpod_lab.runtime.lighthouse import heartbeat_interval_ms, read_info
+
+    published = read_info(job_dir)
+    try:
+        interval = int(published.get("heartbeat_interval_ms") or 0)
+        return interval if interval >= 1 else heartbeat_interval_ms(int(published.get("heartbeat_ms") or DEFAULT_HEARTBEAT_MS))
+    except (TypeError, ValueError):
+        return heartbeat_interval_ms(DEFAULT_HEARTBEAT_MS)
+
+
 def replica_file(paths: JobPaths, group: int) -> str:
     """``<job_dir>/replicas/group-<G>.json``: what replica group ``group`` registered (node, pid)."""
     return paths.path(REPLICAS_DIRNAME, f"group-{int(group)}.json")
@@ -221,6 +247,7 @@ class Checkpointless:
         registry = replica_file(ctx.paths, ctx.replica_group)
         self._initial = (not os.path.exists(registry) and not ctx.is_restart
                          and ctx.replica_group < int(os.environ.get(ENV_REPLICA_GROUPS, "0") or 0))
+        self.heartbeat_interval_ms = manager_heartbeat_interval_ms(ctx.job_dir)
         self.heal_transport = bound_http_transport(heal_host(os.environ[ENV_LIGHTHOUSE]), self.timeout)
         self.manager = Manager(
             pg=ProcessGroupGloo(timeout=self.timeout), load_state_dict=self._load_state,
@@ -228,7 +255,7 @@ class Checkpointless:
             state_dict=self._state, min_replica_size=self.min_replicas, use_async_quorum=False,
             timeout=self.timeout, quorum_timeout=quorum_timeout, connect_timeout=self.timeout,
             rank=ctx.rank, world_size=ctx.world_size, replica_id=f"hyperpod_lab_group_{ctx.replica_group}",
-            heartbeat_interval=timedelta(milliseconds=100), init_sync=True)
+            heartbeat_interval=timedelta(milliseconds=self.heartbeat_interval_ms), init_sync=True)
         self._register()  # after the Manager exists: a registered group is heartbeating
         if self._initial:
             self._await_initial_groups()

@@ -3,13 +3,26 @@
 One Lighthouse per job forms the quorum of live data-parallel replica groups before every
 step (see :mod:`hyperpod_lab.runtime.ft`). ``python -m hyperpod_lab.runtime.lighthouse
 --job-dir DIR --min-replicas N`` runs torchft's ``torchft_lighthouse`` on a free port and writes
-``<job_dir>/lighthouse.json`` ``{"address": "http://HOST:PORT", "pid", "node", "time"}`` so that
+``<job_dir>/lighthouse.json`` ``{"address": "http://HOST:PORT", "pid", "node", "time",
+"heartbeat_ms", "heartbeat_interval_ms", ...}`` so that
 every replica group — including ones that join later from another allocation — can find it
 through the shared file system.
 
-Timeouts (milliseconds): ``--heartbeat-ms`` (default 500): a replica group silent this long
-is dropped from the next quorum — the fast fault detector of a hung or lost node;
-``--join-timeout-ms`` (default 5000): how long a quorum waits for heartbeating stragglers.
+Timeouts (milliseconds), all passed to ``torchft_lighthouse``: ``--heartbeat-ms``: a replica
+group whose Manager has not heartbeated for this long is dropped from the next quorum. It is what
+a survivor of a killed replica group waits for before its new quorum forms (torchft 0.2.0's
+Lighthouse drops a group on nothing else: it has no call to report a failed one, and with two
+groups its split-brain rule keeps the survivor waiting while the dead group still looks alive).
+Default (:func:`default_heartbeat_ms`): 100 ms when the Lighthouse listens on loopback (every
+group on this host: no packet loss), 300 ms on a cluster network (a lost heartbeat packet may be
+retransmitted only after TCP's minimum retransmission timeout, 200 ms on Linux: a shorter timeout
+would drop a live group). The groups' Managers heartbeat every ``heartbeat_ms / 5``
+(:func:`heartbeat_interval_ms`, published in ``lighthouse.json``; from torchft's Rust thread, not
+the GIL-bound training loop). ``--quorum-tick-ms`` (default 10): how often the Lighthouse
+re-checks a pending quorum (torchft's default 100 ms would add up to 100 ms after a dead group's
+heartbeat expires). ``--join-timeout-ms`` (default 5000): how long a quorum waits for a
+heartbeating (alive, maybe slow) group to ask for it — a slow group is waited for, not dropped.
+Measurements: docs/checkpointless.md, "Timeout hierarchy".
 A crashed ``torchft_lighthouse`` is restarted on the same port (``--max-restarts``, default 10):
 see :func:`supervise`.
 
@@ -33,9 +46,46 @@ import time
 from hyperpod_lab.jobdir import ENV_LIGHTHOUSE_HOST, JobPaths
 from hyperpod_lab.runtime.context import node_name, write_json_atomic
 
-DEFAULT_HEARTBEAT_MS = 500
+LOOPBACK_HEARTBEAT_MS = 100  # heartbeat timeout when every group is on this host
+NETWORK_HEARTBEAT_MS = 300   # across nodes: > Linux's 200 ms minimum TCP retransmission timeout
 DEFAULT_JOIN_TIMEOUT_MS = 5000
+DEFAULT_QUORUM_TICK_MS = 10
+MIN_HEARTBEAT_INTERVAL_MS = 10
 DEFAULT_MAX_RESTARTS = 10  # restarts of a crashed Lighthouse, on the same port
+
+
+def is_loopback(ip: str) -> bool:
+    """Whether ``ip`` (an IPv4 or IPv6 address) is a loopback address."""
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(ip.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def default_heartbeat_ms(ip: str) -> int:
+    """The Lighthouse's heartbeat timeout for a Lighthouse listening on ``ip``:
+    :data:`LOOPBACK_HEARTBEAT_MS` on loopback, else :data:`NETWORK_HEARTBEAT_MS`."""
+    return LOOPBACK_HEARTBEAT_MS if is_loopback(ip) else NETWORK_HEARTBEAT_MS
+
+
+def heartbeat_interval_ms(heartbeat_ms: int) -> int:
+    """How often each group's Manager heartbeats for a Lighthouse with this timeout: five beats
+    per timeout (at least :data:`MIN_HEARTBEAT_INTERVAL_MS`), so a group is dropped only after
+    about four beats in a row were late or lost."""
+    return max(MIN_HEARTBEAT_INTERVAL_MS, int(heartbeat_ms) // 5)
+
+
+def read_info(job_dir: str) -> dict:
+    """The job's published ``lighthouse.json`` (address, timeouts), or ``{}`` when there is none
+    or it is unreadable."""
+    try:
+        with open(JobPaths(job_dir, join=os.path.join).lighthouse) as f:
+            info = json.load(f)
+        return info if isinstance(info, dict) else {}
+    except (OSError, ValueError):
+        return {}
 
 
 def lighthouse_binary() -> str:
@@ -86,8 +136,8 @@ def read_address(job_dir: str, timeout_s: float = 60.0) -> str:
             time.sleep(0.1)
 
 
-def start(job_dir: str, min_replicas: int, *, host: str | None = None, heartbeat_ms: int = DEFAULT_HEARTBEAT_MS,
-          join_timeout_ms: int = DEFAULT_JOIN_TIMEOUT_MS, quorum_tick_ms: int = 100,
+def start(job_dir: str, min_replicas: int, *, host: str | None = None, heartbeat_ms: int | None = None,
+          join_timeout_ms: int = DEFAULT_JOIN_TIMEOUT_MS, quorum_tick_ms: int = DEFAULT_QUORUM_TICK_MS,
           log=None, port: int | None = None) -> subprocess.Popen:
     """Start the Lighthouse as a child process and publish its address; returns the process.
 
@@ -97,16 +147,22 @@ def start(job_dir: str, min_replicas: int, *, host: str | None = None, heartbeat
         host: address the replica groups reach this host by (default: this host's address,
             ``$HYPERPOD_LAB_LIGHTHOUSE_HOST`` overrides); the Lighthouse listens on it only.
         port: TCP port to listen on (default: a free one); a restart reuses the published one.
+        heartbeat_ms: the heartbeat timeout (default: :func:`default_heartbeat_ms` of the address).
+        quorum_tick_ms: how often a pending quorum is re-checked.
 
     Raises:
         FileNotFoundError: torchft is not installed.
-        ValueError: ``min_replicas`` < 1.
+        ValueError: ``min_replicas`` < 1, or a timeout out of range.
     """
     if min_replicas < 1:
         raise ValueError(f"min_replicas must be >= 1, got {min_replicas}")
+    if (heartbeat_ms is not None and heartbeat_ms < 1) or quorum_tick_ms < 1 or join_timeout_ms < 0:
+        raise ValueError(f"heartbeat_ms and quorum_tick_ms must be >= 1 and join_timeout_ms >= 0, got "
+                         f"{heartbeat_ms}, {quorum_tick_ms}, {join_timeout_ms}")
     host = host or os.environ.get(ENV_LIGHTHOUSE_HOST) or socket.gethostbyname(socket.gethostname())
     ip = bind_address(host)
     port = port or _free_port(ip)
+    heartbeat_ms = int(heartbeat_ms or default_heartbeat_ms(ip))
     argv = [lighthouse_binary(), "--min_replicas", str(min_replicas), "--bind", _hostport(ip, port),
             "--heartbeat_timeout_ms", str(heartbeat_ms), "--join_timeout_ms", str(join_timeout_ms),
             "--quorum_tick_ms", str(quorum_tick_ms)]
@@ -123,7 +179,9 @@ def start(job_dir: str, min_replicas: int, *, host: str | None = None, heartbeat
             time.sleep(0.05)
     write_json_atomic(JobPaths(job_dir, join=os.path.join).lighthouse, {
         "address": f"http://{host}:{port}", "pid": proc.pid, "node": node_name(), "time": time.time(),
-        "min_replicas": min_replicas, "heartbeat_ms": heartbeat_ms, "join_timeout_ms": join_timeout_ms})
+        "min_replicas": min_replicas, "heartbeat_ms": heartbeat_ms,
+        "heartbeat_interval_ms": heartbeat_interval_ms(heartbeat_ms), "quorum_tick_ms": quorum_tick_ms,
+        "join_timeout_ms": join_timeout_ms})
     return proc
 
 
@@ -132,17 +190,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--job-dir", required=True)
     p.add_argument("--min-replicas", type=int, default=1)
     p.add_argument("--host")
-    p.add_argument("--heartbeat-ms", type=int, default=DEFAULT_HEARTBEAT_MS)
+    p.add_argument("--heartbeat-ms", type=int, default=None,
+                   help=f"heartbeat timeout (default {LOOPBACK_HEARTBEAT_MS} on loopback, else {NETWORK_HEARTBEAT_MS})")
     p.add_argument("--join-timeout-ms", type=int, default=DEFAULT_JOIN_TIMEOUT_MS)
+    p.add_argument("--quorum-tick-ms", type=int, default=DEFAULT_QUORUM_TICK_MS)
     p.add_argument("--max-restarts", type=int, default=DEFAULT_MAX_RESTARTS,
                    help="restarts of a crashed torchft_lighthouse, on the same port")
     a = p.parse_args(argv)
     return supervise(a.job_dir, a.min_replicas, host=a.host, heartbeat_ms=a.heartbeat_ms,
-                     join_timeout_ms=a.join_timeout_ms, max_restarts=a.max_restarts)
+                     join_timeout_ms=a.join_timeout_ms, quorum_tick_ms=a.quorum_tick_ms, max_restarts=a.max_restarts)
 
 
-def supervise(job_dir: str, min_replicas: int, *, host: str | None = None, heartbeat_ms: int = DEFAULT_HEARTBEAT_MS,
-              join_timeout_ms: int = DEFAULT_JOIN_TIMEOUT_MS, max_restarts: int = DEFAULT_MAX_RESTARTS) -> int:
+def supervise(job_dir: str, min_replicas: int, *, host: str | None = None, heartbeat_ms: int | None = None,
+              join_timeout_ms: int = DEFAULT_JOIN_TIMEOUT_MS, quorum_tick_ms: int = DEFAULT_QUORUM_TICK_MS,
+              max_restarts: int = DEFAULT_MAX_RESTARTS) -> int:
     """Run the job's Lighthouse until SIGTERM; restart it on the same port if it crashes.
 
     The replica groups keep the published address, so a restarted Lighthouse is found again:
@@ -159,7 +220,7 @@ def supervise(job_dir: str, min_replicas: int, *, host: str | None = None, heart
     host = host or os.environ.get(ENV_LIGHTHOUSE_HOST) or socket.gethostbyname(socket.gethostname())
     port = _free_port(bind_address(host))  # kept for every restart: the published address stays valid
     proc = start(job_dir, min_replicas, host=host, heartbeat_ms=heartbeat_ms, join_timeout_ms=join_timeout_ms,
-                 log=sys.stdout, port=port)
+                 quorum_tick_ms=quorum_tick_ms, log=sys.stdout, port=port)
 
     def on_term(*_):
         state["stopping"] = True
@@ -180,7 +241,7 @@ def supervise(job_dir: str, min_replicas: int, *, host: str | None = None, heart
               f"({restarts}/{max_restarts})", flush=True)
         time.sleep(0.5)
         proc = start(job_dir, min_replicas, host=host, heartbeat_ms=heartbeat_ms, join_timeout_ms=join_timeout_ms,
-                     log=sys.stdout, port=port)
+                     quorum_tick_ms=quorum_tick_ms, log=sys.stdout, port=port)
         if state["stopping"]:  # SIGTERM arrived while it was being restarted
             proc.terminate()
 
