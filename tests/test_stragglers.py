@@ -10,7 +10,10 @@
   by ``inject-fault --kind slow --factor 2`` is flagged within 30 steps; a fair 500-step run
   flags none;
 * the local backend, checkpointless (``tests/scripts/ft_train.py``, two replica groups): a group
-  slowed 2x is flagged within 30 steps (its wait is the torchft quorum and all-reduce).
+  slowed 2x is flagged within 30 steps (its wait is the torchft quorum and all-reduce);
+* a bad ``--factor``: the client, the CLI, ``%hyperpod`` and the REST route (400, field ``factor``);
+* the dev cluster (real Slurm, 3 nodes): ``--on-straggler exclude`` with a spare: n2's rank slowed
+  2x is flagged, the supervisor excludes n2, the spare n3 heals in its place, the job completes.
 """
 
 from __future__ import annotations
@@ -283,3 +286,36 @@ def test_a_bad_factor_is_refused_by_the_client_the_cli_the_magic_and_the_rest_ro
     finally:
         srv.stop()
     assert not srv.auth_warnings(), srv.auth_warnings()
+
+
+def test_dev_cluster_straggler_excluded_and_replaced_by_the_spare(dev_cluster, client):
+    """Real Slurm (3 nodes): a checkpointless job on 2 nodes with a spare and --on-straggler exclude;
+    rank 1 (n2) slowed 2x is flagged with action exclude, the supervisor excludes n2
+    (node.excluded: straggler), stops its group, the spare n3 joins and heals, the job completes."""
+    from hyperpod_lab import devcluster
+    from slurm_jobs import Follow as SlurmFollow
+
+    assert set(devcluster.status()["nodes"]) >= {"n1", "n2", "n3"}
+    steps = 400
+    job_id = cli.run(["submit", FT, "--cluster", "local-slurm", "--procs-per-node", "1", "--nodes", "2",
+                      "--spares", "1", "--recovery", "checkpointless", "--on-straggler", "exclude",
+                      "--name", "straggler-ex", "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001",
+                      "--env", "RUST_LOG=warn", "--", "--steps", str(steps), "--step-sleep", "0.1"], client=client)
+    job = SlurmFollow(client, job_id)
+    job.until(lambda: job.step() >= 30, "step 30", timeout=600)
+    info = client.inject_fault(job_id, 1, kind="slow", factor=2)
+    injected = job.step()
+    assert info["node"] == "n2"
+    job.until(lambda: job.kinds("straggler.detected"), "straggler.detected", timeout=120)
+    d = job.kinds("straggler.detected")[0].data
+    assert d["rank"] == 1 and d["node"] == "n2" and d["action"] == "exclude" and d["step"] - injected <= 30, d
+    job.until(lambda: job.kinds("node.excluded"), "n2 excluded", timeout=60)
+    ex = job.kinds("node.excluded")[0].data
+    assert ex["node"] == "n2" and ex["reason"].startswith("straggler: rank 1"), ex
+    job.until(lambda: job.kinds("checkpoint.restored", tier="replica", replica_group=2), "the spare healing",
+              timeout=180)
+    assert job.kinds("checkpoint.restored", tier="replica", replica_group=2)[0].data["node"] == "n3"
+    job.until(lambda: job.kinds("finished"), "finished", timeout=600)
+    assert client.wait(job_id, timeout_s=120).status == "completed"
+    assert job.kinds("finished")[-1].data["steps"] == steps
+    assert len(job.kinds("straggler.detected")) == 1  # the spare runs at full speed
