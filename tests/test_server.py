@@ -187,7 +187,7 @@ def test_clusters_and_node_health(server):
     assert status == 200 and {"local", "local-slurm"} <= {c["name"] for c in body["clusters"]}
     status, body = server.call("GET", "/hyperpod/clusters/local-slurm")
     assert status == 200 and body["state"] == "up" and body["error"] is None
-    assert {n["name"] for n in body["nodes"]} == {"n1", "n2"} and all("dev" in n["partitions"] for n in body["nodes"])
+    assert {n["name"] for n in body["nodes"]} == {"n1", "n2", "n3"} and all("dev" in n["partitions"] for n in body["nodes"])
 
 
 # ---- a job through the API ---------------------------------------------------------------
