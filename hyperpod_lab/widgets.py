@@ -28,7 +28,8 @@ _COLORS = {EventKind.FAULT_DETECTED.value: "#d32f2f", EventKind.RECOVERY_COMPLET
            EventKind.RECOVERY_STARTED.value: "#ef6c00", EventKind.CHECKPOINT_SAVED.value: "#1565c0",
            EventKind.CHECKPOINT_RESTORED.value: "#6a1b9a", EventKind.FINISHED.value: "#424242",
            EventKind.HEALTH_CHECKED.value: "#00796b", EventKind.HEALTH_FAILED.value: "#c62828",
-           EventKind.NODE_EXCLUDED.value: "#ef6c00"}
+           EventKind.NODE_EXCLUDED.value: "#ef6c00", EventKind.STRAGGLER_DETECTED.value: "#f9a825",
+           EventKind.JOB_FAILED.value: "#b71c1c"}
 _HEALTH_CHECKS_FAILED = "#c62828"  # a health.checked whose checks failed
 
 
@@ -231,7 +232,7 @@ def loss_svg(points: list[tuple[int, float]], width: int = 480, height: int = 14
 _TIMELINE_KINDS = frozenset(k.value for k in (
     EventKind.FAULT_DETECTED, EventKind.RECOVERY_COMPLETED, EventKind.CHECKPOINT_SAVED, EventKind.CHECKPOINT_RESTORED,
     EventKind.ELASTIC_SCALED, EventKind.HEALTH_CHECKED, EventKind.HEALTH_FAILED, EventKind.NODE_EXCLUDED,
-    EventKind.FINISHED))
+    EventKind.STRAGGLER_DETECTED, EventKind.JOB_FAILED, EventKind.FINISHED))
 
 
 def _node_of(e: Event) -> str:
@@ -253,6 +254,9 @@ def event_label(e: Event) -> str:
             ranks = d.get("rank") if isinstance(d.get("rank"), list) else [d.get("rank")]
             which = f"rank{'s' if len(ranks) != 1 else ''} {', '.join(map(str, ranks))}"
             return f"fault: node {d.get('node')} down (Slurm: {d.get('slurm_state') or 'DOWN'}), {which}"
+        if d.get("reason") == "hang":
+            section = f" in section {d.get('section')}" if d.get("section") else ""
+            return f"hang: rank {d.get('rank')} on {d.get('node')} made no progress for {_secs(d.get('stalled_s'))}{section}"
         return f"fault: rank {d.get('rank')} on {d.get('node')} ({d.get('signal') or d.get('reason')})"
     if e.kind == EventKind.RECOVERY_COMPLETED.value:
         return (f"recovered in {d.get('downtime_s', 0):.1f} s from {d.get('restored_from')} "
@@ -274,6 +278,13 @@ def event_label(e: Event) -> str:
         faults = d.get("faults")
         counted = f" ({faults} fault{'' if faults == 1 else 's'})" if isinstance(faults, int) and faults else ""
         return f"{_node_of(e)} excluded: {d.get('reason') or 'no reason given'}{counted}"
+    if e.kind == EventKind.STRAGGLER_DETECTED.value:
+        score = d.get("score")
+        times = f"{score:.2g}x" if isinstance(score, (int, float)) else "?x"
+        return (f"straggler: rank {d.get('rank')} on {d.get('node')} is {times} slower "
+                f"({_secs(d.get('step_s'))} a step vs {_secs(d.get('median_step_s'))}; {d.get('action') or 'report'})")
+    if e.kind == EventKind.JOB_FAILED.value:
+        return f"job failed: {d.get('reason')} ({d.get('restarts')} restarts; no requeue)"
     if e.kind == EventKind.FINISHED.value:
         return f"finished: {d.get('status')}"
     return e.kind

@@ -60,6 +60,10 @@ export function describeEvent(ev: IJobEvent): string {
           : rank;
         return `fault: node ${d.node} down (Slurm: ${d.slurm_state ?? 'DOWN'})${ranks}`;
       }
+      if (d.reason === 'hang') {
+        const section = d.section ? ` in section ${d.section}` : '';
+        return `hang: rank ${d.rank} on ${d.node} made no progress for ${num(d.stalled_s)} s${section}`;
+      }
       return `fault: rank ${d.rank} on ${d.node} died (${d.signal ?? `exit ${d.exitcode}`})`;
     case 'recovery.started':
       return `recovery started (${d.reason})`;
@@ -84,6 +88,10 @@ export function describeEvent(ev: IJobEvent): string {
       const faults = typeof d.faults === 'number' && d.faults > 0 ? ` (${plural(d.faults, 'fault')})` : '';
       return `${nodeOf(ev)} excluded: ${d.reason ?? 'no reason given'}${faults}`;
     }
+    case 'straggler.detected':
+      return `straggler: rank ${d.rank} on ${d.node} is ${num(d.score)}x slower (${num(d.step_s)} s a step vs ${num(d.median_step_s)} s; ${d.action ?? 'report'})`;
+    case 'job.failed':
+      return `job failed: ${d.reason} (${d.restarts} restarts; no requeue)`;
     case 'finished':
       return `finished: ${d.status}${d.steps !== undefined ? `, ${d.steps} steps` : ''}`;
     default:

@@ -169,6 +169,22 @@ export interface IJobProgress {
   health?: { [node: string]: INodeHealth };
   /** Seconds of the pre-flight health-check runs (absent from older servers). */
   preflight_s?: number;
+  /** The ranks flagged as stragglers now (`straggler.detected`; absent from older servers). */
+  stragglers?: IStraggler[];
+}
+
+/** A rank flagged as a straggler (`progress.stragglers`): consistently slower than the others. */
+export interface IStraggler {
+  /** Global rank. */
+  rank: number;
+  /** Its node, or null. */
+  node: string | null;
+  /** Its median step compute time over the other ranks' (> 1 is slower). */
+  score: number | null;
+  /** Its median step time, seconds. */
+  step_s: number | null;
+  /** The other ranks' median step time, seconds. */
+  median_step_s: number | null;
 }
 
 /** A node the job excluded (`progress.excluded_nodes`): its next placements avoid it. */

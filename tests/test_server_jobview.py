@@ -57,6 +57,9 @@ def test_jobview_exposes_excluded_nodes_and_health_and_status_follows_them(tmp_p
                        "a status message naming n1's failed check")
         sup.emit("node.excluded", node="n1", reason="health check failed: shm", faults=0, excluded=["n1"])
         await wait_for(lambda: any(p["excluded_nodes"] for p in statuses()), "a status message after the exclusion")
+        h0.emit("straggler.detected", rank=0, node="n0", score=2.1, step_s=0.4, median_step_s=0.2,
+                compute_s=0.38, median_compute_s=0.18, wait_s=0.02, window=16, action="report")
+        await wait_for(lambda: any(p.get("stragglers") for p in statuses()), "a status message naming the straggler")
         view = w.view(client.store.get(rec.job_id))
         listed = next(j for j in w.jobs() if j["job_id"] == rec.job_id)
         await w.stop()
@@ -69,6 +72,7 @@ def test_jobview_exposes_excluded_nodes_and_health_and_status_follows_them(tmp_p
         ("n1", "health check failed: shm", 0)]
     assert last["health"]["n1"]["failed"] == {"shm": "/dev/shm is 64 MiB, needs 1 GiB"}
     assert last["faults"] == 0 and last["recoveries"] == 0  # a failed health check is no fault
+    assert [(x["rank"], x["node"], x["score"]) for x in last["stragglers"]] == [(0, "n0", 2.1)]
     for p in (view["progress"], listed["progress"]):  # GET jobs/{id} and GET jobs carry the same
         assert p["excluded_nodes"] == last["excluded_nodes"]
         assert p["health"]["n0"] == {"ok": True, "failed": {}, "skipped": ["clock"], "seconds": 1.5,

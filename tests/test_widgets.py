@@ -127,6 +127,23 @@ def test_timeline_names_the_node_of_health_checks_exclusions_and_node_down():
     assert len(failed_checks) == 1 and "#c62828" in failed_checks[0]  # a failed node's checks are red, not teal
 
 
+def test_timeline_labels_hangs_stragglers_and_a_restart_storm():
+    ev = [Event("submitted", "j", 100.0, "client", 0, {}),
+          Event("fault.detected", "j", 140.0, "agent-n2", 0, {"reason": "hang", "rank": 1, "node": "n2",
+                                                               "stalled_s": 31.2, "section": "forward"}),
+          Event("straggler.detected", "j", 150.0, "agent-n1", 1, {"rank": 3, "node": "n1", "score": 2.04,
+                                                                   "step_s": 0.42, "median_step_s": 0.21,
+                                                                   "action": "report"}),
+          Event("job.failed", "j", 170.0, "agent-n1", 2, {"reason": "restart storm: 3 restarts in a row made no "
+                                                          "step progress", "restarts": 3, "requeue": False})]
+    assert [event_label(e) for e in ev[1:]] == [
+        "hang: rank 1 on n2 made no progress for 31.2 s in section forward",
+        "straggler: rank 3 on n1 is 2x slower (0.42 s a step vs 0.21 s; report)",
+        "job failed: restart storm: 3 restarts in a row made no step progress (3 restarts; no requeue)"]
+    out = timeline_html(ev)
+    assert "hp-straggler-detected" in out and "#f9a825" in out and "hp-job-failed" in out and "#b71c1c" in out
+
+
 def test_monitor_header_lists_the_excluded_nodes(tmp_path):
     from hyperpod_lab.client import Client
     from hyperpod_lab.jobs import JobRecord, JobStore

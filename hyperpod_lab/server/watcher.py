@@ -99,10 +99,12 @@ def decode_cursor(text: str | None) -> dict[str, int]:
     return cur
 
 
-def _notable(p: Progress) -> tuple[int, int, int, int]:
-    """What a ``status`` message is sent on when it changes: faults, recoveries, excluded nodes
-    and nodes that failed a pre-flight health check (a count per run, so cheap per event)."""
-    return p.faults, p.recoveries, len(p.excluded_nodes), sum(r.get("failed", 0) for r in p.preflight_runs)
+def _notable(p: Progress) -> tuple:
+    """What a ``status`` message is sent on when it changes: faults, recoveries, excluded nodes,
+    nodes that failed a pre-flight health check (a count per run, so cheap per event) and the
+    ranks flagged as stragglers now."""
+    return (p.faults, p.recoveries, len(p.excluded_nodes), sum(r.get("failed", 0) for r in p.preflight_runs),
+            tuple(sorted(x.get("rank", -1) for x in p.stragglers)))
 
 
 # ---- tailers and subscribers -------------------------------------------------------------

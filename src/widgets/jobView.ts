@@ -46,6 +46,15 @@ export function excludedSummary(p: IJobProgress | undefined): string {
 }
 
 /**
+ * `rank 3 on n2 (2.0x)`: the ranks flagged as stragglers now, as the server folded them, or ''.
+ */
+export function stragglerSummary(p: IJobProgress | undefined): string {
+  return (p?.stragglers ?? [])
+    .map(x => `rank ${x.rank} on ${x.node ?? '?'}${typeof x.score === 'number' ? ` (${x.score.toFixed(1)}x)` : ''}`)
+    .join(', ');
+}
+
+/**
  * `health checks: 3 nodes passed, 1 failed (n2: shm)`: the nodes' newest pre-flight results, or
  * '' before any.
  */
@@ -81,7 +90,7 @@ const MAX_TIMELINE = 400;
 /** CSS modifier of a timeline item by its event (kind, and whether a health check failed). */
 function kindClass(ev: IJobEvent): string {
   const kind = ev.kind;
-  if (kind === 'fault.detected' || kind === 'checkpoint.corrupt' || kind === 'checkpoint.failed') {
+  if (kind === 'fault.detected' || kind === 'checkpoint.corrupt' || kind === 'checkpoint.failed' || kind === 'job.failed') {
     return 'jp-mod-fault';
   }
   if (kind === 'health.failed' || (kind === 'health.checked' && healthFailed(ev))) {
@@ -89,6 +98,9 @@ function kindClass(ev: IJobEvent): string {
   }
   if (kind === 'health.checked') {
     return 'jp-mod-lifecycle jp-mod-health';
+  }
+  if (kind === 'straggler.detected') {
+    return 'jp-mod-recovering jp-mod-straggler';
   }
   if (kind === 'node.excluded') {
     return 'jp-mod-recovering jp-mod-excluded';
@@ -374,10 +386,14 @@ export class JobView extends Widget {
     this._progress.textContent = parts.join(' · ');
     const excluded = excludedSummary(p);
     const health = healthSummary(p);
-    const lines = [excluded ? `excluded nodes: ${excluded}` : '', health].filter(x => x);
+    const stragglers = stragglerSummary(p);
+    const lines = [excluded ? `excluded nodes: ${excluded}` : '', stragglers ? `stragglers: ${stragglers}` : '', health].filter(
+      x => x
+    );
     this._nodes.textContent = lines.join(' · ');
     this._nodes.hidden = lines.length === 0;
     this._nodes.setAttribute('data-excluded-nodes', (p?.excluded_nodes ?? []).map(x => x.node).join(' '));
+    this._nodes.setAttribute('data-stragglers', (p?.stragglers ?? []).map(x => String(x.rank)).join(' '));
     const terminal = isTerminal(job.status);
     this._cancel.disabled = terminal;
     this._inject.disabled = job.status !== 'running';

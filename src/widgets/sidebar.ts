@@ -5,7 +5,7 @@ import { describeEvent } from '../format';
 import { IHyperPodModel, IJobView } from '../tokens';
 import { DiscoverPanel } from './discoverPanel';
 import { button, errorBox, fmt, h, labelledList } from './dom';
-import { excludedSummary, faultSummary, JobView } from './jobView';
+import { excludedSummary, faultSummary, JobView, stragglerSummary } from './jobView';
 import { ISubmitRequest, SubmitForm } from './submitForm';
 
 /** The id of the left-sidebar panel. */
@@ -194,6 +194,7 @@ export class HyperPodSidebar extends Panel {
     for (const job of jobs) {
       const last = job.progress?.last_event;
       const excluded = job.progress?.excluded_nodes ?? [];
+      const stragglers = job.progress?.stragglers ?? [];
       const button = h(
         'button',
         {
@@ -217,6 +218,17 @@ export class HyperPodSidebar extends Panel {
                 'data-excluded-nodes': excluded.map(x => x.node).join(' ')
               },
               `excluded: ${excludedSummary(job.progress)}`
+            )
+          : null,
+        stragglers.length
+          ? h(
+              'div',
+              {
+                class: 'jp-HyperPod-dim jp-HyperPod-stragglers',
+                'data-testid': 'hp-stragglers',
+                'data-stragglers': stragglers.map(x => String(x.rank)).join(' ')
+              },
+              `stragglers: ${stragglerSummary(job.progress)}`
             )
           : null,
         last ? h('div', { class: 'jp-HyperPod-dim jp-HyperPod-jobLast' }, describeEvent(last)) : null
