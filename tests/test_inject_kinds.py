@@ -28,6 +28,7 @@ from hyperpod_lab.errors import HyperPodLabError, JobStateError, SpecError
 from hyperpod_lab.jobdir import JobPaths
 from hyperpod_lab.jobs import JobStatus
 from hyperpod_lab.schedulers.slurm import scontrol_refused
+from slurm_jobs import Follow
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = os.path.join(REPO, "tests", "scripts", "steps.py")
@@ -35,32 +36,12 @@ SLURMCTLD_LOG = "/var/tmp/hyperpod-lab-dev/log/slurmctld.log"
 KINDS = "kill, node, exception, hang, slow"
 
 
-class Follow:
-    """A job's events as they arrive (the client's EventReader)."""
-
-    def __init__(self, client, job_id: str):
-        self.client, self.job_id, self.reader, self.events = client, job_id, client.event_reader(job_id), []
-
-    def until(self, pred, what: str, timeout: float = 240.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.events.extend(self.reader.poll())
-            if pred():
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}: {[e.kind for e in self.events][-30:]}\n"
-                             f"{self.client.logs(self.job_id)[-4000:]}")
-
-    def of(self, kind: str) -> list:
-        return [e for e in self.events if e.kind == kind]
-
-
 def test_exception_kind_raises_in_the_rank_and_the_job_recovers(client):
     job_id = cli.run(["submit", STEPS, "--cluster", "local", "--procs-per-node", "2", "--name", "inject-exc",
                       "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001",
                       "--", "--steps", "40", "--sleep", "0.1"], client=client)
     job = Follow(client, job_id)
-    job.until(lambda: any(e.data["step"] >= 3 for e in job.of("step")), "step 3")
+    job.until(lambda: any(e.data["step"] >= 3 for e in job.kinds("step")), "step 3")
 
     # the local backend has no nodes: a clear error, and nothing happens to the job
     with pytest.raises(JobStateError, match="the local backend has no nodes; use --kind kill or exception"):
@@ -74,17 +55,17 @@ def test_exception_kind_raises_in_the_rank_and_the_job_recovers(client):
     assert info["kind"] == "exception" and info["rank"] == 1 and info["path"] == JobPaths(
         client.get(job_id).job_dir).fault_request(1)
     assert info["pid"] and info["node"]
-    job.until(lambda: [e for e in job.of("fault.detected") if e.time >= t0], "fault.detected")
-    job.until(lambda: job.of("finished"), "finished", timeout=300)
+    job.until(lambda: [e for e in job.kinds("fault.detected") if e.time >= t0], "fault.detected")
+    job.until(lambda: job.kinds("finished"), "finished", timeout=300)
 
-    faults = [e for e in job.of("fault.detected") if e.time >= t0]
+    faults = [e for e in job.kinds("fault.detected") if e.time >= t0]
     injected = [e for e in faults if "InjectedFault" in (e.data.get("reason") or "")]
     assert len(injected) == 1, [e.data for e in faults]  # consumed: the restarted rank 1 does not raise again
     fault = injected[0].data
     assert fault["rank"] == 1 and fault["root_cause"] and info["nonce"] in fault["reason"], fault
     assert "exception injected into rank 1 of job " + job_id in fault["reason"]
-    assert job.of("recovery.completed") and job.of("recovery.completed")[-1].data["restart_count"] >= 1
-    assert job.of("finished")[-1].data["status"] == "succeeded"
+    assert job.kinds("recovery.completed") and job.kinds("recovery.completed")[-1].data["restart_count"] >= 1
+    assert job.kinds("finished")[-1].data["status"] == "succeeded"
     assert not os.path.exists(info["path"])
     assert client.wait(job_id, timeout_s=60).state == JobStatus.COMPLETED, client.logs(job_id)[-3000:]
 
@@ -209,7 +190,7 @@ def test_node_kind_sets_the_ranks_node_down_on_slurm(dev_cluster, client):
                 sched.rank_info(client.get(job_id), 1)
             except JobStateError:
                 return False
-            return any(e.data["step"] >= 3 for e in job.of("step"))
+            return any(e.data["step"] >= 3 for e in job.kinds("step"))
 
         job.until(rank1_stepping, "rank 1 started and step 3", timeout=400)
         rec = client.get(job_id)
