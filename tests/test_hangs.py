@@ -32,6 +32,7 @@ from hyperpod_lab.runtime import watchdog as wd
 from hyperpod_lab.runtime.watchdog import (Beat, HeartbeatWriter, Watchdog, Worker, derived_hang_timeout,
                                            heartbeat_file, read_heartbeat)
 from hyperpod_lab.spec import JobSpec, ResiliencyPolicy
+from slurm_jobs import Follow
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HANG_TRAIN = os.path.join(REPO, "tests", "scripts", "hang_train.py")
@@ -241,28 +242,6 @@ def test_a_stopped_rank_is_handled_alone_before_its_waiting_local_peer(tmp_path)
 
 
 # --------------------------------------------------------------------------- real jobs
-class Follow:
-    def __init__(self, client, job_id: str):
-        self.client, self.job_id, self.reader, self.events = client, job_id, client.event_reader(job_id), []
-
-    def until(self, pred, what: str, timeout: float = 240.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.events.extend(self.reader.poll())
-            if pred():
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"timed out waiting for {what}: {[e.kind for e in self.events][-30:]}\n"
-                             f"{self.client.logs(self.job_id)[-4000:]}")
-
-    def of(self, kind: str, **match) -> list:
-        return [e for e in self.events if e.kind == kind and all(e.data.get(k) == v for k, v in match.items())]
-
-    def step(self) -> int:
-        steps = [e.data["step"] for e in self.of("step")]
-        return max(steps) if steps else -1
-
-
 def test_local_ddp_rank_stopped_is_detected_restarted_and_the_job_completes(client):
     """A 2-rank DDP job, T = 5 s (--hang-timeout): rank 1 SIGSTOPped by inject-fault --kind hang is
     reported hung within T + 5 s with its stack (the script's line) in the job's log; torchrun
@@ -276,21 +255,21 @@ def test_local_ddp_rank_stopped_is_detected_restarted_and_the_job_completes(clie
     t_hang = time.time()
     info = client.inject_fault(job_id, 1, kind="hang")
     assert info["kind"] == "hang" and info["how"] == f"SIGSTOP to pid {info['pid']}"
-    job.until(lambda: job.of("fault.detected", reason="hang"), "the hang", timeout=60)
-    hang = job.of("fault.detected", reason="hang")[0]
+    job.until(lambda: job.kinds("fault.detected", reason="hang"), "the hang", timeout=60)
+    hang = job.kinds("fault.detected", reason="hang")[0]
     assert hang.data["rank"] == 1 and hang.data["hang_timeout_s"] == 5.0 and hang.data["timeout_source"] == "spec"
     assert hang.data["process_state"] == "stopped" and hang.data["stacks"] == "py-spy"
     assert hang.time - t_hang <= 5.0 + 5.0, f"detected {hang.time - t_hang:.1f} s after the SIGSTOP"
-    job.until(lambda: job.of("finished"), "finished", timeout=300)
+    job.until(lambda: job.kinds("finished"), "finished", timeout=300)
     assert client.wait(job_id, timeout_s=60).status == "completed"
-    killed = [e for e in job.of("fault.detected") if e.data.get("pid") == info["pid"] and e.data.get("signal")]
+    killed = [e for e in job.kinds("fault.detected") if e.data.get("pid") == info["pid"] and e.data.get("signal")]
     assert killed and killed[0].data["reason"].startswith("killed by the hang watchdog") and not killed[0].data["root_cause"]
-    rec = job.of("recovery.completed")
+    rec = job.kinds("recovery.completed")
     assert rec and rec[0].data["restored_from"] == "persistent" and rec[0].data["downtime_s"] < 60
-    assert job.of("finished")[0].data["steps"] == steps
+    assert job.kinds("finished")[0].data["steps"] == steps
     log = client.logs(job_id)
     assert "hyperpod-lab: watchdog: rank 1" in log and "py-spy dump --pid" in log and "(hang_train.py:" in log, log[-3000:]
-    assert len(job.of("fault.detected", reason="hang")) == 1
+    assert len(job.kinds("fault.detected", reason="hang")) == 1
 
 
 # --------------------------------------------------------------------------- the dev cluster
@@ -299,14 +278,14 @@ def test_dev_cluster_stopped_rank_is_caught_within_t_plus_5_s_and_a_fair_run_nev
     SIGSTOP (inject-fault --kind hang) is detected as hung within T + 5 s with its stack in the
     log; its group is restarted, heals from the live peer and the job completes. Then a fault-free
     run of 500 steps raises no hang."""
-    from slurm_jobs import Follow as SlurmFollow
+
 
     steps = 300
     job_id = cli.run(["submit", FT, "--cluster", "local-slurm", "--procs-per-node", "1", "--nodes", "2",
                       "--recovery", "checkpointless", "--name", "hang-ft",
                       "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001", "--env", "RUST_LOG=warn",
                       "--", "--steps", str(steps), "--step-sleep", "0.1"], client=client)
-    job = SlurmFollow(client, job_id)
+    job = Follow(client, job_id)
     job.until(lambda: job.step() >= 40, "step 40", timeout=600)
     t_hang = time.time()
     info = client.inject_fault(job_id, 1, kind="hang")
@@ -333,7 +312,7 @@ def test_dev_cluster_stopped_rank_is_caught_within_t_plus_5_s_and_a_fair_run_nev
                     "--recovery", "checkpointless", "--name", "fair-ft",
                     "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001", "--env", "RUST_LOG=warn",
                     "--", "--steps", "500", "--step-sleep", "0.05"], client=client)
-    job = SlurmFollow(client, fair)
+    job = Follow(client, fair)
     job.until(lambda: job.kinds("finished"), "finished", timeout=900)
     assert client.wait(fair, timeout_s=120).status == "completed"
     assert job.kinds("finished")[-1].data["steps"] == 500

@@ -30,6 +30,7 @@ import pytest
 from hyperpod_lab import cli
 from hyperpod_lab.runtime import straggler as st
 from hyperpod_lab.runtime.straggler import StragglerDetector, excluded_nodes
+from slurm_jobs import Follow
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HANG_TRAIN = os.path.join(REPO, "tests", "scripts", "hang_train.py")
@@ -176,39 +177,18 @@ def test_step_split_waiting_and_the_slow_factor(tmp_path):
 
 
 # --------------------------------------------------------------------------- real jobs
-class Follow:
-    def __init__(self, client, job_id: str):
-        self.client, self.job_id, self.reader, self.events = client, job_id, client.event_reader(job_id), []
-
-    def until(self, pred, what: str, timeout: float = 240.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.events.extend(self.reader.poll())
-            if pred():
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"timed out waiting for {what}: {[e.kind for e in self.events][-30:]}\n"
-                             f"{self.client.logs(self.job_id)[-4000:]}")
-
-    def of(self, kind: str, **match) -> list:
-        return [e for e in self.events if e.kind == kind and all(e.data.get(k) == v for k, v in match.items())]
-
-    def step(self) -> int:
-        return max([e.data["step"] for e in self.of("step")], default=-1)
-
-
 def slow_then_flag(client, job_id: str, rank: int, at_step: int) -> tuple[dict, int]:
     job = Follow(client, job_id)
     job.until(lambda: job.step() >= at_step, f"step {at_step}")
     info = client.inject_fault(job_id, rank, kind="slow", factor=2)
     injected = job.step()
     assert info["kind"] == "slow" and info["factor"] == 2.0
-    job.until(lambda: job.of("straggler.detected"), "straggler.detected", timeout=120)
-    job.until(lambda: job.of("finished"), "finished", timeout=300)
+    job.until(lambda: job.kinds("straggler.detected"), "straggler.detected", timeout=120)
+    job.until(lambda: job.kinds("finished"), "finished", timeout=300)
     assert client.wait(job_id, timeout_s=60).status == "completed"
-    flagged = job.of("straggler.detected")
+    flagged = job.kinds("straggler.detected")
     assert len(flagged) == 1, [e.data for e in flagged]  # once per episode
-    assert not job.of("fault.detected")
+    assert not job.kinds("fault.detected")
     return flagged[0].data, injected
 
 
@@ -226,10 +206,10 @@ def test_local_ddp_rank_slowed_2x_is_flagged_within_30_steps_and_a_fair_run_flag
                     "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001",
                     "--", "--steps", "500", "--sleep", "0.05"], client=client)
     job = Follow(client, fair)
-    job.until(lambda: job.of("finished"), "finished", timeout=600)
-    assert client.wait(fair, timeout_s=60).status == "completed" and job.of("finished")[0].data["steps"] == 500
-    assert not job.of("straggler.detected"), [e.data for e in job.of("straggler.detected")]
-    assert not job.of("fault.detected")
+    job.until(lambda: job.kinds("finished"), "finished", timeout=600)
+    assert client.wait(fair, timeout_s=60).status == "completed" and job.kinds("finished")[0].data["steps"] == 500
+    assert not job.kinds("straggler.detected"), [e.data for e in job.kinds("straggler.detected")]
+    assert not job.kinds("fault.detected")
     summary = json.loads(open(os.path.join(client.get(fair).job_dir, "stragglers", "agent-" + _node() + ".json")).read())
     assert set(summary["ranks"]) == {"0", "1"} and all(r["n"] == st.WINDOW for r in summary["ranks"].values())
 
@@ -293,7 +273,7 @@ def test_dev_cluster_straggler_excluded_and_replaced_by_the_spare(dev_cluster, c
     rank 1 (n2) slowed 2x is flagged with action exclude, the supervisor excludes n2
     (node.excluded: straggler), stops its group, the spare n3 joins and heals, the job completes."""
     from hyperpod_lab import devcluster
-    from slurm_jobs import Follow as SlurmFollow
+
 
     assert set(devcluster.status()["nodes"]) >= {"n1", "n2", "n3"}
     steps = 400
@@ -301,7 +281,7 @@ def test_dev_cluster_straggler_excluded_and_replaced_by_the_spare(dev_cluster, c
                       "--spares", "1", "--recovery", "checkpointless", "--on-straggler", "exclude",
                       "--name", "straggler-ex", "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001",
                       "--env", "RUST_LOG=warn", "--", "--steps", str(steps), "--step-sleep", "0.1"], client=client)
-    job = SlurmFollow(client, job_id)
+    job = Follow(client, job_id)
     job.until(lambda: job.step() >= 30, "step 30", timeout=600)
     info = client.inject_fault(job_id, 1, kind="slow", factor=2)
     injected = job.step()
