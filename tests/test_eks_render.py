@@ -168,10 +168,12 @@ def test_hang_rule_follows_the_runtimes_step_line_and_hang_timeout(tmp_path):
 
     from hyperpod_lab.schedulers.k8s_manifest import HANG_AFTER_S, hang_after_s
 
-    code = ("import hyperpod_lab.runtime as hp\n"
+    code = ("import time\n"
+            "import hyperpod_lab.runtime as hp\n"
             "with hp.init() as ctx:\n"
             "    for s in range(3):\n"
-            "        ctx.step(s, 0.5 + s)\n")
+            "        ctx.step(s, 0.5 + s)\n"
+            "        time.sleep(0.02)  # > the 1 ms print interval: each step's line is printed\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERPOD_LAB_")}
     env.update(HYPERPOD_LAB_JOB_DIR=str(tmp_path / "job"), HYPERPOD_LAB_STEP_EVENT_INTERVAL_S="0.001")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)

@@ -147,9 +147,12 @@ def test_a_connection_lost_after_sbatch_keeps_the_job_and_finds_it(dev_cluster, 
     jobs_root = os.path.dirname(sched.job_dir("x"))
     _slow_program(monkeypatch, after_s=20)
 
+    before = set(os.listdir(jobs_root)) if os.path.isdir(jobs_root) else set()  # an earlier run's jobs
+
     def event_written():
         for d in os.listdir(jobs_root) if os.path.isdir(jobs_root) else []:
-            if d.startswith("lost-after-") and os.path.exists(os.path.join(jobs_root, d, "events", "client.jsonl")):
+            if (d.startswith("lost-after-") and d not in before
+                    and os.path.exists(os.path.join(jobs_root, d, "events", "client.jsonl"))):
                 return True
         return False
 

@@ -608,17 +608,23 @@ class Watcher:
         transport to drain between pages; then make it live (and end it if the job is done)."""
         cap = self.send_queue_bytes
         over_since: float | None = None
+        last_pending: int | None = None
         try:
             while not sub.gone:
-                if sub.pending is not None and sub.pending() > cap // 2:  # backpressure: wait to drain
+                pending = sub.pending() if sub.pending is not None else 0
+                if pending > cap // 2:  # backpressure: wait to drain
                     now = time.monotonic()
-                    over_since = over_since or now
-                    if sub.over(cap) and now - over_since > self.stall_timeout_s:
-                        self._close_slow(t, sub, sub.pending())
+                    if over_since is None or (last_pending is not None and pending < last_pending):
+                        over_since = now  # (still) draining: the stall clock starts again
+                    last_pending = pending
+                    # a consumer that drains nothing for stall_timeout_s is closed, whether its
+                    # queue stopped above the cap or between half of it and the cap
+                    if now - over_since > self.stall_timeout_s:
+                        self._close_slow(t, sub, pending)
                         return
                     await asyncio.sleep(min(0.05, self.stall_timeout_s / 4))
                     continue
-                over_since = None
+                over_since = last_pending = None
                 if t.covers(sub.cursor):
                     for ev, fname, end in list(t.items):
                         if sub.over(cap):
