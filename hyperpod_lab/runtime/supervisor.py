@@ -239,6 +239,7 @@ class Supervisor:
         self.finished_rc: int | None = None
         self._last_events = 0.0
         self._last_fault_time: dict[str, float] = {}
+        self._finished = False  # a rank's 'finished' event was read (training_finished)
 
     # ---- placement -------------------------------------------------------------------------
     def usable(self, busy: Sequence[str] = ()) -> list[str]:
@@ -275,10 +276,13 @@ class Supervisor:
         other than SIGTERM/SIGINT (those are the agent's own stop of the siblings). A Python
         exception is the script's, not the node's (it would fail on any node), and the workers
         of other nodes that fail because a peer died exit with an error, not a signal. Several
-        workers of one node killed within :data:`SAME_INCIDENT_S` count once.
+        workers of one node killed within :data:`SAME_INCIDENT_S` count once. A rank's
+        ``finished`` read on the way is noted for :meth:`training_finished`.
         """
         for ev in self.reader.poll():
             d = ev.data
+            if ev.kind == EventKind.FINISHED.value and ev.writer.startswith("rank-"):
+                self._finished = True
             if (ev.kind != EventKind.FAULT_DETECTED.value or not ev.writer.startswith("agent-") or not d.get("node")
                     or d.get("root_cause") is False or d.get("signal") in (None, "SIGTERM", "SIGINT")):
                 continue
@@ -391,19 +395,10 @@ class Supervisor:
                 if n not in held or is_lost(states.get(n))}
 
     def training_finished(self) -> bool:
-        events = JobPaths(self.job_dir).events
-        try:
-            names = [n for n in os.listdir(events) if n.startswith("rank-") and n.endswith(".jsonl")]
-        except OSError:
-            return False
-        for name in names:
-            try:
-                with open(os.path.join(events, name), "rb") as f:
-                    if b'"kind":"finished"' in f.read():
-                        return True
-            except OSError:
-                continue
-        return False
+        """Whether rank 0 wrote ``finished``: the job's events read on from the cursor the fault
+        counting keeps (:meth:`read_agent_faults`), not every rank file again from its start."""
+        self.read_agent_faults()
+        return self._finished
 
     # ---- requeue ---------------------------------------------------------------------------
     def requeue_or_fail(self, why: str) -> int:
