@@ -1,0 +1,537 @@
+"""One aggregation of a job's events for every view of it: the Lab's dashboard, the notebook
+widget, the server's ``GET hyperpod/jobs/<id>/dashboard``.
+
+:class:`JobAggregate` folds events one by one (``fold(ev)``) into state whose size is bounded by
+the job's *shape* (lanes, spans, incidents, buckets), never by its number of steps:
+
+* **lanes**: one per rank (``"0"``, ``"1"``, ...) plus ``"job"`` for job-level events. Each lane
+  holds *spans* (a run of step events, a run of checkpoints of one tier) and *marks* (faults,
+  hangs, recoveries, stragglers, health failures, node exclusions, elastic scaling, restores).
+  A run of steps or checkpoints is one span with a count, never one entry per step.
+* **series**: step -> loss and steps/s in a multi-resolution bucket array (``max_buckets``
+  buckets of ``width`` steps; when a step falls past the last bucket, neighbouring buckets merge
+  and ``width`` doubles). Each bucket keeps its minimum and maximum, so peaks survive any
+  downsampling.
+
+Events may come in any order across writers (each writer's own events are in its file's
+order, as :class:`~hyperpod_lab.events.EventReader` returns them). Standard library only: the
+runtime, the server and the notebook widget all import it.
+
+Units: times are seconds since the epoch (``t``, ``t0``, ``t1``), steps are 0-based training
+steps, ``steps_per_s`` is steps per second.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from hyperpod_lab.events import Event, EventKind
+
+__all__ = ["JobAggregate", "mark_label", "MARK_CATEGORIES"]
+
+STATE_VERSION = 1
+
+#: event kind -> the mark category the views colour by (fault.detected with ``reason: "hang"``
+#: is category ``hang``)
+MARK_CATEGORIES: dict[str, str] = {
+    EventKind.FAULT_DETECTED.value: "fault",
+    EventKind.RECOVERY_STARTED.value: "recovery",
+    EventKind.RECOVERY_COMPLETED.value: "recovery",
+    EventKind.RECOVERY_FALLBACK.value: "recovery",
+    EventKind.CHECKPOINT_RESTORED.value: "restore",
+    EventKind.CHECKPOINT_CORRUPT.value: "checkpoint-error",
+    EventKind.CHECKPOINT_FAILED.value: "checkpoint-error",
+    EventKind.STRAGGLER_DETECTED.value: "straggler",
+    EventKind.HEALTH_FAILED.value: "health",
+    EventKind.NODE_EXCLUDED.value: "exclusion",
+    EventKind.ELASTIC_SCALED.value: "scaling",
+    EventKind.JOB_FAILED.value: "fault",
+    EventKind.STARTED.value: "lifecycle",
+    EventKind.SUBMITTED.value: "lifecycle",
+    EventKind.FINISHED.value: "lifecycle",
+}
+
+#: kinds that end the open spans of the lanes they touch (the next step/checkpoint starts a new span)
+#: (recovery.completed is written at the first step after a recovery: that step's run is already new)
+_BREAKS = {EventKind.FAULT_DETECTED.value, EventKind.RECOVERY_STARTED.value, EventKind.ELASTIC_SCALED.value,
+           EventKind.JOB_FAILED.value}
+#: kinds that are marks on the job lane whoever wrote them (they describe the whole job)
+_JOB_LEVEL = {EventKind.RECOVERY_STARTED.value, EventKind.RECOVERY_COMPLETED.value, EventKind.ELASTIC_SCALED.value,
+              EventKind.JOB_FAILED.value, EventKind.SUBMITTED.value, EventKind.FINISHED.value,
+              EventKind.NODE_EXCLUDED.value}
+#: kinds listed by :meth:`JobAggregate.timeline` (besides the checkpoint spans)
+_TIMELINE = {EventKind.FAULT_DETECTED.value, EventKind.RECOVERY_COMPLETED.value, EventKind.RECOVERY_FALLBACK.value,
+             EventKind.STRAGGLER_DETECTED.value, EventKind.HEALTH_FAILED.value, EventKind.NODE_EXCLUDED.value,
+             EventKind.ELASTIC_SCALED.value, EventKind.JOB_FAILED.value, EventKind.CHECKPOINT_RESTORED.value,
+             EventKind.CHECKPOINT_CORRUPT.value, EventKind.CHECKPOINT_FAILED.value, EventKind.FINISHED.value}
+
+
+def _num(x: Any) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _int(x: Any) -> int | None:
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, int):
+        return x
+    if isinstance(x, float) and math.isfinite(x) and x == int(x):
+        return int(x)
+    return None
+
+
+def _secs(x: Any) -> str:
+    v = _num(x)
+    return f"{v:.3g} s" if v is not None else "? s"
+
+
+def _node_of(ev: Event) -> str | None:
+    node = ev.data.get("node")
+    if node:
+        return str(node)
+    for prefix in ("health-", "agent-"):
+        if ev.writer.startswith(prefix):
+            return ev.writer[len(prefix):]
+    return None
+
+
+def mark_label(ev: Event) -> str:
+    """One human line for a mark or timeline entry: what happened, where (rank, node), how long."""
+    d, k = ev.data, ev.kind
+    if k == EventKind.FAULT_DETECTED.value:
+        if d.get("reason") == "node down":
+            ranks = d.get("rank") if isinstance(d.get("rank"), list) else [d.get("rank")]
+            which = f"rank{'s' if len(ranks) != 1 else ''} {', '.join(map(str, ranks))}"
+            return f"fault: node {d.get('node')} down (Slurm: {d.get('slurm_state') or 'DOWN'}), {which}"
+        if d.get("reason") == "hang":
+            section = f" in section {d.get('section')}" if d.get("section") else ""
+            return f"hang: rank {d.get('rank')} on {d.get('node')} made no progress for {_secs(d.get('stalled_s'))}{section}"
+        return f"fault: rank {d.get('rank')} on {d.get('node')} ({d.get('signal') or d.get('reason')})"
+    if k == EventKind.RECOVERY_STARTED.value:
+        return f"recovery started on {_node_of(ev) or '?'} ({d.get('reason') or 'restart'})"
+    if k == EventKind.RECOVERY_COMPLETED.value:
+        down = _num(d.get("downtime_s"))
+        took = f" in {down:.1f} s" if down is not None else ""
+        return f"recovered{took} from {d.get('restored_from')} (step {d.get('restored_step', d.get('resumed_step'))})"
+    if k == EventKind.RECOVERY_FALLBACK.value:
+        return f"fallback: replica group {d.get('replica_group')} restored {d.get('tier')} step {d.get('step')}"
+    if k == EventKind.CHECKPOINT_RESTORED.value:
+        return f"restored {d.get('tier')} step {d.get('step')}"
+    if k == EventKind.CHECKPOINT_CORRUPT.value:
+        return f"corrupt {d.get('tier')} checkpoint step {d.get('step')}: {d.get('reason')}"
+    if k == EventKind.CHECKPOINT_FAILED.value:
+        return f"{d.get('tier')} checkpoint step {d.get('step')} failed: {d.get('reason')}"
+    if k == EventKind.HEALTH_FAILED.value:
+        detail = f" — {d.get('detail')}" if d.get("detail") else ""
+        return f"health check failed on {_node_of(ev) or '?'}: {d.get('check')}{detail}"
+    if k == EventKind.NODE_EXCLUDED.value:
+        faults = d.get("faults")
+        counted = f" ({faults} fault{'' if faults == 1 else 's'})" if isinstance(faults, int) and faults else ""
+        return f"{_node_of(ev) or '?'} excluded: {d.get('reason') or 'no reason given'}{counted}"
+    if k == EventKind.STRAGGLER_DETECTED.value:
+        score = _num(d.get("score"))
+        times = f"{score:.2g}x" if score is not None else "?x"
+        return (f"straggler: rank {d.get('rank')} on {d.get('node')} is {times} slower "
+                f"({_secs(d.get('step_s'))} a step vs {_secs(d.get('median_step_s'))}; {d.get('action') or 'report'})")
+    if k == EventKind.ELASTIC_SCALED.value:
+        return (f"scaled {d.get('old_world_size')} -> {d.get('new_world_size')} ranks at step {d.get('step')}"
+                f" (accumulation {d.get('old_accumulation_steps')} -> {d.get('accumulation_steps')})")
+    if k == EventKind.JOB_FAILED.value:
+        return f"job failed: {d.get('reason')} ({d.get('restarts')} restarts; no requeue)"
+    if k == EventKind.FINISHED.value:
+        return f"finished: {d.get('status')}"
+    if k == EventKind.STARTED.value:
+        return f"started ({d.get('world_size')} ranks)"
+    if k == EventKind.SUBMITTED.value:
+        return f"submitted to {d.get('cluster')}"
+    return k
+
+
+def _writer_rank(writer: str) -> int | None:
+    if writer.startswith("rank-"):
+        try:
+            return int(writer[5:])
+        except ValueError:
+            return None
+    return None
+
+
+class JobAggregate:
+    """The one fold of a job's events into lanes, a compact timeline and a downsampled series.
+
+    Args:
+        max_buckets: buckets of the step series (memory: O(max_buckets)); a power of two >= 16.
+        max_spans: spans kept per lane; beyond it the oldest two neighbouring spans of a kind
+            merge (their counts add up).
+        max_marks: marks kept per lane; beyond it marks are counted (``dropped_marks``) but not kept.
+        state: a :meth:`to_state` dict to resume from (then the other arguments come from it).
+
+    Attributes:
+        t0, t1: time of the first and last event folded (s since the epoch; None before any).
+        steps: highest step seen + 1 (None before any step event).
+        events: events folded.
+        ranks: ranks seen (sorted list from :attr:`ranks_sorted`).
+
+    Raises:
+        ValueError: ``state`` of another version, or bad arguments.
+    """
+
+    def __init__(self, max_buckets: int = 2048, max_spans: int = 512, max_marks: int = 2000,
+                 state: dict | None = None):
+        if state is not None:
+            self._load(state)
+            return
+        if max_buckets < 16 or max_buckets & (max_buckets - 1):
+            raise ValueError(f"max_buckets {max_buckets} must be a power of two >= 16")
+        self.max_buckets, self.max_spans, self.max_marks = max_buckets, max_spans, max_marks
+        self.t0: float | None = None
+        self.t1: float | None = None
+        self.steps: int | None = None
+        self.events = 0
+        self.dropped_marks = 0
+        self.ranks: set[int] = set()
+        self._lanes: dict[str, dict] = {}      # lane -> {"spans": [...], "marks": [...]}
+        self._open: dict[str, dict] = {}       # "lane|kind|tier" -> the span still growing
+        self._breaks: dict[str, float] = {}    # "*" -> time of the last span-breaking event
+        self.width = 1                         # steps per bucket
+        self._buckets: list[list | None] = [None] * max_buckets
+
+    # ---- folding ------------------------------------------------------------------------
+    def fold(self, ev: Event) -> None:
+        """Fold one event (any kind of schema v1; unknown data fields are ignored)."""
+        self.events += 1
+        t = ev.time
+        self.t0 = t if self.t0 is None or t < self.t0 else self.t0
+        self.t1 = t if self.t1 is None or t > self.t1 else self.t1
+        wr = _writer_rank(ev.writer)
+        if wr is not None:
+            self.ranks.add(wr)
+        k, d = ev.kind, ev.data
+        if k == EventKind.STEP.value:
+            step = _int(d.get("step"))
+            if step is None:
+                return
+            self.steps = step + 1 if self.steps is None else max(self.steps, step + 1)
+            lane = str(wr) if wr is not None else "job"
+            self._span(lane, "step", None, t, step)
+            self._bucket(step, t, _num(d.get("loss")), _num(d.get("steps_per_s")))
+            return
+        if k == EventKind.CHECKPOINT_SAVED.value:
+            step = _int(d.get("step"))
+            rank = _int(d.get("rank"))
+            lane = str(wr if wr is not None else rank) if (wr is not None or rank is not None) else "job"
+            if step is not None:
+                self._span(lane, "checkpoint", str(d.get("tier") or "?"), t, step)
+            return
+        if k not in MARK_CATEGORIES:
+            return
+        lanes = self._mark_lanes(ev, wr)
+        for lane in lanes:
+            self._mark(lane, ev)
+        if k in _BREAKS:  # a fault, recovery or rescale ends every lane's runs
+            self._breaks["*"] = max(self._breaks.get("*", t), t)
+
+    def _mark_lanes(self, ev: Event, wr: int | None) -> list[str]:
+        """The lanes a mark goes to: the rank(s) it names (``data.rank``: int or list), else
+        the writing rank, else the job lane; job-level kinds always go to the job lane."""
+        if ev.kind in _JOB_LEVEL:
+            return ["job"]
+        r = ev.data.get("rank")
+        if isinstance(r, list):
+            ranks = [x for x in (_int(v) for v in r) if x is not None]
+            if ranks:
+                for x in ranks:
+                    self.ranks.add(x)
+                return [str(x) for x in ranks]
+        ri = _int(r)
+        if ri is not None:
+            self.ranks.add(ri)
+            return [str(ri)]
+        if wr is not None:
+            return [str(wr)]
+        return ["job"]
+
+    def _lane(self, lane: str) -> dict:
+        ln = self._lanes.get(lane)
+        if ln is None:
+            ln = self._lanes[lane] = {"spans": [], "marks": []}
+        return ln
+
+    def _span(self, lane: str, kind: str, tier: str | None, t: float, step: int) -> None:
+        key = f"{lane}|{kind}|{tier or ''}"
+        sp = self._open.get(key)
+        brk = self._breaks.get("*", -math.inf)
+        if sp is not None and step > sp["step1"] and not (sp["t1"] <= brk < t):
+            sp["t1"], sp["step1"] = max(sp["t1"], t), step
+            sp["count"] += 1
+            return
+        if sp is not None and sp["step0"] <= step <= sp["step1"] and sp["t0"] <= t <= sp["t1"]:
+            sp["count"] += 1  # a late duplicate inside the run
+            return
+        sp = {"kind": kind, "t0": t, "t1": t, "step0": step, "step1": step, "count": 1}
+        if tier is not None:
+            sp["tier"] = tier
+        self._open[key] = sp
+        spans = self._lane(lane)["spans"]
+        spans.append(sp)
+        if len(spans) > self.max_spans:
+            self._merge_oldest(spans, kind, tier)
+
+    def _merge_oldest(self, spans: list[dict], kind: str, tier: str | None) -> None:
+        same = [i for i, s in enumerate(spans) if s["kind"] == kind and s.get("tier") == tier]
+        if len(same) < 2:
+            spans.pop(0)
+            return
+        a, b = spans[same[0]], spans[same[1]]
+        a.update(t0=min(a["t0"], b["t0"]), t1=max(a["t1"], b["t1"]), step0=min(a["step0"], b["step0"]),
+                 step1=max(a["step1"], b["step1"]), count=a["count"] + b["count"])
+        del spans[same[1]]
+        for key, sp in list(self._open.items()):
+            if sp is b:
+                self._open[key] = a
+
+    def _mark(self, lane: str, ev: Event) -> None:
+        marks = self._lane(lane)["marks"]
+        if len(marks) >= self.max_marks:
+            self.dropped_marks += 1
+            return
+        d = ev.data
+        cat = MARK_CATEGORIES[ev.kind]
+        if ev.kind == EventKind.FAULT_DETECTED.value and d.get("reason") == "hang":
+            cat = "hang"
+        m: dict[str, Any] = {"kind": ev.kind, "cat": cat, "t": ev.time, "rank": None if lane == "job" else int(lane),
+                             "label": mark_label(ev), "writer": ev.writer, "seq": ev.seq}
+        node = _node_of(ev)
+        if node:
+            m["node"] = node
+        for f in ("step", "restored_step", "tier", "reason", "downtime_s", "score"):
+            v = d.get(f)
+            if isinstance(v, (str, int, float)) and not isinstance(v, bool):
+                m[f] = v
+        marks.append(m)
+
+    def _bucket(self, step: int, t: float, loss: float | None, sps: float | None) -> None:
+        if step < 0:
+            return
+        while step // self.width >= self.max_buckets:
+            self._halve()
+        i = step // self.width
+        b = self._buckets[i]
+        # [count, step_lo, step_hi, t_last, loss_min, step@min, loss_max, step@max, sps_min, sps_max, loss_last]
+        if b is None:
+            self._buckets[i] = [1, step, step, t, loss, step, loss, step, sps, sps, loss]
+            return
+        b[0] += 1
+        b[1], b[2] = min(b[1], step), max(b[2], step)
+        if t >= b[3]:
+            b[3] = t
+            if loss is not None:
+                b[10] = loss
+        if loss is not None:
+            if b[4] is None or loss < b[4]:
+                b[4], b[5] = loss, step
+            if b[6] is None or loss > b[6]:
+                b[6], b[7] = loss, step
+        if sps is not None:
+            b[8] = sps if b[8] is None else min(b[8], sps)
+            b[9] = sps if b[9] is None else max(b[9], sps)
+
+    @staticmethod
+    def _merge(a: list | None, b: list | None) -> list | None:
+        if a is None or b is None:
+            return a if b is None else b
+        out = list(a)
+        out[0] = a[0] + b[0]
+        out[1], out[2] = min(a[1], b[1]), max(a[2], b[2])
+        if b[3] >= a[3]:
+            out[3], out[10] = b[3], b[10] if b[10] is not None else a[10]
+        if b[4] is not None and (a[4] is None or b[4] < a[4]):
+            out[4], out[5] = b[4], b[5]
+        if b[6] is not None and (a[6] is None or b[6] > a[6]):
+            out[6], out[7] = b[6], b[7]
+        out[8] = b[8] if a[8] is None else (a[8] if b[8] is None else min(a[8], b[8]))
+        out[9] = b[9] if a[9] is None else (a[9] if b[9] is None else max(a[9], b[9]))
+        return out
+
+    def _halve(self) -> None:
+        bs = self._buckets
+        n = len(bs)
+        self._buckets = [self._merge(bs[2 * i], bs[2 * i + 1]) for i in range(n // 2)] + [None] * (n // 2)
+        self.width *= 2
+
+    # ---- views ----------------------------------------------------------------------------
+    @property
+    def ranks_sorted(self) -> list[int]:
+        """Ranks seen, ascending."""
+        return sorted(self.ranks)
+
+    def lanes(self) -> dict[str, dict]:
+        """``{lane: {"spans": [...], "marks": [...]}}`` with lane ``"job"`` and one per rank
+        (``"0"``, ``"1"``, ...; every rank seen, even without spans or marks).
+
+        A span is ``{kind: "step"|"checkpoint", t0, t1 (s since the epoch), step0, step1 (first
+        and last step), count (events in it), tier (checkpoints: memory/peer/persistent/s3/...)}``;
+        a run ends at a step that does not follow (a restart went back) or after a fault,
+        recovery or rescale. A mark is ``{kind (event kind), cat (fault/hang/recovery/restore/
+        straggler/health/exclusion/scaling/checkpoint-error/lifecycle), t, rank (None on the job
+        lane), label, writer, seq, node?, step?, restored_step?, tier?, reason?, downtime_s?,
+        score?}``. Spans and marks are sorted by time.
+        """
+        out: dict[str, dict] = {"job": {"spans": [], "marks": []}}
+        for r in self.ranks_sorted:
+            out[str(r)] = {"spans": [], "marks": []}
+        for lane, ln in self._lanes.items():
+            out[lane] = {"spans": sorted((dict(s) for s in ln["spans"]), key=lambda s: (s["t0"], s["step0"])),
+                         "marks": sorted((dict(m) for m in ln["marks"]), key=lambda m: (m["t"], m["seq"]))}
+        return out
+
+    def timeline(self) -> list[dict]:
+        """The compact timeline, sorted by time: one entry per checkpoint span per tier (the
+        ranks' spans of a tier that overlap in time, merged: ``{kind: "checkpoint", tier, t, t1,
+        step0, step1, count (checkpoints: the most any rank saved in it), ranks, label}``, e.g.
+        ``"checkpoint peer steps 4-40 (x19)"``), and one entry per fault, hang, recovery,
+        straggler, health failure, node exclusion, rescale, restore, checkpoint error and the
+        job's end (``{kind, cat, t, rank, label, ...}``: a mark; a mark on several lanes, e.g. a
+        node-down fault naming its ranks, is listed once)."""
+        entries: list[dict] = []
+        by_tier: dict[str, list[tuple[dict, str]]] = {}
+        for lane, ln in self._lanes.items():
+            for s in ln["spans"]:
+                if s["kind"] == "checkpoint":
+                    by_tier.setdefault(s.get("tier", "?"), []).append((s, lane))
+        for tier, spans in by_tier.items():
+            spans.sort(key=lambda x: x[0]["t0"])
+            group: list[tuple[dict, str]] = []
+            end = -math.inf
+            for s, lane in spans + [(None, "")]:  # type: ignore[list-item]
+                if s is not None and (not group or s["t0"] <= end):
+                    group.append((s, lane))
+                    end = max(end, s["t1"])
+                    continue
+                if group:
+                    ss = [g[0] for g in group]
+                    e = {"kind": "checkpoint", "cat": "checkpoint", "tier": tier, "t": min(x["t0"] for x in ss),
+                         "t1": max(x["t1"] for x in ss), "step0": min(x["step0"] for x in ss),
+                         "step1": max(x["step1"] for x in ss), "count": max(x["count"] for x in ss),
+                         "ranks": sorted({int(g[1]) for g in group if g[1] != "job"})}
+                    steps = f"step {e['step0']}" if e["step0"] == e["step1"] else f"steps {e['step0']}-{e['step1']}"
+                    e["label"] = f"checkpoint {tier} {steps} (x{e['count']})"
+                    entries.append(e)
+                group, end = ([(s, lane)], s["t1"]) if s is not None else ([], -math.inf)
+        seen: set[tuple[str, int]] = set()
+        for ln in self._lanes.values():
+            for m in ln["marks"]:
+                if m["kind"] not in _TIMELINE or (m["writer"], m["seq"]) in seen:
+                    continue
+                seen.add((m["writer"], m["seq"]))
+                entries.append(dict(m))
+        entries.sort(key=lambda e: (e["t"], e.get("seq", -1)))
+        return entries
+
+    def series(self, max_points: int = 2000) -> dict[str, Any]:
+        """Step -> loss and steps/s, downsampled to at most ``max_points`` points (>= 2).
+
+        Neighbouring buckets are grouped so that at most ``max_points // 2`` groups remain; each
+        group gives its lowest and highest loss at the steps they came at (in step order; one
+        point when they coincide), so a peak or a dip of one step survives. ``steps_per_s`` at
+        those two points is the group's minimum and maximum rate, in the same order as the loss.
+
+        Returns:
+            ``{"step": [int], "loss": [float|None], "steps_per_s": [float|None], "t": [s since
+            the epoch], "width": steps per bucket, "points": len(step)}``.
+        """
+        max_points = max(2, int(max_points))
+        full = [b for b in self._buckets if b is not None]
+        group = max(1, math.ceil(len(full) / max(1, max_points // 2)))
+        steps: list[int] = []
+        loss: list[float | None] = []
+        sps: list[float | None] = []
+        ts: list[float] = []
+        for i in range(0, len(full), group):
+            b = None
+            for x in full[i:i + group]:
+                b = self._merge(b, x)
+            assert b is not None
+            if b[4] is None:  # no loss in it: one point at its last step
+                steps.append(b[2])
+                loss.append(None)
+                sps.append(b[9])
+                ts.append(b[3])
+                continue
+            lo, hi = (b[5], b[4]), (b[7], b[6])
+            first, second = (lo, hi) if lo[0] <= hi[0] else (hi, lo)
+            rates = (b[8], b[9]) if first is lo else (b[9], b[8])
+            steps.append(first[0])
+            loss.append(first[1])
+            sps.append(rates[0])
+            ts.append(b[3])
+            if second[0] != first[0]:
+                steps.append(second[0])
+                loss.append(second[1])
+                sps.append(rates[1])
+                ts.append(b[3])
+            elif rates[0] != rates[1] and b[1] != b[2]:
+                # one loss value all through (min == max): the rate's other extreme at the
+                # bucket's other end, with that same loss
+                other = b[2] if first[0] != b[2] else b[1]
+                at = len(steps) if other > first[0] else len(steps) - 1
+                steps.insert(at, other)
+                loss.insert(at, first[1])
+                sps.insert(at, rates[1])
+                ts.insert(at, b[3])
+        return {"step": steps, "loss": loss, "steps_per_s": sps, "t": ts, "width": self.width, "points": len(steps)}
+
+    def summary(self, max_points: int = 2000) -> dict[str, Any]:
+        """Everything a dashboard draws: ``{t0, t1, steps, ranks, events, lanes, timeline,
+        series}`` (see :meth:`lanes`, :meth:`timeline`, :meth:`series`)."""
+        return {"t0": self.t0, "t1": self.t1, "steps": self.steps, "ranks": self.ranks_sorted,
+                "events": self.events, "dropped_marks": self.dropped_marks, "lanes": self.lanes(),
+                "timeline": self.timeline(), "series": self.series(max_points)}
+
+    # ---- state ----------------------------------------------------------------------------
+    def to_state(self) -> dict[str, Any]:
+        """A JSON-able dict of the whole fold (saved beside a reader's cursor);
+        :meth:`from_state` resumes it. Size: O(lanes x (max_spans + max_marks) + max_buckets)."""
+        lanes = {}
+        open_ids = {}
+        for lane, ln in self._lanes.items():
+            lanes[lane] = {"spans": [dict(s) for s in ln["spans"]], "marks": [dict(m) for m in ln["marks"]]}
+            for i, s in enumerate(ln["spans"]):
+                open_ids[id(s)] = (lane, i)
+        return {"v": STATE_VERSION, "max_buckets": self.max_buckets, "max_spans": self.max_spans,
+                "max_marks": self.max_marks, "t0": self.t0, "t1": self.t1, "steps": self.steps,
+                "events": self.events, "dropped_marks": self.dropped_marks, "ranks": self.ranks_sorted,
+                "lanes": lanes, "open": {k: list(open_ids[id(s)]) for k, s in self._open.items() if id(s) in open_ids},
+                "breaks": dict(self._breaks), "width": self.width,
+                "buckets": {str(i): b for i, b in enumerate(self._buckets) if b is not None}}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "JobAggregate":
+        """The aggregate :meth:`to_state` saved. Raises ValueError for another state version."""
+        return cls(state=state)
+
+    def _load(self, s: dict[str, Any]) -> None:
+        if not isinstance(s, dict) or s.get("v") != STATE_VERSION:
+            raise ValueError(f"aggregate state version {s.get('v') if isinstance(s, dict) else None!r} is not "
+                             f"{STATE_VERSION}; fold the job's events again")
+        self.max_buckets, self.max_spans, self.max_marks = int(s["max_buckets"]), int(s["max_spans"]), int(s["max_marks"])
+        self.t0, self.t1, self.steps = s["t0"], s["t1"], s["steps"]
+        self.events, self.dropped_marks = int(s["events"]), int(s.get("dropped_marks", 0))
+        self.ranks = set(int(r) for r in s["ranks"])
+        self._lanes = {lane: {"spans": [dict(x) for x in ln["spans"]], "marks": [dict(x) for x in ln["marks"]]}
+                       for lane, ln in s["lanes"].items()}
+        self._open = {}
+        for key, (lane, i) in s.get("open", {}).items():
+            try:
+                self._open[key] = self._lanes[lane]["spans"][int(i)]
+            except (KeyError, IndexError):
+                pass
+        self._breaks = {k: float(v) for k, v in s.get("breaks", {}).items()}
+        self.width = int(s["width"])
+        self._buckets = [None] * self.max_buckets
+        for i, b in s.get("buckets", {}).items():
+            self._buckets[int(i)] = list(b)
