@@ -78,3 +78,10 @@ class NotAllowed(HyperPodLabError):
 
 class DuplicateJob(JobStateError):
     """A job record with that id exists already; the new one is refused, the old one kept."""
+
+
+class EnvironmentMismatch(HyperPodLabError):
+    """The cluster interpreter's hyperpod-lab cannot run the notebook's job (missing, failing
+    to import, another major.minor version or event schema version; see
+    ``hyperpod_lab.envparity``), or the interpreter is missing: the submission is refused
+    before anything is staged. The message names both versions and the fix."""
