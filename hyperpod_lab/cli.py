@@ -107,6 +107,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dry-run", action="store_true", help="print the rendered submission; submit nothing")
     s.add_argument("--json", action="store_true", help="print the whole job record")
     s.add_argument("--follow", action="store_true", help="stream events until the job finishes")
+    s.add_argument("--skip-env-check", action="store_true",
+                   help="submit even when the cluster interpreter's hyperpod-lab is missing or incompatible "
+                        "(checked on Slurm clusters by default: see 'hyperpod-lab env diff')")
+
+    en = sub.add_parser("env", help="environment parity: env diff --cluster NAME [SCRIPT] (the notebook's Python, "
+                        "torch, hyperpod-lab and imported packages against the cluster interpreter's; exit 1 on an "
+                        "error-level difference); env export --cluster NAME [--name ENV] (the notebook's pinned "
+                        "requirements to the cluster's shared storage, and the command that builds them there)")
+    en.add_argument("action", choices=["diff", "export"])
+    en.add_argument("script", nargs="?", help="diff: the training script whose imports are compared")
+    en.add_argument("--cluster", default=os.environ.get("HYPERPOD_LAB_CLUSTER", "local"),
+                    help="cluster profile (default: $HYPERPOD_LAB_CLUSTER or 'local')")
+    en.add_argument("--name", default="notebook", help="export: the environment's name (default 'notebook'): "
+                    "<shared_root>/hyperpod-lab/envs/NAME/requirements.txt")
+    en.add_argument("--json", action="store_true")
 
     j = sub.add_parser("jobs", help="list jobs")
     j.add_argument("--json", action="store_true")
@@ -290,7 +305,7 @@ def run(argv: list[str], out: TextIO | None = None, client=None) -> Any:
         if a.dry_run:
             say(client.render(spec).rstrip("\n"))
             return None
-        rec = client.submit(spec)
+        rec = client.submit(spec, env_check=False if a.skip_env_check else None)
         if a.json:
             say(rec.to_json())
         else:
@@ -300,6 +315,9 @@ def run(argv: list[str], out: TextIO | None = None, client=None) -> Any:
             _follow(client, rec.job_id, say, json_lines=False, timeout_s=None)
         say(rec.job_id)
         return rec.job_id
+
+    if a.cmd == "env":
+        return _env(a, say, client)
 
     if a.cmd == "jobs":
         recs = client.jobs()
@@ -415,6 +433,35 @@ def _goodput(a: argparse.Namespace, say, client) -> None:
 
                 display(Image(data=gp.figure_png(fig), format="png"))
     return None
+
+
+def _env(a: argparse.Namespace, say, client) -> int:
+    """``env diff`` / ``env export`` (:mod:`hyperpod_lab.envparity`); 1 when diff finds an error."""
+    from hyperpod_lab import envparity
+    from hyperpod_lab.clusters import get_profile
+
+    profile = get_profile(a.cluster)
+    if a.action == "export":
+        if a.script:
+            raise SpecError("arguments", "env export takes no SCRIPT; give --cluster and optionally --name")
+        remote = client.scheduler(a.cluster).remote if profile.orchestrator != "eks" else None
+        res = envparity.export(profile, a.name, remote=remote)
+        if a.json:
+            say(json.dumps(res, indent=2))
+        else:
+            say(f"wrote {res['pins']} pinned requirements to {res['path']} on {profile.name}")
+            say("build the environment on the cluster (login node) with:")
+            say(f"  {res['command']}")
+            say(f"then set python = \"{res['python']}\" in the '{profile.name}' cluster profile")
+        return 0
+    try:
+        remote = client.scheduler(a.cluster).remote if profile.orchestrator != "eks" else None
+        report = envparity.env_diff(profile, a.script, remote=remote)
+    except envparity.EnvCheckUnsupported as e:
+        say(f"not checked: {e}")
+        return 0
+    say(json.dumps({k: v for k, v in report.items()}, indent=2) if a.json else envparity.format_table(report))
+    return 1 if report["summary"] == envparity.ERROR else 0
 
 
 def _discover(a: argparse.Namespace, say) -> list:

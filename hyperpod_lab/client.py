@@ -36,6 +36,9 @@ class Client:
     def __init__(self, store: JobStore | None = None):
         self.store = store or JobStore()
         self._schedulers: dict[str, Scheduler] = {}
+        #: compare the cluster interpreter's hyperpod-lab with ours before a submission
+        #: (:mod:`hyperpod_lab.envparity`): None = on for Slurm clusters, off elsewhere; True / False
+        self.env_check: bool | None = None
 
     # ---- clusters ----------------------------------------------------------------
     def scheduler(self, cluster: str) -> Scheduler:
@@ -45,7 +48,25 @@ class Client:
         if sched is None or getattr(sched.remote, "alive", True) is False:
             sched = for_profile(get_profile(cluster))
             self._schedulers[cluster] = sched
+            self._prefetch_env(sched)
         return sched
+
+    def _env_check_on(self, profile: ClusterProfile, override: bool | None = None) -> bool:
+        on = override if override is not None else self.env_check
+        return profile.orchestrator == "slurm" if on is None else bool(on) and profile.orchestrator != "eks"
+
+    def _prefetch_env(self, sched: Scheduler) -> None:
+        """On a new connection to a Slurm cluster, probe its interpreter once (cached for
+        ``envparity.CACHE_TTL_S``), so that a submission soon after adds no exec of its own.
+        A failure here is not raised: the submission's check reports it."""
+        if not self._env_check_on(sched.profile):
+            return
+        from hyperpod_lab import envparity
+
+        try:
+            envparity.probe_cluster(sched.profile, [], remote=sched.remote)
+        except (HyperPodLabError, OSError, EOFError):
+            pass
 
     def cluster_health(self, cluster: str) -> dict:
         """A cluster's reachability and nodes, as its backend reads them (:meth:`Scheduler.health`;
@@ -81,7 +102,7 @@ class Client:
         spec, _, _ = self.prepare(spec)
         return self.scheduler(spec.cluster).render(spec, new_job_id(spec.name))
 
-    def submit(self, spec: JobSpec) -> JobRecord:
+    def submit(self, spec: JobSpec, env_check: bool | None = None) -> JobRecord:
         """Stage the script and spec on the cluster's shared storage, submit, record the job
         and write its ``submitted`` event. On Slurm over SSH that is one command on the login
         node (staging, sbatch and the event: ``SlurmScheduler.submit_with_event``).
@@ -96,10 +117,18 @@ class Client:
                 the submission went out, and the job was not found at once: sbatch may still have
                 queued it, so its record is kept ("submitting") with its directory, and the next
                 status refresh finds it (``Scheduler.find_native_id``) if it was queued.
+            EnvironmentMismatch: the cluster interpreter's hyperpod-lab is missing, broken or
+                incompatible (``env_check``: None = checked on Slurm clusters, one probe exec
+                cached per cluster and interpreter, :mod:`hyperpod_lab.envparity`; False skips
+                it); nothing staged, no record.
         """
         spec, profile, script = self.prepare(spec)
         secrets = secret_values(spec.secret_env)  # before anything is contacted: a missing one is bad input
         sched = self.scheduler(spec.cluster)
+        if self._env_check_on(profile, env_check):
+            from hyperpod_lab import envparity
+
+            envparity.check_submission(profile, remote=sched.remote)
         job_id = new_job_id(spec.name)
         # the record first (refusing a taken id before anything is staged), so that a client
         # killed between the scheduler's submit and the record's update leaves a record that

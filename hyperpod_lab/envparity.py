@@ -88,8 +88,9 @@ class Difference:
 
 # ---- the script's imports ----------------------------------------------------------------
 def script_modules(script: str) -> list[str]:
-    """Top-level modules ``script`` imports that are neither the standard library's, torch,
-    hyperpod-lab, nor the script's own (a ``.py`` file or package beside it), sorted.
+    """Top-level modules ``script`` imports that are neither the standard library's, torch nor
+    hyperpod-lab (reported on their own rows), sorted. A module beside the script (``model.py``)
+    is listed too: only the script is staged, so the cluster must have it as well.
 
     Raises SpecError("script") when the file cannot be read or parsed.
     """
@@ -113,8 +114,6 @@ def script_modules(script: str) -> list[str]:
     for n in sorted(names):
         if n in sys.stdlib_module_names or n == "__future__" or n in _OWN_ROWS:
             continue
-        if os.path.isfile(os.path.join(here, n + ".py")) or os.path.isdir(os.path.join(here, n)):
-            continue
         out.append(n)
     return out
 
@@ -127,6 +126,11 @@ def collect_local(script: str | None = None) -> dict[str, Any]:
     modules = script_modules(script) if script else []
     out = _envprobe.probe(modules)
     out["modules_asked"] = modules
+    here = os.path.dirname(os.path.abspath(os.path.expanduser(script))) if script else ""
+    for n in modules:  # the script's own modules: beside it, not on this interpreter's path
+        for rel in (n + ".py", n):
+            if not out["modules"][n]["found"] and os.path.exists(os.path.join(here, rel)):
+                out["modules"][n] = {"found": True, "dists": {}, "beside_script": rel}
     return out
 
 
@@ -330,7 +334,12 @@ def diff(local: dict[str, Any], remote: dict[str, Any], python: str | None = Non
         rvs = ", ".join(f"{d} {v}" for d, v in sorted((rmod.get("dists") or {}).items())) or None
         pins = " ".join(f"{d}=={v}" for d, v in sorted((lmod.get("dists") or {}).items()))
         item = f"package {name}"
-        if not rmod.get("found"):
+        if not rmod.get("found") and lmod.get("beside_script"):
+            out.append(Difference(item, lmod["beside_script"] + " (beside the script)", None, WARNING,
+                                  f"the script imports {name} from {lmod['beside_script']} beside it, which the cluster "
+                                  f"interpreter cannot import: only the script is staged; put it on the cluster's "
+                                  f"shared storage and on the interpreter's path, or install it as a package"))
+        elif not rmod.get("found"):
             out.append(Difference(item, lvs, None, WARNING,
                                   f"the script imports {name} ({lvs or 'not installed in the notebook either'}), which "
                                   f"is missing on the cluster" + (f": {pip} {pins}" if pins else "")))
