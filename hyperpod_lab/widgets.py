@@ -69,6 +69,7 @@ class JobMonitor:
         self.done = threading.Event()
         self._stop = threading.Event()
         self._last_plot = 0.0
+        self._plot_pending = False  # events arrived since the last redraw of the plot/timeline
         self.header = widgets.HTML()
         self.bar = widgets.IntProgress(value=0, min=0, max=max(1, self.progress.total_steps or 1),
                                        description="steps", bar_style="info",
@@ -115,7 +116,7 @@ class JobMonitor:
                 new = reader.poll()
                 for ev in new:
                     self._on_event(ev)
-                if new:
+                if new or self._plot_pending:  # a throttled redraw is done as soon as it is due
                     self._render()
                 if finished_at is None and any(ev.kind == EventKind.FINISHED.value for ev in new):
                     finished_at = time.monotonic()  # training ended; wait briefly for the scheduler's end state
@@ -179,10 +180,12 @@ class JobMonitor:
                              f"faults {p.faults} · recoveries {p.recoveries}{excluded}{err}")
         now = time.monotonic()
         if force_plot or now - self._last_plot >= self.plot_interval_s:
-            self._last_plot = now
+            self._last_plot, self._plot_pending = now, False
             self.plot.value = loss_svg(self.losses)
             self.timeline.value = timeline_html(self.events)
             self.goodput.value = goodput_html(self.meter)
+        else:
+            self._plot_pending = True
         self.table.value = events_table(self.events[-self.table_rows:])
 
 

@@ -193,3 +193,41 @@ def test_monitor_in_a_real_kernel_updates_widget_state(tmp_path):
     bars = [s["state"] for s in state.values() if s["model_name"] == "IntProgressModel"]
     assert bars and bars[0]["value"] == 12 and bars[0]["max"] == 12, bars
     assert view["model_id"] in state
+
+
+QUIET_SCRIPT = """
+import time
+import hyperpod_lab.runtime as hp
+with hp.init() as ctx:
+    for step in range(4):
+        time.sleep(0.1)
+        ctx.step(step, loss=float(10 - step), total_steps=8)
+    time.sleep(12)  # an evaluation, a slow data loader, a restart: no events for a while
+    for step in range(4, 8):
+        ctx.step(step, loss=float(10 - step), total_steps=8)
+    ctx.finish(final_loss=2.0)
+"""
+
+
+def test_loss_plot_shows_steps_that_arrived_before_a_quiet_period(client, tmp_path):
+    """Regression (issue 18): the plot said "loss: waiting for the first step" while the header
+    showed the loss. Its redraw was throttled to once per plot_interval_s and only ever tried when
+    new events arrived, so steps that arrived within plot_interval_s of the last redraw were not
+    drawn until the next event came: here 12 s later (on a real job: a restart, an evaluation)."""
+    from hyperpod_lab.spec import JobSpec
+
+    (tmp_path / "quiet.py").write_text(QUIET_SCRIPT)
+    rec = client.submit(JobSpec(script=str(tmp_path / "quiet.py"), name="quiet", cluster="local",
+                                env={"HYPERPOD_LAB_STEP_EVENT_INTERVAL_S": "0.01"}).validate())
+    deadline = time.monotonic() + 60
+    while sum(e.kind == "step" for e in client.event_reader(rec.job_id).poll()) < 4:
+        assert time.monotonic() < deadline, "the job's first 4 steps did not arrive in 60 s"
+        time.sleep(0.1)
+    mon = JobMonitor(rec.job_id, client=client, interval_s=0.2, plot_interval_s=1.0)
+    try:
+        time.sleep(3.0)  # > plot_interval_s + interval_s; the job is in its 12 s quiet period
+        assert mon.progress.step == 3 and mon.progress.loss == 7.0
+        assert "waiting for the first step" not in mon.plot.value, mon.plot.value
+    finally:
+        mon.stop()
+    client.cancel(rec.job_id)
