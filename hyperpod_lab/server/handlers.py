@@ -21,6 +21,7 @@ from jupyter_server.utils import ensure_async
 from hyperpod_lab.clusters import load_profiles, get_profile
 from hyperpod_lab.errors import (ClusterUnreachable, ConfigError, HostKeyError, HyperPodLabError, JobStateError,
                                  NotAllowed, RemoteCommandError, SpecError, UnknownCluster, UnknownJob)
+from hyperpod_lab.errors import EnvironmentMismatch
 from hyperpod_lab.schedulers.base import DEFAULT_LOG_TAIL, LogChunk, fault_kind, slow_factor
 from hyperpod_lab.server.notebook_script import spec_from_request
 from hyperpod_lab.server.redact import redact
@@ -38,7 +39,7 @@ MAX_OFFSET = 1 << 62
 STATUS_OF: list[tuple[type, int]] = [
     (SpecError, 400), (ConfigError, 400), (NotAllowed, 403),
     (UnknownCluster, 404), (UnknownJob, 404),
-    (JobStateError, 409),
+    (JobStateError, 409), (EnvironmentMismatch, 409),
     (ClusterUnreachable, 502), (HostKeyError, 502), (RemoteCommandError, 502),
     (TimeoutError, 504),
     (HyperPodLabError, 500),
@@ -317,12 +318,15 @@ def _profile(p) -> dict[str, Any]:
 
 def handlers() -> list[tuple[str, type]]:
     """``(path relative to <base_url>, handler)``; the WebSocket comes from ``stream``."""
+    from hyperpod_lab.server.envparity_handler import EnvDiffHandler, EnvExportHandler
     from hyperpod_lab.server.stream import StreamHandler
 
     job = r"hyperpod/jobs/(?P<job_id>[^/]+)"
     return [
         (r"hyperpod/clusters", ClustersHandler),
         (r"hyperpod/clusters/(?P<name>[^/]+)", ClusterHandler),
+        (r"hyperpod/clusters/(?P<name>[^/]+)/env", EnvDiffHandler),
+        (r"hyperpod/clusters/(?P<name>[^/]+)/env/export", EnvExportHandler),
         (r"hyperpod/jobs", JobsHandler),
         (job, JobHandler),
         (job + r"/cancel", CancelHandler),
