@@ -319,6 +319,7 @@ def _profile(p) -> dict[str, Any]:
 def handlers() -> list[tuple[str, type]]:
     """``(path relative to <base_url>, handler)``; the WebSocket comes from ``stream``."""
     from hyperpod_lab.server.envparity_handler import EnvDiffHandler, EnvExportHandler
+    from hyperpod_lab.server.dashboard import DashboardHandler
     from hyperpod_lab.server.stream import StreamHandler
 
     job = r"hyperpod/jobs/(?P<job_id>[^/]+)"
@@ -335,6 +336,7 @@ def handlers() -> list[tuple[str, type]]:
         (job + r"/events", EventsHandler),
         (job + r"/stream", StreamHandler),
         (job + r"/goodput", JobGoodputHandler),
+        (job + r"/dashboard", DashboardHandler),
         (r"hyperpod/goodput/advice", GoodputAdviceHandler),
         (r"hyperpod/discover", DiscoverHandler),
     ]

@@ -23,6 +23,11 @@
   :meth:`Watcher.goodput` answers a tracked job without reading anything; an untracked job is
   read once, in pages, and its meter kept with its cursor (``goodput_cache_jobs`` of them), so
   the next request reads only the new bytes.
+* **Dashboard** (issue 18): the same way, each tailer folds a
+  :class:`~hyperpod_lab.aggregate.JobAggregate` (lanes, timeline, downsampled series; bounded
+  state), saved beside the progress (its ``"aggregate"`` key); :meth:`Watcher.dashboard`
+  answers a tracked job from it without reading anything, any other job from a cached
+  aggregate brought up to date page by page.
 
 * **Notifications** (issue 16, item 3): a job whose files this machine sees through its own
   mount of the cluster's shared storage (``local_mount``, ``schedulers/remote.py``'s
@@ -64,6 +69,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any, Callable
 
+from hyperpod_lab.aggregate import JobAggregate
 from hyperpod_lab.client import Client
 from hyperpod_lab.errors import HyperPodLabError, SpecError
 from hyperpod_lab.events import Event, EventKind
@@ -170,6 +176,9 @@ class Tailer:
         saved_meter = (progress or {}).get("goodput") if self.base else None
         self.meter: GoodputMeter | None = (GoodputMeter(saved_meter, self.progress)
                                            if saved_meter is not None or not self.base else None)
+        # the dashboard's aggregate (hyperpod_lab.aggregate), saved like the meter
+        saved_agg = (progress or {}).get("aggregate") if self.base else None
+        self.agg: JobAggregate | None = _load_aggregate(saved_agg) if self.base else new_aggregate()
         self.subs: list[Subscription] = []
         self.generation = 0
         self.complete = False           # job terminal and every event read
@@ -200,6 +209,8 @@ class Tailer:
     def fold(self, ev: Event) -> None:
         """Fold one read event into the progress (and the goodput meter, which feeds it)."""
         (self.meter if self.meter is not None else self.progress).update(ev)
+        if self.agg is not None:
+            self.agg.fold(ev)
 
     def saved(self) -> dict:
         """What the store keeps beside the cursor: the progress, and the goodput meter's state
@@ -207,14 +218,37 @@ class Tailer:
         d = self.progress.to_dict()
         if self.meter is not None:
             d["goodput"] = self.meter.to_dict(facts=False)
+        if self.agg is not None:
+            d["aggregate"] = self.agg.to_state()
         return d
 
     def reset(self, rec: JobRecord) -> None:
         self.base, self.cursor, self.items = {}, {}, deque()
         self.progress = Progress(rec.spec)
         self.meter = GoodputMeter(None, self.progress)
+        self.agg = new_aggregate()
         self.generation += 1
         self.complete = self.polled = self.finished_seen = False
+
+
+#: buckets of a server-side aggregate's step series (each gives at most 2 points: 1024 points)
+AGGREGATE_BUCKETS = 512
+
+
+def new_aggregate() -> JobAggregate:
+    """A fresh :class:`JobAggregate` with the server's bounds."""
+    return JobAggregate(max_buckets=AGGREGATE_BUCKETS)
+
+
+def _load_aggregate(state: dict | None) -> JobAggregate | None:
+    """The saved aggregate, or None (saved by an older server or unreadable: the dashboard then
+    reads the job on its own)."""
+    if state is None:
+        return None
+    try:
+        return JobAggregate.from_state(state)
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 class DirNotifier:
@@ -363,6 +397,9 @@ class Watcher:
         # job id -> {"meter": GoodputMeter, "cursor": {file: offset}} of jobs with no tailer
         self._goodput: OrderedDict[str, dict] = OrderedDict()
         self._goodput_locks: dict[str, asyncio.Lock] = {}
+        # job id -> {"agg": JobAggregate, "cursor": {file: offset}} of jobs with no tailer (dashboard)
+        self._dashboards: OrderedDict[str, dict] = OrderedDict()
+        self._dashboard_locks: dict[str, asyncio.Lock] = {}
         self.notify, self.notify_fallback_s = notify, notify_fallback_s
         self.notifier: DirNotifier | None = None
         self.notify_wakeups = 0
@@ -526,6 +563,61 @@ class Watcher:
         located = reader.poll_located(max_bytes=self.read_bytes)
         for ev, fname, end in located:
             entry["meter"].update(ev)
+            entry["cursor"][fname] = end
+        entry["cursor"] = dict(reader.cursor)
+        return bool(reader.more)
+
+    # ---- dashboard -------------------------------------------------------------------
+    async def dashboard(self, job_id: str, points: int = 1000, first_read_timeout_s: float = 10.0) -> dict:
+        """Job ``job_id``'s dashboard: :meth:`JobAggregate.summary` (``t0``, ``t1`` in s since the
+        epoch, ``steps``, ``ranks``, ``events``, ``lanes``, ``timeline``, ``series`` downsampled
+        to at most ``points`` points) as far as its events were read.
+
+        A tracked job answers from its tailer's aggregate (no read; after the tailer's first
+        read, waited for up to ``first_read_timeout_s``). Any other job's aggregate is kept here
+        with its cursor (from the store's saved state when it holds one, else from the start)
+        and brought up to date one page of ``read_bytes`` per file per call on the job's cluster
+        worker, so the next request reads only the new bytes.
+
+        Raises:
+            UnknownJob: no such job.
+        """
+        rec = self.store.get(job_id)
+        t = self.tailers.get(job_id)
+        if t is not None and t.agg is not None:
+            deadline = time.monotonic() + first_read_timeout_s
+            while (not t.polled or t.more) and time.monotonic() < deadline:
+                t.next_poll = 0.0
+                self._wake_events.set()
+                await asyncio.sleep(0.05)
+            return t.agg.summary(points)
+        async with self._dashboard_locks.setdefault(job_id, asyncio.Lock()):
+            entry = self._dashboards.get(job_id)
+            if entry is None:
+                saved = await self.run(self.store.get_cursor, job_id)
+                cursor, prog = saved if saved is not None else ({}, None)
+                agg = _load_aggregate((prog or {}).get("aggregate")) if cursor else None
+                entry = {"agg": agg, "cursor": dict(cursor)} if agg is not None else {"agg": new_aggregate(), "cursor": {}}
+            self._cache_dashboard(job_id, entry)
+            while await self.run_on(rec.cluster, self._dashboard_page, rec, entry):
+                pass
+            return entry["agg"].summary(points)
+
+    def _cache_dashboard(self, job_id: str, entry: dict) -> None:
+        self._dashboards[job_id] = entry
+        self._dashboards.move_to_end(job_id)
+        while len(self._dashboards) > self.goodput_cache_jobs:
+            gone, _ = self._dashboards.popitem(last=False)
+            lock = self._dashboard_locks.get(gone)
+            if lock is not None and not lock.locked():
+                del self._dashboard_locks[gone]
+
+    def _dashboard_page(self, rec: JobRecord, entry: dict) -> bool:
+        """Fold one page of the events after ``entry``'s cursor into its aggregate (worker
+        thread). Returns whether more is waiting."""
+        reader = self.client.event_reader(rec.job_id, entry["cursor"])
+        for ev, fname, end in reader.poll_located(max_bytes=self.read_bytes):
+            entry["agg"].fold(ev)
             entry["cursor"][fname] = end
         entry["cursor"] = dict(reader.cursor)
         return bool(reader.more)
@@ -893,6 +985,8 @@ class Watcher:
                                 self.notifier.unwatch(t.job_id)
                             if t.meter is not None:  # goodput goes on from here, never from the start
                                 self._cache_goodput(t.job_id, {"meter": t.meter, "cursor": dict(t.cursor)})
+                            if t.agg is not None:  # and so does the dashboard
+                                self._cache_dashboard(t.job_id, {"agg": t.agg, "cursor": dict(t.cursor)})
                     continue
                 if now >= t.next_poll:
                     due.append(t)
