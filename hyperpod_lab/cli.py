@@ -139,6 +139,17 @@ def build_parser() -> argparse.ArgumentParser:
     lg = sub.add_parser("logs", help="a job's output, or one rank's")
     lg.add_argument("job")
     lg.add_argument("--rank", type=_int)
+    lg.add_argument("--triage", action="store_true",
+                    help="every rank's log in one view: identical lines collapsed with their ranks "
+                         "('[ranks 0-3] loading data...'), then the first failing rank and its traceback "
+                         "(read by byte range: --length bytes per rank and file)")
+    lg.add_argument("--grep", metavar="PATTERN", help="the ranks' log lines that contain PATTERN (case-insensitive; "
+                    "a Python regular expression with --regex), scanning at most --scan bytes")
+    lg.add_argument("--regex", action="store_true", help="--grep PATTERN is a regular expression")
+    lg.add_argument("--ranks", help="--triage/--grep: these ranks only, e.g. 0,2-3 (default: all)")
+    lg.add_argument("--length", type=_int, default=None, help="--triage: bytes read per rank and file "
+                    "(default 64 KiB, at most 1 MiB)")
+    lg.add_argument("--scan", type=_int, default=None, help="--grep: most bytes scanned (default 64 MiB)")
 
     cc = sub.add_parser("cancel", help="cancel a job")
     cc.add_argument("job")
@@ -342,6 +353,26 @@ def run(argv: list[str], out: TextIO | None = None, client=None) -> Any:
         else:
             for ev in client.event_reader(a.job).poll():
                 say(ev.to_json() if a.json else ev.describe())
+        return None
+
+    if a.cmd == "logs" and (a.triage or a.grep):
+        from hyperpod_lab import logtriage
+
+        ranks = logtriage.parse_ranks(a.ranks) if a.ranks else ([a.rank] if a.rank is not None else None)
+        length = a.length if a.length is not None else logtriage.DEFAULT_LENGTH
+        if not 1 <= length <= logtriage.MAX_LENGTH:
+            raise SpecError("length", f"must be 1 to {logtriage.MAX_LENGTH} bytes, got {length}")
+        if a.grep:
+            scan = a.scan if a.scan is not None else logtriage.MAX_SCAN
+            if not 1 <= scan <= logtriage.MAX_SCAN:
+                raise SpecError("scan", f"must be 1 to {logtriage.MAX_SCAN} bytes, got {scan}")
+            res = logtriage.triage(client, a.job, ranks, q=a.grep, regex=a.regex, scan=scan,
+                                   limit=logtriage.MAX_MATCHES, failure=False)
+            out.write(logtriage.format_matches(res))
+        else:
+            res = logtriage.triage(client, a.job, ranks, length=length, tail=True)
+            out.write(logtriage.format_view(res, res["first_failure"]))
+        out.flush()
         return None
 
     if a.cmd == "logs":

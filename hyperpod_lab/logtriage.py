@@ -707,3 +707,85 @@ def format_matches(result: dict) -> str:
     if not result["done"]:
         lines.append(f"... (scanned {result['scanned']} bytes; more to search)")
     return "\n".join(lines) + ("\n" if lines else "")
+
+
+# ---------------------------------------------------------------------------- one request
+FAULT_EVENT_BYTES = 4 << 20  #: most bytes of each event file read to find fault.detected events
+SMALL_EVENT_FILE = 1 << 20  #: rank-*.jsonl files (steps) larger than this are not read for faults
+
+
+def read_fault_events(files, job_dir: str, max_bytes: int = FAULT_EVENT_BYTES) -> list[dict]:
+    """The job's ``fault.detected`` events as dicts (``hyperpod_lab.events`` schema), read with at
+    most ``max_bytes`` bytes of each event file. The ranks' own files (``rank-*.jsonl``: mostly
+    steps) are read only while under :data:`SMALL_EVENT_FILE` bytes: the launch agents' and the
+    supervisor's files carry the faults."""
+    from hyperpod_lab.events import EventReader, events_dir
+
+    try:
+        listing = files.list_files(events_dir(job_dir))
+    except (OSError, HyperPodLabError):
+        return []
+    skip = {n: s for n, s in listing.items() if n.startswith("rank-") and s > SMALL_EVENT_FILE}
+    try:
+        evs = EventReader(job_dir, files, skip).poll(max_bytes=max_bytes)
+    except (OSError, HyperPodLabError):
+        return []
+    return [json.loads(e.to_json()) for e in evs if e.kind == "fault.detected"]
+
+
+def triage(client, job_id: str, ranks: list[int] | None = None, cursor: dict[str, int] | None = None,
+           length: int = DEFAULT_LENGTH, tail: bool = False, q: str | None = None, regex: bool = False,
+           scan: int = DEFAULT_SCAN, limit: int = 200, around_traceback: bool = False,
+           near_time: float | None = None, failure: bool = True) -> dict:
+    """One triage request of job ``job_id`` through ``client`` (a :class:`hyperpod_lab.client.Client`).
+
+    Args:
+        ranks: the ranks to show (None: every rank that started).
+        cursor: per-source byte offsets from an earlier reply (follow mode: only new lines).
+        length: bytes read per source, 1 to :data:`MAX_LENGTH`.
+        tail: sources the cursor does not name are read from their last ``length`` bytes
+            (else from their first byte).
+        q, regex, scan, limit: a search instead of the view (:func:`search`); ``cursor`` is then
+            the search's own cursor.
+        around_traceback: the view is the window around the first failing rank's traceback
+            (:func:`around`); with ``ranks``, the first failure among them.
+        near_time: seconds since the epoch: pick the failing rank's traceback nearest it.
+        failure: also find the first failure (:func:`first_failure`).
+
+    Returns:
+        ``{"job_id", "ranks", "nodes": {R: node}, "lines" | "matches", "cursor", "sizes",
+        "read", "more" | "done", "scanned"?, "first_failure", "bytes_read"}`` (see
+        :func:`read_view`, :func:`search`, :func:`first_failure`); ``bytes_read`` counts every
+        byte read for the reply.
+
+    Raises:
+        UnknownJob; SpecError for a bad ``q``; ClusterUnreachable and the like from the backend.
+    """
+    rec = client.get(job_id)
+    sched = client.scheduler(rec.cluster)
+    logs = RankLogs(sched, rec)
+    known = logs.ranks()
+    chosen = known if ranks is None else ranks
+    try:
+        from hyperpod_lab.jobs import JobStatus
+
+        over = JobStatus(rec.status).is_terminal()
+    except ValueError:
+        over = False
+    out: dict = {"job_id": job_id, "ranks": chosen, "known_ranks": known}
+    fail = None
+    if failure or around_traceback:
+        faults = read_fault_events(sched.remote, rec.job_dir) if getattr(sched, "remote", None) else []
+        fail = first_failure(logs, chosen, faults, max(length, DEFAULT_LENGTH), near_time)
+    out["first_failure"] = fail
+    if q:
+        out.update(search(logs, chosen, q, regex, cursor, scan, limit))
+    elif around_traceback:
+        out.update(around(logs, fail, length) if fail else
+                   {"lines": [], "cursor": {}, "sizes": {}, "read": {}, "more": False})
+    else:
+        out.update(read_view(logs, chosen, cursor or {}, length, tail, over))
+    out["nodes"] = {r: logs.node(r) for r in chosen}
+    out["cursor"] = encode_cursor(out["cursor"])
+    out["bytes_read"] = logs.bytes_read
+    return out

@@ -320,6 +320,7 @@ def handlers() -> list[tuple[str, type]]:
     """``(path relative to <base_url>, handler)``; the WebSocket comes from ``stream``."""
     from hyperpod_lab.server.envparity_handler import EnvDiffHandler, EnvExportHandler
     from hyperpod_lab.server.dashboard import DashboardHandler
+    from hyperpod_lab.server.logtriage_handler import LogTriageHandler
     from hyperpod_lab.server.stream import StreamHandler
 
     job = r"hyperpod/jobs/(?P<job_id>[^/]+)"
@@ -333,6 +334,7 @@ def handlers() -> list[tuple[str, type]]:
         (job + r"/cancel", CancelHandler),
         (job + r"/faults", FaultsHandler),
         (job + r"/logs", LogsHandler),
+        (job + r"/logs/triage", LogTriageHandler),
         (job + r"/events", EventsHandler),
         (job + r"/stream", StreamHandler),
         (job + r"/goodput", JobGoodputHandler),
