@@ -1,0 +1,197 @@
+"""The cluster's shared storage in the Lab's file browser (issue 18 item 5): jupyter-fs over
+hyperpod_lab.storage.HyperPodFileSystem (fsspec's SFTP filesystem on the submission's route),
+all real: a real jupyter server with jupyter-fs loaded, a real Slurm job on the dev cluster that
+writes checkpoints, SFTP to the dev cluster's sshd, directly and through its bastion (ProxyJump),
+and the file browser in Debian's Chromium."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import tempfile
+import time
+import urllib.request
+
+import pytest
+
+from hyperpod_lab import cli, devcluster
+from hyperpod_lab.clusters import ClusterProfile
+from hyperpod_lab.runtime.checkpoint_format import COMMIT_MARKER, METADATA_FILE
+
+from jupyter_server_proc import JupyterServer
+from ports import free_port
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(REPO, "examples", "train_lm.py")
+ARTIFACTS = os.path.join(REPO, "test-artifacts", "storage")
+EXTS = {"jupyterfs": True, "hyperpod_lab.storage": True}
+
+
+def _bastion_logins() -> int:
+    with open(os.path.join(devcluster.base_dir(), "log", "bastion-sshd.log"), errors="replace") as f:
+        return sum("Accepted publickey" in line for line in f)
+
+
+def _clusters_toml(path: str, dev, work: str) -> None:
+    """Three profiles: the dev cluster direct, the same through the bastion (ProxyJump from an
+    OpenSSH config), and one whose login node does not answer (a closed port)."""
+    import tomli_w
+
+    b = devcluster.bastion()
+    ssh_config = os.path.join(work, "ssh_config")
+    with open(ssh_config, "w") as f:
+        f.write(f"Host bastion\n  HostName 127.0.0.1\n  Port {b['port']}\n  User root\n  IdentityFile {b['key_file']}\n"
+                f"  UserKnownHostsFile {b['known_hosts']}\n\n"
+                f"Host login\n  HostName 127.0.0.1\n  Port {dev.port}\n  User root\n  IdentityFile {dev.key_file}\n"
+                f"  ProxyJump bastion\n")
+    base = dict(orchestrator="slurm", shared_root=dev.shared_root, python=dev.python, known_hosts=dev.known_hosts)
+    profiles = [
+        dev,
+        ClusterProfile(name="via-jump", host="login", ssh_config=ssh_config, **base),
+        ClusterProfile(name="down", host="127.0.0.1", port=free_port(), user="root", key_file=dev.key_file,
+                       connect_timeout_s=2.0, **base),
+    ]
+    doc = {"clusters": {p.name: p.validate().to_toml_table() for p in profiles}}
+    with open(path, "wb") as f:
+        tomli_w.dump(doc, f)
+
+
+@pytest.fixture(scope="module")
+def ckpt_job(dev_cluster, tmp_path_factory):
+    """One short real Slurm job (3 steps, a checkpoint after each) on the dev cluster."""
+    from hyperpod_lab.client import Client
+    from hyperpod_lab.jobs import JobStore
+
+    client = Client(JobStore(str(tmp_path_factory.mktemp("store") / "jobs")))
+    job_id = cli.run(["submit", EXAMPLE, "--cluster", "local-slurm", "--nodes", "1", "--procs-per-node", "1",
+                      "--checkpoint-every", "1", "--name", "storage", "--", "--steps", "3", "--d-model", "32",
+                      "--n-layers", "1", "--n-heads", "2", "--seq-len", "32"], client=client)
+    events = list(client.follow(job_id, interval_s=0.3, timeout_s=240))
+    assert events and events[-1].kind == "finished" and events[-1].data["status"] == "succeeded", \
+        f"{[e.kind for e in events]}\n{client.logs(job_id)[-3000:]}"
+    job_dir = client.get(job_id).job_dir
+    ckpts = sorted(d for d in os.listdir(os.path.join(job_dir, "checkpoints")) if d.startswith("step-"))
+    assert ckpts, os.listdir(job_dir)
+    return {"job_id": job_id, "job_dir": job_dir, "ckpt": os.path.join(job_dir, "checkpoints", ckpts[-1])}
+
+
+@pytest.fixture(scope="module")
+def server(dev_cluster, tmp_path_factory):
+    """A real jupyter server with jupyter-fs and hyperpod_lab.storage, its clusters config holding
+    the three profiles of :func:`_clusters_toml`."""
+    work = str(tmp_path_factory.mktemp("storage-server"))
+    root = os.path.join(work, "root")
+    os.makedirs(root)
+    cfg = os.path.join(work, "clusters.toml")
+    _clusters_toml(cfg, dev_cluster, work)
+    srv = JupyterServer(root, work)
+    with open(srv.config) as f:
+        conf = json.load(f)
+    conf["ServerApp"]["jpserver_extensions"].update(EXTS)
+    with open(srv.config, "w") as f:
+        json.dump(conf, f)
+    old = os.environ.get("HYPERPOD_LAB_CONFIG")
+    os.environ["HYPERPOD_LAB_CONFIG"] = cfg
+    try:
+        t0 = time.monotonic()
+        srv.start(90.0)
+        srv.start_s = time.monotonic() - t0
+    finally:
+        os.environ["HYPERPOD_LAB_CONFIG"] = old
+    yield srv
+    srv.stop()
+
+
+def _drives(srv) -> dict[str, dict]:
+    status, res = srv.call("GET", "/jupyterfs/resources")
+    assert status == 200, res
+    return {r["url"].split("/")[2]: r for r in res}
+
+
+def _rel(dev, path: str) -> str:
+    return os.path.relpath(path, dev.shared_root)
+
+
+def _download(srv, path: str) -> bytes:
+    req = urllib.request.Request(f"{srv.url}/files/{urllib.request.quote(path)}",
+                                 headers={"Authorization": f"token {srv.token}"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        assert r.status == 200
+        return r.read()
+
+
+@pytest.mark.parametrize("cluster", ["local-slurm", "via-jump"])
+def test_checkpoint_listed_opened_and_downloaded_through_jupyterfs(server, ckpt_job, dev_cluster, cluster):
+    before = _bastion_logins()
+    drives = _drives(server)
+    r = drives[cluster]
+    assert r["init"] is True and r["type"] == "fsspec" and r["url"] == f"hyperpod://{cluster}{dev_cluster.shared_root}"
+    drive, rel = r["drive"], _rel(dev_cluster, ckpt_job["ckpt"])
+
+    # the job directory and its checkpoint directory, listed over SFTP through jupyter-fs
+    status, job = server.call("GET", f"/api/contents/{drive}:{_rel(dev_cluster, ckpt_job['job_dir'])}")
+    assert status == 200, job
+    assert {"checkpoints", "logs", "events", "spec.json"} <= {c["name"] for c in job["content"]}
+    status, listing = server.call("GET", f"/api/contents/{drive}:{rel}")
+    assert status == 200 and listing["type"] == "directory", listing
+    local = sorted(os.listdir(ckpt_job["ckpt"]))
+    assert sorted(c["name"] for c in listing["content"]) == local  # .metadata too (allow_hidden)
+    sizes = {c["name"]: c["size"] for c in listing["content"]}
+    assert sizes == {n: os.path.getsize(os.path.join(ckpt_job["ckpt"], n)) for n in local}
+
+    # the checkpoint's metadata: the commit marker opens as text (JSON: step, world size, file table)
+    status, marker = server.call("GET", f"/api/contents/{drive}:{rel}/{COMMIT_MARKER}?content=1")
+    assert status == 200 and marker["format"] == "text" and marker["mimetype"] == "text/plain", marker
+    meta = json.loads(marker["content"])
+    with open(os.path.join(ckpt_job["ckpt"], COMMIT_MARKER)) as f:
+        assert meta == json.load(f)
+    assert meta["world_size"] == 1 and METADATA_FILE in meta["files"] and meta["step"] == int(rel.rsplit("-", 1)[1])
+    # DCP's .metadata is binary (pickled): it comes as base64, byte for byte
+    status, dcp = server.call("GET", f"/api/contents/{drive}:{rel}/{METADATA_FILE}?content=1")
+    assert status == 200 and dcp["format"] == "base64", {k: dcp[k] for k in dcp if k != "content"}
+    with open(os.path.join(ckpt_job["ckpt"], METADATA_FILE), "rb") as f:
+        assert base64.b64decode(dcp["content"]) == f.read()
+
+    # a shard, downloaded as the Lab downloads (/files/<path>): the same bytes as on shared storage
+    shard = next(n for n in local if n.endswith(".distcp"))
+    data = _download(server, f"{drive}:{rel}/{shard}")
+    with open(os.path.join(ckpt_job["ckpt"], shard), "rb") as f:
+        assert data == f.read()
+    assert meta["files"][shard]["bytes"] == len(data)
+    if cluster == "via-jump":
+        assert _bastion_logins() > before or before > 0  # the server's connection went through the bastion
+        with open(os.path.join(devcluster.base_dir(), "log", "bastion-sshd.log"), errors="replace") as f:
+            assert "Accepted publickey" in f.read()
+
+
+def test_checkpoints_cannot_be_changed_from_the_lab(server, ckpt_job, dev_cluster):
+    drive, rel = _drives(server)["local-slurm"]["drive"], _rel(dev_cluster, ckpt_job["ckpt"])
+    marker = os.path.join(ckpt_job["ckpt"], COMMIT_MARKER)
+    with open(marker, "rb") as f:
+        before = f.read()
+    status, body = server.call("DELETE", f"/api/contents/{drive}:{rel}/{COMMIT_MARKER}")
+    assert status >= 400 and "read-only" in json.dumps(body), (status, body)
+    status, body = server.call("PUT", f"/api/contents/{drive}:{rel}/{COMMIT_MARKER}",
+                               {"type": "file", "format": "text", "content": "{}"})
+    assert status >= 400 and "read-only" in json.dumps(body), (status, body)
+    status, body = server.call("PATCH", f"/api/contents/{drive}:{rel}", {"path": f"{drive}:{rel}-moved"})
+    assert status >= 400, (status, body)
+    status, body = server.call("PUT", f"/api/contents/{drive}:{_rel(dev_cluster, ckpt_job['job_dir'])}/new.txt",
+                               {"type": "file", "format": "text", "content": "x"})
+    assert status >= 400 and "read-only" in json.dumps(body), (status, body)
+    with open(marker, "rb") as f:
+        assert f.read() == before
+    assert not os.path.exists(os.path.join(ckpt_job["job_dir"], "new.txt"))
+
+
+def test_unreachable_cluster_is_an_error_and_the_lab_keeps_working(server, dev_cluster):
+    drives = _drives(server)
+    assert drives["down"]["init"] is False  # jupyter-fs shows the resource as not loaded
+    assert drives["local-slurm"]["init"] is True
+    assert server.start_s < 60
+    status, _ = server.call("GET", "/api/status")
+    assert status == 200
+    status, root = server.call("GET", "/api/contents/")  # the local tree is the server's root dir as before
+    assert status == 200 and root["type"] == "directory"
+    assert "cannot reach" in server.log_text() and "down" in server.log_text()
