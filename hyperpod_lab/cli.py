@@ -104,6 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--elastic", metavar="MIN:MAX", help="elastic node range")
     s.add_argument("--global-batch-size", type=_int)
     s.add_argument("--lr-rule", choices=["none", "linear", "sqrt"], default=ElasticPolicy.lr_rule)
+    s.add_argument("--tensorboard", action="store_const", const="rank0", default="off",
+                   help="rank 0 writes the step metrics to TensorBoard event files in <job_dir>/tensorboard "
+                        "(needs 'pip install tensorboard'; docs/tensorboard.md)")
+    s.add_argument("--tensorboard-all-ranks", action="store_const", const="all-ranks", dest="tensorboard",
+                   help="as --tensorboard, every rank into <job_dir>/tensorboard/rank-N")
     s.add_argument("--dry-run", action="store_true", help="print the rendered submission; submit nothing")
     s.add_argument("--json", action="store_true", help="print the whole job record")
     s.add_argument("--follow", action="store_true", help="stream events until the job finishes")
@@ -246,6 +251,7 @@ def spec_from_args(a: argparse.Namespace, script_args: list[str]) -> JobSpec:
                                     s3_every_steps=a.checkpoint_s3_every),
         elastic=ElasticPolicy(min_nodes=lo, max_nodes=hi, global_batch_size=a.global_batch_size,
                               lr_rule=a.lr_rule),
+        tensorboard=a.tensorboard,
     ).validate()
 
 

@@ -10,6 +10,7 @@ This module imports nothing beyond the standard library, so the in-job runtime c
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -46,6 +47,7 @@ RECOVERY_MODES = ("restart", "checkpointless")
 MAX_SPARES = 64
 MAX_STORM_RESTARTS = 1000
 STRAGGLER_ACTIONS = ("report", "exclude")
+TENSORBOARD_MODES = ("off", "rank0", "all-ranks")  # = hyperpod_lab.runtime.tensorboard.MODES
 MAX_HANG_TIMEOUT_S = 7 * 24 * 3600.0  # a week: anything longer is no hang detection
 
 
@@ -271,6 +273,11 @@ class JobSpec:
             chooses for you: on when the cluster profile has GPUs (``gpus_per_node``), as AWS's
             reference scripts do, off otherwise.
         resiliency, checkpoint, elastic: the three policies.
+        tensorboard: TensorBoard event files of the step metrics in ``<job_dir>/tensorboard``
+            (torch's SummaryWriter, :mod:`hyperpod_lab.runtime.tensorboard`): ``"off"``
+            (default), ``"rank0"`` (the rank that reports the job's steps) or ``"all-ranks"``
+            (``rank-<R>`` subdirectories); ``true``/``false`` are read as ``"rank0"``/``"off"``.
+            Needs the ``tensorboard`` package where the spec is validated and where the job runs.
     """
 
     script: str
@@ -287,6 +294,7 @@ class JobSpec:
     resiliency: ResiliencyPolicy = field(default_factory=ResiliencyPolicy)
     checkpoint: CheckpointPolicy = field(default_factory=CheckpointPolicy)
     elastic: ElasticPolicy = field(default_factory=ElasticPolicy)
+    tensorboard: str = "off"
     version: int = SPEC_VERSION
 
     @property
@@ -335,6 +343,7 @@ class JobSpec:
             raise SpecError("partition", f"{self.partition!r} is not a Slurm partition name")
         self.resiliency.validate()
         self.checkpoint.validate()
+        self._validate_tensorboard()
         self.elastic.validate()
         if self.elastic.enabled and not (self.elastic.min_nodes <= self.nodes <= self.elastic.max_nodes):
             raise SpecError("nodes", f"{self.nodes} is outside --elastic {self.elastic.min_nodes}:{self.elastic.max_nodes}")
@@ -343,6 +352,18 @@ class JobSpec:
             raise SpecError("elastic.global_batch_size",
                             f"{gbs} is not divisible by the world size {self.world_size}; pick a multiple of {self.world_size}")
         return self
+
+    def _validate_tensorboard(self) -> None:
+        tb = self.tensorboard
+        if isinstance(tb, bool):
+            tb = self.tensorboard = "rank0" if tb else "off"
+        if tb not in TENSORBOARD_MODES:
+            raise SpecError("tensorboard", f"must be one of {', '.join(TENSORBOARD_MODES)} (or true/false), got "
+                                           f"{str(tb)[:40]!r}; use --tensorboard or --tensorboard all-ranks")
+        if tb != "off" and importlib.util.find_spec("tensorboard") is None:
+            raise SpecError("tensorboard", "needs the tensorboard package (torch's SummaryWriter writes through "
+                                           "it), which is not installed in this Python environment; "
+                                           "pip install tensorboard, or submit without --tensorboard")
 
     # ---- JSON round trip -------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

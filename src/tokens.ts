@@ -299,6 +299,8 @@ export interface IJobSpec {
   resiliency: IResiliencyPolicy;
   checkpoint: ICheckpointPolicy;
   elastic: IElasticPolicy;
+  /** TensorBoard event files of the step metrics in `<job_dir>/tensorboard` (docs/tensorboard.md). */
+  tensorboard?: 'off' | 'rank0' | 'all-ranks';
   version: number;
 }
 

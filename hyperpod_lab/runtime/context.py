@@ -66,6 +66,7 @@ from hyperpod_lab.jobdir import (
 from hyperpod_lab.procs import process_start
 from hyperpod_lab.runtime.auth import create_key, load_or_create_key, read_key
 from hyperpod_lab.runtime.private_dir import ensure_private_dir
+from hyperpod_lab.runtime.tensorboard import TensorBoardLog, log_dir
 from hyperpod_lab.runtime.watchdog import FAULTHANDLER_SIGNAL, HeartbeatWriter, heartbeat_file
 from hyperpod_lab.spec import JobSpec
 
@@ -210,6 +211,8 @@ class JobContext:
         last_step_timing: ``{step, step_s, compute_s, wait_s, slowed_s}`` of the last :meth:`step`
             (seconds; see :meth:`step`), or None before the first.
         slow_factor: 1.0, or the factor ``inject-fault --kind slow`` set.
+        tensorboard: this rank's :class:`~hyperpod_lab.runtime.tensorboard.TensorBoardLog` when
+            the spec's ``tensorboard`` has it write (rank 0, or every rank), else None.
     """
 
     def __init__(self, *, rank: int, world_size: int, local_rank: int, local_world_size: int,
@@ -252,6 +255,7 @@ class JobContext:
         self._ddp_done = 0.0
         self.slow_factor = 1.0
         self.last_step_timing: dict[str, Any] | None = None
+        self.tensorboard: TensorBoardLog | None = None  # set by init() from the spec
 
     @property
     def checkpoint_key(self) -> bytes:
@@ -325,7 +329,15 @@ class JobContext:
         """
         clean = {k: _json_safe(v) for k, v in data.items()}
         with self._emit_lock:
-            return self.writer.emit(kind, **clean)
+            ev = self.writer.emit(kind, **clean)
+        if self.tensorboard is not None:
+            if ev.kind == EventKind.CHECKPOINT_SAVED.value:  # a marker, and the step metrics so far reach the file
+                self.tensorboard.marker(f"checkpoint/{clean.get('tier')}", clean.get("step"), clean.get("step"),
+                                        flush=True)
+            elif ev.kind == EventKind.RECOVERY_COMPLETED.value:
+                self.tensorboard.marker("recovery/downtime_s", clean.get("downtime_s"),
+                                        self._steps_done - 1 if self._steps_done else None)
+        return ev
 
     def step(self, step: int, loss: float, **metrics: Any) -> None:
         """Report a completed optimizer step (call it on every rank after each step).
@@ -366,6 +378,8 @@ class JobContext:
         """
         self.check_injected_fault()
         self._beat_step(int(step))
+        if self.tensorboard is not None:  # every step (SummaryWriter queues it for its own thread)
+            self.tensorboard.step(int(step), loss, self.last_step_timing["step_s"], metrics)
         self._steps_done = max(self._steps_done, int(step) + 1)
         now = time.monotonic()
         if self.local_rank == 0 and (self._last_print is None or now - self._last_print >= self.step_interval_s):
@@ -619,6 +633,8 @@ class JobContext:
         for ckpt in list(self._checkpointers):
             ckpt.close()
         self._checkpointers.clear()
+        if self.tensorboard is not None:  # flushes the event file
+            self.tensorboard.close()
         if self.heartbeat is not None:
             self.heartbeat.close()
             self.heartbeat = None
@@ -838,6 +854,9 @@ def init() -> JobContext:
                      owns_default_group=owns, cpu_group=cpu_group, step_interval_s=step_interval,
                      replica_group=replica_group, checkpoint_key=checkpoint_key,
                      heartbeat=_start_heartbeat(env, global_rank, local_rank))
+    tb_dir = log_dir(job_dir, spec.tensorboard, global_rank) if spec is not None else None
+    if tb_dir is not None:  # TensorBoardMissing (pip install tensorboard) here, before training starts
+        ctx.tensorboard = TensorBoardLog(tb_dir, purge_first=ctx.is_restart)
     if global_rank == 0 and not ctx.is_restart:
         script = spec.script if spec is not None else (sys.argv[0] if sys.argv and sys.argv[0] else "<interactive>")
         ctx.emit(EventKind.STARTED, world_size=world_size, nodes=nodes, script=script, restart_count=restart_count)
