@@ -13,6 +13,8 @@ import {
   IDiscoveredCluster,
   IDiscoverQuery,
   IDiscoverWritten,
+  IEnvDiff,
+  IEnvExport,
   IErrorBody,
   IFaultInfo,
   IGoodputAdvice,
@@ -346,5 +348,33 @@ export async function writeDiscoveredProfiles(
   return requestAPI<IDiscoverWritten>('discover', {
     method: 'POST',
     body: JSON.stringify(body)
+  });
+}
+
+/**
+ * The notebook's environment against the cluster interpreter's (Python, torch and its CUDA
+ * build, hyperpod-lab, the packages `script` imports). One probe command on the cluster.
+ *
+ * @param cluster - the cluster profile
+ * @param script - a script or notebook relative to the Lab root, or null for no package rows
+ * @throws {HyperPodAPIError} 404 unknown cluster, 400 bad script, 502 cluster unreachable
+ */
+export async function getEnvDiff(cluster: string, script: string | null): Promise<IEnvDiff> {
+  const q = script ? `?script=${enc(script)}` : '';
+  return requestAPI<IEnvDiff>(`clusters/${enc(cluster)}/env${q}`);
+}
+
+/**
+ * Write the notebook's pinned requirements to the cluster's shared storage.
+ *
+ * @param cluster - the cluster profile
+ * @param name - the environment's name (letters, digits, `.`, `_`, `-`)
+ * @returns the file's path and the command that builds the environment there
+ * @throws {HyperPodAPIError} 400 bad name, 404 unknown cluster, 409 EKS, 502 unreachable
+ */
+export async function exportEnv(cluster: string, name = 'notebook'): Promise<IEnvExport> {
+  return requestAPI<IEnvExport>(`clusters/${enc(cluster)}/env/export`, {
+    method: 'POST',
+    body: JSON.stringify({ name })
   });
 }

@@ -641,3 +641,47 @@ export const IHyperPodModel = new Token<IHyperPodModel>(
   'hyperpod-lab:IHyperPodModel',
   'The state of the HyperPod panel: clusters, jobs, the selected job stream, notices, goodput and discovery.'
 );
+
+// ---- environment parity (GET clusters/{name}/env, POST clusters/{name}/env/export) -----------
+
+/** One compared item of the environment diff (`hyperpod_lab.envparity.Difference`). */
+export interface IEnvDifference {
+  /** `python`, `torch`, `torch CUDA build`, `hyperpod-lab`, `event schema` or `package <module>`. */
+  item: string;
+  /** The notebook's value (null: not installed). */
+  local: string | null;
+  /** The cluster interpreter's value (null: not installed). */
+  remote: string | null;
+  /** `error` refuses a submission; `warning` may change results; `ok` the same. */
+  severity: 'ok' | 'warning' | 'error';
+  /** One line naming both values and the fix. */
+  message: string;
+}
+
+/** What `GET clusters/{name}/env?script=PATH` answers. */
+export interface IEnvDiff {
+  cluster: string;
+  /** False on EKS (the interpreter is in the job's image): `message` says why. */
+  supported: boolean;
+  message?: string;
+  /** The cluster interpreter (the profile's `python`). */
+  python?: string;
+  script?: string | null;
+  summary?: 'ok' | 'warning' | 'error';
+  differences?: IEnvDifference[];
+}
+
+/** What `POST clusters/{name}/env/export` answers. */
+export interface IEnvExport {
+  cluster: string;
+  name: string;
+  /** `<shared_root>/hyperpod-lab/envs/<name>/requirements.txt` on the cluster. */
+  path: string;
+  venv: string;
+  /** The built environment's interpreter, for the profile's `python`. */
+  python: string;
+  /** The shell command that builds the environment on the cluster. */
+  command: string;
+  /** Distributions pinned. */
+  pins: number;
+}

@@ -1,8 +1,8 @@
 /** The submit form: a script path or the current notebook, placement and the three policies. */
 import { Widget } from '@lumino/widgets';
 
-import { HyperPodAPIError } from '../request';
-import { IAdviceQuery, ICluster, IGoodputAdvice, IJobSpec } from '../tokens';
+import { exportEnv, getEnvDiff, HyperPodAPIError } from '../request';
+import { IAdviceQuery, ICluster, IEnvDiff, IGoodputAdvice, IJobSpec } from '../tokens';
 import { button, captionedTable, duration, errorBox, fmt, h, liveBox, percent, uid } from './dom';
 
 /** The recovery modes of the advice, in display order, with their labels. */
@@ -139,6 +139,11 @@ export class SubmitForm extends Widget {
       )
     );
     this._fields.get('nodes')!.addEventListener('input', () => this.updateAdvice());
+    form.appendChild(this._envSection());
+    this._cluster.addEventListener('change', () => this.updateEnv());
+    this._fields.get('script')!.addEventListener('input', () => this.updateEnv());
+    scriptRadio.addEventListener('change', () => this.updateEnv());
+    nbRadio.addEventListener('change', () => this.updateEnv());
     form.appendChild(
       h(
         'fieldset',
@@ -181,6 +186,9 @@ export class SubmitForm extends Widget {
     // after the bounds: an error naming the policy ("elastic") points at its first field
     this._fields.set('elastic.lr_rule', lr);
     this._error = errorBox('hp-submit-error');
+    this._envReason = h('div', { class: 'jp-HyperPod-error', 'data-testid': 'hp-env-block' });
+    this._envReason.hidden = true;
+    form.appendChild(this._envReason);
     this._button = button('hp-submit', 'Submit', { type: 'submit', class: 'jp-HyperPod-button jp-mod-accept' });
     form.appendChild(this._error);
     form.appendChild(this._button);
@@ -204,6 +212,152 @@ export class SubmitForm extends Widget {
       // prefer a real cluster over the built-in local backend
       this._cluster.value = names.find(n => n !== 'local') ?? names[0];
     }
+    this.updateEnv();
+  }
+
+  /**
+   * Compare the notebook's environment with the chosen cluster's interpreter (debounced; the
+   * last request wins) and show it: compact rows of the warnings and errors with both
+   * versions. An error-level difference disables Submit with the reason.
+   */
+  updateEnv(delayMs = 400): void {
+    window.clearTimeout(this._envTimer);
+    this._envTimer = window.setTimeout(() => void this._loadEnv(), delayMs);
+  }
+
+  private _envScript(): string | null {
+    if (!this._scriptRadio.checked) {
+      return this._currentNotebook();
+    }
+    return (this._fields.get('script') as HTMLInputElement).value.trim() || null;
+  }
+
+  private async _loadEnv(): Promise<void> {
+    const cluster = this._cluster.value;
+    const seq = ++this._envSeq;
+    if (!cluster) {
+      return;
+    }
+    this._envBox.setAttribute('aria-busy', 'true');
+    let diff: IEnvDiff | null = null;
+    let error: HyperPodAPIError | null = null;
+    try {
+      diff = await getEnvDiff(cluster, this._envScript());
+    } catch (e) {
+      error =
+        e instanceof HyperPodAPIError ? e : new HyperPodAPIError((e as Error).message, 0, 'Error');
+    }
+    if (seq !== this._envSeq) {
+      return; // a newer choice is being checked
+    }
+    this.showEnv(diff, error);
+  }
+
+  /** Show an environment diff (or why there is none) and block Submit on an error. */
+  showEnv(diff: IEnvDiff | null, error: HyperPodAPIError | null): void {
+    const box = this._envBox;
+    box.setAttribute('aria-busy', 'false');
+    box.textContent = '';
+    this._setEnvBlock(null);
+    if (error) {
+      // the script field's errors (a path outside the root, a syntax error) and an unreachable
+      // cluster are shown, not blocking: the submission reports them itself
+      box.setAttribute('data-summary', 'unknown');
+      box.appendChild(h('div', { class: 'jp-HyperPod-dim', 'data-testid': 'hp-env-error' }, error.message));
+      return;
+    }
+    if (!diff || !diff.supported) {
+      box.setAttribute('data-summary', 'unsupported');
+      box.appendChild(h('div', { class: 'jp-HyperPod-dim' }, diff?.message ?? ''));
+      return;
+    }
+    const rows = diff.differences ?? [];
+    const bad = rows.filter(d => d.severity !== 'ok');
+    const summary = diff.summary ?? 'ok';
+    box.setAttribute('data-summary', summary);
+    const warnings = bad.filter(d => d.severity === 'warning').length;
+    const errors = bad.filter(d => d.severity === 'error').length;
+    box.appendChild(
+      h(
+        'div',
+        { class: `jp-HyperPod-env-summary jp-mod-${summary}`, 'data-testid': 'hp-env-summary' },
+        summary === 'ok'
+          ? `Environment matches ${diff.cluster} (${diff.python})`
+          : `${errors ? `${errors} error${errors === 1 ? '' : 's'}` : ''}${errors && warnings ? ', ' : ''}` +
+              `${warnings ? `${warnings} warning${warnings === 1 ? '' : 's'}` : ''} against ${diff.cluster} ` +
+              `(${diff.python})`
+      )
+    );
+    if (bad.length) {
+      const list = h('ul', { class: 'jp-HyperPod-env-list', 'aria-label': 'Environment differences' });
+      for (const d of bad) {
+        list.appendChild(
+          h(
+            'li',
+            {
+              class: `jp-mod-${d.severity}`,
+              'data-testid': 'hp-env-row',
+              'data-item': d.item,
+              'data-severity': d.severity,
+              title: d.message
+            },
+            `${d.severity === 'error' ? 'error' : 'warning'}: ${d.item} ${d.local ?? 'missing'} (notebook) → ` +
+              `${d.remote ?? 'missing'} (cluster)`
+          )
+        );
+      }
+      box.appendChild(list);
+    }
+    const same = rows.filter(d => d.severity === 'ok').map(d => `${d.item} ${d.local ?? ''}`.trim());
+    if (same.length) {
+      box.appendChild(h('div', { class: 'jp-HyperPod-dim' }, `Same: ${same.join(', ')}`));
+    }
+    if (errors) {
+      this._setEnvBlock(bad.filter(d => d.severity === 'error').map(d => d.message).join('; '));
+    }
+  }
+
+  private _setEnvBlock(reason: string | null): void {
+    this._envBlock = reason;
+    this._button.disabled = reason !== null;
+    this._button.title = reason ? `Submit is disabled: ${reason}` : '';
+    this._envReason.hidden = reason === null;
+    this._envReason.textContent = reason ? `Submit is disabled: ${reason}` : '';
+  }
+
+  private async _export(): Promise<void> {
+    const out = this._envExport;
+    out.textContent = 'Exporting…';
+    try {
+      const res = await exportEnv(this._cluster.value);
+      out.textContent = '';
+      out.appendChild(
+        h('div', { 'data-testid': 'hp-env-export-path' }, `Wrote ${res.pins} pins to ${res.path}. Build it on the cluster with:`)
+      );
+      out.appendChild(h('code', { class: 'jp-HyperPod-code', 'data-testid': 'hp-env-export-command' }, res.command));
+      out.appendChild(
+        h('div', { class: 'jp-HyperPod-dim' }, `then set python = "${res.python}" in the cluster profile`)
+      );
+    } catch (e) {
+      out.textContent = '';
+      out.appendChild(h('div', { class: 'jp-HyperPod-error' }, (e as Error).message));
+    }
+  }
+
+  private _envSection(): HTMLElement {
+    this._envBox = liveBox('jp-HyperPod-env', 'hp-env', { 'aria-busy': 'false' });
+    this._envExport = liveBox('jp-HyperPod-env-export', 'hp-env-export');
+    const exp = button('hp-env-export-button', 'Export requirements');
+    exp.title = "Write this notebook's pinned packages to the cluster's shared storage";
+    exp.addEventListener('click', () => void this._export());
+    return h(
+      'fieldset',
+      { class: 'jp-HyperPod-fieldset', 'data-testid': 'hp-env-section' },
+      h('legend', {}, 'Environment (notebook vs cluster)'),
+      this._envBox,
+      exp,
+      this._envExport
+    );
   }
 
   /** Set a control by its JobSpec field name (tests and commands use it). */
@@ -427,6 +581,10 @@ export class SubmitForm extends Widget {
   /** Validate, submit through the owner, and show any error next to its field. */
   async submit(): Promise<void> {
     this._showError(null, null);
+    if (this._envBlock !== null) {
+      this._showError(`Submit is disabled: ${this._envBlock}`, null);
+      return;
+    }
     let req: ISubmitRequest;
     try {
       req = this.read();
@@ -442,7 +600,7 @@ export class SubmitForm extends Widget {
       const field = e instanceof HyperPodAPIError ? e.field : null;
       this._showError((e as Error).message, field);
     } finally {
-      this._button.disabled = false;
+      this._button.disabled = this._envBlock !== null;
       this._button.textContent = 'Submit';
     }
   }
@@ -552,6 +710,12 @@ export class SubmitForm extends Widget {
     return h('div', { class: 'jp-HyperPod-field jp-HyperPod-check' }, h('label', {}, input, ' ', label));
   }
 
+  private _envBox!: HTMLDivElement;
+  private _envExport!: HTMLDivElement;
+  private _envReason: HTMLDivElement;
+  private _envBlock: string | null = null;
+  private _envSeq = 0;
+  private _envTimer = 0;
   private _onSubmit: (req: ISubmitRequest) => Promise<void>;
   private _currentNotebook: () => string | null;
   private _requestAdvice: (query: IAdviceQuery | null) => void;
