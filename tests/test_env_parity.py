@@ -204,6 +204,9 @@ def test_the_same_interpreter_is_all_ok_and_eks_is_reported_not_supported(tmp_pa
     eks = ClusterProfile(name="eks-x", orchestrator="eks", eks_cluster="x", region="us-west-2", image="img:1")
     with pytest.raises(envparity.EnvCheckUnsupported, match="running pod"):
         envparity.probe_cluster(eks)
+    gone = dataclasses.replace(client.scheduler("local").profile, python="/nonexistent/bin/python")
+    with pytest.raises(EnvironmentMismatch, match="/nonexistent/bin/python.*was not found"):
+        envparity.probe_cluster(gone, use_cache=False)
 
 
 def _env(python="3.11.7", torch=("2.13.0", None), hpl=("0.1.0", 1, None), mods=None):
