@@ -323,6 +323,74 @@ export interface IFaultInfo {
   [key: string]: unknown;
 }
 
+/** One line of `GET jobs/{id}/logs/triage`: identical lines of several ranks collapsed. */
+export interface ITriageLine {
+  /** The line, without its newline (cut at 4096 characters). */
+  text: string;
+  /** The ranks that printed it, ascending. */
+  ranks: number[];
+  /** Rank -> byte offset of the line in that rank's log file. */
+  offsets: { [rank: string]: number };
+  /** Rank -> its log file, relative to the job directory. */
+  sources?: { [rank: string]: string };
+  /** torchrun's attempt (restart count, 0 first), or null for a backend's own log. */
+  attempt?: number | null;
+  /** `stdout`, `stderr` or `log`. */
+  stream?: string;
+}
+
+/** The first failing rank and its traceback (`hyperpod_lab.logtriage.first_failure`). */
+export interface ITriageFailure {
+  rank: number;
+  node: string | null;
+  /** Its log file, relative to the job directory (null: no traceback found). */
+  source: string | null;
+  attempt: number | null;
+  /** Byte offset of `Traceback (most recent call last):` in `source`. */
+  offset: number | null;
+  end: number | null;
+  /** The final exception line, e.g. `RuntimeError: ...`. */
+  exception: string | null;
+  exception_offset: number | null;
+  traceback_text: string | null;
+  /** `python`, `fatal` or `childfailed`. */
+  kind: string | null;
+  /** Seconds since the epoch, when known. */
+  time: number | null;
+  /** How the rank was found: its `fault.detected` event, torchrun's error file, or the logs. */
+  found_by: 'event' | 'error_file' | 'log';
+}
+
+/** A search match of `GET jobs/{id}/logs/triage?q=...`. */
+export interface ITriageMatch {
+  rank: number;
+  source: string;
+  attempt: number | null;
+  stream: string;
+  offset: number;
+  text: string;
+}
+
+/** What `GET jobs/{id}/logs/triage` answers (view, search or traceback window). */
+export interface ILogTriage {
+  job_id: string;
+  ranks: number[];
+  known_ranks?: number[];
+  nodes: { [rank: string]: string | null };
+  lines?: ITriageLine[];
+  matches?: ITriageMatch[];
+  first_failure: ITriageFailure | null;
+  /** Send back to read on (follow mode: only new lines; search: the next part). */
+  cursor: string;
+  sizes?: { [rank: string]: { [source: string]: number | null } };
+  /** Rank -> bytes read for this answer. */
+  read?: { [rank: string]: number };
+  more?: boolean;
+  scanned?: number;
+  done?: boolean;
+  bytes_read: number;
+}
+
 /** One recovery mode of `GET goodput/advice` (`hyperpod_lab.goodput.advise`). */
 export interface IGoodputMode {
   /** Recommended checkpoint interval, seconds (a whole number of steps). */
