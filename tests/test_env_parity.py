@@ -268,3 +268,60 @@ def test_the_rest_route_returns_the_diff_and_404_for_an_unknown_cluster(old_clus
         assert "0.0.1" in body["error"]["message"]
     finally:
         srv.stop()
+
+
+def test_the_submit_form_shows_the_diff_and_blocks_an_incompatible_cluster(old_cluster, dev_cluster, script):
+    """Playwright in Debian's Chromium, a real ``jupyter lab``: choosing the stand-in cluster shows
+    torch 2.13.0 -> 2.12.0 and disables Submit naming hyperpod-lab 0.0.1; the dev cluster's own
+    interpreter matches and re-enables it; Export requirements shows the path and the command."""
+    import shutil as _shutil
+
+    from benchmarks._lab import Lab, launch_chromium
+    from playwright.sync_api import sync_playwright
+
+    artifacts = os.path.join(os.path.dirname(HERE), "test-artifacts", "env-parity")
+    os.makedirs(artifacts, exist_ok=True)
+    root = os.path.dirname(script)
+    env_dir = f"{old_cluster.shared_root}/hyperpod-lab/envs/notebook"
+    existed = os.path.isdir(env_dir)
+    lab = Lab(root, log_path=os.path.join(artifacts, "jupyter-lab.log")).start()
+    try:
+        with sync_playwright() as p:
+            browser = launch_chromium(p)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(60000)
+            page.goto(lab.lab_url(), wait_until="domcontentloaded")
+            page.locator('.jp-SideBar [data-id="hyperpod-lab-sidebar"]').click()
+            sidebar = page.locator("[data-testid=hp-sidebar]")
+            sidebar.locator("[data-testid=hp-submit-toggle]").click()
+            form = sidebar.locator("[data-testid=hp-submit-form]")
+            form.get_by_label("Script path", exact=True).fill("train.py")
+            form.get_by_label("Cluster", exact=True).select_option(PROFILE)
+            env = form.locator("[data-testid=hp-env]")
+            env.locator("xpath=self::*[@data-summary='error']").wait_for()
+            torch_row = env.locator('[data-testid=hp-env-row][data-item="torch"]')
+            assert torch_row.get_attribute("data-severity") == "warning"
+            assert "2.12.0" in torch_row.inner_text() and "2.13.0" in torch_row.inner_text()
+            assert env.locator('[data-testid=hp-env-row][data-item="package yaml"]').count() == 1
+            submit = form.locator("[data-testid=hp-submit]")
+            assert submit.is_disabled()
+            block = form.locator("[data-testid=hp-env-block]")
+            assert block.is_visible() and "0.0.1" in block.inner_text() and "pip install hyperpod-lab==" in \
+                block.inner_text()
+            form.locator("[data-testid=hp-env-section]").scroll_into_view_if_needed()
+            page.screenshot(path=os.path.join(artifacts, "1-incompatible.png"))
+            # the dev cluster's own interpreter (the notebook's): all the same, Submit enabled again
+            form.get_by_label("Cluster", exact=True).select_option(dev_cluster.name)
+            env.locator("xpath=self::*[@data-summary='ok']").wait_for()
+            assert not submit.is_disabled() and not block.is_visible()
+            form.locator("[data-testid=hp-env-export-button]").click()
+            path = form.locator("[data-testid=hp-env-export-path]")
+            path.wait_for()
+            assert f"{env_dir}/requirements.txt" in path.inner_text()
+            assert "-m venv" in form.locator("[data-testid=hp-env-export-command]").inner_text()
+            page.screenshot(path=os.path.join(artifacts, "2-ok-exported.png"))
+            browser.close()
+    finally:
+        lab.stop()
+        if not existed:
+            _shutil.rmtree(env_dir, ignore_errors=True)
