@@ -17,15 +17,19 @@ unchanged. What, at every :meth:`JobContext.step <hyperpod_lab.runtime.context.J
 
 A restarted process opens a new event file with ``purge_step`` = its first step, so
 TensorBoard drops the steps recomputed after the restart from the older file (one curve).
-SummaryWriter queues events for its own background thread (queue of :data:`MAX_QUEUE`; a
-full queue would block the step); the writer is flushed when a checkpoint is saved and closed
-(flushed) when the job finishes or the process tears down. See docs/tensorboard.md.
+The step only queues the values: a thread of this module builds the summaries (SummaryWriter's
+``add_scalar``, ~30 us each) and SummaryWriter's own thread writes the file; the writer is
+flushed when a checkpoint is saved and closed (flushed) when the job finishes or the process
+tears down. A failing writer (disk full) prints one line to stderr and stops; training goes on.
+See docs/tensorboard.md.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import queue
+import sys
 import threading
 from typing import Any
 
@@ -62,7 +66,12 @@ def _number(v: Any) -> float | None:
 
 
 class TensorBoardLog:
-    """One rank's SummaryWriter, opened lazily at the first step.
+    """One rank's SummaryWriter, fed from a queue by a thread of its own.
+
+    :meth:`step` and :meth:`marker` only put a tuple on a queue (about a microsecond): building
+    the summaries' protocol buffers costs ~30 us a scalar in the caller's thread, so a daemon
+    thread (``hyperpod-tensorboard``) makes the SummaryWriter calls; SummaryWriter's own thread
+    then writes the file. The writer is opened there at the first item.
 
     Args:
         path: the log directory (see :func:`log_dir`).
@@ -82,48 +91,78 @@ class TensorBoardLog:
         self._cls = SummaryWriter
         self.path, self._purge_first = path, purge_first
         self._writer = None
-        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()  # orders close() against put()
         self._closed = False
-
-    def _open(self, step: int):
-        if self._writer is None:
-            self._writer = self._cls(self.path, purge_step=step if self._purge_first else None,
-                                     max_queue=MAX_QUEUE, flush_secs=FLUSH_SECS)
-        return self._writer
+        self.error: str | None = None  # the writer thread's exception, if it stopped on one
+        self._thread = threading.Thread(target=self._run, name="hyperpod-tensorboard", daemon=True)
+        self._thread.start()
 
     def step(self, step: int, loss: Any, step_s: float | None, metrics: dict[str, Any]) -> None:
-        """Scalars of one step: ``loss``, ``steps_per_s`` and the numeric ``metrics``."""
-        with self._lock:
-            if self._closed:
-                return
-            w = self._open(step)
-            value = _number(loss)
-            if value is not None:
-                w.add_scalar("loss", value, step)
-            if step_s:
-                w.add_scalar("steps_per_s", 1.0 / step_s, step)
-            for name, v in metrics.items():
-                value = _number(v)
-                if value is not None:
-                    w.add_scalar(str(name), value, step)
+        """Queue the scalars of one step: ``loss``, ``steps_per_s`` (1 / ``step_s``) and the
+        numeric ``metrics`` (others are skipped; tensors must have one element)."""
+        scalars = [("loss", loss)] + ([("steps_per_s", 1.0 / step_s)] if step_s else []) + list(metrics.items())
+        scalars = [(k, v.detach() if hasattr(v, "detach") else v) for k, v in scalars]  # .item() is the thread's
+        self._put(("scalars", int(step), scalars))
 
     def marker(self, tag: str, value: Any, step: int | None, flush: bool = False) -> None:
-        """A scalar marker (``checkpoint/<tier>``, ``recovery/downtime_s``); ``flush``: write
-        everything queued to the file now."""
-        value = _number(value)
-        with self._lock:
-            if self._closed or step is None:
-                return
-            w = self._open(int(step))
-            if value is not None:
-                w.add_scalar(tag, value, int(step))
-            if flush:
-                w.flush()
+        """Queue a scalar marker (``checkpoint/<tier>``, ``recovery/downtime_s``) at ``step``
+        (None: nothing); ``flush``: then write everything queued so far to the file."""
+        if step is not None:
+            self._put(("scalars", int(step), [(tag, value)]))
+        if flush:
+            self._put(("flush",))
 
-    def close(self) -> None:
-        """Flush and close (idempotent)."""
+    def sync(self, timeout_s: float = 60.0) -> bool:
+        """Wait until everything queued before this call went through SummaryWriter (not
+        necessarily to the file: see ``flush``). Returns False on timeout or when closed."""
+        done = threading.Event()
+        self._put(("sync", done))
+        return done.wait(timeout_s) if not self._closed else False
+
+    def _put(self, item: tuple) -> None:
         with self._lock:
-            self._closed = True
-            if self._writer is not None:
-                self._writer.close()
-                self._writer = None
+            if not self._closed:
+                self._queue.put(item)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item[0] == "close":
+                break
+            if self.error is not None:
+                if item[0] == "sync":
+                    item[1].set()
+                continue
+            try:
+                if item[0] == "sync":
+                    item[1].set()
+                    continue
+                if item[0] == "flush":
+                    if self._writer is not None:
+                        self._writer.flush()
+                    continue
+                _, step, scalars = item
+                if self._writer is None:
+                    self._writer = self._cls(self.path, purge_step=step if self._purge_first else None,
+                                             max_queue=MAX_QUEUE, flush_secs=FLUSH_SECS)
+                for tag, v in scalars:
+                    value = _number(v)
+                    if value is not None:
+                        self._writer.add_scalar(str(tag), value, step)
+            except Exception as e:  # e.g. the job directory is gone: no more metrics, training goes on
+                self.error = f"{type(e).__name__}: {e}"
+                print(f"hyperpod-lab: TensorBoard writer stopped: {self.error}", file=sys.stderr, flush=True)
+        if self._writer is not None:
+            self._writer.close()  # flushes the event file
+            self._writer = None
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Write what is queued, flush and close the event file (idempotent; waits up to
+        ``timeout_s`` seconds for the writer thread)."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._queue.put(("close",))
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout_s)
