@@ -507,8 +507,11 @@ def first_failure(logs: RankLogs, ranks: list[int], faults: list[dict] | None = 
                   near_time: float | None = None) -> dict | None:
     """The first failing rank and its traceback.
 
-    Which rank: the earliest ``fault.detected`` event (of ``faults``: the events' dicts, with
-    ``time`` and ``data.rank``) marked ``root_cause``, else the earliest with a rank; without
+    Which rank: of the ``fault.detected`` events (``faults``: the events' dicts, with ``time``
+    and ``data.rank``), those whose reason is not a consequence of another rank's failure (a
+    peer's "connection closed by peer", a SIGTERM: each node's agent marks its own root cause,
+    and by error-file age, so a consequence can carry ``root_cause``) first, then those marked
+    ``root_cause``, then the earliest; without
     events, the earliest failure torchrun recorded (``error.json`` timestamps), else the earliest
     traceback in attempt order that is not a consequence of another rank's failure
     (:attr:`Traceback.secondary`), ties to the lowest rank. Only ``ranks`` are considered.
@@ -527,7 +530,14 @@ def first_failure(logs: RankLogs, ranks: list[int], faults: list[dict] | None = 
     """
     wanted = set(ranks)
     event = None
-    for ev in sorted(faults or [], key=lambda e: (not (e.get("data") or {}).get("root_cause"), e.get("time") or 0)):
+    def order(e: dict) -> tuple:
+        d = e.get("data") or {}
+        # each node's agent names its own root cause: a peer's "connection closed" is a consequence
+        # (the agent's root_cause is its own guess by error-file age; seen wrong within a second)
+        return (bool(_SECONDARY.search(str(d.get("reason") or ""))), not d.get("root_cause"),
+                d.get("detected_at") or e.get("time") or 0)
+
+    for ev in sorted(faults or [], key=order):
         r = (ev.get("data") or {}).get("rank")
         if isinstance(r, int) and not isinstance(r, bool) and r in wanted:
             event = ev
