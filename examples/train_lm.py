@@ -359,6 +359,10 @@ def train(ctx, hp, args: argparse.Namespace) -> None:
     log(f"train_lm: {count_params(model):,} params, corpus {len(train_data) + len(heldout):,} bytes "
         f"({len(heldout):,} held out), world {world}, threads/rank {threads}, device {device}")
 
+    if ctx.replica_group is not None:  # --recovery checkpointless: one replica group per node
+        train_checkpointless(ctx, args, model, opt, train_data, heldout, device, warmup, log)
+        return
+
     # Tiered checkpointing (memory -> peer replica -> shared storage -> S3, intervals from the
     # job's spec). The checkpoint holds the unwrapped model, so it restores at any world size.
     ckpt = hp.TieredCheckpointer(ctx, {"model": model, "optimizer": opt})
@@ -399,6 +403,59 @@ def train(ctx, hp, args: argparse.Namespace) -> None:
     eval_loss = evaluate(model, heldout, args, rank, world, device)
     log(f"final loss {final_loss:.4f} eval_loss {eval_loss:.4f}" if final_loss is not None
         else f"no steps to run (start {start} >= --steps {args.steps}); eval_loss {eval_loss:.4f}")
+    ctx.finish(final_loss=final_loss, eval_loss=eval_loss)
+
+
+def train_checkpointless(ctx, args, model, opt, train_data, heldout, device, warmup, log) -> None:
+    """The step loop of a ``--recovery checkpointless`` job (``ctx.replica_group`` set): each
+    node is a data-parallel replica group under torchft (``hyperpod_lab.runtime.ft``).
+
+    A sample is a ``seq_len``-byte window of the training split (sample ``i`` starts at byte
+    ``i * seq_len``); ``ElasticBatches`` deals the global batch (``--batch-size`` x the job's
+    initial nodes x ranks per node, or the spec's ``elastic.global_batch_size``) over the live
+    replica groups, so a lost node doubles the survivors' gradient accumulation and keeps the
+    global batch. The learning rate is the warmup/cosine schedule of the DDP path scaled by the
+    plan's ``lr / --lr`` (``lr_rule`` of the effective batch). A rank that dies heals from a
+    live peer's memory (``checkpoint.restored`` tier ``replica``); the job's checkpoint policy is
+    the fallback for when every replica is lost.
+    """
+    from hyperpod_lab.runtime.elastic import ElasticBatches
+    from hyperpod_lab.runtime.ft import Checkpointless
+
+    spec = ctx.spec
+    nodes = spec.nodes if spec is not None and spec.nodes else 1
+    global_batch = (spec.elastic.global_batch_size if spec is not None and spec.elastic.global_batch_size
+                    else args.batch_size * nodes * ctx.world_size)
+    batches = ElasticBatches((len(train_data) - 1) // args.seq_len, global_batch, args.batch_size, seed=args.seed,
+                             base_lr=args.lr, lr_rule=spec.elastic.lr_rule if spec is not None else "linear")
+    ft = Checkpointless(ctx, model, opt, batches)
+    log(f"checkpointless: replica group {ctx.replica_group}, global batch {global_batch} sequences")
+    final_loss = None
+    model.train()
+    while ft.step < args.steps:
+        t0 = time.perf_counter()
+        plan = ft.begin_step()  # quorum; heals from a live peer when behind
+        lr = plan.lr * lr_at(plan.step, args.steps, args.lr, warmup) / args.lr
+        for group in opt.param_groups:
+            group["lr"] = lr
+        loss_sum = 0.0
+        for mb in plan.micro_batches:
+            x, y = windows(train_data, [i * args.seq_len for i in mb], args.seq_len)
+            loss = lm_loss(model, x.to(device), y.to(device)) * plan.weight(len(mb))
+            loss.backward()
+            loss_sum += loss.item()
+        if args.step_sleep > 0:
+            time.sleep(args.step_sleep)
+        if ft.end_step(loss_sum):  # all-reduce over the quorum, commit, optimizer step
+            final_loss = ft.loss
+            tok_s = plan.effective_batch * args.seq_len / max(time.perf_counter() - t0, 1e-9)
+            log(f"step {plan.step} loss {final_loss:.4f} tok/s {tok_s:.0f}")
+            ctx.step(plan.step, loss=final_loss, tokens_per_s=tok_s, lr=lr, replicas=plan.replicas,
+                     accumulation_steps=plan.accumulation_steps)
+    eval_loss = evaluate(model, heldout, args, ctx.rank, ctx.world_size, device)
+    log(f"final loss {final_loss:.4f} eval_loss {eval_loss:.4f}" if final_loss is not None
+        else f"no steps to run (--steps {args.steps}); eval_loss {eval_loss:.4f}")
+    ft.close()
     ctx.finish(final_loss=final_loss, eval_loss=eval_loss)
 
 

@@ -107,6 +107,22 @@ def _empty_like_tree(obj: Any) -> Any:
     return obj
 
 
+def thread_read_bytes() -> int | None:
+    """Bytes the calling thread has read through read(2)-family system calls so far (``rchar``
+    of ``/proc/thread-self/io``, Linux: the bytes its read calls returned, whether the page
+    cache served them or not, a byte read twice counting twice), or None where the kernel does
+    not say. A restore's difference of two readings is what it read from storage
+    (``checkpoint.restored.read_bytes``)."""
+    try:
+        with open("/proc/thread-self/io", "rb") as f:
+            for line in f:
+                if line.startswith(b"rchar:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def short_error(exc: BaseException, limit: int = 500) -> str:
     """One line: ``Type: message``; for DCP's CheckpointException, the first failing rank's cause."""
     failures = getattr(exc, "failures", None)
@@ -253,6 +269,7 @@ class Checkpointer:
                         marker = None  # never sent on: nothing of it is used
                 listing.append((step, path, complete, marker, marker_error))
         candidates = self.broadcast(listing)
+        read0 = thread_read_bytes()  # bytes read from storage: verification and load, every rank
         skipped: list[tuple[str, bool]] = []  # (path, committed)
         for step, path, complete, marker, marker_error in candidates:
             t0 = time.monotonic()
@@ -275,11 +292,18 @@ class Checkpointer:
                 skipped.append((path, True))
                 continue
             seconds = time.monotonic() - t0
+            read1 = thread_read_bytes()
+            read = torch.tensor([read1 - read0 if read0 is not None and read1 is not None else -1], dtype=torch.int64)
+            if self.ctx.world_size > 1:  # every rank's reads; -1 (unknown) anywhere makes the sum unknown
+                unknown = (read < 0).to(torch.int64)
+                dist.all_reduce(read, group=self._pg)
+                dist.all_reduce(unknown, group=self._pg)
+                read = torch.tensor([-1]) if unknown.item() else read
             if self.ctx.rank == 0:
                 self._remove_skipped(skipped)
                 nbytes = marker.get("bytes") if isinstance(marker.get("bytes"), int) else dir_bytes(path)
                 self.ctx.emit(EventKind.CHECKPOINT_RESTORED, tier=TIER_PERSISTENT, step=step, bytes=nbytes,
-                              seconds=seconds, path=path)
+                              seconds=seconds, path=path, read_bytes=int(read.item()) if read.item() >= 0 else None)
             return step
         if self.ctx.rank == 0:
             self._remove_skipped(skipped)
