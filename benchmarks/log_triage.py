@@ -1,0 +1,147 @@
+"""Log triage by byte range against reading whole logs (issue 18, item 3).
+
+A job directory in torchrun's layout (``logs/torchrun/<run>/attempt_<k>/<local_rank>/
+{stdout,stderr}.log``, ``ranks/rank-R.json``) with ``--ranks`` ranks whose ``stdout.log`` holds
+``--mb`` MB each (the lines every rank prints, a few of its own) and one rank's ``stderr.log``
+a Python traceback, tracked as a local job. Measured in the same run, each ``--repeat`` times
+(median):
+
+* baseline: what a triage without byte ranges does: every rank's files read whole (the
+  scheduler's ``logs()``, in 1 MiB pages), then the traceback finder over all of it;
+* ``triage``: ``hyperpod_lab.logtriage.triage`` as the Lab's first request makes it (the tail
+  of each file collapsed across ranks, and the first failure);
+* ``follow``: a follow poll with that reply's cursor (nothing new: nothing read);
+* ``search``: one search request (8 MiB scan bound) for a string that is not there.
+
+Printed: seconds and bytes read of each, ratios against the baseline; written as JSON.
+
+Usage: .venv/bin/python benchmarks/log_triage.py [--ranks 4] [--mb 50] [--repeat 3]
+       [--out benchmarks/results/log_triage.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+TRACEBACK = """[rank{r}]: Traceback (most recent call last):
+[rank{r}]:   File "/shared/train.py", line 31, in <module>
+[rank{r}]:     loss = model(batch)
+[rank{r}]: RuntimeError: CUDA error: an illegal memory access was encountered
+"""
+
+
+def build(job_dir: str, ranks: int, mb: int, failing: int) -> None:
+    run = os.path.join(job_dir, "logs", "torchrun", "bench_run", "attempt_0")
+    os.makedirs(os.path.join(job_dir, "ranks"), exist_ok=True)
+    block = "".join(f"step {i} loss {1.0 / (i + 1):.6f} tokens/s 123456\n" for i in range(1000)).encode()
+    for r in range(ranks):
+        slot = os.path.join(run, str(r))
+        os.makedirs(slot, exist_ok=True)
+        with open(os.path.join(slot, "stdout.log"), "wb") as f:
+            f.write(f"loading data...\nrank {r} says hello\n".encode())
+            for _ in range(mb * 10 ** 6 // len(block)):
+                f.write(block)
+        with open(os.path.join(slot, "stderr.log"), "w") as f:
+            f.write(TRACEBACK.format(r=r) if r == failing else "")
+        with open(os.path.join(job_dir, "ranks", f"rank-{r}.json"), "w") as f:
+            json.dump({"rank": r, "local_rank": r, "node": "bench", "host": "bench",
+                       "log_file": os.path.join(slot, "stdout.log"), "world_size": ranks}, f)
+
+
+def timed(fn, repeat: int):
+    runs, out = [], None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = fn()
+        runs.append(time.perf_counter() - t)
+    return statistics.median(runs), out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--mb", type=int, default=50, help="MB of each rank's stdout.log")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "log_triage.json"))
+    a = p.parse_args()
+
+    tmp = tempfile.mkdtemp(prefix="hyperpod-lab-bench-triage-")
+    os.environ.setdefault("HYPERPOD_LAB_CONFIG", os.path.join(tmp, "clusters.toml"))
+    os.environ.setdefault("HYPERPOD_LAB_DATA_DIR", os.path.join(tmp, "data"))
+    from benchmarks._common import track_local_job
+    from hyperpod_lab import logtriage as lt
+    from hyperpod_lab.client import Client
+    from hyperpod_lab.jobs import JobStore
+
+    try:
+        job_dir = os.path.join(tmp, "job")
+        failing = a.ranks - 1
+        build(job_dir, a.ranks, a.mb, failing)
+        store = JobStore(os.path.join(tmp, "jobs"))
+        rec = track_local_job(job_dir, "bench-triage", store)
+        client = Client(store)
+        sched = client.scheduler(rec.cluster)
+        total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(os.path.join(job_dir, "logs"))
+                    for f in fs)
+
+        def baseline():
+            n, found = 0, []
+            logs = lt.RankLogs(sched, rec)
+            for r in range(a.ranks):
+                for src in logs.sources(r):
+                    pos = 0
+                    while True:  # the whole file, in 1 MiB pages (as Scheduler.logs reads)
+                        chunk = logs.read(src, pos, 1 << 20)
+                        data = chunk.raw or b""
+                        n += len(data)
+                        found.extend(lt.find_tracebacks(lt.split_lines(data, pos, True, True)[0]))
+                        if not data or chunk.end >= (chunk.size or 0):
+                            break
+                        pos = chunk.end
+            return n, found
+
+        t_base, (base_bytes, found) = timed(baseline, a.repeat)
+        assert found and "illegal memory access" in found[0].exception
+        t_tri, reply = timed(lambda: lt.triage(client, rec.job_id, tail=True), a.repeat)
+        assert reply["first_failure"]["rank"] == failing, reply["first_failure"]
+        cursor = lt.decode_cursor(reply["cursor"])
+        t_fol, fol = timed(lambda: lt.triage(client, rec.job_id, cursor=cursor, failure=False), a.repeat)
+        t_sea, sea = timed(lambda: lt.triage(client, rec.job_id, q="no such text", failure=False), a.repeat)
+        result = {
+            "benchmark": "log_triage", "ranks": a.ranks, "mb_per_rank": a.mb, "log_bytes": total,
+            "repeat": a.repeat, "machine": platform.node(), "cpus": os.cpu_count(),
+            "baseline_whole_read": {"s": t_base, "bytes_read": base_bytes},
+            "triage_view_and_failure": {"s": t_tri, "bytes_read": reply["bytes_read"], "lines": len(reply["lines"])},
+            "follow_poll": {"s": t_fol, "bytes_read": fol["bytes_read"]},
+            "search_8mib": {"s": t_sea, "bytes_read": sea["bytes_read"], "scanned": sea["scanned"]},
+        }
+        result["ratio_time_baseline_over_triage"] = t_base / t_tri
+        result["ratio_bytes_baseline_over_triage"] = base_bytes / max(1, reply["bytes_read"])
+        print(f"logs: {a.ranks} ranks x {a.mb} MB ({total / 1e6:.0f} MB)")
+        print(f"baseline (whole files + traceback scan): {t_base:.3f} s, {base_bytes / 1e6:.1f} MB read")
+        print(f"triage (tail view + first failure):      {t_tri:.3f} s, {reply['bytes_read'] / 1e3:.1f} kB read "
+              f"-> {result['ratio_time_baseline_over_triage']:.0f}x faster, "
+              f"{result['ratio_bytes_baseline_over_triage']:.0f}x fewer bytes")
+        print(f"follow poll (nothing new):               {t_fol:.4f} s, {fol['bytes_read']} bytes read")
+        print(f"search (8 MiB scan bound):               {t_sea:.3f} s, {sea['scanned'] / 1e6:.1f} MB scanned")
+        os.makedirs(os.path.dirname(a.out), exist_ok=True)
+        with open(a.out, "w") as f:
+            json.dump(result, f, indent=2)
+        print(f"wrote {a.out}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
