@@ -312,6 +312,8 @@ class JobAggregate:
             v = d.get(f)
             if isinstance(v, (str, int, float)) and not isinstance(v, bool):
                 m[f] = v
+        if isinstance(d.get("root_cause"), bool):  # a fault caused by another rank's is False
+            m["root_cause"] = d["root_cause"]
         marks.append(m)
 
     def _bucket(self, step: int, t: float, loss: float | None, sps: float | None) -> None:
@@ -379,7 +381,7 @@ class JobAggregate:
         recovery or rescale. A mark is ``{kind (event kind), cat (fault/hang/recovery/restore/
         straggler/health/exclusion/scaling/checkpoint-error/lifecycle), t, rank (None on the job
         lane), label, writer, seq, node?, step?, restored_step?, tier?, reason?, downtime_s?,
-        score?}``. Spans and marks are sorted by time.
+        score?, root_cause? (bool: False for a fault another rank's caused)}``. Spans and marks are sorted by time.
         """
         out: dict[str, dict] = {"job": {"spans": [], "marks": []}}
         for r in self.ranks_sorted:

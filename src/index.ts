@@ -3,7 +3,7 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { ICommandPalette, InputDialog, Notification } from '@jupyterlab/apputils';
+import { ICommandPalette, InputDialog, MainAreaWidget, Notification } from '@jupyterlab/apputils';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
@@ -11,6 +11,7 @@ import { HyperPodModel } from './model';
 import { DEFAULT_SLOW_FACTOR, FAULT_KINDS, type FaultKind } from './request';
 import { IHyperPodModel } from './tokens';
 import { HyperPodSidebar, SIDEBAR_ID } from './widgets/sidebar';
+import { JobDashboard } from './widgets/dashboard/dashboard';
 
 export * from './tokens';
 export { describeEvent } from './format';
@@ -18,6 +19,7 @@ export { HyperPodModel } from './model';
 export { FAULT_KINDS, HyperPodAPIError } from './request';
 export type { FaultKind } from './request';
 export { HyperPodSidebar, SIDEBAR_ID } from './widgets/sidebar';
+export { JobDashboard } from './widgets/dashboard/dashboard';
 
 /** The id of the plugin. */
 export const PLUGIN_ID = 'hyperpod-lab:plugin';
@@ -30,6 +32,7 @@ export namespace CommandIDs {
   export const cancel = 'hyperpod:cancel-selected';
   export const inject = 'hyperpod:inject-failure';
   export const discover = 'hyperpod:discover';
+  export const dashboard = 'hyperpod:open-dashboard';
 }
 
 const ICON_SVG = `<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16" viewBox="0 0 24 24">
@@ -92,7 +95,8 @@ const plugin: JupyterFrontEndPlugin<IHyperPodModel> = {
       model,
       currentNotebook: () => currentNotebookPath(app),
       saveNotebook: path => saveNotebook(app, path),
-      onError
+      onError,
+      openDashboard: jobId => void app.commands.execute(CommandIDs.dashboard, { jobId })
     });
     sidebar.title.icon = hyperpodIcon;
     (labShell ?? app.shell).add(sidebar, 'left', { rank: 600 });
@@ -179,6 +183,38 @@ const plugin: JupyterFrontEndPlugin<IHyperPodModel> = {
       execute: () => {
         open();
         sidebar!.openDiscover();
+      }
+    });
+    // one dashboard tab per job, in the main area
+    const dashboards = new Map<string, MainAreaWidget<JobDashboard>>();
+    commands.addCommand(CommandIDs.dashboard, {
+      label: args => (args.jobId ? `HyperPod: Dashboard of ${args.jobId}` : 'HyperPod: Open Dashboard of Selected Job'),
+      caption: 'Lanes per rank, loss and throughput, goodput, events and logs of a job, in a main-area tab',
+      // args: jobId (default: the selected job)
+      isEnabled: args => typeof args.jobId === 'string' || model.selectedId !== null,
+      execute: args => {
+        const jobId = typeof args.jobId === 'string' ? args.jobId : model.selectedId;
+        if (!jobId) {
+          return;
+        }
+        let widget = dashboards.get(jobId);
+        if (!widget || widget.isDisposed) {
+          const content = new JobDashboard({ model, jobId });
+          content.title.icon = hyperpodIcon; // (MainAreaWidget takes its title from the content's)
+          content.title.closable = true;
+          widget = new MainAreaWidget({ content });
+          widget.id = `hp-dashboard-tab-${jobId}`;
+          const name = model.jobs.jobs.find(j => j.job_id === jobId)?.name ?? jobId;
+          widget.title.label = `Dashboard: ${name}`;
+          widget.title.caption = `HyperPod job ${jobId}`;
+          widget.title.icon = hyperpodIcon;
+          widget.title.closable = true;
+          dashboards.set(jobId, widget);
+          widget.disposed.connect(() => dashboards.delete(jobId));
+          app.shell.add(widget, 'main');
+        }
+        app.shell.activateById(widget.id);
+        return widget;
       }
     });
     model.selectionChanged.connect(() => commands.notifyCommandChanged());

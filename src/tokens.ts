@@ -710,6 +710,94 @@ export const IHyperPodModel = new Token<IHyperPodModel>(
   'The state of the HyperPod panel: clusters, jobs, the selected job stream, notices, goodput and discovery.'
 );
 
+// ---- job dashboard (issue 18; GET jobs/{id}/dashboard, hyperpod_lab/aggregate.py) ----------
+
+/** A run on a lane: consecutive steps, or consecutive checkpoints of one tier. */
+export interface IDashboardSpan {
+  kind: 'step' | 'checkpoint';
+  /** First and last event's time, seconds since the epoch. */
+  t0: number;
+  t1: number;
+  /** First and last step of the run. */
+  step0: number;
+  step1: number;
+  /** Events in the run. */
+  count: number;
+  /** Checkpoints: memory, peer, persistent, s3, replica. */
+  tier?: string;
+}
+
+/** A point event on a lane (fault, hang, recovery, straggler, health, exclusion, scaling, ...). */
+export interface IDashboardMark {
+  /** The event kind, e.g. `fault.detected`. */
+  kind: EventKind | string;
+  /** fault, hang, recovery, restore, straggler, health, exclusion, scaling, checkpoint-error, lifecycle. */
+  cat: string;
+  /** Seconds since the epoch. */
+  t: number;
+  /** null on the job lane. */
+  rank: number | null;
+  label: string;
+  writer: string;
+  seq: number;
+  node?: string;
+  step?: number;
+  restored_step?: number;
+  tier?: string;
+  reason?: string;
+  downtime_s?: number;
+  score?: number;
+  /** Faults: false for one another rank's fault caused (e.g. a sibling SIGTERMed). */
+  root_cause?: boolean;
+}
+
+/** One entry of the compact timeline: a checkpoint span per tier, or a mark. */
+export interface IDashboardTimelineEntry {
+  kind: string;
+  cat: string;
+  t: number;
+  label: string;
+  t1?: number;
+  tier?: string;
+  step0?: number;
+  step1?: number;
+  count?: number;
+  ranks?: number[];
+  rank?: number | null;
+  node?: string;
+  writer?: string;
+  seq?: number;
+}
+
+/** The step series, downsampled by min/max buckets. */
+export interface IDashboardSeries {
+  step: number[];
+  loss: (number | null)[];
+  steps_per_s: (number | null)[];
+  /** Seconds since the epoch (the bucket's last event). */
+  t: number[];
+  /** Steps per bucket. */
+  width: number;
+  points: number;
+}
+
+/** What `GET jobs/{id}/dashboard` answers. */
+export interface IJobDashboard {
+  job_id: string;
+  t0: number | null;
+  t1: number | null;
+  /** Highest step + 1, or null before any step. */
+  steps: number | null;
+  ranks: number[];
+  /** Events folded so far. */
+  events: number;
+  dropped_marks?: number;
+  /** `job` and one lane per rank (`"0"`, `"1"`, ...). */
+  lanes: { [lane: string]: { spans: IDashboardSpan[]; marks: IDashboardMark[] } };
+  timeline: IDashboardTimelineEntry[];
+  series: IDashboardSeries;
+}
+
 // ---- environment parity (GET clusters/{name}/env, POST clusters/{name}/env/export) -----------
 
 /** One compared item of the environment diff (`hyperpod_lab.envparity.Difference`). */

@@ -1,1 +1,3 @@
 import './base.css';
+import 'uplot/dist/uPlot.min.css';
+import './dashboard.css';

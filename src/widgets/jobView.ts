@@ -2,7 +2,7 @@
 import { Widget } from '@lumino/widgets';
 
 import { describeEvent, healthFailed, plural } from '../format';
-import { IHyperPodModel, IJobEvent, IJobProgress, isTerminal } from '../tokens';
+import { IHyperPodModel, IJobEvent, IJobProgress, IMeasuredGoodput, isTerminal } from '../tokens';
 import { button, captionedTable, clock, duration, fmt, h, labelledList, liveBox, percent, uid } from './dom';
 import { renderLossChart } from './lossChart';
 
@@ -118,6 +118,98 @@ function kindClass(ev: IJobEvent): string {
     return 'jp-mod-scaled';
   }
   return 'jp-mod-lifecycle';
+}
+
+/**
+ * Render a job's measured goodput into `box`: the value, a stacked bar of where the wall time
+ * went and its table (`hp-goodput-value`, `hp-goodput-bar`, `hp-goodput-lost`); while `m` is
+ * null, why (`error`) or that it comes after the first steps. Used by the job view and the
+ * job dashboard.
+ */
+export function renderGoodput(box: HTMLElement, m: IMeasuredGoodput | null, error: string | null): void {
+  box.textContent = '';
+  if (!m) {
+    const why = error;
+    box.appendChild(
+      h(
+        'div',
+        { class: 'jp-HyperPod-dim', 'data-testid': 'hp-goodput-pending' },
+        why ? `Not measured yet: ${why}` : 'Measured after the first steps.'
+      )
+    );
+    return;
+  }
+  const recoveries = plural(m.faults, 'recovery', 'recoveries');
+  box.appendChild(
+    h(
+      'div',
+      { class: 'jp-HyperPod-goodputValue' },
+      'Measured goodput ',
+      h(
+        'strong',
+        { 'data-testid': 'hp-goodput-value', 'data-goodput': m.goodput ?? '' },
+        percent(m.goodput)
+      ),
+      h(
+        'span',
+        { class: 'jp-HyperPod-dim' },
+        ` of ${duration(m.wall_s)} wall · ${m.steps} steps` +
+          `${m.step_time_s !== null ? ` of ${fmt(m.step_time_s)} s` : ''} · ${recoveries}`
+      )
+    )
+  );
+  const wall = m.wall_s > 0 ? m.wall_s : null;
+  const parts = TIME_PARTS.map(([key, label]) => {
+    const s = key === 'useful' ? m.useful_s : m.lost_s[key];
+    return { key, label, s: s ?? null };
+  }).filter(p => !OPTIONAL_PARTS.has(p.key) || (p.s !== null && p.s > 0));
+  const bar = h('div', {
+    class: 'jp-HyperPod-timeBar',
+    role: 'img',
+    'data-testid': 'hp-goodput-bar',
+    'aria-label':
+      'Wall time: ' +
+      parts
+        .filter(p => p.s !== null && wall)
+        .map(p => `${p.label} ${percent(p.s! / wall!)}`)
+        .join(', ')
+  });
+  const body = h('tbody');
+  for (const p of parts) {
+    const frac = p.s !== null && wall ? p.s / wall : null;
+    if (frac !== null && frac > 0) {
+      bar.appendChild(
+        h('span', {
+          class: `jp-HyperPod-timePart jp-mod-${p.key}`,
+          style:
+            `width: ${Math.min(100, frac * 100).toFixed(2)}%` +
+            (PART_COLORS[p.key] ? `; background: ${PART_COLORS[p.key]}` : ''),
+          title: `${p.label}: ${duration(p.s)}`
+        })
+      );
+    }
+    body.appendChild(
+      h(
+        'tr',
+        { 'data-cause': p.key, 'data-seconds': p.s ?? '' },
+        h(
+          'th',
+          { scope: 'row' },
+          h('span', {
+            class: `jp-HyperPod-swatch jp-mod-${p.key}`,
+            style: PART_COLORS[p.key] ? `background: ${PART_COLORS[p.key]}` : null
+          }),
+          p.label
+        ),
+        h('td', { class: 'jp-mod-number' }, p.s === null ? '—' : `${fmt(p.s)} s`),
+        h('td', { class: 'jp-mod-number' }, percent(frac))
+      )
+    );
+  }
+  box.append(
+    bar,
+    captionedTable('hp-goodput-lost', 'Where the wall time went', ['Part', 'Time', 'Of wall'], body)
+  );
 }
 
 /**
@@ -266,96 +358,11 @@ export class JobView extends Widget {
     this._append(this._model.stream.events);
   }
 
-  /** Measured goodput and where the wall time went: a stacked bar and a table. */
+  /** Measured goodput and where the wall time went (see `renderGoodput`). */
   private _renderGoodput(): void {
-    const box = this._goodput;
-    if (!box) {
-      return;
+    if (this._goodput) {
+      renderGoodput(this._goodput, this._model.measured.measured, this._model.measured.error);
     }
-    const m = this._model.measured.measured;
-    box.textContent = '';
-    if (!m) {
-      const why = this._model.measured.error;
-      box.appendChild(
-        h(
-          'div',
-          { class: 'jp-HyperPod-dim', 'data-testid': 'hp-goodput-pending' },
-          why ? `Not measured yet: ${why}` : 'Measured after the first steps.'
-        )
-      );
-      return;
-    }
-    const recoveries = plural(m.faults, 'recovery', 'recoveries');
-    box.appendChild(
-      h(
-        'div',
-        { class: 'jp-HyperPod-goodputValue' },
-        'Measured goodput ',
-        h(
-          'strong',
-          { 'data-testid': 'hp-goodput-value', 'data-goodput': m.goodput ?? '' },
-          percent(m.goodput)
-        ),
-        h(
-          'span',
-          { class: 'jp-HyperPod-dim' },
-          ` of ${duration(m.wall_s)} wall · ${m.steps} steps` +
-            `${m.step_time_s !== null ? ` of ${fmt(m.step_time_s)} s` : ''} · ${recoveries}`
-        )
-      )
-    );
-    const wall = m.wall_s > 0 ? m.wall_s : null;
-    const parts = TIME_PARTS.map(([key, label]) => {
-      const s = key === 'useful' ? m.useful_s : m.lost_s[key];
-      return { key, label, s: s ?? null };
-    }).filter(p => !OPTIONAL_PARTS.has(p.key) || (p.s !== null && p.s > 0));
-    const bar = h('div', {
-      class: 'jp-HyperPod-timeBar',
-      role: 'img',
-      'data-testid': 'hp-goodput-bar',
-      'aria-label':
-        'Wall time: ' +
-        parts
-          .filter(p => p.s !== null && wall)
-          .map(p => `${p.label} ${percent(p.s! / wall!)}`)
-          .join(', ')
-    });
-    const body = h('tbody');
-    for (const p of parts) {
-      const frac = p.s !== null && wall ? p.s / wall : null;
-      if (frac !== null && frac > 0) {
-        bar.appendChild(
-          h('span', {
-            class: `jp-HyperPod-timePart jp-mod-${p.key}`,
-            style:
-              `width: ${Math.min(100, frac * 100).toFixed(2)}%` +
-              (PART_COLORS[p.key] ? `; background: ${PART_COLORS[p.key]}` : ''),
-            title: `${p.label}: ${duration(p.s)}`
-          })
-        );
-      }
-      body.appendChild(
-        h(
-          'tr',
-          { 'data-cause': p.key, 'data-seconds': p.s ?? '' },
-          h(
-            'th',
-            { scope: 'row' },
-            h('span', {
-              class: `jp-HyperPod-swatch jp-mod-${p.key}`,
-              style: PART_COLORS[p.key] ? `background: ${PART_COLORS[p.key]}` : null
-            }),
-            p.label
-          ),
-          h('td', { class: 'jp-mod-number' }, p.s === null ? '—' : `${fmt(p.s)} s`),
-          h('td', { class: 'jp-mod-number' }, percent(frac))
-        )
-      );
-    }
-    box.append(
-      bar,
-      captionedTable('hp-goodput-lost', 'Where the wall time went', ['Part', 'Time', 'Of wall'], body)
-    );
   }
 
   private _renderHeader(): void {

@@ -44,9 +44,12 @@ export class HyperPodSidebar extends Panel {
     /** Save the notebook at `path` if it has unsaved changes (the server reads the file). */
     saveNotebook: (path: string) => Promise<void>;
     onError: (action: string, error: Error) => void;
+    /** Open a job's dashboard in the main area (the job list's Dashboard button, double-click). */
+    openDashboard?: (jobId: string) => void;
   }) {
     super();
     this._model = options.model;
+    this._openDashboard = options.openDashboard ?? null;
     this.id = SIDEBAR_ID;
     this.addClass('jp-HyperPodSidebar');
     this.node.setAttribute('data-testid', 'hp-sidebar');
@@ -184,7 +187,10 @@ export class HyperPodSidebar extends Panel {
 
   private _renderJobs(): void {
     const jobs = this._model.jobs.jobs;
-    const focused = (document.activeElement as HTMLElement | null)?.closest?.('[data-job-id]')?.getAttribute('data-job-id');
+    // the job button that had the focus gets it back (only one of this list: a job's dashboard
+    // tab carries data-job-id too and must keep its focus)
+    const active = document.activeElement as HTMLElement | null;
+    const focused = active && this._jobs.contains(active) ? active.closest('[data-job-id]')?.getAttribute('data-job-id') : null;
     this._jobs.textContent = '';
     if (jobs.length === 0) {
       this._jobs.appendChild(h('li', { class: 'jp-HyperPodSidebar-placeholder' }, 'No jobs yet.'));
@@ -234,8 +240,22 @@ export class HyperPodSidebar extends Panel {
         last ? h('div', { class: 'jp-HyperPod-dim jp-HyperPod-jobLast' }, describeEvent(last)) : null
       );
       button.addEventListener('click', () => this._model.select(job.job_id));
+      const open = this._openDashboard;
+      let dash: HTMLButtonElement | null = null;
+      if (open) {
+        button.addEventListener('dblclick', () => open(job.job_id));
+        dash = h('button', {
+          type: 'button',
+          class: 'jp-HyperPod-button jp-HyperPod-dashButton',
+          'data-testid': 'hp-open-dashboard',
+          'data-job-id': job.job_id,
+          title: `Open the dashboard of ${job.name} in the main area`,
+          'aria-label': `Dashboard of ${job.name}`
+        }, 'Dashboard');
+        dash.addEventListener('click', () => open(job.job_id));
+      }
       this._jobs.appendChild(
-        h('li', { class: 'jp-HyperPod-job', 'data-testid': 'hp-job', 'data-job-id': job.job_id, 'data-state': job.status }, button)
+        h('li', { class: 'jp-HyperPod-job', 'data-testid': 'hp-job', 'data-job-id': job.job_id, 'data-state': job.status }, button, dash)
       );
       if (job.job_id === focused) {
         button.focus();
@@ -244,6 +264,7 @@ export class HyperPodSidebar extends Panel {
   }
 
   private _model: IHyperPodModel;
+  private _openDashboard: ((jobId: string) => void) | null;
   private _error: HTMLDivElement;
   private _clusters: HTMLUListElement;
   private _jobs: HTMLUListElement;
