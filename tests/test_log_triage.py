@@ -29,6 +29,7 @@ import pytest
 
 from hyperpod_lab import cli, logtriage as lt
 from hyperpod_lab.client import Client
+from hyperpod_lab.errors import SpecError
 from hyperpod_lab.jobs import JobStore
 from slurm_jobs import Follow
 
@@ -135,6 +136,10 @@ def test_collapse_keeps_each_ranks_order():
     assert [(o["text"], o["ranks"]) for o in out] == [("a", [0, 1, 2]), ("x0", [0]), ("b", [0, 1, 2]),
                                                        ("x1", [1]), ("c", [0, 1, 2])]
     assert lt.rank_set_label([0, 1, 2, 3, 5, 7, 8]) == "0-3,5,7-8"
+    assert lt.parse_ranks(" 0, 2-4,2 ") == [0, 2, 3, 4] and lt.parse_ranks("") is None
+    for bad in ("x", "3-1", "0-100000", "1;2", "-1"):
+        with pytest.raises(SpecError, match="ranks"):
+            lt.parse_ranks(bad)
 
 
 def test_fatal_python_error_and_child_failed_blocks(tmp_path):
@@ -213,6 +218,8 @@ def test_rest_view_first_failure_and_bad_parameters(server, failed_job):
         status, err = _get(server, failed_job, **params)
         assert status == 400 and err["error"]["field"] == field, (params, status, err)
     assert _get(server, "no-such-job")[0] == 404
+    status, err = _get(server, failed_job, ranks="7")
+    assert status == 409 and "rank 7" in err["error"]["message"] and "known ranks: [0, 1]" in err["error"]["message"]
 
 
 def test_rest_reads_are_bounded_on_a_50_mb_log(server, store_client, failed_job):
