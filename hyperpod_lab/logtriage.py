@@ -781,7 +781,8 @@ def triage(client, job_id: str, ranks: list[int] | None = None, cursor: dict[str
         q, regex, scan, limit: a search instead of the view (:func:`search`); ``cursor`` is then
             the search's own cursor.
         around_traceback: the view is the window around the first failing rank's traceback
-            (:func:`around`); with ``ranks``, the first failure among them.
+            (:func:`around`); with ``ranks``, the first failure among them; a rank that failed
+            without a traceback (SIGKILL, a lost node): the tail of its files.
         near_time: seconds since the epoch: pick the failing rank's traceback nearest it.
         failure: also find the first failure (:func:`first_failure`).
 
@@ -814,8 +815,12 @@ def triage(client, job_id: str, ranks: list[int] | None = None, cursor: dict[str
     if q:
         out.update(search(logs, chosen, q, regex, cursor, scan, limit))
     elif around_traceback:
-        out.update(around(logs, fail, length) if fail else
-                   {"lines": [], "cursor": {}, "sizes": {}, "read": {}, "more": False})
+        if fail and fail.get("offset") is not None:
+            out.update(around(logs, fail, length))
+        elif fail:  # it failed without a traceback (a kill, a lost node): its last lines
+            out.update(read_view(logs, [fail["rank"]], {}, length, True, over))
+        else:
+            out.update({"lines": [], "cursor": {}, "sizes": {}, "read": {}, "more": False})
     else:
         out.update(read_view(logs, chosen, cursor or {}, length, tail, over))
     out["nodes"] = {r: logs.node(r) for r in chosen}

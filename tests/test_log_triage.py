@@ -327,3 +327,21 @@ def test_triage_over_ssh_finds_the_failing_rank_on_slurm(dev_cluster, client):
     assert data == TB
     assert any(ln["text"] == "loading data..." and ln["ranks"] == [0, 1] for ln in reply["lines"])
     assert reply["bytes_read"] < 1 << 20
+
+
+def test_a_killed_rank_has_no_traceback_and_its_last_lines_are_shown(store_client):
+    job_id = cli.run(["submit", SCRIPT, "--cluster", "local", "--procs-per-node", "2", "--name", "triage-kill",
+                      "--max-retries", "0", "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001",
+                      "--", "--steps", "300", "--sleep", "0.1"], client=store_client)
+    job = Follow(store_client, job_id)
+    job.until(lambda: any(e.data["step"] >= 3 for e in job.kinds("step")), "step 3")
+    store_client.inject_fault(job_id, 1, kind="kill")
+    job.until(lambda: job.kinds("fault.detected", rank=1), "rank 1's fault.detected")
+    job.until(lambda: _over(store_client, job_id), "the end")
+    reply = lt.triage(store_client, job_id, around_traceback=True, ranks=[1])
+    f = reply["first_failure"]
+    assert f["rank"] == 1 and f["found_by"] == "event" and f["offset"] is None and "SIGKILL" in f["exception"], f
+    # no traceback to show: the rank's last lines instead
+    texts = [ln["text"] for ln in reply["lines"]]
+    assert reply["ranks"] == [1] and "rank 1 says hello" in texts and any(t.startswith("step ") for t in texts)
+    assert all(ln["ranks"] == [1] for ln in reply["lines"])

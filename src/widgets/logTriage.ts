@@ -443,7 +443,15 @@ export class LogTriagePanel extends Widget {
 
   private _highlightFailure(f: ITriageFailure | null): void {
     if (!f || f.offset === null || f.offset === undefined) {
-      this._say(f ? `rank ${f.rank} failed; no traceback found in its log` : 'no failure found', !f);
+      // no traceback (SIGKILL, a lost node): the server sent the rank's last lines
+      this._list.scrollTop = this._list.scrollHeight;
+      this._say(
+        f
+          ? `rank ${f.rank}${f.node ? ` on ${f.node}` : ''} failed (${f.exception ?? 'no reason given'}); ` +
+              'no traceback in its log: its last lines'
+          : 'no failure found',
+        !f
+      );
       return;
     }
     const key = String(f.rank);
