@@ -446,19 +446,56 @@ def _link_jupyter_server_extension(serverapp):
 #: ``/api/contents/<drive>:<dir>/checkpoints`` and ``.../checkpoints/<name>``: jupyter-server routes
 #: these to its file-checkpoint API (``CheckpointsHandler``: GET lists a file's saved versions;
 #: ``ModifyCheckpointsHandler``: no GET, 405), so a job's ``checkpoints`` directory and its
-#: ``step-N`` directories could not be listed. For a jupyter-fs drive (``<8 hex>:``, whose
-#: managers keep no file checkpoints) a GET there is the contents GET of that directory.
-DRIVE_CHECKPOINTS_DIR = r"/api/contents(?P<path>/[0-9a-f]{8}:(?:[^/]+/)*checkpoints(?:/[\w-]+)?)/?"
+#: ``step-N`` directories could not be listed. On a jupyter-fs drive (``<8 hex>:``) such a path is
+#: served as the directory when it is one, and as jupyter-server's checkpoint API otherwise (the
+#: Lab lists a file's checkpoints at ``<file>/checkpoints`` when it opens it). The path is matched
+#: as sent: the Lab sends the drive's ``:`` as ``%3A``.
+DRIVE_CHECKPOINTS_DIR = (r"/api/contents(?P<path>/[0-9a-f]{8}(?::|%3[aA])(?:[^/]+/)*?[^/]*?)/?/checkpoints"
+                         r"(?:/(?P<checkpoint_id>[\w-]+))?/?")
 
 
 def _drive_checkpoints_handler():
-    from jupyter_server.services.contents.handlers import ContentsHandler
+    from jupyter_server.services.contents.handlers import (
+        CheckpointsHandler,
+        ContentsHandler,
+        ModifyCheckpointsHandler,
+    )
+    from jupyter_server.utils import ensure_async
+    from tornado.web import HTTPError
 
     class DriveCheckpointsDirHandler(ContentsHandler):
-        """GET (and HEAD) of a directory named ``checkpoints`` (or one inside it) on a jupyter-fs
-        drive: the contents model, as for any other directory. Other methods: 405."""
+        """A jupyter-fs drive's ``<dir>/checkpoints[/<name>]``: the contents API when that is a
+        directory, jupyter-server's checkpoint API (the same handlers' code) when it is not."""
 
-        SUPPORTED_METHODS = ("GET", "HEAD")
+        @staticmethod
+        def _dir(path: str, checkpoint_id) -> str:
+            return path.rstrip("/") + "/checkpoints" + (f"/{checkpoint_id}" if checkpoint_id else "")
+
+        async def _is_dir(self, path, checkpoint_id) -> bool:
+            return bool(await ensure_async(self.contents_manager.dir_exists(self._dir(path, checkpoint_id))))
+
+        async def get(self, path="", checkpoint_id=None):
+            if await self._is_dir(path, checkpoint_id):
+                return await ContentsHandler.get(self, self._dir(path, checkpoint_id))
+            if checkpoint_id is None:
+                return await CheckpointsHandler.get(self, path)
+            raise HTTPError(405)
+
+        async def post(self, path="", checkpoint_id=None):
+            if checkpoint_id is None:
+                return await CheckpointsHandler.post(self, path)
+            return await ModifyCheckpointsHandler.post(self, path, checkpoint_id)
+
+        async def delete(self, path="", checkpoint_id=None):
+            if checkpoint_id is not None and not await self._is_dir(path, checkpoint_id):
+                return await ModifyCheckpointsHandler.delete(self, path, checkpoint_id)
+            return await ContentsHandler.delete(self, self._dir(path, checkpoint_id))
+
+        async def put(self, path="", checkpoint_id=None):
+            return await ContentsHandler.put(self, self._dir(path, checkpoint_id))
+
+        async def patch(self, path="", checkpoint_id=None):
+            return await ContentsHandler.patch(self, self._dir(path, checkpoint_id))
 
     return DriveCheckpointsDirHandler
 
