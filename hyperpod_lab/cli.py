@@ -120,13 +120,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "torch, hyperpod-lab and imported packages against the cluster interpreter's; exit 1 on an "
                         "error-level difference); env export --cluster NAME [--name ENV] (the notebook's pinned "
                         "requirements to the cluster's shared storage, and the command that builds them there)")
-    en.add_argument("action", choices=["diff", "export"])
-    en.add_argument("script", nargs="?", help="diff: the training script whose imports are compared")
-    en.add_argument("--cluster", default=os.environ.get("HYPERPOD_LAB_CLUSTER", "local"),
-                    help="cluster profile (default: $HYPERPOD_LAB_CLUSTER or 'local')")
-    en.add_argument("--name", default="notebook", help="export: the environment's name (default 'notebook'): "
+    en_sub = en.add_subparsers(dest="env_action", required=True, parser_class=_Parser)
+    ed = en_sub.add_parser("diff", help="compare the notebook's environment with the cluster interpreter's")
+    ed.add_argument("script", nargs="?", help="the training script whose imported packages are compared")
+    ex = en_sub.add_parser("export", help="write the notebook's pinned requirements to the cluster's shared storage")
+    ex.add_argument("--name", default="notebook", help="the environment's name (default 'notebook'): "
                     "<shared_root>/hyperpod-lab/envs/NAME/requirements.txt")
-    en.add_argument("--json", action="store_true")
+    for e in (ed, ex):
+        e.add_argument("--cluster", default=os.environ.get("HYPERPOD_LAB_CLUSTER", "local"),
+                       help="cluster profile (default: $HYPERPOD_LAB_CLUSTER or 'local')")
+        e.add_argument("--json", action="store_true")
 
     j = sub.add_parser("jobs", help="list jobs")
     j.add_argument("--json", action="store_true")
@@ -476,12 +479,13 @@ def _env(a: argparse.Namespace, say, client) -> int:
     """``env diff`` / ``env export`` (:mod:`hyperpod_lab.envparity`); 1 when diff finds an error."""
     from hyperpod_lab import envparity
     from hyperpod_lab.clusters import get_profile
+    from hyperpod_lab.schedulers import for_profile
 
     profile = get_profile(a.cluster)
-    if a.action == "export":
-        if a.script:
-            raise SpecError("arguments", "env export takes no SCRIPT; give --cluster and optionally --name")
-        remote = client.scheduler(a.cluster).remote if profile.orchestrator != "eks" else None
+    # the cluster's backend without Client.scheduler's probe on connect (the diff probes itself);
+    # for_profile refuses a profile with FILL-IN placeholders, naming them
+    remote = for_profile(profile).remote if profile.orchestrator != "eks" else None
+    if a.env_action == "export":
         res = envparity.export(profile, a.name, remote=remote)
         if a.json:
             say(json.dumps(res, indent=2))
@@ -492,7 +496,6 @@ def _env(a: argparse.Namespace, say, client) -> int:
             say(f"then set python = \"{res['python']}\" in the '{profile.name}' cluster profile")
         return 0
     try:
-        remote = client.scheduler(a.cluster).remote if profile.orchestrator != "eks" else None
         report = envparity.env_diff(profile, a.script, remote=remote)
     except envparity.EnvCheckUnsupported as e:
         say(f"not checked: {e}")
