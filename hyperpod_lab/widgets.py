@@ -1,10 +1,14 @@
 """A live job monitor for notebooks (ipywidgets): ``%hyperpod watch JOB`` or ``job.monitor()``.
 
-It shows the job's state, a progress bar of steps, a loss plot (an SVG polyline redrawn at most
-every ``plot_interval_s``), the latest events and a fault/recovery timeline (faults red,
-recoveries green with their downtime, checkpoints blue, the nodes' pre-flight health checks and
-excluded nodes with the node they name; the header lists the excluded nodes). A background
-thread reads the job's
+It shows the job's state, a progress bar of steps, a loss plot (matplotlib, drawn into a PNG shown
+by an ``ipywidgets.Image``: loss and steps/s by step, from the same aggregation as the Lab's job
+dashboard, :class:`hyperpod_lab.aggregate.JobAggregate`; redrawn at most every
+``plot_interval_s``, and at the latest ``plot_interval_s`` after the newest step arrived), the
+latest events and the fault/recovery timeline of that aggregation: one line per run of
+checkpoints of a tier (all ranks: ``checkpoint peer steps 4-40 (x37) · ranks 0, 1``), one per
+fault and per recovery (faults red, recoveries green with their downtime), the nodes' pre-flight
+health checks and excluded nodes with the node they name; the header lists the excluded nodes.
+A background thread reads the job's
 events (``Client.event_reader``, the same cursor-based reader the CLI uses) and updates
 the widgets' traits; ipykernel sends trait changes made from threads, so the monitor keeps updating
 while other cells run. The thread stops when the ``finished`` event arrives or the job is
@@ -14,12 +18,14 @@ terminal and no more events come (or on :meth:`JobMonitor.stop`).
 from __future__ import annotations
 
 import html
+import io
 import threading
 import time
 from typing import Any
 
 import ipywidgets as widgets
 
+from hyperpod_lab.aggregate import JobAggregate
 from hyperpod_lab.events import Event, EventKind
 from hyperpod_lab.progress import Progress
 
@@ -41,18 +47,25 @@ class JobMonitor:
         client: a ``hyperpod_lab.client.Client`` (default: a new one over the user's store).
         interval_s: seconds between event reads.
         status_interval_s: seconds between scheduler state checks (one batched poll).
-        plot_interval_s: the loss plot is redrawn at most this often (seconds).
+        plot_interval_s: the loss plot, timeline and goodput are redrawn at most this often
+            (seconds); a redraw held back is done as soon as it is due, new events or not.
         table_rows: events shown in the table (the newest).
+        plot_points: at most this many points in the loss plot (the aggregate's min/max
+            downsampling keeps peaks).
         start: start the reader thread now.
 
     Attributes:
         events: every Event read so far; progress: :class:`hyperpod_lab.progress.Progress`;
-        state: last known job status (``running``...); done: set when the monitor stopped.
+        aggregate: the :class:`~hyperpod_lab.aggregate.JobAggregate` of those events (the
+            timeline and the plot's data); state: last known job status (``running``...);
+        done: set when the monitor stopped.
+        plot_series: the ``JobAggregate.series(plot_points)`` dict the plot was last drawn from
+            (None before the first step); plot_png: that PNG (bytes), also ``plot.value``.
         widget: the ``ipywidgets.VBox`` shown in the notebook.
     """
 
     def __init__(self, job_id: str, client=None, interval_s: float = 0.5, status_interval_s: float = 3.0,
-                 plot_interval_s: float = 2.0, table_rows: int = 12, start: bool = True):
+                 plot_interval_s: float = 2.0, table_rows: int = 12, plot_points: int = 1000, start: bool = True):
         if client is None:
             from hyperpod_lab.client import Client
 
@@ -60,11 +73,14 @@ class JobMonitor:
         self.job_id, self.client = str(job_id), client
         rec = client.get(self.job_id)  # UnknownJob early, in the caller's cell
         self.interval_s, self.status_interval_s = interval_s, status_interval_s
-        self.plot_interval_s, self.table_rows = plot_interval_s, table_rows
+        self.plot_interval_s, self.table_rows, self.plot_points = plot_interval_s, table_rows, plot_points
         self.events: list[Event] = []
         self.progress = Progress(rec.spec)
+        self.aggregate = JobAggregate()
         self.state = rec.status
-        self.losses: list[tuple[int, float]] = []
+        self.plot_series: dict[str, Any] | None = None
+        self.plot_png: bytes | None = None
+        self._plotted: tuple | None = None  # what the PNG shows: (steps, last step, loss, width)
         self.error: str | None = None
         self.done = threading.Event()
         self._stop = threading.Event()
@@ -75,15 +91,16 @@ class JobMonitor:
                                        description="steps", bar_style="info",
                                        layout=widgets.Layout(width="60%"))
         self.bar_label = widgets.Label()
-        self.plot = widgets.HTML()
+        self.plot_status = widgets.HTML()
+        self.plot = widgets.Image(format="png", layout=widgets.Layout(display="none"))
         self.timeline = widgets.HTML()
         self.table = widgets.HTML()
         from hyperpod_lab.goodput.measure import GoodputMeter
 
         self.meter = GoodputMeter()  # where the wall time went (its own facts fold of the same events)
         self.goodput = widgets.HTML()
-        self.widget = widgets.VBox([self.header, widgets.HBox([self.bar, self.bar_label]), self.plot,
-                                    self.timeline, self.goodput, self.table])
+        self.widget = widgets.VBox([self.header, widgets.HBox([self.bar, self.bar_label]), self.plot_status,
+                                    self.plot, self.timeline, self.goodput, self.table])
         self.widget.add_class("hyperpod-lab-monitor")
         self._render(force_plot=True)
         self._thread = threading.Thread(target=self._run, name=f"hyperpod-monitor-{self.job_id}", daemon=True)
@@ -159,8 +176,7 @@ class JobMonitor:
         self.events.append(ev)
         self.progress.update(ev)
         self.meter.update(ev)
-        if ev.kind == EventKind.STEP.value and isinstance(ev.data.get("loss"), (int, float)):
-            self.losses.append((int(ev.data.get("step", len(self.losses))), float(ev.data["loss"])))
+        self.aggregate.fold(ev)
 
     # ---- rendering -----------------------------------------------------------------------
     def _render(self, force_plot: bool = False, final: bool = False) -> None:
@@ -181,12 +197,69 @@ class JobMonitor:
         now = time.monotonic()
         if force_plot or now - self._last_plot >= self.plot_interval_s:
             self._last_plot, self._plot_pending = now, False
-            self.plot.value = loss_svg(self.losses)
-            self.timeline.value = timeline_html(self.events)
+            self._draw_plot()
+            self.timeline.value = timeline_html(aggregate=self.aggregate, health=self._health_checks())
             self.goodput.value = goodput_html(self.meter)
         else:
             self._plot_pending = True
         self.table.value = events_table(self.events[-self.table_rows:])
+
+
+    def _health_checks(self) -> list[Event]:
+        return [e for e in self.events if e.kind == EventKind.HEALTH_CHECKED.value]
+
+    def _draw_plot(self) -> None:
+        """Redraw the loss plot from the aggregate's series when steps arrived since the last
+        drawing (a PNG costs ~0.1 s; matplotlib is imported at the first one)."""
+        series = self.aggregate.series(self.plot_points)
+        if not series["points"]:
+            self.plot_status.value = "<div class='hp-plot-status' style='color:gray'>loss: waiting for the first step</div>"
+            return
+        losses = [v for v in series["loss"] if v is not None]
+        key = (self.aggregate.steps, series["step"][-1], series["loss"][-1], series["width"], series["points"])
+        last = next(((st, v) for st, v in zip(reversed(series["step"]), reversed(series["loss"])) if v is not None), None)
+        text = (f"loss {last[1]:.4g} at step {last[0]}" if last else
+                "loss: the steps arrived without a finite loss (NaN or inf is reported as null)")
+        self.plot_status.value = (f"<div class='hp-plot-status' data-points='{series['points']}'>{html.escape(text)} · "
+                                  f"{series['points']} points, steps {series['step'][0]}-{series['step'][-1]}</div>")
+        if key == self._plotted:
+            return
+        png = loss_png(series)
+        self.plot_series, self.plot_png, self._plotted = series, png, key
+        self.plot.value = png
+        self.plot.layout.display = None if losses or any(v is not None for v in series["steps_per_s"]) else "none"
+
+
+def loss_png(series: dict[str, Any], width_px: int = 520, height_px: int = 200, dpi: int = 100) -> bytes:
+    """A PNG (bytes) of a :meth:`JobAggregate.series <hyperpod_lab.aggregate.JobAggregate.series>`
+    dict: loss by step (left axis, solid) and steps/s by step (right axis, dashed), drawn with
+    matplotlib's object API (``matplotlib.figure.Figure``, Agg; pyplot's global state is never
+    touched, so it is safe from the monitor's thread). Null losses/rates are gaps.
+
+    Args:
+        series: ``{"step": [int], "loss": [float|None], "steps_per_s": [float|None], ...}``.
+        width_px, height_px: image size in pixels; dpi: dots per inch.
+    """
+    from matplotlib.figure import Figure  # ~0.5-2 s the first time: only when there is a plot to draw
+
+    fig = Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi)
+    ax = fig.add_subplot()
+    steps = series["step"]
+    nan = float("nan")
+    loss = [nan if v is None else v for v in series["loss"]]
+    ax.plot(steps, loss, color="#1565c0", linewidth=1.5, marker="." if len(steps) <= 50 else None, label="loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss", color="#1565c0")
+    ax.grid(True, alpha=0.3)
+    rates = [nan if v is None else v for v in series["steps_per_s"]]
+    if any(v == v for v in rates):
+        ax2 = ax.twinx()
+        ax2.plot(steps, rates, color="#ef6c00", linewidth=1, linestyle="--", label="steps/s")
+        ax2.set_ylabel("steps/s", color="#ef6c00")
+    fig.tight_layout(pad=0.4)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
 
 
 #: the goodput breakdown's parts as the monitor names them (``lost_s`` keys of the measurement)
@@ -213,29 +286,6 @@ def goodput_html(meter) -> str:
              f"{v / wall * 100:.1f} %</span>" for k, v in m["lost_s"].items() if v]
     return (f"<div class='hp-goodput' data-goodput='{m['goodput']:.6g}'>goodput <b>{m['goodput'] * 100:.1f} %</b> of "
             f"{wall:.1f} s wall" + (" · lost: " + ", ".join(parts) if parts else "") + "</div>")
-
-
-def loss_svg(points: list[tuple[int, float]], width: int = 480, height: int = 140) -> str:
-    """An SVG line chart of ``(step, loss)`` points (empty-state text when there are none)."""
-    if not points:
-        return "<div style='color:gray'>loss: waiting for the first step</div>"
-    xs, ys = [p[0] for p in points], [p[1] for p in points]
-    x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
-    pad = 28
-    sx = (width - 2 * pad) / max(1, x1 - x0)
-    sy = (height - 2 * pad) / (y1 - y0 if y1 > y0 else 1.0)
-    pts = " ".join(f"{pad + (x - x0) * sx:.1f},{height - pad - (y - y0) * sy:.1f}" for x, y in points)
-    return (f"<svg width='{width}' height='{height}' role='img' aria-label='loss by step'>"
-            f"<polyline fill='none' stroke='#1565c0' stroke-width='2' points='{pts}'/>"
-            f"<text x='{pad}' y='14' font-size='11'>loss {y1:.3g} → {ys[-1]:.3g}</text>"
-            f"<text x='{pad}' y='{height - 6}' font-size='11'>step {x0}</text>"
-            f"<text x='{width - pad}' y='{height - 6}' font-size='11' text-anchor='end'>step {x1}</text></svg>")
-
-
-_TIMELINE_KINDS = frozenset(k.value for k in (
-    EventKind.FAULT_DETECTED, EventKind.RECOVERY_COMPLETED, EventKind.CHECKPOINT_SAVED, EventKind.CHECKPOINT_RESTORED,
-    EventKind.ELASTIC_SCALED, EventKind.HEALTH_CHECKED, EventKind.HEALTH_FAILED, EventKind.NODE_EXCLUDED,
-    EventKind.STRAGGLER_DETECTED, EventKind.JOB_FAILED, EventKind.FINISHED))
 
 
 def _node_of(e: Event) -> str:
@@ -293,25 +343,75 @@ def event_label(e: Event) -> str:
     return e.kind
 
 
-def timeline_html(events: list[Event]) -> str:
-    """Fault/recovery timeline: checkpoints, faults (red) and recoveries (green, with downtime),
-    the nodes' pre-flight health checks (passed: teal, failed: red) and excluded nodes (orange)."""
-    marks = [e for e in events if e.kind in _TIMELINE_KINDS]
-    if not events:
+def timeline_entries(aggregate: JobAggregate, health: list[Event] | None = None) -> list[dict]:
+    """The monitor's timeline: :meth:`JobAggregate.timeline` (one entry per checkpoint span per
+    tier over all ranks, one per fault, recovery, restore, ...), sorted by time, with
+
+    * a fault another rank's fault caused (``root_cause: false``, e.g. the survivors torchrun
+      stopped) left out: the incident is the root cause's line;
+    * the ranks' restores of one tier and step in one incident (within 60 s) as one line
+      (``ranks`` lists them);
+    * the nodes' ``health.checked`` events in ``health`` (passed or failed) added, as before.
+
+    Each entry is a dict as the aggregate gives it (``kind``, ``t``, ``label``...)."""
+    out: list[dict] = []
+    restores: dict[tuple, dict] = {}
+    for e in aggregate.timeline():
+        if e["kind"] == EventKind.FAULT_DETECTED.value and e.get("root_cause") is False:
+            continue
+        if e["kind"] == EventKind.CHECKPOINT_RESTORED.value:
+            key = (e.get("tier"), e.get("step"))
+            first = restores.get(key)
+            if first is not None and e["t"] - first["t"] <= 60.0:
+                if e.get("rank") is not None and e["rank"] not in first["ranks"]:
+                    first["ranks"].append(e["rank"])
+                continue
+            e = dict(e, ranks=[e["rank"]] if e.get("rank") is not None else [])
+            restores[key] = e
+        out.append(e)
+    for ev in health or []:
+        out.append({"kind": ev.kind, "cat": "health", "t": ev.time, "label": event_label(ev), "writer": ev.writer,
+                    "seq": ev.seq})
+    out.sort(key=lambda x: (x["t"], x.get("seq", -1)))
+    return out
+
+
+def timeline_html(events: list[Event] | None = None, *, aggregate: JobAggregate | None = None,
+                  health: list[Event] | None = None, limit: int = 40) -> str:
+    """The fault/recovery timeline as HTML (the newest ``limit`` lines) of :func:`timeline_entries`:
+    checkpoint runs per tier (blue, ``data-tier``), faults (red), recoveries (green, with
+    downtime), restores, the nodes' pre-flight health checks (passed: teal, failed: red),
+    excluded nodes (orange), stragglers, the job's end. Times are ``+seconds`` from the first event.
+
+    Args:
+        events: fold these into a new aggregate (health checks taken from them), or
+        aggregate, health: an aggregate already folded and the ``health.checked`` events.
+    """
+    if aggregate is None:
+        aggregate = JobAggregate()
+        for e in events or []:
+            aggregate.fold(e)
+        health = [e for e in events or [] if e.kind == EventKind.HEALTH_CHECKED.value]
+    if aggregate.t0 is None:
         return ""
-    t0 = events[0].time
+    t0 = aggregate.t0
     items = []
-    for e in marks:
-        if e.kind == EventKind.CHECKPOINT_SAVED.value and e.data.get("tier") == "memory":
-            continue  # frequent; the persistent tier is enough on the timeline
-        text = event_label(e)
-        color = _COLORS.get(e.kind, "#555")
-        if e.kind == EventKind.HEALTH_CHECKED.value and text.startswith("health checks failed"):
-            color = _HEALTH_CHECKS_FAILED
-        items.append(f"<span class='hp-mark hp-{e.kind.replace('.', '-')}' style='display:inline-block;"
+    for e in timeline_entries(aggregate, health)[-limit:]:
+        kind, text = e["kind"], e["label"]
+        extra = ""
+        if kind == "checkpoint":
+            color, cls = _COLORS[EventKind.CHECKPOINT_SAVED.value], "hp-checkpoint-saved hp-span"
+            extra = f" data-tier='{html.escape(str(e.get('tier')))}' data-count='{e.get('count')}'"
+        else:
+            color, cls = _COLORS.get(kind, "#555"), "hp-" + kind.replace(".", "-")
+            if kind == EventKind.HEALTH_CHECKED.value and text.startswith("health checks failed"):
+                color = _HEALTH_CHECKS_FAILED
+        if len(e.get("ranks") or []) > 1:
+            text += " · ranks " + ", ".join(str(r) for r in sorted(e["ranks"]))
+        items.append(f"<span class='hp-mark {cls}'{extra} style='display:inline-block;"
                      f"margin:2px;padding:1px 6px;border-radius:8px;border:1px solid {color};color:{color}'>"
-                     f"+{e.time - t0:.1f}s {html.escape(text)}</span>")
-    return "<div class='hp-timeline'>" + ("".join(items[-40:]) or "<i>no checkpoints or faults yet</i>") + "</div>"
+                     f"+{e['t'] - t0:.1f}s {html.escape(text)}</span>")
+    return "<div class='hp-timeline'>" + ("".join(items) or "<i>no checkpoints or faults yet</i>") + "</div>"
 
 
 def events_table(events: list[Event]) -> str:

@@ -51,8 +51,12 @@ def test_job_handle_monitor_follows_a_real_job(shell):
     job = shell.run_line_magic("hyperpod", submit_args())
     assert isinstance(job, Job) and isinstance(job, str) and job.startswith("train-")
     mon = job.monitor(interval_s=0.2, status_interval_s=1.0, plot_interval_s=0.5)
-    seen = []
+    seen, drawn = [], []
     mon.bar.observe(lambda ch: seen.append(ch["new"]), names="value")
+    # the monitor's thread sets plot.value after plot_series; mon.events is not changing meanwhile
+    mon.plot.observe(lambda ch: drawn.append((bytes(ch["new"]), list(zip(mon.plot_series["step"], mon.plot_series["loss"])),
+                                               [(e.data["step"], e.data["loss"]) for e in mon.events
+                                                if e.kind == "step"])), names="value")
     busy_until = time.monotonic() + 3
     while time.monotonic() < busy_until:  # the kernel's main thread is busy; the monitor goes on
         sum(range(10000))
@@ -64,7 +68,14 @@ def test_job_handle_monitor_follows_a_real_job(shell):
     kinds = [e.kind for e in mon.events]
     assert kinds[0] == "submitted" and kinds[-1] == "finished" and kinds.count("step") >= 6
     assert "completed" in mon.header.value and "monitor stopped" in mon.header.value
-    assert "<polyline" in mon.plot.value and "finished: succeeded" in mon.timeline.value
+    assert "finished: succeeded" in mon.timeline.value
+    # the plot: a PNG redrawn as steps arrived, each time from exactly the steps that had arrived
+    assert mon.plot.format == "png" and mon.plot_png.startswith(b"\x89PNG\r\n\x1a\n") and bytes(mon.plot.value) == mon.plot_png
+    assert len(drawn) >= 3 and len({png for png, _, _ in drawn}) == len(drawn), len(drawn)  # each one different
+    for _, plotted, arrived in drawn:
+        assert plotted == arrived and plotted, (plotted, arrived)
+    assert drawn[-1][1] == [(e.data["step"], e.data["loss"]) for e in mon.events if e.kind == "step"]
+    assert [x for x, _ in drawn[-1][1]][-1] == 11 and "loss 1 at step 11" in mon.plot_status.value
     assert job.status() == "completed" and job.wait(5).exit_code == 0 and job.events()[-1].kind == "finished"
     # %hyperpod watch on the ended job: shows the whole history, stops by itself
     again = shell.run_line_magic("hyperpod", f"watch {job}")
@@ -202,7 +213,7 @@ with hp.init() as ctx:
     for step in range(4):
         time.sleep(0.1)
         ctx.step(step, loss=float(10 - step), total_steps=8)
-    time.sleep(12)  # an evaluation, a slow data loader, a restart: no events for a while
+    time.sleep(20)  # an evaluation, a slow data loader, a restart: no events for a while
     for step in range(4, 8):
         ctx.step(step, loss=float(10 - step), total_steps=8)
     ctx.finish(final_loss=2.0)
@@ -213,7 +224,7 @@ def test_loss_plot_shows_steps_that_arrived_before_a_quiet_period(client, tmp_pa
     """Regression (issue 18): the plot said "loss: waiting for the first step" while the header
     showed the loss. Its redraw was throttled to once per plot_interval_s and only ever tried when
     new events arrived, so steps that arrived within plot_interval_s of the last redraw were not
-    drawn until the next event came: here 12 s later (on a real job: a restart, an evaluation)."""
+    drawn until the next event came: here 20 s later (on a real job: a restart, an evaluation)."""
     from hyperpod_lab.spec import JobSpec
 
     (tmp_path / "quiet.py").write_text(QUIET_SCRIPT)
@@ -225,9 +236,59 @@ def test_loss_plot_shows_steps_that_arrived_before_a_quiet_period(client, tmp_pa
         time.sleep(0.1)
     mon = JobMonitor(rec.job_id, client=client, interval_s=0.2, plot_interval_s=1.0)
     try:
-        time.sleep(3.0)  # > plot_interval_s + interval_s; the job is in its 12 s quiet period
+        # due after plot_interval_s + interval_s (+ matplotlib's first import, seconds on a busy
+        # machine); the job is in its 20 s quiet period all along
+        until = time.monotonic() + 12
+        while mon.plot_series is None and time.monotonic() < until:
+            time.sleep(0.2)
         assert mon.progress.step == 3 and mon.progress.loss == 7.0
-        assert "waiting for the first step" not in mon.plot.value, mon.plot.value
+        assert "waiting for the first step" not in mon.plot_status.value, mon.plot_status.value
+        assert mon.plot_series["step"] == [0, 1, 2, 3] and mon.plot_series["loss"] == [10.0, 9.0, 8.0, 7.0]
+        assert bytes(mon.plot.value).startswith(b"\x89PNG") and "loss 7 at step 3" in mon.plot_status.value
     finally:
         mon.stop()
     client.cancel(rec.job_id)
+
+
+def test_timeline_collapses_checkpoints_per_tier_and_shows_a_fault_and_its_recovery_once(client):
+    """A real 2-rank job (examples/train_lm.py, gloo) with a memory checkpoint every step on both
+    ranks and a persistent one every 5; rank 1 is SIGKILLed after the first checkpoint and the
+    job recovers from memory. The monitor's timeline (hyperpod_lab.aggregate's) has one line per
+    run of checkpoints of a tier (over both ranks), not one per checkpoint per rank; the fault
+    (rank 1; rank 0's SIGTERM by torchrun is no second fault line), the restore of both ranks
+    and the recovery are one line each."""
+    from hyperpod_lab import cli
+    from hyperpod_lab.widgets import timeline_entries
+
+    job = cli.run(["submit", os.path.join(REPO, "examples", "train_lm.py"), "--cluster", "local",
+                   "--procs-per-node", "2", "--checkpoint-memory-every", "1", "--checkpoint-every", "5",
+                   "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.05", "--name", "tl",
+                   "--", "--steps", "24", "--step-sleep", "0.2", "--d-model", "64", "--n-layers", "1"], client=client)
+    mon = JobMonitor(job, client=client, interval_s=0.3, plot_interval_s=1.0)
+    cli.run(["inject-fault", job, "--rank", "1", "--after-checkpoint"], client=client)
+    mon.wait(300)
+    assert mon.state == "completed", (mon.state, client.logs(job)[-2000:])
+    saved = [e for e in mon.events if e.kind == "checkpoint.saved"]
+    by_tier = {t: [e for e in saved if e.data["tier"] == t] for t in ("memory", "persistent")}
+    assert len(by_tier["memory"]) >= 40 and {e.writer for e in by_tier["memory"]} == {"rank-0", "rank-1"}
+    assert sum(e.kind == "fault.detected" for e in mon.events) == 2  # rank 1 (root cause) and rank 0 (stopped)
+
+    entries = timeline_entries(mon.aggregate)
+    spans = [e for e in entries if e["kind"] == "checkpoint"]
+    for tier in ("memory", "persistent"):
+        lines = [e for e in spans if e["tier"] == tier]
+        assert 1 <= len(lines) <= 2, lines  # one run before the fault, one after
+        assert sum(e["count"] for e in lines) >= len(by_tier[tier]) // (2 if tier == "memory" else 1)
+    assert all(e["ranks"] == [0, 1] for e in spans if e["tier"] == "memory"), spans
+    html_ = mon.timeline.value
+    marks = html_.split("<span class='hp-mark ")[1:]
+    assert len(marks) == len(entries) <= 10, marks
+    assert sum(m.startswith("hp-checkpoint-saved hp-span") for m in marks) == len(spans)
+    assert any("checkpoint memory steps 0-" in m for m in marks), marks
+    faults = [m for m in marks if m.startswith("hp-fault-detected")]
+    assert len(faults) == 1 and "rank 1 on" in faults[0] and "SIGKILL" in faults[0], faults
+    recovered = [m for m in marks if m.startswith("hp-recovery-completed")]
+    assert len(recovered) == 1 and "recovered in" in recovered[0] and "from memory" in recovered[0], recovered
+    restored = [m for m in marks if m.startswith("hp-checkpoint-restored")]
+    assert len(restored) == 1 and "ranks 0, 1" in restored[0], restored
+    assert sum(m.startswith("hp-finished") for m in marks) == 1
