@@ -159,14 +159,28 @@ class HyperPodFileSystem(SFTPFileSystem):
             except HyperPodLabError as e:
                 raise StorageError(str(e)) from None
             try:
-                sftp = o.client.open_sftp()
-                sftp.get_channel().settimeout(self.op_timeout_s)
+                sftp = self._start_sftp(o)
             except Exception as e:
                 o.close()
-                raise StorageError(f"cluster '{self.cluster}' ({self.where}): the SFTP subsystem did not start: "
-                                   f"{type(e).__name__} {e}; is sftp enabled in the login node's sshd?") from None
+                raise StorageError(f"cluster '{self.cluster}' ({self.where}): the SFTP subsystem did not start "
+                                   f"within {self.op_timeout_s:g} s (op_timeout_s): {type(e).__name__} {e}; is "
+                                   f"sftp enabled in the login node's sshd, and does its file system answer?") from None
             self._conn, self._sftp = o, sftp
             self._gen += 1
+
+    def _start_sftp(self, o):
+        """The SFTP client on a new channel of ``o``, every step bounded by ``op_timeout_s``
+        (paramiko waits for the subsystem reply without a timeout: a timer closes the channel, as
+        :class:`~hyperpod_lab.schedulers.remote.SSHRemote` does)."""
+        import paramiko
+
+        from hyperpod_lab.schedulers.remote import _answered_within
+
+        t = self.op_timeout_s
+        chan = o.transport.open_session(timeout=t)
+        chan.settimeout(t)  # every reply read, the version exchange's included
+        _answered_within(chan, t, lambda: chan.invoke_subsystem("sftp"), "starting the SFTP subsystem")
+        return paramiko.SFTPClient(chan)
 
     def _drop(self, gen: int, why: str) -> None:
         with self._lock:

@@ -33,9 +33,71 @@ def _bastion_logins() -> int:
         return sum("Accepted publickey" in line for line in f)
 
 
-def _clusters_toml(path: str, dev, work: str) -> None:
-    """Three profiles: the dev cluster direct, the same through the bastion (ProxyJump from an
-    OpenSSH config), and one whose login node does not answer (a closed port)."""
+class FreezableRelay:
+    """Test helper (a stand-in for a network that stops carrying packets, not product code): a
+    TCP relay on 127.0.0.1 to ``target``; :meth:`freeze` stops moving bytes both ways (the
+    connections stay open, as with a dead link), :meth:`thaw` resumes."""
+
+    def __init__(self, target: tuple[str, int]):
+        import socket
+        import threading
+
+        self.target, self._frozen, self._stop = target, threading.Event(), threading.Event()
+        self._srv = socket.create_server(("127.0.0.1", 0))
+        self.port = self._srv.getsockname()[1]
+        self._srv.settimeout(0.2)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import socket
+        import threading
+
+        while not self._stop.is_set():
+            try:
+                a, _ = self._srv.accept()
+            except (socket.timeout, OSError):
+                continue
+            b = socket.create_connection(self.target)
+            for src, dst in ((a, b), (b, a)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src, dst):
+        import select
+
+        try:
+            while not self._stop.is_set():
+                if self._frozen.is_set() or not select.select([src], [], [], 0.1)[0]:
+                    time.sleep(0.05) if self._frozen.is_set() else None
+                    continue
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                try:
+                    sock.close()
+                except OSError:
+                    pass
+
+    def freeze(self):
+        self._frozen.set()
+
+    def thaw(self):
+        self._frozen.clear()
+
+    def stop(self):
+        self._stop.set()
+        self._srv.close()
+
+
+def _clusters_toml(path: str, dev, work: str, relay: FreezableRelay) -> None:
+    """Four profiles: the dev cluster direct, the same through the bastion (ProxyJump from an
+    OpenSSH config), one whose login node does not answer (a closed port), and one through
+    ``relay`` (op_timeout_s 3 s; its known_hosts names the dev login node's key at the relay's
+    port)."""
     import tomli_w
 
     b = devcluster.bastion()
@@ -52,6 +114,15 @@ def _clusters_toml(path: str, dev, work: str) -> None:
         ClusterProfile(name="down", host="127.0.0.1", port=free_port(), user="root", key_file=dev.key_file,
                        connect_timeout_s=2.0, **base),
     ]
+    with open(dev.known_hosts) as f:
+        keys = [ln.split(None, 1)[1] for ln in f if ln.startswith(f"[127.0.0.1]:{dev.port} ")]
+    assert keys, f"no [127.0.0.1]:{dev.port} entry in {dev.known_hosts}"
+    relay_kh = os.path.join(work, "relay_known_hosts")
+    with open(relay_kh, "w") as f:
+        f.writelines(f"[127.0.0.1]:{relay.port} {k}" for k in keys)
+    base["known_hosts"] = relay_kh
+    profiles.append(ClusterProfile(name="flaky", host="127.0.0.1", port=relay.port, user="root", key_file=dev.key_file,
+                                   op_timeout_s=3.0, **base))
     doc = {"clusters": {p.name: p.validate().to_toml_table() for p in profiles}}
     with open(path, "wb") as f:
         tomli_w.dump(doc, f)
@@ -77,10 +148,17 @@ def ckpt_job(dev_cluster, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def clusters_cfg(dev_cluster, tmp_path_factory) -> str:
+def relay(dev_cluster):
+    r = FreezableRelay(("127.0.0.1", dev_cluster.port))
+    yield r
+    r.stop()
+
+
+@pytest.fixture(scope="module")
+def clusters_cfg(dev_cluster, relay, tmp_path_factory) -> str:
     work = str(tmp_path_factory.mktemp("storage-clusters"))
     cfg = os.path.join(work, "clusters.toml")
-    _clusters_toml(cfg, dev_cluster, work)
+    _clusters_toml(cfg, dev_cluster, work, relay)
     return cfg
 
 
@@ -204,6 +282,42 @@ def test_unreachable_cluster_is_an_error_and_the_lab_keeps_working(server, dev_c
     status, root = server.call("GET", "/api/contents/")  # the local tree is the server's root dir as before
     assert status == 200 and root["type"] == "directory"
     assert "cannot reach" in server.log_text() and "down" in server.log_text()
+
+
+def test_a_dead_link_fails_the_drive_call_and_never_blocks_the_server(server, relay, dev_cluster):
+    """The link to 'flaky' stops carrying packets: a listing there fails after op_timeout_s (3 s)
+    with 504 naming the cluster, while the server answers other requests at once (the drive's
+    calls run in its own thread); once the link is back, the next listing reconnects."""
+    import threading
+
+    drive = _drives(server)["flaky"]["drive"]
+    status, body = server.call("GET", f"/api/contents/{drive}:hyperpod-lab")
+    assert status == 200 and body["type"] == "directory", body
+    relay.freeze()
+    try:
+        out = {}
+
+        def hung_listing():
+            t0 = time.monotonic()
+            out["reply"] = server.call("GET", f"/api/contents/{drive}:hyperpod-lab/jobs", timeout_s=60)
+            out["s"] = time.monotonic() - t0
+
+        t = threading.Thread(target=hung_listing)
+        t.start()
+        time.sleep(0.5)
+        for path in ("/api/status", "/api/contents/", "/jupyterfs/resources"):
+            t0 = time.monotonic()
+            status, _ = server.call("GET", path, timeout_s=10)
+            assert status == 200 and time.monotonic() - t0 < 1.0, (path, time.monotonic() - t0)
+        assert t.is_alive()  # still waiting for the cluster meanwhile
+        t.join(30)
+    finally:
+        relay.thaw()
+    status, body = out["reply"]
+    assert status == 504 and "cluster 'flaky'" in body["message"] and "op_timeout_s" in body["message"], body
+    assert 2.5 < out["s"] < 15, out["s"]
+    status, body = server.call("GET", f"/api/contents/{drive}:hyperpod-lab")  # reconnects
+    assert status == 200 and body["type"] == "directory", body
 
 
 # ---------------------------------------------------------------- the file browser in Chromium
