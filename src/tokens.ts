@@ -791,6 +791,8 @@ export interface IJobDashboard {
   ranks: number[];
   /** Events folded so far. */
   events: number;
+  /** True while more events wait unread (the server folds more on each request): ask again. */
+  partial?: boolean;
   dropped_marks?: number;
   /** `job` and one lane per rank (`"0"`, `"1"`, ...). */
   lanes: { [lane: string]: { spans: IDashboardSpan[]; marks: IDashboardMark[] } };

@@ -22,7 +22,9 @@ DEFAULT_POINTS = 1000
 class DashboardHandler(HyperPodHandler):
     """``GET hyperpod/jobs/<id>/dashboard?points=N`` -> ``{"job_id", "t0", "t1" (s since the
     epoch; null before any event), "steps" (highest step + 1, or null), "ranks", "events"
-    (folded so far), "lanes", "timeline", "series" ({step, loss, steps_per_s, t, width, points})}``.
+    (folded so far), "partial" (true: more events wait unread; ask again), "lanes",
+    "timeline", "series" ({step, loss, steps_per_s, t, width, points})}``. A request reads for
+    at most ~2 s (a long job's first fold takes several requests).
     ``points``: 2..4000 (default 1000); anything else is a 400 naming ``points``. 404 for an
     unknown job."""
 

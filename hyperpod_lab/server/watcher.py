@@ -568,16 +568,19 @@ class Watcher:
         return bool(reader.more)
 
     # ---- dashboard -------------------------------------------------------------------
-    async def dashboard(self, job_id: str, points: int = 1000, first_read_timeout_s: float = 10.0) -> dict:
+    async def dashboard(self, job_id: str, points: int = 1000, first_read_timeout_s: float = 1.0,
+                        read_budget_s: float = 2.0) -> dict:
         """Job ``job_id``'s dashboard: :meth:`JobAggregate.summary` (``t0``, ``t1`` in s since the
         epoch, ``steps``, ``ranks``, ``events``, ``lanes``, ``timeline``, ``series`` downsampled
-        to at most ``points`` points) as far as its events were read.
+        to at most ``points`` points) as far as its events were read, plus ``partial``: True
+        while events are known to be waiting unread (ask again: each request folds more).
 
         A tracked job answers from its tailer's aggregate (no read; after the tailer's first
-        read, waited for up to ``first_read_timeout_s``). Any other job's aggregate is kept here
-        with its cursor (from the store's saved state when it holds one, else from the start)
-        and brought up to date one page of ``read_bytes`` per file per call on the job's cluster
-        worker, so the next request reads only the new bytes.
+        read, waited for up to ``first_read_timeout_s``). Any other job's aggregate, or a tracked
+        job's whose tailer is still reading its backlog, is kept here with its cursor (from the
+        store's saved state when it holds one, else from the start) and brought up to date one
+        page of ``read_bytes`` per file per call on the job's cluster worker, for at most
+        ``read_budget_s`` per request, so the next request reads only the new bytes.
 
         Raises:
             UnknownJob: no such job.
@@ -590,7 +593,11 @@ class Watcher:
                 t.next_poll = 0.0
                 self._wake_events.set()
                 await asyncio.sleep(0.05)
-            return t.agg.summary(points)
+            behind = not t.polled or t.more
+            entry = self._dashboards.get(job_id)
+            if not behind or entry is None or entry["agg"].events <= t.agg.events:
+                return {**t.agg.summary(points), "partial": behind}
+            # the tailer re-reads a backlog this cache already folded: answer from the cache
         async with self._dashboard_locks.setdefault(job_id, asyncio.Lock()):
             entry = self._dashboards.get(job_id)
             if entry is None:
@@ -599,9 +606,11 @@ class Watcher:
                 agg = _load_aggregate((prog or {}).get("aggregate")) if cursor else None
                 entry = {"agg": agg, "cursor": dict(cursor)} if agg is not None else {"agg": new_aggregate(), "cursor": {}}
             self._cache_dashboard(job_id, entry)
-            while await self.run_on(rec.cluster, self._dashboard_page, rec, entry):
-                pass
-            return entry["agg"].summary(points)
+            deadline = time.monotonic() + read_budget_s
+            more = True
+            while more and time.monotonic() < deadline:
+                more = await self.run_on(rec.cluster, self._dashboard_page, rec, entry)
+            return {**entry["agg"].summary(points), "partial": more}
 
     def _cache_dashboard(self, job_id: str, entry: dict) -> None:
         self._dashboards[job_id] = entry

@@ -8,12 +8,12 @@ import { Widget } from '@lumino/widgets';
 import { Message } from '@lumino/messaging';
 
 import { getJobGoodput, requestAPI } from '../../request';
-import { IDashboardMark, IHyperPodModel, IJobDashboard, IJobEvent, isTerminal } from '../../tokens';
+import { EventKind, IDashboardMark, IDashboardTimelineEntry, IHyperPodModel, IJobDashboard, IJobEvent, isTerminal } from '../../tokens';
 import { button, fmt, h, liveBox } from '../dom';
 import { renderGoodput } from '../jobView';
 import { StepCharts } from './charts';
 import { EventsTable, eventRank } from './eventsTable';
-import { RankLog } from './logs';
+import { LogTriagePanel } from '../logTriage';
 import { SwimLanes } from './lanes';
 
 /** How often a running job's dashboard is read again, ms. */
@@ -49,12 +49,14 @@ export class JobDashboard extends Widget {
     this._goodput = liveBox('jp-HyperPod-goodput', 'hp-dash-goodput');
     this._timeline = h('ol', { class: 'jp-HyperPodDash-timeline', 'data-testid': 'hp-dash-timeline', 'aria-label': 'Timeline: checkpoint runs and incidents' });
     this.events = new EventsTable(options.jobId, ev => this._eventActivated(ev));
-    this.logs = new RankLog(options.jobId);
+    // the Logs area: the log triage panel (all ranks' logs, a fault's traceback)
+    this.logs = new LogTriagePanel(requestAPI, options.jobId);
+    this._logHost = h('div', { class: 'jp-HyperPodDash-logs', 'data-testid': 'hp-dash-logs' });
 
     // the bottom area: Events | Logs tabs (arrow keys move between them)
     this._tabs = [
       { id: 'events', label: 'Events', panel: this.events.node },
-      { id: 'logs', label: 'Logs', panel: this.logs.node }
+      { id: 'logs', label: 'Logs', panel: this._logHost }
     ].map(t => {
       const tab = h('button', {
         type: 'button',
@@ -104,7 +106,7 @@ export class JobDashboard extends Widget {
   readonly lanes: SwimLanes;
   readonly charts: StepCharts;
   readonly events: EventsTable;
-  readonly logs: RankLog;
+  readonly logs: LogTriagePanel;
 
   /** Read the dashboard (and goodput) again and draw it. */
   async refresh(): Promise<void> {
@@ -114,6 +116,7 @@ export class JobDashboard extends Widget {
         return;
       }
       this._error.hidden = true;
+      this._partial = d.partial === true;
       this._draw(d);
     } catch (e) {
       this._error.hidden = false;
@@ -135,10 +138,25 @@ export class JobDashboard extends Widget {
     }
   }
 
-  /** Open `rank`'s log at its first traceback (a fault's), in the Logs tab. */
-  openLogAtFault(rank: number, ev?: IJobEvent | IDashboardMark): void {
+  /**
+   * Open a fault's rank's log at its traceback, in the Logs tab (the log triage panel's
+   * `openAtFault`: the fault's rank and time pick the traceback).
+   */
+  openLogAtFault(rank: number, ev: IJobEvent | IDashboardMark | IDashboardTimelineEntry): void {
     this.showTab('logs');
-    void this.logs.showRank(rank, ev ?? null);
+    const fault: IJobEvent =
+      'data' in ev
+        ? ev
+        : {
+            v: 1,
+            kind: 'fault.detected' as EventKind,
+            job_id: this.jobId,
+            time: ev.t,
+            writer: ev.writer ?? '',
+            seq: ev.seq ?? 0,
+            data: { rank, node: ev.node ?? null }
+          };
+    void this.logs.openAtFault({ ...fault, data: { ...fault.data, rank } });
   }
 
   dispose(): void {
@@ -150,11 +168,15 @@ export class JobDashboard extends Widget {
     this._themeObserver.disconnect();
     this._resize.disconnect();
     this.charts.dispose();
+    this.logs.dispose();
     super.dispose();
   }
 
   protected onAfterAttach(msg: Message): void {
     super.onAfterAttach(msg);
+    if (!this.logs.isAttached) {
+      Widget.attach(this.logs, this._logHost);
+    }
     if (!this._started) {
       this._started = true;
       void this._loop();
@@ -165,11 +187,14 @@ export class JobDashboard extends Widget {
   /** Read again every REFRESH_MS while the job runs; once more after it ended (`_jobChanged`). */
   private async _loop(): Promise<void> {
     await this.refresh();
-    if (this.isDisposed || this._ended()) {
-      return;
+    if (this.isDisposed || (this._ended() && !this._partial)) {
+      return; // an ended job read to its end: nothing more will come
     }
-    void this.events.refresh();
-    this._timer = window.setTimeout(() => void this._loop(), REFRESH_MS);
+    if (!this._ended()) {
+      void this.events.refresh();
+    }
+    // a long job's first fold is read over several requests: the next one at once
+    this._timer = window.setTimeout(() => void this._loop(), this._partial ? 50 : REFRESH_MS);
   }
 
   private _ended(): boolean {
@@ -213,13 +238,17 @@ export class JobDashboard extends Widget {
         h('span', { class: 'jp-HyperPod-dim' }, `${fmt(rel)} s `), e.label);
       if (e.kind === 'fault.detected' && typeof e.rank === 'number') {
         const rank = e.rank;
-        const open = () => this.openLogAtFault(rank);
+        const open = () => this.openLogAtFault(rank, e);
         li.addEventListener('click', open);
         li.addEventListener('keydown', k => k.key === 'Enter' && open());
       }
       this._timeline.appendChild(li);
     }
     this.node.setAttribute('data-state', 'drawn');
+    this.node.setAttribute('data-partial', d.partial ? 'true' : 'false');
+    if (d.partial) {
+      this._facts.textContent += ' · reading the job\'s events…';
+    }
     this.node.setAttribute('data-events', String(d.events));
   }
 
@@ -241,6 +270,7 @@ export class JobDashboard extends Widget {
   private _facts: HTMLDivElement;
   private _error: HTMLDivElement;
   private _goodput: HTMLDivElement;
+  private _logHost: HTMLDivElement;
   private _timeline: HTMLOListElement;
   private _tabs: { id: string; tab: HTMLButtonElement; panel: HTMLDivElement }[];
   private _themeObserver: MutationObserver;
@@ -248,4 +278,5 @@ export class JobDashboard extends Widget {
   private _timer = 0;
   private _started = false;
   private _finalRead = false;
+  private _partial = false;
 }
