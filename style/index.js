@@ -1,3 +1,4 @@
 import './base.css';
 import 'uplot/dist/uPlot.min.css';
 import './dashboard.css';
+import './logtriage.css';

@@ -475,7 +475,11 @@ export class LogTriagePanel extends Widget {
       first.scrollIntoView({ block: 'center' });
       first.focus({ preventScroll: true });
     }
-    this._say(`rank ${f.rank}${f.node ? ` on ${f.node}` : ''}: ${f.exception ?? ''}`);
+    this._say(
+      `traceback of rank ${f.rank}${f.node ? ` on ${f.node}` : ''}` +
+        (f.attempt !== null ? ` (attempt ${f.attempt})` : '') +
+        ` at byte ${f.offset} of ${f.source ?? 'its log'}`
+    );
   }
 
   private _scrollKey(ev: KeyboardEvent): void {
