@@ -92,15 +92,29 @@ def script_modules(script: str) -> list[str]:
     hyperpod-lab (reported on their own rows), sorted. A module beside the script (``model.py``)
     is listed too: only the script is staged, so the cluster must have it as well.
 
+    A notebook (``.ipynb``) is read through its code cells, magics and shell lines dropped, as a
+    submission reads it (``server.notebook_script.notebook_to_script``).
+
     Raises SpecError("script") when the file cannot be read or parsed.
     """
     path = os.path.expanduser(script)
     try:
         with open(path, "rb") as f:
-            tree = ast.parse(f.read(), filename=path)
+            source = f.read()
+        if path.endswith(".ipynb"):
+            from hyperpod_lab.server.notebook_script import notebook_to_script
+
+            try:
+                source = notebook_to_script(json.loads(source)).encode()
+            except (ValueError, TypeError, AttributeError, KeyError) as e:
+                raise SpecError("script", f"{script} is not a readable notebook ({e}); give a .py script or a "
+                                          f"notebook saved by Jupyter") from None
+        tree = ast.parse(source, filename=path)
     except OSError as e:
         raise SpecError("script", f"{script} cannot be read ({e.strerror or e}); give the path of your training "
                                   f"script") from None
+    except SpecError:
+        raise
     except (SyntaxError, ValueError) as e:
         raise SpecError("script", f"{script} is not valid Python ({e}); fix the script") from None
     here = os.path.dirname(os.path.abspath(path))

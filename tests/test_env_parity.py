@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import io
+import json
 import os
 import stat
 import subprocess
@@ -170,6 +171,26 @@ def test_an_incompatible_hyperpod_lab_refuses_the_submission_before_anything_is_
     assert client.store.list() == []
 
 
+def test_a_compatible_cluster_is_accepted_with_at_most_one_exec_more_per_submission(dev_cluster, client):
+    """The dev cluster's own interpreter (the notebook's): accepted. With the probe cached (the
+    connection's opening fetched it) a submit is one exec; with the cache dropped, two (the probe
+    and the submit), never more."""
+    sched = client.scheduler(dev_cluster.name)
+    jobs = []
+    try:
+        for drop_cache, execs in ((False, 1), (True, 2), (False, 1)):
+            if drop_cache:
+                envparity.forget()
+            sched.remote.ops.clear()
+            rec = client.submit(JobSpec(script=STEPS, name="envparity-ok", cluster=dev_cluster.name, nodes=1,
+                                        args=["--steps", "1", "--sleep", "0"]))
+            jobs.append(rec.job_id)
+            assert dict(sched.remote.ops) == {"exec": execs}, (drop_cache, sched.remote.ops)
+    finally:
+        for job_id in jobs:
+            client.cancel(job_id)
+
+
 def test_export_writes_the_notebooks_pins_to_the_clusters_shared_storage(old_cluster, client):
     name = f"t-{uuid.uuid4().hex[:8]}"
     out = io.StringIO()
@@ -255,6 +276,15 @@ def test_the_rest_route_returns_the_diff_and_404_for_an_unknown_cluster(old_clus
         torch_row = _row(body, "torch")
         assert (torch_row["severity"], torch_row["remote"]) == ("warning", "2.12.0") and "2.13.0" in torch_row["local"]
         assert _row(body, "package yaml")["severity"] == "warning"
+        # a notebook is read through its code cells (magics and shell lines dropped), as a submission reads it
+        nb = {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
+            {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+             "source": "%load_ext hyperpod_lab\n!pip list\nimport yaml\n"}]}
+        with open(os.path.join(root, "nb.ipynb"), "w") as f:
+            json.dump(nb, f)
+        status, body = srv.call("GET", f"/hyperpod/clusters/{PROFILE}/env?script=nb.ipynb")
+        assert status == 200 and body["script"] == "nb.ipynb", body
+        assert [d["item"] for d in body["differences"] if d["item"].startswith("package")] == ["package yaml"]
         status, body = srv.call("GET", "/hyperpod/clusters/no-such-cluster/env")
         assert status == 404 and "no-such-cluster" in body["error"]["message"], body
         status, body = srv.call("GET", f"/hyperpod/clusters/{PROFILE}/env?script=../../etc/passwd")

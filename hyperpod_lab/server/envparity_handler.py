@@ -18,10 +18,6 @@ the cluster's SSH route) and the write run on the cluster's own worker (``Watche
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-
 import tornado.web
 from jupyter_server.auth.decorator import authorized
 
@@ -29,26 +25,11 @@ from hyperpod_lab import envparity
 from hyperpod_lab.clusters import get_profile
 from hyperpod_lab.errors import SpecError
 from hyperpod_lab.server.handlers import HyperPodHandler, error_body
-from hyperpod_lab.server.notebook_script import _inside, notebook_to_script
+from hyperpod_lab.server.notebook_script import _inside
 
 
 def _diff(client, profile, script: str | None) -> dict:
-    remote = client.scheduler(profile.name).remote
-    if script and script.endswith(".ipynb"):
-        try:
-            with open(script) as f:
-                text = notebook_to_script(json.load(f))
-        except (OSError, ValueError) as e:
-            raise SpecError("script", f"the notebook cannot be read as JSON ({e})") from None
-        with tempfile.TemporaryDirectory() as d:
-            # beside the notebook's own modules: write the cells' script next to a copy-free path
-            path = os.path.join(d, "notebook.py")
-            with open(path, "w") as f:
-                f.write(text)
-            report = envparity.env_diff(profile, path, remote=remote)
-        report["script"] = script
-        return report
-    return envparity.env_diff(profile, script, remote=remote)
+    return envparity.env_diff(profile, script, remote=client.scheduler(profile.name).remote)
 
 
 class EnvDiffHandler(HyperPodHandler):
