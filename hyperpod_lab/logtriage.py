@@ -243,6 +243,44 @@ def _byte_offset(line: Line, chars: int) -> int:
     return line.offset + len(line.text[:chars].encode())
 
 
+def _child_failed_report(lines: list[Line], j: int) -> tuple[int, list[str], int | None, str | None, str]:
+    """torchelastic's ``ChildFailedError`` report from line ``j`` on (its ``=====`` rules, the
+    failures and the "Root Cause (first observed failure)"): the index after it, its lines, the
+    root cause's rank and host, and a one-line summary (``ChildFailedError: rank 1 (local_rank:
+    1) on n2: exitcode -9 (SIGKILL): Signal 9 (SIGKILL) received by PID 123``)."""
+    texts: list[str] = []
+    rank = host = None
+    fields: dict[str, str] = {}
+    seen_root, rules, start = False, 0, j
+    while j < len(lines) and j - start < 80:
+        b = strip_prefix(lines[j].text)[0]
+        if rules == 0 and not b.startswith("=====") and b.strip():
+            break  # no report follows
+        texts.append(b)
+        if b.startswith("Root Cause"):
+            seen_root = True
+        m = re.match(r"\s*(time|host|rank|exitcode|traceback)\s*:\s*(.*)$", b)
+        if seen_root and m and m.group(1) not in fields:
+            fields[m.group(1)] = m.group(2).strip()
+        if b.startswith("====="):
+            rules += 1
+            if rules >= 2:
+                j += 1
+                break
+        j += 1
+    m = re.match(r"(\d+)", fields.get("rank", ""))
+    rank = int(m.group(1)) if m else None
+    host = fields.get("host") or None
+    exc = "ChildFailedError"
+    if "rank" in fields:
+        exc += f": rank {fields['rank']}" + (f" on {host}" if host else "")
+    if "exitcode" in fields:
+        exc += f": exitcode {re.sub(r' [(]pid: [0-9]+[)]', '', fields['exitcode'])}"
+    if fields.get("traceback"):
+        exc += f": {fields['traceback']}"
+    return j, texts, rank, host, re.sub(r"\s+", " ", exc)
+
+
 def find_tracebacks(lines: list[Line]) -> list[Traceback]:
     """Python tracebacks (chained ones as one block, ending at the last exception line),
     ``Fatal Python error`` blocks and torchelastic ``ChildFailedError`` root-cause reports in
@@ -282,6 +320,14 @@ def find_tracebacks(lines: list[Line]) -> list[Traceback]:
             while texts and not texts[-1].strip():
                 texts.pop()
             ej, etext, ecut = exc_line
+            pos = etext.find("ChildFailedError")
+            if pos >= 0 and "errors" in etext[:pos]:
+                # the launch agent's own traceback ending in torchelastic's report of the ranks
+                k, report, rank, host, exc = _child_failed_report(lines, ej + 1)
+                out.append(Traceback("childfailed", _byte_offset(lines[ej], ecut + pos), lines[k - 1].end,
+                                     "\n".join([*texts, *report]), exc, _byte_offset(lines[ej], ecut + pos), rank, host))
+                i = k
+                continue
             out.append(Traceback("python", _byte_offset(lines[start], cut), lines[ej].end, "\n".join(texts),
                                  etext.strip(), _byte_offset(lines[ej], ecut)))
             i = ej + 1
@@ -300,29 +346,10 @@ def find_tracebacks(lines: list[Line]) -> list[Traceback]:
             i = j
             continue
         pos = body.find("ChildFailedError")
-        if pos >= 0 and "errors" in body[:pos + 1] + "errors":
-            texts, j, rank, host = [body], i + 1, None, None
-            seen_root, rules = False, 0
-            while j < n and j - i < 80:
-                b = strip_prefix(lines[j].text)[0]
-                texts.append(b)
-                if b.startswith("Root Cause"):
-                    seen_root = True
-                m = re.match(r"\s*rank\s*:\s*(\d+)", b)
-                if seen_root and m and rank is None:
-                    rank = int(m.group(1))
-                m = re.match(r"\s*host\s*:\s*(\S+)", b)
-                if seen_root and m and host is None:
-                    host = m.group(1)
-                if b.startswith("====="):
-                    rules += 1
-                    if rules >= 2:
-                        j += 1
-                        break
-                j += 1
-            exc = "ChildFailedError" + (f": rank {rank}" if rank is not None else "") + (f" on {host}" if host else "")
-            out.append(Traceback("childfailed", _byte_offset(lines[i], cut + pos), lines[j - 1].end, "\n".join(texts),
-                                 exc, _byte_offset(lines[i], cut + pos), rank, host))
+        if pos >= 0 and "errors" in body[:pos]:
+            j, texts, rank, host, exc = _child_failed_report(lines, i + 1)
+            out.append(Traceback("childfailed", _byte_offset(lines[i], cut + pos), lines[j - 1].end,
+                                 "\n".join([body, *texts]), exc, _byte_offset(lines[i], cut + pos), rank, host))
             i = j
             continue
         i += 1
@@ -441,6 +468,13 @@ class RankLogs:
             src.size = chunk.size
         return chunk
 
+    def read_job_log(self, offset: int | None, length: int) -> LogChunk:
+        """At most ``length`` bytes of the whole job's log (the launcher's or Slurm's output,
+        where torchelastic prints its ``ChildFailedError`` report) from ``offset`` (None: its tail)."""
+        chunk = self.sched.log_range(self.rec, None, offset, length)
+        self.bytes_read += chunk.end - chunk.offset
+        return chunk
+
     def error_time(self, src: Source) -> float | None:
         """The failure time torchrun recorded for ``src``'s worker and attempt (``error.json``
         next to the log: ``message.extraInfo.timestamp``, seconds since the epoch), or None.
@@ -537,7 +571,10 @@ def first_failure(logs: RankLogs, ranks: list[int], faults: list[dict] | None = 
     ``root_cause``, then the earliest; without
     events, the earliest failure torchrun recorded (``error.json`` timestamps), else the earliest
     traceback in attempt order that is not a consequence of another rank's failure
-    (:attr:`Traceback.secondary`), ties to the lowest rank. Only ``ranks`` are considered.
+    (:attr:`Traceback.secondary`), ties to the lowest rank; when the ranks' logs hold no such
+    traceback (a SIGKILL leaves none), the root cause of torchelastic's ``ChildFailedError``
+    report in the tail of the whole job's log (``source`` :data:`JOB_LOG`). Only ``ranks`` are
+    considered.
 
     Which traceback of that rank: with ``near_time`` (seconds since the epoch, e.g. the
     ``fault.detected`` event's time), the attempt whose recorded failure time is nearest;
@@ -603,8 +640,12 @@ def first_failure(logs: RankLogs, ranks: list[int], faults: list[dict] | None = 
         every = []
         for r in ranks[:MAX_RANKS]:
             every.extend((r, *c) for c in tracebacks(r))
-        if not every:
-            return None
+        if not any(not c[2].secondary for c in every):
+            # no root cause in the ranks' logs (a SIGKILL leaves no traceback; its peers' are
+            # consequences): torchelastic's report in the job's log names the first failure
+            found = _job_log_failure(logs, wanted, length)
+            if found is not None or not every:
+                return found
         if near_time is not None:
             best = min(every, key=lambda c: (abs((c[3] if c[3] is not None else 1e18) - near_time), c[0]))
         elif any(c[3] is not None for c in every):
@@ -620,23 +661,46 @@ def first_failure(logs: RankLogs, ranks: list[int], faults: list[dict] | None = 
             "kind": tb.kind, "time": when if when is not None else t, "found_by": found_by}
 
 
+JOB_LOG = "job log"  #: ``source`` of a failure found in the whole job's log
+
+
+def _job_log_failure(logs: RankLogs, wanted: set[int], length: int) -> dict | None:
+    """The root cause of the last ``ChildFailedError`` report in the tail (``length`` bytes) of
+    the whole job's log, when it names one of ``wanted``: how a rank that died without a
+    traceback (SIGKILL) is found without events. None otherwise."""
+    try:
+        chunk = logs.read_job_log(None, length)
+    except (OSError, HyperPodLabError):
+        return None
+    lines, _ = split_lines(_raw(chunk), chunk.offset, True, True)
+    reports = [tb for tb in find_tracebacks(lines) if tb.kind == "childfailed" and tb.rank in wanted]
+    if not reports:
+        return None
+    tb = reports[-1]
+    return {"rank": tb.rank, "node": logs.node(tb.rank) or tb.host, "source": JOB_LOG, "attempt": None,
+            "offset": tb.offset, "end": tb.end, "exception": tb.exception, "exception_offset": tb.exception_offset,
+            "traceback_text": tb.text, "kind": tb.kind, "time": None, "found_by": "log"}
+
+
 def around(logs: RankLogs, failure: dict, length: int) -> dict:
     """The lines of the failing rank's source around its traceback: ``length`` bytes starting a
     quarter of ``length`` before the traceback (so the lines leading to it show too). Returns
     the :func:`read_view` shape for that one source (``lines`` not collapsed: one rank)."""
     r = failure["rank"]
-    src = next((s for s in logs.sources(r) if s.name == failure.get("source")), None)
+    if failure.get("source") == JOB_LOG:  # a ChildFailedError report in the whole job's log
+        src: Source | None = Source(r, JOB_LOG, None, "log", None)
+        read: Callable[[int, int], LogChunk] = logs.read_job_log
+    else:
+        src = next((s for s in logs.sources(r) if s.name == failure.get("source")), None)
+        read = lambda off, n: logs.read(src, off, n)  # noqa: E731
     if src is None or failure.get("offset") is None:
         return {"lines": [], "cursor": {}, "sizes": {}, "read": {r: 0}, "more": False}
     start = max(0, failure["offset"] - length // 4)
-    chunk = logs.read(src, start, length)
+    chunk = read(start, length)
     data = _raw(chunk)
     lines, nxt = split_lines(data, chunk.offset, True, len(data) >= length)
-    if start > 0 and lines and lines[0].offset < failure["offset"] and data[:1] != b"\n":
-        # the read started mid-line unless the byte before it is a newline
-        prev = logs.read(src, start - 1, 1)
-        if _raw(prev) != b"\n":
-            lines = lines[1:]
+    if start > 0 and lines and _raw(read(start - 1, 1)) != b"\n":
+        lines = lines[1:]  # the read started inside a line
     return {"lines": [{"text": ln.text, "ranks": [r], "offsets": {r: ln.offset}, "attempt": src.attempt,
                        "stream": src.stream, "sources": {r: src.name}} for ln in lines],
             "cursor": {src.key: nxt}, "sizes": {r: {src.name: chunk.size}}, "read": {r: len(data)},
