@@ -474,8 +474,9 @@ def _drive_checkpoints_handler():
         ContentsHandler,
         ModifyCheckpointsHandler,
     )
+    from jupyter_server.auth.decorator import authorized
     from jupyter_server.utils import ensure_async
-    from tornado.web import HTTPError
+    from tornado.web import HTTPError, authenticated
 
     class DriveCheckpointsDirHandler(ContentsHandler):
         """A jupyter-fs drive's ``<dir>/checkpoints[/<name>]``: the contents API when that is a
@@ -488,6 +489,8 @@ def _drive_checkpoints_handler():
         async def _is_dir(self, path, checkpoint_id) -> bool:
             return bool(await ensure_async(self.contents_manager.dir_exists(self._dir(path, checkpoint_id))))
 
+        @authenticated
+        @authorized
         async def get(self, path="", checkpoint_id=None):
             if await self._is_dir(path, checkpoint_id):
                 return await ContentsHandler.get(self, self._dir(path, checkpoint_id))
@@ -495,19 +498,27 @@ def _drive_checkpoints_handler():
                 return await CheckpointsHandler.get(self, path)
             raise HTTPError(405)
 
+        @authenticated
+        @authorized
         async def post(self, path="", checkpoint_id=None):
             if checkpoint_id is None:
                 return await CheckpointsHandler.post(self, path)
             return await ModifyCheckpointsHandler.post(self, path, checkpoint_id)
 
+        @authenticated
+        @authorized
         async def delete(self, path="", checkpoint_id=None):
             if checkpoint_id is not None and not await self._is_dir(path, checkpoint_id):
                 return await ModifyCheckpointsHandler.delete(self, path, checkpoint_id)
             return await ContentsHandler.delete(self, self._dir(path, checkpoint_id))
 
+        @authenticated
+        @authorized
         async def put(self, path="", checkpoint_id=None):
             return await ContentsHandler.put(self, self._dir(path, checkpoint_id))
 
+        @authenticated
+        @authorized
         async def patch(self, path="", checkpoint_id=None):
             return await ContentsHandler.patch(self, self._dir(path, checkpoint_id))
 
