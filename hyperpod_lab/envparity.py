@@ -378,12 +378,13 @@ def summary(diffs: list[Difference]) -> str:
     return SEVERITIES[worst]
 
 
-def env_diff(profile, script: str | None = None, remote=None) -> dict[str, Any]:
+def env_diff(profile, script: str | None = None, remote=None, use_cache: bool = False) -> dict[str, Any]:
     """The whole comparison for one cluster: ``{"cluster", "python" (the cluster interpreter),
     "script", "summary" (worst severity), "differences": [Difference.to_dict()...], "local",
-    "remote" (the two probe answers)}``. Raises as :func:`collect_local` and :func:`probe_cluster`."""
+    "remote" (the two probe answers)}``. Probes afresh unless ``use_cache`` (one exec; the answer
+    is cached for the next submission). Raises as :func:`collect_local` and :func:`probe_cluster`."""
     local = collect_local(script)
-    remote_env = probe_cluster(profile, local["modules_asked"], remote=remote)
+    remote_env = probe_cluster(profile, local["modules_asked"], remote=remote, use_cache=use_cache)
     diffs = diff(local, remote_env, python=profile.python)
     return {"cluster": profile.name, "python": profile.python, "script": script, "summary": summary(diffs),
             "differences": [d.to_dict() for d in diffs], "local": local, "remote": remote_env}
@@ -408,6 +409,7 @@ def check_submission(profile, remote=None) -> list[Difference]:
     diffs = diff(local, probe_cluster(profile, [], remote=remote), python=profile.python)
     bad = errors_of(diffs)
     if bad:
+        forget(profile)  # the next submission probes again: the user may have fixed it meanwhile
         raise EnvironmentMismatch(f"submission to '{profile.name}' refused: " + "; ".join(d.message for d in bad))
     return diffs
 

@@ -160,6 +160,7 @@ def test_an_incompatible_hyperpod_lab_refuses_the_submission_before_anything_is_
     assert f"hyperpod-lab {NOTEBOOK_HPL} (notebook) and 0.0.1 (cluster)" in msg, msg
     assert f"pip install hyperpod-lab=={NOTEBOOK_HPL} on the cluster interpreter ({old_cluster.python})" in msg
     assert "--skip-env-check" in msg
+    assert envparity.cached(old_cluster) is None  # a refusal is not cached: the next submit probes again
     assert sched.remote.ops.get("sftp", 0) == 0 and sched.remote.ops.get("exec", 0) == 0, sched.remote.ops
     assert client.store.list() == []  # no job record
     after = set(os.listdir(jobs_root)) if os.path.isdir(jobs_root) else set()
