@@ -347,7 +347,7 @@ def _shot(page, name: str) -> str:
 def test_file_browser_lists_the_jobs_checkpoint_directory(clusters_cfg, ckpt_job, dev_cluster, tmp_path):
     """jupyter-fs's tree of local-slurm in the Lab's left area: into hyperpod-lab/jobs/<job>/
     checkpoints/<step> by double-clicks; its files (the marker, DCP's .metadata, the shard) are
-    listed; the marker opens in an editor tab."""
+    listed; the shard downloads (context menu) byte for byte; the marker opens in an editor tab."""
     from benchmarks._lab import Lab, launch_chromium
 
     sync_playwright = _playwright()
@@ -388,6 +388,14 @@ def test_file_browser_lists_the_jobs_checkpoint_directory(clusters_cfg, ckpt_job
             crumbs = panel.locator("tree-finder-breadcrumbs").inner_text()
             assert step in crumbs and "checkpoints" in crumbs, crumbs
             _shot(page, "checkpoint-dir")
+            # the shard, downloaded with jupyter-fs's context menu: the bytes on the shared storage
+            shard = panel.locator("span.rt-group-name", has_text="__0_0.distcp").first
+            with page.expect_download(timeout=60000) as dl:
+                shard.click(button="right")
+                page.locator(".lm-Menu-item:visible", has_text="Download").first.click()
+            with open(dl.value.path(), "rb") as got, open(os.path.join(ckpt_job["ckpt"], "__0_0.distcp"), "rb") as want:
+                assert got.read() == want.read()
+            page.keyboard.press("Escape")
             panel.locator("span.rt-group-name", has_text=COMMIT_MARKER).first.dblclick()
             page.wait_for_function("() => Array.from(document.querySelectorAll('.jp-FileEditor .cm-content'))"
                                    ".some(e => e.innerText.includes('world_size'))", timeout=30000)
