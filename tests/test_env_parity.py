@@ -170,6 +170,13 @@ def test_an_incompatible_hyperpod_lab_refuses_the_submission_before_anything_is_
         cli.run(["submit", STEPS, "--cluster", PROFILE, "--nodes", "1", "--name", "envparity-cli"],
                 out=io.StringIO(), client=client)
     assert client.store.list() == []
+    # --skip-env-check submits anyway (the stand-in interpreter cannot run the job: it is cancelled)
+    job_id = cli.run(["submit", STEPS, "--cluster", PROFILE, "--nodes", "1", "--name", "envparity-skip",
+                      "--skip-env-check"], out=io.StringIO(), client=client)
+    try:
+        assert [r.job_id for r in client.store.list()] == [job_id]
+    finally:
+        client.cancel(job_id)
 
 
 def test_a_compatible_cluster_is_accepted_with_at_most_one_exec_more_per_submission(dev_cluster, client):
@@ -286,6 +293,18 @@ def test_the_rest_route_returns_the_diff_and_404_for_an_unknown_cluster(old_clus
         status, body = srv.call("GET", f"/hyperpod/clusters/{PROFILE}/env?script=nb.ipynb")
         assert status == 200 and body["script"] == "nb.ipynb", body
         assert [d["item"] for d in body["differences"] if d["item"].startswith("package")] == ["package yaml"]
+        # EKS: not probed (the interpreter is in the job's image), said so, not an error
+        with open(os.environ["HYPERPOD_LAB_CONFIG"], "rb") as f:
+            import tomllib
+
+            doc = tomllib.load(f)
+        doc["clusters"]["eks-x"] = {"orchestrator": "eks", "eks_cluster": "x", "region": "us-west-2", "image": "i:1"}
+        with open(os.environ["HYPERPOD_LAB_CONFIG"], "wb") as f:
+            tomli_w.dump(doc, f)
+        status, body = srv.call("GET", "/hyperpod/clusters/eks-x/env")
+        assert status == 200 and body["supported"] is False and "running pod" in body["message"], body
+        status, body = srv.call("POST", "/hyperpod/clusters/eks-x/env/export", {})
+        assert status == 409 and "pods" in body["error"]["message"], body
         status, body = srv.call("GET", "/hyperpod/clusters/no-such-cluster/env")
         assert status == 404 and "no-such-cluster" in body["error"]["message"], body
         status, body = srv.call("GET", f"/hyperpod/clusters/{PROFILE}/env?script=../../etc/passwd")

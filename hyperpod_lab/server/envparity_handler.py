@@ -62,12 +62,12 @@ class EnvExportHandler(HyperPodHandler):
         if unknown:
             raise SpecError(sorted(unknown)[0], "unknown request field; send only 'name'")
         env_name = body.get("name", envparity.DEFAULT_ENV_NAME)
-        envparity.env_dir(profile, env_name)  # a bad name: 400 before anything is contacted
         try:
             if profile.orchestrator == "eks":
                 envparity.export(profile, env_name)
         except envparity.EnvCheckUnsupported as e:
             return self.reply(error_body(e), status=409)
+        envparity.env_dir(profile, env_name)  # a bad name: 400 before anything is contacted
         res = await self.hp.watcher.run_on(
             name, lambda: envparity.export(profile, env_name, remote=self.hp.client.scheduler(name).remote))
         self.reply(res)
