@@ -202,7 +202,7 @@ def run_mode(mode: str, cluster: str, args, root: str) -> dict:
 
             page = pages[0]
             page.bring_to_front()
-            page.locator(f'[data-testid=hp-job][data-job-id="{probe["job_id"]}"] button').click()
+            page.locator(f'[data-testid=hp-job][data-job-id="{probe["job_id"]}"] button.jp-HyperPod-jobButton').click()
             page.wait_for_selector('[data-testid=hp-timeline] [data-kind="submitted"]', timeout=60000)
             page.wait_for_selector("[data-testid=hp-last-event][data-key]", timeout=60000)
             page.evaluate(OBSERVER_JS)
