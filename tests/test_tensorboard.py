@@ -24,6 +24,7 @@ except ImportError:  # a hard dependency: fail with the fix, never skip
 
 STEPS = 12
 SCRIPT = f"""
+import os
 import time
 import torch
 import hyperpod_lab.runtime as hp
@@ -42,7 +43,7 @@ with hp.init() as ctx:
         opt.step()
         ckpt.maybe_save(step, state)
         ctx.step(step, loss.item(), lr=0.05, batch=16, note="not a number")
-        time.sleep(0.02)
+        time.sleep(float(os.environ.get("TB_TEST_STEP_SLEEP", "0.02")))
 """
 EVERY_STEP = {"HYPERPOD_LAB_STEP_EVENT_INTERVAL_S": "0.000001"}  # a step event for every step, to compare
 
@@ -137,3 +138,33 @@ except TensorBoardMissing as e:
     lines = out.stdout.splitlines()
     assert lines[0].startswith("SPEC tensorboard: needs the tensorboard package") and "pip install tensorboard" in lines[0]
     assert lines[1].startswith("RUNTIME ") and "pip install tensorboard" in lines[1], lines
+
+
+def test_a_restarted_job_has_each_step_once_in_tensorboard(client, tmp_path):
+    """Rank 1 is SIGKILLed once step 4 is reported (after the checkpoint of step 3, before the
+    one of step 7); both ranks restart from step 3's and redo steps 4.. . Rank 0's new process opens a second event file with purge_step 4, so TensorBoard
+    shows each step once, with the loss of its last step event (the recomputed one)."""
+    (tmp_path / "train.py").write_text(SCRIPT)
+    job_id = cli.run(["submit", str(tmp_path / "train.py"), "--cluster", "local", "--nodes", "1",
+                      "--procs-per-node", "2", "--tensorboard", "--env", "TB_TEST_STEP_SLEEP=0.6", "--env",
+                      f"HYPERPOD_LAB_STEP_EVENT_INTERVAL_S={EVERY_STEP['HYPERPOD_LAB_STEP_EVENT_INTERVAL_S']}"],
+                     client=client)
+    reader, deadline = client.event_reader(job_id), time.monotonic() + 120
+    while not any(e.kind == "step" and e.data["step"] >= 4 for e in reader.poll()):
+        assert time.monotonic() < deadline, client.logs(job_id)[-3000:]
+        time.sleep(0.1)
+    cli.run(["inject-fault", job_id, "--rank", "1"], client=client)
+    rec = client.wait(job_id, timeout_s=240)
+    assert rec.exit_code == 0, client.logs(job_id)[-3000:]
+    events = client.event_reader(job_id).poll()
+    done = next(e for e in events if e.kind == "recovery.completed")
+    assert done.data["restored_step"] == 3, done.data
+    steps = [(e.data["step"], e.data["loss"]) for e in events if e.kind == "step"]
+    assert len(steps) > STEPS  # some steps were done twice
+    last = dict(steps)  # the newest loss of each step
+    logdir = os.path.join(rec.job_dir, "tensorboard")
+    assert len(os.listdir(logdir)) == 2  # one event file per incarnation of rank 0
+    got = scalars(logdir)
+    assert_same_losses(got["loss"], sorted(last.items()))
+    assert got["recovery/downtime_s"] == [(4, pytest.approx(done.data["downtime_s"], rel=1e-6))]
+    assert [s for s, _ in got["checkpoint/persistent"]] == [3, 7, 11]
