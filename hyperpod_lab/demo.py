@@ -29,7 +29,9 @@ from hyperpod_lab.events import Event
 
 #: the flagship's jobs: same script, steps, nodes and fault; only ``--recovery`` differs
 FLAGSHIP_STEPS = 150
-FAULT_STEP = 15  # rank 1 is SIGKILLed once this step is done (after the step-9 checkpoint)
+CHECKPOINT_EVERY = 20  # both jobs' --checkpoint-every: persistent checkpoints at steps 19, 39, ...
+FAULT_STEP = 22  # rank 1 is SIGKILLed once this step is reported done (after the step-19 checkpoint;
+# the kill, through srun --overlap, lands a few steps later: the table's "fault after step")
 FLAGSHIP_NAMES = {"restart": "flagship-restart", "checkpointless": "flagship-checkpointless"}
 #: ``checkpoint.restored`` tiers read from storage (memory and peer are RAM on a node; replica
 #: is a live peer's memory over the network)
@@ -49,12 +51,17 @@ def wait_for(client, job_id: str, pred: Callable[[list[Event]], object], what: s
     """
     reader, events = client.event_reader(job_id), []
     deadline = time.monotonic() + timeout_s
+    next_status = time.monotonic() + 5.0  # the scheduler is asked every 5 s only (a remote command)
     while True:
         events.extend(reader.poll())
         got = pred(events)
         if got:
             return got
-        if any(e.kind == "finished" for e in events) or client.status(job_id).state.is_terminal():
+        ended = any(e.kind == "finished" for e in events)
+        if not ended and time.monotonic() >= next_status:
+            next_status = time.monotonic() + 5.0
+            ended = client.status(job_id).state.is_terminal()
+        if ended:
             events.extend(reader.poll())
             got = pred(events)
             if got:
@@ -215,10 +222,12 @@ def _bytes(n: int | None) -> str:
 def format_comparison(rows: list[dict]) -> str:
     """The rows of :func:`compare_recoveries` as a fixed-width text table (what the notebook and
     ``hyperpod-lab demo`` print)."""
-    head = ["recovery mode", "downtime (s)", "steps lost (redone)", "storage reads", "restarts", "restored from"]
+    head = ["recovery mode", "downtime (s)", "steps lost (redone)", "storage reads", "restarts", "restored from",
+            "fault after step"]
     body = [[r["label"], f"{r['downtime_s']:.2f}", str(r["steps_lost"]),
              _bytes(r["storage_read_bytes"]) + ("" if not r["storage_read_bytes"] else f" ({r['storage_read_bytes']:,} B)"),
-             str(r["restarts"]), ", ".join(f"{t} ({_bytes(r['restored_bytes'])})" for t in r["restored_from"]) or "-"]
+             str(r["restarts"]), ", ".join(f"{t} ({_bytes(r['restored_bytes'])})" for t in r["restored_from"]) or "-",
+             str(r["fault_step"])]
             for r in rows]
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
     line = lambda cells: " | ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
@@ -312,7 +321,8 @@ def flagship_report(client, restart_job: str, checkpointless_job: str, since: fl
     scaled = [r for r in elastic_events(events) if r["time"] >= since - 1.0]
     ok, reason = flagship_verdict(rows, statuses, scaled)
     text = "\n".join([
-        f"Same script (train_lm.py), steps, nodes and fault (SIGKILL of rank 1 after step {FAULT_STEP}):",
+        f"Same script (train_lm.py), steps, nodes and fault (SIGKILL of rank 1 requested once step {FAULT_STEP} was "
+        f"done; checkpoints every {CHECKPOINT_EVERY} steps):",
         format_comparison(rows), "",
         "Elastic scaling of the checkpointless job (a node lost, then `hyperpod-lab scale --add-nodes 1`):",
         format_elastic(events, since - 1.0), "",

@@ -48,7 +48,9 @@ def test_flagship_compares_the_two_modes_and_scales_from_the_events(dev_cluster)
     t0, rec, last = _first_incident(ev)
     r = rows["restart"]
     assert abs(r["downtime_s"] - (rec.time - t0)) < 1e-6, (r, rec.time - t0)
-    assert r["steps_lost"] == last + 1 - (rec.data["restored_step"] + 1) >= demo.FAULT_STEP - 9, (r, last, rec.data)
+    assert rec.data["restored_step"] == demo.CHECKPOINT_EVERY - 1, rec.data  # the kill lands after step 22
+    assert r["steps_lost"] == last + 1 - (rec.data["restored_step"] + 1) >= demo.FAULT_STEP + 1 - demo.CHECKPOINT_EVERY
+    assert r["fault_step"] == last, (r, last)
     restored = [e for e in ev if e.kind == "checkpoint.restored"]
     assert [e.data["tier"] for e in restored] == ["persistent"], restored
     assert r["storage_read_bytes"] == restored[0].data["read_bytes"] >= restored[0].data["bytes"] > 0, restored
@@ -61,6 +63,7 @@ def test_flagship_compares_the_two_modes_and_scales_from_the_events(dev_cluster)
     assert rec.data["mode"] == "checkpointless"
     assert abs(c["downtime_s"] - (rec.time - t0)) < 1e-6, (c, rec.time - t0)
     assert c["steps_lost"] == max(0, last + 1 - rec.data["resumed_step"]) <= 1, (c, last, rec.data)
+    assert c["fault_step"] == last >= demo.FAULT_STEP, (c, last)
     assert c["storage_read_bytes"] == 0 and c["restored_from"] == ["replica"], c
     assert not [e for e in ev if e.kind == "checkpoint.restored" and e.data["tier"] != "replica"]
     assert c["restarts"] == 1  # only the killed rank's worker
@@ -88,7 +91,7 @@ def test_flagship_compares_the_two_modes_and_scales_from_the_events(dev_cluster)
 
 def _row(mode, downtime, reads, lost=0):
     return {"mode": mode, "label": demo.MODE_LABELS[mode], "downtime_s": downtime, "steps_lost": lost,
-            "storage_read_bytes": reads, "restored_from": [], "restored_bytes": 0, "restarts": 1}
+            "storage_read_bytes": reads, "restored_from": [], "restored_bytes": 0, "restarts": 1, "fault_step": 22}
 
 
 def test_verdict_fails_with_the_reason():
