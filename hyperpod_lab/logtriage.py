@@ -402,6 +402,8 @@ class RankLogs:
         self.job_dir = rec.job_dir.rstrip("/")
         self.bytes_read = 0
         self._info: dict[int, dict | None] = {}
+        self._runs: dict[str, list[str]] = {}  # torchrun run folder -> its listing
+        self._sources: dict[int, list[Source]] = {}
 
     def ranks(self) -> list[int]:
         """Ranks that have started (have ``ranks/rank-R.json``), ascending."""
@@ -428,7 +430,13 @@ class RankLogs:
 
     def sources(self, rank: int) -> list[Source]:
         """The rank's sources, oldest attempt first, ``stdout`` before ``stderr`` in each; one
-        ``log`` source where the rank's log file is not in torchrun's layout or unknown."""
+        ``log`` source where the rank's log file is not in torchrun's layout or unknown. Listed
+        once per :class:`RankLogs` (one request)."""
+        if rank not in self._sources:
+            self._sources[rank] = self._list_sources(rank)
+        return self._sources[rank]
+
+    def _list_sources(self, rank: int) -> list[Source]:
         info = self.info(rank) or {}
         log_file = info.get("log_file")
         remote = getattr(self.sched, "remote", None)
@@ -438,7 +446,9 @@ class RankLogs:
             local, run = posixpath.basename(slot), posixpath.dirname(posixpath.dirname(slot))
             if _ATTEMPT.match(posixpath.basename(posixpath.dirname(slot))) and local.isdigit():
                 try:
-                    attempts = sorted((int(m.group(1)), d) for d in remote.listdir(run) if (m := _ATTEMPT.match(d)))
+                    if run not in self._runs:  # ranks of one node share it: one listing per request
+                        self._runs[run] = remote.listdir(run)
+                    attempts = sorted((int(m.group(1)), d) for d in self._runs[run] if (m := _ATTEMPT.match(d)))
                     out = []
                     for k, d in attempts:
                         folder = posixpath.join(run, d, local)
