@@ -230,11 +230,12 @@ class JobMonitor:
         self.plot.layout.display = None if losses or any(v is not None for v in series["steps_per_s"]) else "none"
 
 
-def loss_png(series: dict[str, Any], width_px: int = 520, height_px: int = 200, dpi: int = 100) -> bytes:
+def loss_png(series: dict[str, Any], width_px: int = 520, height_px: int = 240, dpi: int = 100) -> bytes:
     """A PNG (bytes) of a :meth:`JobAggregate.series <hyperpod_lab.aggregate.JobAggregate.series>`
-    dict: loss by step (left axis, solid) and steps/s by step (right axis, dashed), drawn with
-    matplotlib's object API (``matplotlib.figure.Figure``, Agg; pyplot's global state is never
-    touched, so it is safe from the monitor's thread). Null losses/rates are gaps.
+    dict: loss by step (top) and, when any rate is known, steps/s by step (a small plot below,
+    same x axis), drawn with matplotlib's object API (``matplotlib.figure.Figure``, Agg;
+    pyplot's global state is never touched, so it is safe from the monitor's thread). Null
+    losses/rates are gaps.
 
     Args:
         series: ``{"step": [int], "loss": [float|None], "steps_per_s": [float|None], ...}``.
@@ -242,21 +243,27 @@ def loss_png(series: dict[str, Any], width_px: int = 520, height_px: int = 200, 
     """
     from matplotlib.figure import Figure  # ~0.5-2 s the first time: only when there is a plot to draw
 
-    fig = Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi)
-    ax = fig.add_subplot()
-    steps = series["step"]
     nan = float("nan")
+    steps = series["step"]
     loss = [nan if v is None else v for v in series["loss"]]
-    ax.plot(steps, loss, color="#1565c0", linewidth=1.5, marker="." if len(steps) <= 50 else None, label="loss")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss", color="#1565c0")
-    ax.grid(True, alpha=0.3)
     rates = [nan if v is None else v for v in series["steps_per_s"]]
-    if any(v == v for v in rates):
-        ax2 = ax.twinx()
-        ax2.plot(steps, rates, color="#ef6c00", linewidth=1, linestyle="--", label="steps/s")
-        ax2.set_ylabel("steps/s", color="#ef6c00")
-    fig.tight_layout(pad=0.4)
+    has_rates = any(v == v for v in rates)
+    fig = Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi)
+    if has_rates:
+        ax, ax2 = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    else:
+        ax, ax2 = fig.add_subplot(), None
+    marker = "." if len(steps) <= 50 else None
+    ax.plot(steps, loss, color="#1565c0", linewidth=1.3, marker=marker)
+    ax.set_ylabel("loss")
+    ax.grid(True, alpha=0.3)
+    if ax2 is not None:
+        ax2.plot(steps, rates, color="#ef6c00", linewidth=0.8, marker=marker)
+        ax2.set_ylabel("steps/s", fontsize=8)
+        ax2.tick_params(labelsize=7)
+        ax2.grid(True, alpha=0.3)
+    (ax2 or ax).set_xlabel("step")
+    fig.tight_layout(pad=0.4, h_pad=0.2)
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
