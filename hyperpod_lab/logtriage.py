@@ -49,6 +49,8 @@ FATAL = "Fatal Python error:"
 
 _PREFIX = re.compile(r"^(?:\[[^\]\n]{1,40}\]:\s?)*")  # "[rank1]: " (torch), "[default1]:" (torchrun --tee)
 _ATTEMPT = re.compile(r"^attempt_(\d+)$")
+# a group holding a repetition, itself repeated: (a+)+, (a|aa)*, (x*y?)* ... (catastrophic backtracking)
+_NESTED_REPEAT = re.compile(r"\((?:[^()\\]|\\.)*(?:[+*}]|\|)(?:[^()\\]|\\.)*\)\s*(?:[+*{]|\?\?)")
 _SECONDARY = re.compile(r"Connection closed by peer|Connection reset by peer|ChildFailedError|SIGTERM|"
                         r"SignalException|ProcessGroupGloo|NCCL.*(?:abort|timeout)|Broken pipe|"
                         r"DistNetworkError|DistStoreError|Socket Timeout|TCPStore", re.I)
@@ -720,12 +722,18 @@ def around(logs: RankLogs, failure: dict, length: int) -> dict:
 def compile_query(q: str, regex: bool) -> Callable[[str], re.Match | int | None]:
     """A matcher for ``q``: a case-insensitive substring, or with ``regex`` a Python regular
     expression (searched in each line, lines cut at :data:`MAX_LINE` characters). Raises
-    SpecError("q") for an empty, too long (over :data:`MAX_PATTERN` characters) or invalid one."""
+    SpecError("q") for an empty, too long (over :data:`MAX_PATTERN` characters) or invalid one,
+    and for the forms that can backtrack exponentially (a repeated group holding a repetition
+    or an alternation, like ``(a+)+`` or ``(a|aa)*``; backreferences): Python's ``re`` has no
+    time limit and the search runs on the cluster's worker thread."""
     if not q:
         raise SpecError("q", "is empty; give a substring (or a regular expression with regex=1)")
     if len(q) > MAX_PATTERN:
         raise SpecError("q", f"is {len(q)} characters; at most {MAX_PATTERN}")
     if regex:
+        if _NESTED_REPEAT.search(q) or re.search(r"\\\d", q):
+            raise SpecError("q", "repeats a repeated group (like (a+)+) or uses a backreference, which can take "
+                                 "exponential time on a long line; simplify it (e.g. a+)")
         try:
             pat = re.compile(q)
         except re.error as e:

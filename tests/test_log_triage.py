@@ -212,12 +212,18 @@ def test_rest_view_first_failure_and_bad_parameters(server, failed_job):
     hit = [ln for ln in win["lines"] if ln["offsets"]["1"] <= f["offset"] < ln["offsets"]["1"] + len(ln["text"]) + 1]
     assert hit and "Traceback (most recent call last):" in hit[0]["text"], win["lines"]
     for params, field in (({"ranks": "x"}, "ranks"), ({"length": 0}, "length"), ({"length": 2 << 20}, "length"),
-                          ({"q": "(", "regex": 1}, "q"), ({"around": "everything"}, "around"),
+                          ({"q": "(", "regex": 1}, "q"), ({"q": "(a+)+$", "regex": 1}, "q"), ({"around": "everything"}, "around"),
                           ({"cursor": "garbage!"}, "cursor"), ({"time": "soon"}, "time"), ({"tail": "yes"}, "tail"),
                           ({"scan": 1 << 40}, "scan"), ({"q": "x" * 201}, "q")):
         status, err = _get(server, failed_job, **params)
         assert status == 400 and err["error"]["field"] == field, (params, status, err)
     assert _get(server, "no-such-job")[0] == 404
+    # odd values of every parameter on a real job: a 4xx or an answer, never a 5xx
+    nasty = ["", "0", "1", "-1", "1e308", "nan", "\u0000", "x" * 300, "0,1,1-0", "999999", "%", "(?i)", ".*" * 50]
+    for name in ("ranks", "cursor", "length", "tail", "q", "regex", "scan", "limit", "around", "time", "failure"):
+        for value in nasty:
+            status, body = _get(server, failed_job, **{name: value})
+            assert status < 500, (name, value, status, body)
     status, err = _get(server, failed_job, ranks="7")
     assert status == 409 and "rank 7" in err["error"]["message"] and "known ranks: [0, 1]" in err["error"]["message"]
 
