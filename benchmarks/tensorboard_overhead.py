@@ -7,7 +7,9 @@ steps_per_s, lr and tokens_per_s written every step) and off (None, the baseline
 the same machine state. Two loops: ``bare`` (only ``ctx.step``: the absolute cost per call, in
 microseconds) and ``train`` (a fixed matmul workload of ~``--compute-ms`` per step before
 ``ctx.step``: the cost relative to a step). Reported: median per-step time of each block kind,
-the difference and the ratio with/without, and the CPU time per step of all threads (the
+the difference and the ratio with/without, the CPU time per step of the training thread alone
+(``time.thread_time``: what the step itself pays, insensitive to other processes' load) and
+of all threads (the
 writer threads' included, each block counted until the writer's queue is empty), written as JSON.
 The step's caller only queues the values; the summaries are built on a thread of their own.
 
@@ -66,12 +68,13 @@ def main() -> None:
     step = [0]
 
     cpu: dict[bool, list[float]] = {True: [], False: []}
+    caller: dict[bool, list[float]] = {True: [], False: []}  # CPU of the training thread alone
 
     def block(on: bool, steps: int, compute: bool) -> float:
         """Wall seconds per step of one block; its CPU seconds per step (all threads, the
         writer's included, counted until its queue is empty) go to ``cpu[on]``."""
         ctx.tensorboard = tb if on else None
-        c0, t0 = time.process_time(), time.perf_counter()
+        c0, t0, th0 = time.process_time(), time.perf_counter(), time.thread_time()
         for _ in range(steps):
             if compute:
                 for _ in range(mms):
@@ -79,6 +82,7 @@ def main() -> None:
             ctx.step(step[0], loss=1.0 / (1 + step[0]), lr=3e-4, tokens_per_s=1234.5)
             step[0] += 1
         wall = (time.perf_counter() - t0) / steps
+        caller[on].append((time.thread_time() - th0) / steps)
         tb.sync()  # the writer thread's backlog is this block's, not the next one's
         cpu[on].append((time.process_time() - c0) / steps)
         return wall
@@ -93,16 +97,20 @@ def main() -> None:
                 (on if flag else off).append(block(flag, steps, compute))
         m_on, m_off = statistics.median(on), statistics.median(off)
         c_on, c_off = statistics.median(cpu[True]), statistics.median(cpu[False])
-        cpu[True].clear(), cpu[False].clear()
+        k_on, k_off = statistics.median(caller[True]), statistics.median(caller[False])
+        cpu[True].clear(), cpu[False].clear(), caller[True].clear(), caller[False].clear()
         results[name] = {"steps_per_block": steps, "blocks": a.blocks,
                          "cpu_with_us": c_on * 1e6, "cpu_without_us": c_off * 1e6,
                          "cpu_added_us_per_step": (c_on - c_off) * 1e6,
+                         "caller_cpu_with_us": k_on * 1e6, "caller_cpu_without_us": k_off * 1e6,
+                         "caller_cpu_added_us_per_step": (k_on - k_off) * 1e6,
                          "with_tensorboard_us": m_on * 1e6, "without_us": m_off * 1e6,
                          "added_us_per_step": (m_on - m_off) * 1e6, "ratio": m_on / m_off,
                          "with_all_us": [v * 1e6 for v in on], "without_all_us": [v * 1e6 for v in off]}
         print(f"{name:5s}: with SummaryWriter {m_on * 1e6:9.1f} us/step, without {m_off * 1e6:9.1f} us/step, "
               f"added {(m_on - m_off) * 1e6:7.1f} us ({m_on / m_off:.3f}x); CPU (all threads) added "
-              f"{(c_on - c_off) * 1e6:7.1f} us/step")
+              f"{(c_on - c_off) * 1e6:7.1f} us/step; training thread's CPU {k_on * 1e6:.1f} vs {k_off * 1e6:.1f} us/step "
+              f"(+{(k_on - k_off) * 1e6:.1f})")
     ctx.tensorboard = tb
     ctx.finish()
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
