@@ -1,9 +1,10 @@
 import {
   ILabShell,
+  ILayoutRestorer,
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { ICommandPalette, InputDialog, MainAreaWidget, Notification } from '@jupyterlab/apputils';
+import { ICommandPalette, InputDialog, MainAreaWidget, Notification, WidgetTracker } from '@jupyterlab/apputils';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
@@ -78,11 +79,12 @@ const plugin: JupyterFrontEndPlugin<IHyperPodModel> = {
     'HyperPod sidebar: clusters, jobs, live fault/recovery timeline, submit form.',
   autoStart: true,
   provides: IHyperPodModel,
-  optional: [ILabShell, ICommandPalette],
+  optional: [ILabShell, ICommandPalette, ILayoutRestorer],
   activate: (
     app: JupyterFrontEnd,
     labShell: ILabShell | null,
-    palette: ICommandPalette | null
+    palette: ICommandPalette | null,
+    restorer: ILayoutRestorer | null
   ): IHyperPodModel => {
     let sidebar: HyperPodSidebar | null = null;
     const model = new HyperPodModel({
@@ -187,6 +189,15 @@ const plugin: JupyterFrontEndPlugin<IHyperPodModel> = {
     });
     // one dashboard tab per job, in the main area
     const dashboards = new Map<string, MainAreaWidget<JobDashboard>>();
+    // open dashboards come back after a reload (the layout restorer runs the command again)
+    const tracker = new WidgetTracker<MainAreaWidget<JobDashboard>>({ namespace: 'hyperpod-dashboard' });
+    if (restorer) {
+      void restorer.restore(tracker, {
+        command: CommandIDs.dashboard,
+        args: w => ({ jobId: w.content.jobId }),
+        name: w => w.content.jobId
+      });
+    }
     commands.addCommand(CommandIDs.dashboard, {
       label: args => (args.jobId ? `HyperPod: Dashboard of ${args.jobId}` : 'HyperPod: Open Dashboard of Selected Job'),
       caption: 'Lanes per rank, loss and throughput, goodput, events and logs of a job, in a main-area tab',
@@ -212,6 +223,7 @@ const plugin: JupyterFrontEndPlugin<IHyperPodModel> = {
           dashboards.set(jobId, widget);
           widget.disposed.connect(() => dashboards.delete(jobId));
           app.shell.add(widget, 'main');
+          void tracker.add(widget);
         }
         app.shell.activateById(widget.id);
         return widget;

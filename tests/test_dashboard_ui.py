@@ -9,8 +9,8 @@ mark is in rank 1's lane and the recovery mark in the job lane after it; the che
 spans per tier (not one mark each); the uPlot charts drew the steps; zoom by the wheel and by
 keys (+, -, arrows, 0) changes the visible range; the events table filters by kind; Enter on
 the fault's row opens rank 1's log at its traceback (the "Traceback" line is visible); in the
-dark theme the dashboard's background and text follow the theme variables. Screenshots (light,
-zoomed, log, dark) go to ``test-artifacts/dashboard/``.
+dark theme the dashboard's background and text follow the theme variables; a reload brings the
+tab back. Screenshots (light, zoomed, log, dark) go to ``test-artifacts/dashboard/``.
 """
 
 from __future__ import annotations
@@ -227,6 +227,11 @@ def test_dashboard_lanes_zoom_filter_log_and_themes(tmp_path):
                 assert got == want and got != light, (got, want, light)
                 assert dash.locator("[data-testid=hp-dash-chart-loss] canvas").count() >= 1  # redrawn for the theme
                 _shot(page, "4-dark")
+
+                # 6. a reload brings the dashboard tab back (the layout restorer)
+                page.wait_for_timeout(1500)  # the workspace is saved shortly after a layout change
+                page.goto(f"{lab.url}lab?token={lab.token}", wait_until="domcontentloaded")
+                page.wait_for_selector(f'[data-testid=hp-dashboard][data-job-id="{job_id}"][data-state=drawn]')
                 browser.close()
             except Exception:
                 _shot(page, "failure")
