@@ -57,7 +57,11 @@ class FreezableRelay:
                 a, _ = self._srv.accept()
             except (socket.timeout, OSError):
                 continue
-            b = socket.create_connection(self.target)
+            try:
+                b = socket.create_connection(self.target)
+            except OSError:
+                a.close()
+                continue
             for src, dst in ((a, b), (b, a)):
                 threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
 
@@ -73,7 +77,7 @@ class FreezableRelay:
                 if not data:
                     break
                 dst.sendall(data)
-        except OSError:
+        except (OSError, ValueError):  # the other direction closed both sockets
             pass
         finally:
             for sock in (src, dst):
@@ -155,10 +159,37 @@ def relay(dev_cluster):
 
 
 @pytest.fixture(scope="module")
-def clusters_cfg(dev_cluster, relay, tmp_path_factory) -> str:
+def hung(tmp_path_factory):
+    """A login node that lets the client in, accepts the sftp subsystem and never answers (test helper)."""
+    from hung_sftp import HungSSHServer, new_key_pair
+
+    key_file, key = new_key_pair(str(tmp_path_factory.mktemp("hung-key")))
+    srv = HungSSHServer(key).start()
+    srv.key_file = key_file
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def clusters_cfg(dev_cluster, relay, hung, tmp_path_factory) -> str:
+    """The profiles of :func:`_clusters_toml` and 'hung' (:func:`hung`, op_timeout_s 2 s)."""
+    import tomli_w
+
     work = str(tmp_path_factory.mktemp("storage-clusters"))
     cfg = os.path.join(work, "clusters.toml")
     _clusters_toml(cfg, dev_cluster, work, relay)
+    kh = os.path.join(work, "hung_known_hosts")
+    with open(kh, "w") as f:
+        f.write(hung.known_hosts_line)
+    p = ClusterProfile(name="hung", orchestrator="slurm", host="127.0.0.1", port=hung.port, user="root",
+                       key_file=hung.key_file, known_hosts=kh, shared_root="/fsx", op_timeout_s=2.0).validate()
+    with open(cfg, "rb") as f:
+        import tomllib
+
+        doc = tomllib.load(f)
+    doc["clusters"]["hung"] = p.to_toml_table()
+    with open(cfg, "wb") as f:
+        tomli_w.dump(doc, f)
     return cfg
 
 
@@ -275,13 +306,16 @@ def test_checkpoints_cannot_be_changed_from_the_lab(server, ckpt_job, dev_cluste
 def test_unreachable_cluster_is_an_error_and_the_lab_keeps_working(server, dev_cluster):
     drives = _drives(server)
     assert drives["down"]["init"] is False  # jupyter-fs shows the resource as not loaded
+    assert drives["hung"]["init"] is False  # in, but its SFTP never answered: given up after op_timeout_s
     assert drives["local-slurm"]["init"] is True
     assert server.start_s < 60
     status, _ = server.call("GET", "/api/status")
     assert status == 200
     status, root = server.call("GET", "/api/contents/")  # the local tree is the server's root dir as before
     assert status == 200 and root["type"] == "directory"
-    assert "cannot reach" in server.log_text() and "down" in server.log_text()
+    log = server.log_text()
+    assert "cannot reach" in log and "cluster 'down'" in log
+    assert "cluster 'hung'" in log and "SFTP subsystem did not start within 2 s" in log
 
 
 def test_a_dead_link_fails_the_drive_call_and_never_blocks_the_server(server, relay, dev_cluster):
