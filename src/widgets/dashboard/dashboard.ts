@@ -194,7 +194,7 @@ export class JobDashboard extends Widget {
       void this.events.refresh();
     }
     // a long job's first fold is read over several requests: the next one at once
-    this._timer = window.setTimeout(() => void this._loop(), this._partial ? 50 : REFRESH_MS);
+    this._timer = window.setTimeout(() => void this._loop(), this._partial ? 200 : REFRESH_MS);
   }
 
   private _ended(): boolean {
