@@ -77,6 +77,7 @@ class JobMonitor:
         self.events: list[Event] = []
         self.progress = Progress(rec.spec)
         self.aggregate = JobAggregate()
+        self._health: list[Event] = []  # health.checked events (the aggregate's timeline has no passed checks)
         self.state = rec.status
         self.plot_series: dict[str, Any] | None = None
         self.plot_png: bytes | None = None
@@ -177,6 +178,8 @@ class JobMonitor:
         self.progress.update(ev)
         self.meter.update(ev)
         self.aggregate.fold(ev)
+        if ev.kind == EventKind.HEALTH_CHECKED.value:
+            self._health.append(ev)
 
     # ---- rendering -----------------------------------------------------------------------
     def _render(self, force_plot: bool = False, final: bool = False) -> None:
@@ -198,15 +201,12 @@ class JobMonitor:
         if force_plot or now - self._last_plot >= self.plot_interval_s:
             self._last_plot, self._plot_pending = now, False
             self._draw_plot()
-            self.timeline.value = timeline_html(aggregate=self.aggregate, health=self._health_checks())
+            self.timeline.value = timeline_html(aggregate=self.aggregate, health=self._health)
             self.goodput.value = goodput_html(self.meter)
         else:
             self._plot_pending = True
         self.table.value = events_table(self.events[-self.table_rows:])
 
-
-    def _health_checks(self) -> list[Event]:
-        return [e for e in self.events if e.kind == EventKind.HEALTH_CHECKED.value]
 
     def _draw_plot(self) -> None:
         """Redraw the loss plot from the aggregate's series when steps arrived since the last
