@@ -354,6 +354,39 @@ def test_a_dead_link_fails_the_drive_call_and_never_blocks_the_server(server, re
     assert status == 200 and body["type"] == "directory", body
 
 
+def test_hyperpod_urls_in_fsspec_read_and_guard_writes(dev_cluster, ckpt_job):
+    """hyperpod:// through fsspec itself (as a notebook would use it): reads; read-only by default;
+    writable=True writes and deletes, except below a checkpoints directory."""
+    import fsspec
+
+    from hyperpod_lab import storage
+
+    storage.register()
+    url = f"hyperpod://local-slurm{ckpt_job['ckpt']}/{COMMIT_MARKER}"
+    with fsspec.open(url, "rb") as f:
+        with open(os.path.join(ckpt_job["ckpt"], COMMIT_MARKER), "rb") as want:
+            assert f.read() == want.read()
+    ro = fsspec.filesystem("hyperpod", host="local-slurm")
+    assert isinstance(ro.info(ckpt_job["ckpt"])["mtime"], float)
+    with pytest.raises(PermissionError, match="read-only in the Lab"):
+        ro.pipe_file(f"{ckpt_job['job_dir']}/note.txt", b"x")
+    with pytest.raises(PermissionError, match="read-only"):
+        ro.rm(ckpt_job["ckpt"], recursive=True)
+    rw = fsspec.filesystem("hyperpod", host="local-slurm", writable=True)
+    note = f"{ckpt_job['job_dir']}/note.txt"
+    rw.pipe_file(note, b"hello")
+    assert open(note, "rb").read() == b"hello"
+    rw.rm(note)
+    assert not os.path.exists(note)
+    for op in (lambda: rw.rm(ckpt_job["ckpt"], recursive=True), lambda: rw.pipe_file(f"{ckpt_job['ckpt']}/x", b"x"),
+               lambda: rw.mv(ckpt_job["ckpt"], ckpt_job["ckpt"] + "-moved")):
+        with pytest.raises(PermissionError, match="job's checkpoints"):
+            op()
+    assert sorted(os.listdir(ckpt_job["ckpt"])) == sorted([COMMIT_MARKER, METADATA_FILE, "__0_0.distcp"])
+    with pytest.raises(storage.StorageError, match="unknown cluster 'nope'"):
+        fsspec.filesystem("hyperpod", host="nope")
+
+
 # ---------------------------------------------------------------- the file browser in Chromium
 
 def _playwright():
