@@ -292,3 +292,24 @@ def test_timeline_collapses_checkpoints_per_tier_and_shows_a_fault_and_its_recov
     restored = [m for m in marks if m.startswith("hp-checkpoint-restored")]
     assert len(restored) == 1 and "ranks 0, 1" in restored[0], restored
     assert sum(m.startswith("hp-finished") for m in marks) == 1
+
+
+def test_plot_status_names_steps_without_a_finite_loss(tmp_path):
+    """Steps whose loss was NaN/inf arrive with loss null (runtime/context.py _json_safe): the
+    plot says so instead of waiting for a first step; the first finite loss is then drawn."""
+    from hyperpod_lab.client import Client
+    from hyperpod_lab.jobs import JobRecord, JobStore
+
+    client = Client(JobStore(str(tmp_path / "store")))
+    client.store.put(JobRecord(job_id="nan-1", name="nan", cluster="local", orchestrator="local", native_id="1",
+                               job_dir=str(tmp_path / "job"), spec={"args": []}, status="running"))
+    mon = JobMonitor("nan-1", client=client, start=False)
+    assert "waiting for the first step" in mon.plot_status.value and mon.plot_series is None
+    for s in range(3):
+        mon._on_event(Event("step", "nan-1", 10.0 + s, "rank-0", s, {"step": s, "loss": None, "steps_per_s": 2.0}))
+    mon._render(force_plot=True)
+    assert "without a finite loss" in mon.plot_status.value and mon.plot_series["step"] == [0, 1, 2]
+    mon._on_event(Event("step", "nan-1", 13.0, "rank-0", 3, {"step": 3, "loss": 4.5, "steps_per_s": 2.0}))
+    mon._render(force_plot=True)
+    assert "loss 4.5 at step 3" in mon.plot_status.value and mon.plot_series["loss"][-1] == 4.5
+    assert bytes(mon.plot.value).startswith(b"\x89PNG")
