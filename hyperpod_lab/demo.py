@@ -28,7 +28,7 @@ from hyperpod_lab.errors import HyperPodLabError, JobStateError
 from hyperpod_lab.events import Event
 
 #: the flagship's jobs: same script, steps, nodes and fault; only ``--recovery`` differs
-FLAGSHIP_STEPS = 150
+FLAGSHIP_STEPS = 200  # long enough for the node loss and the join to happen well before the end
 CHECKPOINT_EVERY = 20  # both jobs' --checkpoint-every: persistent checkpoints at steps 19, 39, ...
 FAULT_STEP = 22  # rank 1 is SIGKILLed once this step is reported done (after the step-19 checkpoint;
 # the kill, through srun --overlap, lands a few steps later: the table's "fault after step")
