@@ -34,6 +34,7 @@ import posixpath
 import re
 import socket
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
@@ -47,6 +48,14 @@ PROTOCOL = "hyperpod"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 #: a path with this component is a job's checkpoint tree: never written, renamed or deleted here
 PROTECTED_DIR = "checkpoints"
+
+
+#: seconds a cluster whose connection failed is not tried again (jupyter-fs re-creates a failed
+#: resource on every ``POST /jupyterfs/resources``, on the server's event loop: an unreachable
+#: cluster would hold the server for its connect timeout at each Lab page load)
+RETRY_AFTER_S = 60.0
+_FAILED: dict[str, tuple[float, str]] = {}
+_FAILED_LOCK = threading.Lock()
 
 
 class StorageError(RuntimeError):
@@ -146,7 +155,19 @@ class HyperPodFileSystem(SFTPFileSystem):
             raise StorageError(str(e)) from None
         self.op_timeout_s = float(getattr(self.profile, "op_timeout_s", None) or 30.0)
         self.where = self.route.target.label
-        self._connect()
+        with _FAILED_LOCK:
+            failed = _FAILED.get(self.cluster)
+        if failed is not None and time.monotonic() - failed[0] < RETRY_AFTER_S:
+            left = RETRY_AFTER_S - (time.monotonic() - failed[0])
+            raise StorageError(f"{failed[1]} (not tried again for {left:.0f} s)")
+        try:
+            self._connect()
+        except StorageError as e:
+            with _FAILED_LOCK:
+                _FAILED[self.cluster] = (time.monotonic(), str(e))
+            raise
+        with _FAILED_LOCK:
+            _FAILED.pop(self.cluster, None)
 
     # ---- the connection: the submission's route ---------------------------------------------
     def _connect(self):

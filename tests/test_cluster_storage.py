@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import tempfile
 import time
 import urllib.request
 
@@ -309,6 +308,13 @@ def test_unreachable_cluster_is_an_error_and_the_lab_keeps_working(server, dev_c
     assert drives["hung"]["init"] is False  # in, but its SFTP never answered: given up after op_timeout_s
     assert drives["local-slurm"]["init"] is True
     assert server.start_s < 60
+    # the Lab's POST on each page load: jupyter-fs re-creates failed resources on the event loop;
+    # a cluster that failed is not tried again for RETRY_AFTER_S, so the answer comes at once
+    t0 = time.monotonic()
+    status, res = server.call("POST", "/jupyterfs/resources", {"resources": [], "options": {"_addServerside": True}})
+    assert status == 200 and time.monotonic() - t0 < 1.5, (status, time.monotonic() - t0)
+    assert {r["url"].split("/")[2]: r["init"] for r in res} == {"local-slurm": True, "via-jump": True, "down": False,
+                                                                 "flaky": True, "hung": False}
     status, _ = server.call("GET", "/api/status")
     assert status == 200
     status, root = server.call("GET", "/api/contents/")  # the local tree is the server's root dir as before
