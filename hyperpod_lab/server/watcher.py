@@ -588,16 +588,19 @@ class Watcher:
         rec = self.store.get(job_id)
         t = self.tailers.get(job_id)
         if t is not None and t.agg is not None:
-            deadline = time.monotonic() + first_read_timeout_s
-            while (not t.polled or t.more) and time.monotonic() < deadline:
-                t.next_poll = 0.0
-                self._wake_events.set()
-                await asyncio.sleep(0.05)
-            behind = not t.polled or t.more
             entry = self._dashboards.get(job_id)
-            if not behind or entry is None or entry["agg"].events <= t.agg.events:
-                return {**t.agg.summary(points), "partial": behind}
-            # the tailer re-reads a backlog this cache already folded: answer from the cache
+            # a tailer re-reading a backlog this cache already folded further: answer from the
+            # cache at once (no wait for the tailer)
+            cached_ahead = lambda: (entry is not None and (not t.polled or t.more)  # noqa: E731
+                                    and entry["agg"].events > t.agg.events)
+            if not cached_ahead():
+                deadline = time.monotonic() + first_read_timeout_s
+                while (not t.polled or t.more) and time.monotonic() < deadline:
+                    t.next_poll = 0.0
+                    self._wake_events.set()
+                    await asyncio.sleep(0.05)
+                if not cached_ahead():
+                    return {**t.agg.summary(points), "partial": not t.polled or t.more}
         async with self._dashboard_locks.setdefault(job_id, asyncio.Lock()):
             entry = self._dashboards.get(job_id)
             if entry is None:
