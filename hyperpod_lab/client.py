@@ -63,6 +63,8 @@ class Client:
             return
         from hyperpod_lab import envparity
 
+        if envparity.recently_unanswered(sched.profile):
+            return  # do not wait out a silent login node's timeout again on each reconnect
         try:
             envparity.probe_cluster(sched.profile, [], remote=sched.remote)
         except (HyperPodLabError, OSError, EOFError):

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import ast
 import json
+import logging
 import os
 import re
 import shlex
@@ -46,7 +47,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from hyperpod_lab import _envprobe
-from hyperpod_lab.errors import EnvironmentMismatch, HyperPodLabError, RemoteCommandError, SpecError
+from hyperpod_lab.errors import (ClusterUnreachable, EnvironmentMismatch, HyperPodLabError, RemoteCommandError,
+                                 SpecError)
+
+log = logging.getLogger("hyperpod_lab.envparity")
 
 OK, WARNING, ERROR = "ok", "warning", "error"
 SEVERITIES = (OK, WARNING, ERROR)
@@ -157,6 +161,7 @@ def probe_argv(python: str, modules: list[str]) -> list[str]:
 
 
 _cache: dict[tuple, list[tuple[float, frozenset, dict]]] = {}
+_unanswered: dict[tuple, float] = {}  # when a probe of a cluster last got no answer (monotonic s)
 _cache_lock = threading.Lock()
 
 
@@ -180,8 +185,19 @@ def forget(profile=None) -> None:
     with _cache_lock:
         if profile is None:
             _cache.clear()
+            _unanswered.clear()
         else:
             _cache.pop(_key(profile), None)
+            _unanswered.pop(_key(profile), None)
+
+
+def recently_unanswered(profile) -> bool:
+    """Whether a probe of this cluster and interpreter got no answer (ClusterUnreachable) in the
+    last :data:`CACHE_TTL_S` seconds: the connect-time probe and the submit check are then
+    skipped rather than waiting out the login node's timeout again."""
+    with _cache_lock:
+        t = _unanswered.get(_key(profile))
+    return t is not None and time.monotonic() - t < CACHE_TTL_S
 
 
 def probe_cluster(profile, modules: list[str] = (), remote=None, use_cache: bool = True) -> dict[str, Any]:
@@ -219,6 +235,10 @@ def probe_cluster(profile, modules: list[str] = (), remote=None, use_cache: bool
     argv = probe_argv(profile.python, modules)
     try:
         res = remote.run(argv, check=False, timeout_s=PROBE_TIMEOUT_S, idempotent=True)
+    except ClusterUnreachable:
+        with _cache_lock:
+            _unanswered[_key(profile)] = time.monotonic()
+        raise
     except RemoteCommandError as e:
         if e.exit_status == 127:
             raise EnvironmentMismatch(_no_python(profile)) from None
@@ -237,6 +257,7 @@ def probe_cluster(profile, modules: list[str] = (), remote=None, use_cache: bool
             f"3.11+ with hyperpod-lab and torch: set 'python' in the cluster profile, or --skip-env-check") from None
     out["modules_asked"] = modules
     with _cache_lock:
+        _unanswered.pop(_key(profile), None)
         entries = [e for e in _cache.get(_key(profile), []) if time.monotonic() - e[0] < CACHE_TTL_S][-4:]
         _cache[_key(profile)] = entries + [(time.monotonic(), frozenset(modules), out)]
     return out
@@ -402,11 +423,23 @@ def check_submission(profile, remote=None) -> list[Difference]:
         EnvironmentMismatch: an error-level difference, its message naming both versions and
             the fix; or the interpreter is missing.
         EnvCheckUnsupported: an EKS cluster.
-        ClusterUnreachable, HostKeyError: the login node cannot be reached safely.
+        HostKeyError: the login node's key is refused. (A login node that does not answer,
+            ClusterUnreachable, skips the check: the submission reports it.)
     """
+    if cached(profile) is None and recently_unanswered(profile):
+        log.warning("environment check of cluster '%s' skipped: its login node did not answer the probe "
+                    "within the last %g s", profile.name, CACHE_TTL_S)
+        return []
     local = _envprobe.probe(())
     local["modules_asked"] = []
-    diffs = diff(local, probe_cluster(profile, [], remote=remote), python=profile.python)
+    try:
+        remote_env = probe_cluster(profile, [], remote=remote)
+    except ClusterUnreachable as e:
+        # no answer is not an incompatibility: the submission goes on and reports the login
+        # node's state itself (its one exec may still reach sbatch: CommandOutcomeUnknown)
+        log.warning("environment check of cluster '%s' skipped: %s", profile.name, e)
+        return []
+    diffs = diff(local, remote_env, python=profile.python)
     bad = errors_of(diffs)
     if bad:
         forget(profile)  # the next submission probes again: the user may have fixed it meanwhile
