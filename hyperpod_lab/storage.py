@@ -336,7 +336,8 @@ def jupyterfs_resources(profiles=None, writable: bool = False) -> list[dict]:
         ``[{"name": "<cluster>: <shared_root>", "url": "hyperpod://<cluster><shared_root>",
         "type": "fsspec", "auth": "none", "defaultWritable": writable, "kwargs": {"writable":
         writable}}, ...]``; a profile whose name cannot be a URL host (characters other than
-        letters, digits, ``.``, ``_``, ``-``) is left out with a warning.
+        letters, digits, ``.``, ``_``, ``-``), or with a field still ``FILL-IN`` (written by
+        ``clusters discover``), is left out with a warning.
     """
     if profiles is None:
         from hyperpod_lab.clusters import load_profiles
@@ -345,6 +346,10 @@ def jupyterfs_resources(profiles=None, writable: bool = False) -> list[dict]:
     out = []
     for name, p in sorted(profiles.items()):
         if p.orchestrator != "slurm" or not p.shared_root:
+            continue
+        if p.unfilled():
+            log.warning("hyperpod_lab: cluster '%s' gets no file-browser tree until %s is filled in (clusters.toml)",
+                        name, ", ".join(p.unfilled()))
             continue
         if not _NAME.fullmatch(name):
             log.warning("hyperpod_lab: cluster '%s' gets no file-browser tree: its name must be letters, digits, "

@@ -360,6 +360,21 @@ def test_a_dead_link_fails_the_drive_call_and_never_blocks_the_server(server, re
     assert status == 200 and body["type"] == "directory", body
 
 
+def test_one_resource_per_usable_slurm_profile():
+    """Slurm profiles with a shared_root get a tree; eks/local profiles, names that cannot be a
+    URL host and profiles still holding FILL-IN placeholders do not."""
+    from hyperpod_lab import storage
+
+    ps = {"hp": ClusterProfile("hp", "slurm", host="h", shared_root="/fsx/"),
+          "new": ClusterProfile("new", "slurm", host="FILL-IN-login-node", shared_root="/fsx"),
+          "a b": ClusterProfile("a b", "slurm", host="h", shared_root="/fsx"),
+          "k8s": ClusterProfile("k8s", "eks", kube_context="ctx"),
+          "local": ClusterProfile("local", "local", shared_root="/tmp/x")}
+    assert storage.jupyterfs_resources(ps, writable=True) == [
+        {"name": "hp: /fsx", "url": "hyperpod://hp/fsx", "type": "fsspec", "auth": "none", "defaultWritable": True,
+         "kwargs": {"writable": True}}]
+
+
 def test_hyperpod_urls_in_fsspec_read_and_guard_writes(dev_cluster, ckpt_job):
     """hyperpod:// through fsspec itself (as a notebook would use it): reads; read-only by default;
     writable=True writes and deletes, except below a checkpoints directory."""
