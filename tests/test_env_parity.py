@@ -78,6 +78,11 @@ def _stand_in(root, dist: str, files: dict[str, str], version: str) -> str:
 @pytest.fixture(scope="module")
 def cluster_python(tmp_path_factory) -> str:
     """The second venv's interpreter, with the stand-in torch 2.12.0 and hyperpod-lab 0.0.1."""
+    import importlib.util
+
+    if importlib.util.find_spec("setuptools") is None:
+        pytest.fail("setuptools is not installed (the stand-in wheels are built with it, offline); run "
+                    "'.venv/bin/pip install -e .[test]'", pytrace=False)
     root = tmp_path_factory.mktemp("cluster-env")
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
