@@ -72,8 +72,8 @@ class _GuardedSFTP:
     client does not sort concurrent replies) and a lost or late reply turned into a clear
     TimeoutError after which the connection is dropped (the session is out of step)."""
 
-    def __init__(self, fs: "HyperPodFileSystem", sftp, gen: int):
-        self._fs, self._sftp, self._gen = fs, sftp, gen
+    def __init__(self, link: "_Link", sftp, gen: int):
+        self._link, self._sftp, self._gen = link, sftp, gen
 
     def __getattr__(self, name):
         attr = getattr(self._sftp, name)
@@ -83,7 +83,8 @@ class _GuardedSFTP:
         def call(*args, **kwargs):
             import paramiko
 
-            with self._fs._lock:
+            link = self._link
+            with link.lock:
                 try:
                     out = attr(*args, **kwargs)
                     if name == "listdir_iter":  # a generator: its replies come while iterating
@@ -91,12 +92,158 @@ class _GuardedSFTP:
                     return out
                 except (socket.timeout, TimeoutError, EOFError, paramiko.SSHException) as e:
                     what = f"sftp {name}({', '.join(str(a) for a in args[:1])})"
-                    self._fs._drop(self._gen, f"{what}: {type(e).__name__} {e}".strip())
-                    raise TimeoutError(f"cluster '{self._fs.cluster}' ({self._fs.where}): no answer to {what} "
-                                       f"within {self._fs.op_timeout_s:g} s (op_timeout_s) or the link "
+                    link.drop(self._gen, f"{what}: {type(e).__name__} {e}".strip())
+                    raise TimeoutError(f"cluster '{link.cluster}' ({link.where}): no answer to {what} "
+                                       f"within {link.op_timeout_s:g} s (op_timeout_s) or the link "
                                        f"dropped; the next call reconnects") from None
 
         return call
+
+
+class _Link:
+    """One SSH connection (and its SFTP session) to a cluster's login node, shared by every
+    :class:`HyperPodFileSystem` of that cluster (fsspec keeps one instance per thread)."""
+
+    def __init__(self, cluster: str, route, op_timeout_s: float):
+        self.cluster, self.route, self.op_timeout_s = cluster, route, op_timeout_s
+        self.where = route.target.label
+        self.lock = threading.RLock()
+        self.conn = None
+        self.sftp = None
+        self.gen = 0
+        self.reconnects = 0
+
+    def ensure(self) -> None:
+        """Connected, or StorageError; a cluster that failed is not tried again for
+        :data:`RETRY_AFTER_S` (the cached error comes back at once)."""
+        with self.lock:
+            if self.conn is not None and self.conn.active:
+                return
+            with _FAILED_LOCK:
+                failed = _FAILED.get(self.cluster)
+            if failed is not None and time.monotonic() - failed[0] < RETRY_AFTER_S:
+                left = RETRY_AFTER_S - (time.monotonic() - failed[0])
+                raise StorageError(f"{failed[1]} (not tried again for {left:.0f} s)")
+            try:
+                self.connect()
+            except StorageError as e:
+                with _FAILED_LOCK:
+                    _FAILED[self.cluster] = (time.monotonic(), str(e))
+                raise
+            with _FAILED_LOCK:
+                _FAILED.pop(self.cluster, None)
+
+    def connect(self) -> None:
+        from hyperpod_lab.errors import HyperPodLabError
+        from hyperpod_lab.schedulers.ssh_route import open_route
+
+        with self.lock:
+            if self.conn is not None:
+                self.drop(self.gen, self.conn.dead_reason or "the connection had closed")
+            try:
+                o = open_route(self.route, self.cluster)
+            except HyperPodLabError as e:
+                raise StorageError(str(e)) from None
+            try:
+                sftp = self._start_sftp(o)
+            except Exception as e:
+                o.close()
+                raise StorageError(f"cluster '{self.cluster}' ({self.where}): the SFTP subsystem did not start "
+                                   f"within {self.op_timeout_s:g} s (op_timeout_s): {type(e).__name__} {e}; is "
+                                   f"sftp enabled in the login node's sshd, and does its file system answer?") from None
+            self.conn, self.sftp = o, sftp
+            self.gen += 1
+
+    def _start_sftp(self, o):
+        """The SFTP client on a new channel of ``o``, every step bounded by ``op_timeout_s``
+        (paramiko waits for the subsystem reply without a timeout: a timer closes the channel, as
+        :class:`~hyperpod_lab.schedulers.remote.SSHRemote` does)."""
+        import paramiko
+
+        from hyperpod_lab.schedulers.remote import _answered_within
+
+        t = self.op_timeout_s
+        chan = o.transport.open_session(timeout=t)
+        chan.settimeout(t)  # every reply read, the version exchange's included
+        _answered_within(chan, t, lambda: chan.invoke_subsystem("sftp"), "starting the SFTP subsystem")
+        return paramiko.SFTPClient(chan)
+
+    def drop(self, gen: int, why: str) -> None:
+        with self.lock:
+            if gen != self.gen or self.conn is None:
+                return
+            o, self.conn, self.sftp = self.conn, None, None
+        log.warning("hyperpod_lab: storage of cluster '%s': dropped the connection: %s", self.cluster, why)
+        try:
+            o.close()
+        except Exception:  # already gone
+            pass
+
+    def guarded(self) -> _GuardedSFTP:
+        """The SFTP client now, (re)connecting first when the link was dropped or found dead."""
+        with self.lock:
+            if self.conn is None or not self.conn.active:
+                self.connect()
+                self.reconnects += 1
+            return _GuardedSFTP(self, self.sftp, self.gen)
+
+    def close(self) -> None:
+        with self.lock:
+            self.gen += 1
+            o, self.conn, self.sftp = self.conn, None, None
+        if o is not None:
+            o.close()
+
+
+_LINKS: dict[tuple, _Link] = {}
+_LINKS_LOCK = threading.Lock()
+
+
+def _resolve(cluster: str):
+    """(profile, route) of a slurm cluster profile. Raises StorageError."""
+    from hyperpod_lab.clusters import get_profile
+    from hyperpod_lab.errors import HyperPodLabError
+    from hyperpod_lab.schedulers.ssh_route import resolve_route
+
+    try:
+        profile = get_profile(cluster)
+        if profile.orchestrator != "slurm":
+            raise StorageError(f"cluster '{cluster}' is a {profile.orchestrator} cluster; "
+                               f"{PROTOCOL}:// reaches the shared storage of slurm clusters over SFTP")
+        return profile, resolve_route(profile)
+    except HyperPodLabError as e:
+        raise StorageError(str(e)) from None
+
+
+def _link_for(cluster: str) -> _Link:
+    """The cluster's shared, connected :class:`_Link`. Raises StorageError."""
+    profile, route = _resolve(cluster)
+    op_timeout_s = float(getattr(profile, "op_timeout_s", None) or 30.0)
+    key = (cluster, repr(route), op_timeout_s)
+    with _LINKS_LOCK:
+        link = _LINKS.get(key)
+        if link is None:
+            link = _LINKS[key] = _Link(cluster, route, op_timeout_s)
+    link.ensure()
+    return link
+
+
+def connect_all(clusters: list[str]) -> dict[str, str | None]:
+    """Connect to ``clusters`` side by side (the server's start waits for the slowest, not the
+    sum); returns name -> None (connected) or the error. The links are then shared with the
+    file systems jupyter-fs makes."""
+    if not clusters:
+        return {}
+
+    def one(name):
+        try:
+            _link_for(name)
+            return None
+        except Exception as e:  # StorageError; anything else is reported the same way
+            return str(e)
+
+    with ThreadPoolExecutor(max_workers=min(8, len(clusters)), thread_name_prefix="hyperpod-fs-connect") as ex:
+        return dict(zip(clusters, ex.map(one, clusters)))
 
 
 class HyperPodFileSystem(SFTPFileSystem):
@@ -104,6 +251,7 @@ class HyperPodFileSystem(SFTPFileSystem):
 
     URL: ``hyperpod://<cluster profile name>/<absolute path on the cluster>``. Everything but the
     connection is fsspec's ``SFTPFileSystem`` (``ls``, ``info``, ``cat``, ``open``, ``get``...).
+    The connection of a cluster is shared by its instances (fsspec makes one per thread).
 
     Args:
         host: the cluster profile's name (a slurm profile of ``clusters.toml``).
@@ -120,7 +268,9 @@ class HyperPodFileSystem(SFTPFileSystem):
 
     Raises:
         StorageError: the profile is unknown, not a slurm cluster, or the login node cannot be
-            reached (unknown host key, refused key, no answer within ``connect_timeout_s``).
+            reached (unknown host key, refused key, no answer within ``connect_timeout_s``, SFTP
+            not started within ``op_timeout_s``); for :data:`RETRY_AFTER_S` after such a
+            failure, the same error at once.
         PermissionError: a write, rename or delete on a read-only tree.
         TimeoutError: an SFTP request got no reply within ``op_timeout_s`` (connection dropped).
     """
@@ -131,114 +281,35 @@ class HyperPodFileSystem(SFTPFileSystem):
         if self._cached:
             return
         AbstractFileSystem.__init__(self, **kwargs)
-        from hyperpod_lab.clusters import get_profile
-        from hyperpod_lab.errors import HyperPodLabError
-        from hyperpod_lab.schedulers.ssh_route import resolve_route
-
         self.cluster = str(host)
         self.writable = bool(writable)
         self.temppath = kwargs.pop("temppath", "/tmp")
         self.host = self.cluster
         self.ssh_kwargs = {}
-        self._lock = threading.RLock()
-        self._conn = None
-        self._sftp = None
-        self._gen = 0
-        self.reconnects = 0
-        try:
-            self.profile = get_profile(self.cluster)
-            if self.profile.orchestrator != "slurm":
-                raise StorageError(f"cluster '{self.cluster}' is a {self.profile.orchestrator} cluster; "
-                                   f"{PROTOCOL}:// reaches the shared storage of slurm clusters over SFTP")
-            self.route = resolve_route(self.profile)
-        except HyperPodLabError as e:
-            raise StorageError(str(e)) from None
-        self.op_timeout_s = float(getattr(self.profile, "op_timeout_s", None) or 30.0)
-        self.where = self.route.target.label
-        with _FAILED_LOCK:
-            failed = _FAILED.get(self.cluster)
-        if failed is not None and time.monotonic() - failed[0] < RETRY_AFTER_S:
-            left = RETRY_AFTER_S - (time.monotonic() - failed[0])
-            raise StorageError(f"{failed[1]} (not tried again for {left:.0f} s)")
-        try:
-            self._connect()
-        except StorageError as e:
-            with _FAILED_LOCK:
-                _FAILED[self.cluster] = (time.monotonic(), str(e))
-            raise
-        with _FAILED_LOCK:
-            _FAILED.pop(self.cluster, None)
+        self._link = _link_for(self.cluster)
+        self.profile, self.route = _resolve(self.cluster)
+        self.op_timeout_s = self._link.op_timeout_s
+        self.where = self._link.where
 
-    # ---- the connection: the submission's route ---------------------------------------------
-    def _connect(self):
-        from hyperpod_lab.errors import HyperPodLabError
-        from hyperpod_lab.schedulers.ssh_route import open_route
-
-        with self._lock:
-            try:
-                o = open_route(self.route, self.cluster)
-            except HyperPodLabError as e:
-                raise StorageError(str(e)) from None
-            try:
-                sftp = self._start_sftp(o)
-            except Exception as e:
-                o.close()
-                raise StorageError(f"cluster '{self.cluster}' ({self.where}): the SFTP subsystem did not start "
-                                   f"within {self.op_timeout_s:g} s (op_timeout_s): {type(e).__name__} {e}; is "
-                                   f"sftp enabled in the login node's sshd, and does its file system answer?") from None
-            self._conn, self._sftp = o, sftp
-            self._gen += 1
-
-    def _start_sftp(self, o):
-        """The SFTP client on a new channel of ``o``, every step bounded by ``op_timeout_s``
-        (paramiko waits for the subsystem reply without a timeout: a timer closes the channel, as
-        :class:`~hyperpod_lab.schedulers.remote.SSHRemote` does)."""
-        import paramiko
-
-        from hyperpod_lab.schedulers.remote import _answered_within
-
-        t = self.op_timeout_s
-        chan = o.transport.open_session(timeout=t)
-        chan.settimeout(t)  # every reply read, the version exchange's included
-        _answered_within(chan, t, lambda: chan.invoke_subsystem("sftp"), "starting the SFTP subsystem")
-        return paramiko.SFTPClient(chan)
-
-    def _drop(self, gen: int, why: str) -> None:
-        with self._lock:
-            if gen != self._gen or self._conn is None:
-                return
-            o, self._conn, self._sftp = self._conn, None, None
-        log.warning("hyperpod_lab: storage of cluster '%s': dropped the connection: %s", self.cluster, why)
-        try:
-            o.close()
-        except Exception:  # already gone
-            pass
-
+    # ---- the connection: the submission's route, shared ----------------------------------
     @property
     def ftp(self):
         """The SFTP client now, (re)connecting first when the link was dropped or found dead."""
-        with self._lock:
-            o = self._conn
-            if o is None or not o.active:
-                if o is not None:
-                    self._drop(self._gen, o.dead_reason or "the connection had closed")
-                self._connect()
-                self.reconnects += 1
-            return _GuardedSFTP(self, self._sftp, self._gen)
+        return self._link.guarded()
 
     @property
     def client(self):
         """The login node's paramiko SSHClient (None while dropped)."""
-        o = self._conn
+        o = self._link.conn
         return o.client if o is not None else None
 
+    @property
+    def reconnects(self) -> int:
+        return self._link.reconnects
+
     def close(self) -> None:
-        """Close the connection (jump hosts and proxy commands too)."""
-        with self._lock:
-            self._gen += 1
-            o, self._conn, self._sftp = self._conn, None, None
-        if o is not None:
-            o.close()
+        """Close the cluster's connection (jump hosts and proxy commands too); the next call reconnects."""
+        self._link.close()
 
     # ---- URLs ----------------------------------------------------------------------------
     @staticmethod
@@ -475,6 +546,10 @@ def _link_jupyter_server_extension(serverapp):
     urls = {r.get("url") for r in given if isinstance(r, dict)}
     merged = given + [r for r in ours if r["url"] not in urls]
     update = {"JupyterFs": {"resources": merged}, "FSSpecManager": {"allow_hidden": True}}
+    failed = connect_all([r["url"].split("/")[2] for r in ours])
+    for name, err in failed.items():
+        if err:
+            serverapp.log.warning("hyperpod_lab: no file-browser tree for cluster '%s': %s", name, err)
     cm = serverapp.contents_manager_class
     if not (isinstance(cm, type) and issubclass(cm, MetaManagerShared)):
         serverapp.contents_manager_class = __getattr__("HyperPodMetaManager")
