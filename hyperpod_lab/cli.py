@@ -318,7 +318,10 @@ def run(argv: list[str], out: TextIO | None = None, client=None) -> Any:
 
     from hyperpod_lab.client import Client
 
-    client = client or Client()
+    if client is None:
+        client = Client()
+        if a.cmd != "submit":
+            client.env_check = False  # no connect-time environment probe for a command that does not submit
 
     if a.cmd == "submit":
         spec = spec_from_args(a, script_args)
