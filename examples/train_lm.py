@@ -17,6 +17,10 @@ Run it::
 
     python train_lm.py --steps 60                                  # one process
     torchrun --standalone --nproc-per-node 2 train_lm.py --steps 60  # two ranks, DDP over gloo
+
+Submitted with ``--recovery checkpointless`` (one replica group per node under torchft), it
+takes :func:`train_checkpointless`'s step loop instead of DDP: a dead rank heals from a live
+peer's memory and nodes may leave and join (``examples/flagship.ipynb``, docs/demo.md).
 """
 
 import argparse
