@@ -144,6 +144,12 @@ export class SubmitForm extends Widget {
     this._fields.get('script')!.addEventListener('input', () => this.updateEnv());
     scriptRadio.addEventListener('change', () => this.updateEnv());
     nbRadio.addEventListener('change', () => this.updateEnv());
+    // the current notebook changes with the active tab: look again when the form is used
+    form.addEventListener('focusin', () => {
+      if (`${this._cluster.value}|${this._envScript()}` !== this._envKey) {
+        this.updateEnv();
+      }
+    });
     form.appendChild(
       h(
         'fieldset',
@@ -238,6 +244,7 @@ export class SubmitForm extends Widget {
     if (!cluster) {
       return;
     }
+    this._envKey = `${cluster}|${this._envScript()}`;
     this._envBox.setAttribute('aria-busy', 'true');
     let diff: IEnvDiff | null = null;
     let error: HyperPodAPIError | null = null;
@@ -715,6 +722,7 @@ export class SubmitForm extends Widget {
   private _envReason: HTMLDivElement;
   private _envBlock: string | null = null;
   private _envSeq = 0;
+  private _envKey = '';
   private _envTimer = 0;
   private _onSubmit: (req: ISubmitRequest) => Promise<void>;
   private _currentNotebook: () => string | null;
