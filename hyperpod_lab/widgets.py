@@ -350,6 +350,12 @@ def event_label(e: Event) -> str:
     return e.kind
 
 
+#: timeline kinds after which a tier's checkpoints are a new line (as the aggregate's span breaks)
+_RUN_BREAKS = frozenset(k.value for k in (EventKind.FAULT_DETECTED, EventKind.RECOVERY_STARTED,
+                                          EventKind.RECOVERY_COMPLETED, EventKind.RECOVERY_FALLBACK,
+                                          EventKind.ELASTIC_SCALED, EventKind.JOB_FAILED))
+
+
 def timeline_entries(aggregate: JobAggregate, health: list[Event] | None = None) -> list[dict]:
     """The monitor's timeline: :meth:`JobAggregate.timeline` (one entry per checkpoint span per
     tier over all ranks, one per fault, recovery, restore, ...), sorted by time, with
@@ -358,13 +364,31 @@ def timeline_entries(aggregate: JobAggregate, health: list[Event] | None = None)
       stopped) left out: the incident is the root cause's line;
     * the ranks' restores of one tier and step in one incident (within 60 s) as one line
       (``ranks`` lists them);
+    * checkpoint entries of one tier with no fault, recovery or rescale between them as one
+      line: the aggregate groups the ranks' spans that overlap in time, so one checkpoint
+      (a run of one, ``t0 == t1``) saved by two ranks a few ms apart is two entries there;
     * the nodes' ``health.checked`` events in ``health`` (passed or failed) added, as before.
 
     Each entry is a dict as the aggregate gives it (``kind``, ``t``, ``label``...)."""
     out: list[dict] = []
     restores: dict[tuple, dict] = {}
+    runs: dict[str, dict] = {}  # tier -> its checkpoint line since the last fault/recovery/rescale
     for e in aggregate.timeline():
         if e["kind"] == EventKind.FAULT_DETECTED.value and e.get("root_cause") is False:
+            continue
+        if e["kind"] in _RUN_BREAKS:
+            runs.clear()
+        if e["kind"] == "checkpoint":
+            run = runs.get(e.get("tier"))
+            if run is None:
+                runs[e.get("tier")] = dict(e, ranks=list(e.get("ranks") or []))
+                out.append(runs[e.get("tier")])
+            else:
+                run.update(t1=max(run.get("t1", run["t"]), e.get("t1", e["t"])), step0=min(run["step0"], e["step0"]),
+                           step1=max(run["step1"], e["step1"]), count=max(run["count"], e["count"]),
+                           ranks=sorted(set(run["ranks"]) | set(e.get("ranks") or [])))
+                steps = f"step {run['step0']}" if run["step0"] == run["step1"] else f"steps {run['step0']}-{run['step1']}"
+                run["label"] = f"checkpoint {run['tier']} {steps} (x{run['count']})"
             continue
         if e["kind"] == EventKind.CHECKPOINT_RESTORED.value:
             key = (e.get("tier"), e.get("step"))
