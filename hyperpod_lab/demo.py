@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import threading
 import time
 from typing import Callable
@@ -90,52 +89,6 @@ def last_step(events: list[Event]) -> int:
     return max((e.data.get("step", -1) for e in events if e.kind == "step"), default=-1)
 
 
-def lose_node(client, job_id: str, rank: int = 1) -> dict:
-    """The dev cluster loses rank ``rank``'s node: SIGKILL every process of the job on that node
-    (torchrun's agent and its workers; nothing restarts them), as a node that dies takes its
-    processes with it.
-
-    Dev cluster only: its nodes are slurmd processes on this host, so the job's processes of a
-    node are this host's processes whose environment says ``HYPERPOD_LAB_JOB_ID=<job>`` and
-    ``SLURMD_NODENAME=<node>``. On a real cluster use ``inject-fault --kind node`` (Slurm marks
-    the node DOWN). Returns ``{"node", "pids"}``.
-
-    Raises:
-        JobStateError: the job is not on the dev cluster, the rank has not started, or no process
-            of the job runs on its node here.
-    """
-    from hyperpod_lab.devcluster import PROFILE_NAME
-    from hyperpod_lab.jobdir import ENV_JOB_ID
-
-    rec = client.status(job_id)
-    if rec.cluster != PROFILE_NAME:
-        raise JobStateError(f"lose_node acts on the dev cluster ({PROFILE_NAME}) only; job {job_id} runs on "
-                            f"{rec.cluster}: use `hyperpod-lab inject-fault {job_id} --rank {rank} --kind node`")
-    node = client.scheduler(rec.cluster).rank_info(rec, rank)["node"]
-    want = {f"{ENV_JOB_ID}={job_id}".encode(), f"SLURMD_NODENAME={node}".encode()}
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) in (0, 1, os.getpid()):
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = set(f.read().split(b"\0"))
-        except OSError:
-            continue
-        if want <= env:
-            pids.append(int(entry))
-    if not pids:
-        raise JobStateError(f"no process of job {job_id} runs on {node} on this host; is the job running on the "
-                            "dev cluster?")
-    for pid in sorted(pids):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return {"node": node, "pids": sorted(pids)}
-
-
-# ---- the side-by-side table, from events ---------------------------------------------------
 def _mode(events: list[Event]) -> str:
     for e in events:
         if e.kind == "recovery.completed" and e.data.get("mode") == "checkpointless":
