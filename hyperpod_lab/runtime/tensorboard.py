@@ -17,8 +17,10 @@ unchanged. What, at every :meth:`JobContext.step <hyperpod_lab.runtime.context.J
 
 A restarted process opens a new event file with ``purge_step`` = its first step, so
 TensorBoard drops the steps recomputed after the restart from the older file (one curve).
-The step only queues the values: a thread of this module builds the summaries (SummaryWriter's
-``add_scalar``, ~30 us each) and SummaryWriter's own thread writes the file; the writer is
+The step only queues the values: a thread of this module builds the summaries (torch's
+``summary.scalar``; a step's scalars go into one ``Summary``, one event record, through the
+SummaryWriter's file writer, because tensorboard computes each record's CRC-32C in pure Python)
+and SummaryWriter's own thread writes the file; the writer is
 flushed when a checkpoint is saved and closed (flushed) when the job finishes or the process
 tears down. A failing writer (disk full) prints one line to stderr and stops; training goes on.
 See docs/tensorboard.md.
@@ -88,7 +90,10 @@ class TensorBoardLog:
             raise TensorBoardMissing(f"the job asks for TensorBoard event files (JobSpec tensorboard) but the "
                                      f"tensorboard package is not installed in this Python environment; "
                                      f"{INSTALL_HINT} (or submit without --tensorboard): {e}") from None
-        self._cls = SummaryWriter
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from torch.utils.tensorboard.summary import scalar
+
+        self._cls, self._scalar, self._summary = SummaryWriter, scalar, Summary
         self.path, self._purge_first = path, purge_first
         self._writer = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -146,10 +151,13 @@ class TensorBoardLog:
                 if self._writer is None:
                     self._writer = self._cls(self.path, purge_step=step if self._purge_first else None,
                                              max_queue=MAX_QUEUE, flush_secs=FLUSH_SECS)
-                for tag, v in scalars:
-                    value = _number(v)
-                    if value is not None:
-                        self._writer.add_scalar(str(tag), value, step)
+                values = [(str(tag), value) for tag, value in ((t, _number(v)) for t, v in scalars) if value is not None]
+                if len(values) == 1:
+                    self._writer.add_scalar(values[0][0], values[0][1], step)
+                elif values:  # one event record for the step's scalars (what add_scalar writes, merged):
+                    # each record costs a CRC-32C in pure Python in tensorboard's writer thread
+                    merged = self._summary(value=[v for tag, x in values for v in self._scalar(tag, x).value])
+                    self._writer._get_file_writer().add_summary(merged, step)
             except Exception as e:  # e.g. the job directory is gone: no more metrics, training goes on
                 self.error = f"{type(e).__name__}: {e}"
                 print(f"hyperpod-lab: TensorBoard writer stopped: {self.error}", file=sys.stderr, flush=True)
