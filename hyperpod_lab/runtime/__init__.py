@@ -38,6 +38,8 @@ Modules, one idea each:
 ``ft``                :class:`Checkpointless` (torchft); ``elastic``: the global-batch plan
 ``lighthouse``        the job's torchft Lighthouse; ``ft_local``: a checkpointless job on one machine
 ``launch``            the launch agent: torchrun plus fault/recovery events
+``tensorboard``       the step metrics as TensorBoard event files (torch's SummaryWriter, JobSpec
+                      ``tensorboard``; docs/tensorboard.md)
 ===================== ========================================================================
 
 Environment variable names and the job directory layout come from :mod:`hyperpod_lab.jobdir`.
