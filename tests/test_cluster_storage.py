@@ -20,6 +20,7 @@ from hyperpod_lab.runtime.checkpoint_format import COMMIT_MARKER, METADATA_FILE
 
 from jupyter_server_proc import JupyterServer
 from ports import free_port
+from lab_browser import playwright_or_fail, screenshot
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(REPO, "examples", "train_lm.py")
@@ -410,26 +411,12 @@ def test_hyperpod_urls_in_fsspec_read_and_guard_writes(dev_cluster, ckpt_job):
 
 # ---------------------------------------------------------------- the file browser in Chromium
 
-def _playwright():
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.fail("Python playwright is not installed; run "
-                    "'PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 .venv/bin/pip install -e .[test]'", pytrace=False)
-    from benchmarks._lab import MissingComponent, chromium_path
+_playwright = playwright_or_fail
 
-    try:
-        chromium_path()
-    except MissingComponent as e:
-        pytest.fail(str(e), pytrace=False)
-    return sync_playwright
 
 
 def _shot(page, name: str) -> str:
-    os.makedirs(ARTIFACTS, exist_ok=True)
-    path = os.path.join(ARTIFACTS, name + ".png")
-    page.screenshot(path=path)
-    return path
+    return screenshot(page, ARTIFACTS, name)
 
 
 def test_file_browser_lists_the_jobs_checkpoint_directory(clusters_cfg, ckpt_job, dev_cluster, tmp_path):

@@ -19,37 +19,25 @@ import os
 import shutil
 import time
 
-import pytest
 
-from benchmarks._lab import Lab, MissingComponent, chromium_path, launch_chromium, run_command
+from benchmarks._lab import Lab, launch_chromium, run_command
 from hyperpod_lab import cli
 from hyperpod_lab.client import Client
 from hyperpod_lab.jobs import JobStore
 from slurm_jobs import Follow
+from lab_browser import playwright_or_fail, screenshot
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARTIFACTS = os.path.join(REPO, "test-artifacts", "dashboard")
 SCRIPT = os.path.join(REPO, "examples", "train_lm.py")
 
 
-def _playwright():
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.fail("Python playwright is not installed; run "
-                    "'PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 .venv/bin/pip install -e .[test]'", pytrace=False)
-    try:
-        chromium_path()
-    except MissingComponent as e:
-        pytest.fail(str(e), pytrace=False)
-    return sync_playwright
+_playwright = playwright_or_fail
+
 
 
 def _shot(page, name: str) -> str:
-    os.makedirs(ARTIFACTS, exist_ok=True)
-    path = os.path.join(ARTIFACTS, name + ".png")
-    page.screenshot(path=path, full_page=False)
-    return path
+    return screenshot(page, ARTIFACTS, name)
 
 
 def _rgb(page, css_color: str) -> str:

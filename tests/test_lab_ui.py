@@ -21,23 +21,14 @@ import time
 
 import pytest
 
-from benchmarks._lab import Lab, MissingComponent, chromium_path, launch_chromium, run_command
+from benchmarks._lab import Lab, launch_chromium, run_command
+from lab_browser import playwright_or_fail, screenshot
 
 ARTIFACTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "test-artifacts", "lab-ui")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _playwright():
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.fail("Python playwright is not installed; run "
-                    "'PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 .venv/bin/pip install -e .[test]'", pytrace=False)
-    try:
-        chromium_path()
-    except MissingComponent as e:
-        pytest.fail(str(e), pytrace=False)
-    return sync_playwright
+_playwright = playwright_or_fail
 
 
 @pytest.fixture
@@ -48,11 +39,9 @@ def lab_root(tmp_path):
     return str(tmp_path)
 
 
+
 def _shot(page, name: str) -> str:
-    os.makedirs(ARTIFACTS, exist_ok=True)
-    path = os.path.join(ARTIFACTS, name + ".png")
-    page.screenshot(path=path, full_page=False)
-    return path
+    return screenshot(page, ARTIFACTS, name)
 
 
 def _css_var(page, name: str) -> str:

@@ -14,30 +14,20 @@ from __future__ import annotations
 
 import os
 
-import pytest
 
-from benchmarks._lab import Lab, MissingComponent, chromium_path, launch_chromium, open_lab, run_command
+from benchmarks._lab import Lab, launch_chromium, open_lab, run_command
 from hyperpod_lab import cli
 from hyperpod_lab.client import Client
 from hyperpod_lab.jobs import JobStore, JobStatus
 from slurm_jobs import Follow
+from lab_browser import playwright_or_fail
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "tests", "scripts", "triage_job.py")
 ARTIFACTS = os.path.join(REPO, "test-artifacts", "log-triage")
 
 
-def _playwright():
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.fail("Python playwright is not installed; run "
-                    "'PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 .venv/bin/pip install -e .[test]'", pytrace=False)
-    try:
-        chromium_path()
-    except MissingComponent as e:
-        pytest.fail(str(e), pytrace=False)
-    return sync_playwright
+_playwright = playwright_or_fail
 
 
 def _failed_job(client) -> str:

@@ -1,0 +1,35 @@
+"""What every Playwright test of the Lab needs: Python playwright and Debian's Chromium, or a
+failure that says how to install them (never a skip), and screenshots under test-artifacts/."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from benchmarks._lab import MissingComponent, chromium_path
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def playwright_or_fail():
+    """``playwright.sync_api.sync_playwright``; fails the test naming the install command when
+    Python playwright or /usr/bin/chromium is missing."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("Python playwright is not installed; run "
+                    "'PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 .venv/bin/pip install -e .[test]'", pytrace=False)
+    try:
+        chromium_path()
+    except MissingComponent as e:
+        pytest.fail(str(e), pytrace=False)
+    return sync_playwright
+
+
+def screenshot(page, artifacts: str, name: str) -> str:
+    """Save the page's viewport as ``<artifacts>/<name>.png``; returns the path."""
+    os.makedirs(artifacts, exist_ok=True)
+    path = os.path.join(artifacts, name + ".png")
+    page.screenshot(path=path, full_page=False)
+    return path
