@@ -81,7 +81,7 @@ class JobMonitor:
         self.state = rec.status
         self.plot_series: dict[str, Any] | None = None
         self.plot_png: bytes | None = None
-        self._plotted: tuple | None = None  # what the PNG shows: (steps, last step, loss, width)
+        self._plotted: tuple | None = None  # the series the PNG shows (steps, losses, rates)
         self.error: str | None = None
         self.done = threading.Event()
         self._stop = threading.Event()
@@ -207,16 +207,15 @@ class JobMonitor:
             self._plot_pending = True
         self.table.value = events_table(self.events[-self.table_rows:])
 
-
     def _draw_plot(self) -> None:
-        """Redraw the loss plot from the aggregate's series when steps arrived since the last
+        """Redraw the loss plot from the aggregate's series when it changed since the last
         drawing (a PNG costs ~0.1 s; matplotlib is imported at the first one)."""
         series = self.aggregate.series(self.plot_points)
         if not series["points"]:
             self.plot_status.value = "<div class='hp-plot-status' style='color:gray'>loss: waiting for the first step</div>"
             return
         losses = [v for v in series["loss"] if v is not None]
-        key = (self.aggregate.steps, series["step"][-1], series["loss"][-1], series["width"], series["points"])
+        key = (tuple(series["step"]), tuple(series["loss"]), tuple(series["steps_per_s"]))  # what the PNG shows
         last = next(((st, v) for st, v in zip(reversed(series["step"]), reversed(series["loss"])) if v is not None), None)
         text = (f"loss {last[1]:.4g} at step {last[0]}" if last else
                 "loss: the steps arrived without a finite loss (NaN or inf is reported as null)")
