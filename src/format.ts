@@ -68,7 +68,7 @@ export function describeEvent(ev: IJobEvent): string {
     case 'recovery.started':
       return `recovery started (${d.reason})`;
     case 'recovery.completed':
-      return `recovered in ${num(d.downtime_s)} s from ${d.restored_from ?? 'checkpoint'} at step ${d.restored_step}`;
+      return `recovered in ${num(d.downtime_s)} s ${recoveredFrom(d)}`;
     case 'elastic.scaled':
       return `scaled: world size ${d.old_world_size ?? '?'} → ${d.new_world_size ?? '?'}`;
     case 'health.checked': {
@@ -97,4 +97,19 @@ export function describeEvent(ev: IJobEvent): string {
     default:
       return ev.kind;
   }
+}
+
+/**
+ * Where a `recovery.completed` resumed from, in words (docs/events.md): a tier and step, a
+ * checkpointless heal from the live replicas, or a restart with no checkpoint at all.
+ */
+export function recoveredFrom(d: { [key: string]: unknown }): string {
+  const step = typeof d.restored_step === 'number' ? d.restored_step : typeof d.resumed_step === 'number' ? d.resumed_step : null;
+  if (d.mode === 'checkpointless') {
+    return `from the live replicas${step === null ? '' : ` (step ${step})`}`;
+  }
+  if (!d.restored_from || d.restored_from === 'none') {
+    return 'from step 0 (no checkpoint yet)';
+  }
+  return `from ${d.restored_from}${step === null ? '' : ` at step ${step}`}`;
 }

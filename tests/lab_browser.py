@@ -33,3 +33,14 @@ def screenshot(page, artifacts: str, name: str) -> str:
     path = os.path.join(artifacts, name + ".png")
     page.screenshot(path=path, full_page=False)
     return path
+
+
+def dark_theme(page, timeout_ms: int = 30000) -> None:
+    """Switch the Lab to "JupyterLab Dark" and wait until it is applied and the Lab's theme-change
+    splash (``#jupyterlab-splash``, drawn over the page while the theme's CSS loads) is gone, so a
+    screenshot shows the page, not the splash."""
+    from benchmarks._lab import run_command
+
+    run_command(page, "apputils:change-theme", {"theme": "JupyterLab Dark"})
+    page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'", timeout=timeout_ms)
+    page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=timeout_ms)

@@ -19,13 +19,12 @@ import os
 import shutil
 import time
 
-
-from benchmarks._lab import Lab, launch_chromium, run_command
+from benchmarks._lab import Lab, launch_chromium
 from hyperpod_lab import cli
 from hyperpod_lab.client import Client
 from hyperpod_lab.jobs import JobStore
 from slurm_jobs import Follow
-from lab_browser import playwright_or_fail, screenshot
+from lab_browser import dark_theme, playwright_or_fail, screenshot
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARTIFACTS = os.path.join(REPO, "test-artifacts", "dashboard")
@@ -206,8 +205,7 @@ def test_dashboard_lanes_zoom_filter_log_and_themes(tmp_path):
 
                 # 5. the dark theme: background and text follow the theme variables
                 light = _theme_colors(page, dash)[0]
-                run_command(page, "apputils:change-theme", {"theme": "JupyterLab Dark"})
-                page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'", timeout=30000)
+                dark_theme(page)
                 page.wait_for_function(
                     "(bg) => getComputedStyle(document.querySelector('[data-testid=hp-dashboard]')).backgroundColor !== bg",
                     arg=light[0])

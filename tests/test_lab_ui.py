@@ -22,7 +22,7 @@ import time
 import pytest
 
 from benchmarks._lab import Lab, launch_chromium, run_command
-from lab_browser import playwright_or_fail, screenshot
+from lab_browser import dark_theme, playwright_or_fail, screenshot
 
 ARTIFACTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "test-artifacts", "lab-ui")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -256,8 +256,7 @@ def test_sidebar_streams_a_fault_and_its_recovery(dev_cluster, lab_root):
 
             # 7. the dark theme: the panel follows the theme variables
             light_bg = sidebar.evaluate("e => getComputedStyle(e).backgroundColor")
-            run_command(page, "apputils:change-theme", {"theme": "JupyterLab Dark"})
-            page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'", timeout=30000)
+            dark_theme(page)
             page.wait_for_function(
                 "(bg) => getComputedStyle(document.querySelector('[data-testid=hp-sidebar]')).backgroundColor !== bg",
                 arg=light_bg)

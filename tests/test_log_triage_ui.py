@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import os
 
-
 from benchmarks._lab import Lab, launch_chromium, open_lab, run_command
 from hyperpod_lab import cli
 from hyperpod_lab.client import Client
 from hyperpod_lab.jobs import JobStore, JobStatus
 from slurm_jobs import Follow
-from lab_browser import playwright_or_fail
+from lab_browser import dark_theme, playwright_or_fail
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "tests", "scripts", "triage_job.py")
@@ -102,8 +101,7 @@ def test_log_triage_panel_in_the_dashboard(tmp_path):
 
             # theme colours: the line list follows the dark theme
             light_bg = page.get_by_test_id("triage-lines").evaluate("el => getComputedStyle(el).backgroundColor")
-            run_command(page, "apputils:change-theme", {"theme": "JupyterLab Dark"})
-            page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'", timeout=30000)
+            dark_theme(page)
             page.get_by_test_id("triage-goto-failure").click()
             page.get_by_test_id("triage-traceback").wait_for(timeout=30000)
             dark_bg = page.get_by_test_id("triage-lines").evaluate("el => getComputedStyle(el).backgroundColor")
