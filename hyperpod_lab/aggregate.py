@@ -4,6 +4,8 @@ widget, the server's ``GET hyperpod/jobs/<id>/dashboard``.
 :class:`JobAggregate` folds events one by one (``fold(ev)``) into state whose size is bounded by
 the job's *shape* (lanes, spans, incidents, buckets), never by its number of steps:
 
+* **timeline** (:meth:`JobAggregate.timeline`): the incidents and checkpoint runs, one line
+  each, the same for every view (see there).
 * **lanes**: one per rank (``"0"``, ``"1"``, ...) plus ``"job"`` for job-level events. Each lane
   holds *spans* (a run of step events, a run of checkpoints of one tier) and *marks* (faults,
   hangs, recoveries, stragglers, health failures, node exclusions, elastic scaling, restores).
@@ -23,6 +25,7 @@ steps, ``steps_per_s`` is steps per second.
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Any
 
@@ -30,7 +33,12 @@ from hyperpod_lab.events import Event, EventKind
 
 __all__ = ["JobAggregate", "mark_label", "MARK_CATEGORIES"]
 
-STATE_VERSION = 1
+#: 2: the nodes' ``health.checked`` results (``checks``) are kept for the timeline
+STATE_VERSION = 2
+
+#: a tier and step restored by several ranks within this many seconds of the first is one
+#: timeline line (one incident's restore); later it is a new line (another incident's)
+RESTORE_WINDOW_S = 60.0
 
 #: event kind -> the mark category the views colour by (fault.detected with ``reason: "hang"``
 #: is category ``hang``)
@@ -65,6 +73,32 @@ _TIMELINE = {EventKind.FAULT_DETECTED.value, EventKind.RECOVERY_COMPLETED.value,
              EventKind.STRAGGLER_DETECTED.value, EventKind.HEALTH_FAILED.value, EventKind.NODE_EXCLUDED.value,
              EventKind.ELASTIC_SCALED.value, EventKind.JOB_FAILED.value, EventKind.CHECKPOINT_RESTORED.value,
              EventKind.CHECKPOINT_CORRUPT.value, EventKind.CHECKPOINT_FAILED.value, EventKind.FINISHED.value}
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    """``"ranks 0, 1"``, ``"ranks 0-63"``, ``"ranks 0-3, 6"``: runs of 3 or more consecutive ranks as a range."""
+    parts: list[str] = []
+    rs = sorted(set(ranks))
+    i = 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        parts.extend([f"{rs[i]}-{rs[j]}"] if j - i >= 2 else [str(r) for r in rs[i:j + 1]])
+        i = j + 1
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(parts)
+
+
+def _with_ranks(label: str, ranks: list[int]) -> str:
+    """The label, with `` · ranks ...`` when it is about more than one rank."""
+    return f"{label} · {_ranks_text(ranks)}" if len(set(ranks)) > 1 else label
+
+
+def _health_ok(d: dict) -> bool:
+    """Whether a ``health.checked`` result passed: ``ok`` not False and no check ``failed``."""
+    checks = d.get("checks") if isinstance(d.get("checks"), dict) else {}
+    return d.get("ok") is not False and not any(isinstance(c, dict) and c.get("status") == "failed"
+                                                for c in checks.values())
 
 
 def _num(x: Any) -> float | None:
@@ -125,6 +159,14 @@ def mark_label(ev: Event) -> str:
         return f"corrupt {d.get('tier')} checkpoint step {d.get('step')}: {d.get('reason')}"
     if k == EventKind.CHECKPOINT_FAILED.value:
         return f"{d.get('tier')} checkpoint step {d.get('step')} failed: {d.get('reason')}"
+    if k == EventKind.HEALTH_CHECKED.value:
+        checks = d.get("checks") if isinstance(d.get("checks"), dict) else {}
+        if not _health_ok(d):
+            failed = [n for n, c in checks.items() if isinstance(c, dict) and c.get("status") == "failed"]
+            return f"health checks failed on {_node_of(ev) or '?'}: {', '.join(failed) or '?'} ({_secs(d.get('seconds'))})"
+        return f"health checks passed on {_node_of(ev) or '?'} ({len(checks)} checks, {_secs(d.get('seconds'))})"
+    if k == EventKind.CHECKPOINT_SAVED.value:
+        return f"checkpoint {d.get('tier')} step {d.get('step')}"
     if k == EventKind.HEALTH_FAILED.value:
         detail = f" — {d.get('detail')}" if d.get("detail") else ""
         return f"health check failed on {_node_of(ev) or '?'}: {d.get('check')}{detail}"
@@ -197,6 +239,7 @@ class JobAggregate:
         self._lanes: dict[str, dict] = {}      # lane -> {"spans": [...], "marks": [...]}
         self._open: dict[str, dict] = {}       # "lane|kind|tier" -> the span still growing
         self._breaks: dict[str, float] = {}    # "*" -> time of the last span-breaking event
+        self._checks: list[dict] = []          # the nodes' health.checked results (timeline entries)
         self.width = 1                         # steps per bucket
         self._buckets: list[list | None] = [None] * max_buckets
 
@@ -226,6 +269,9 @@ class JobAggregate:
             lane = str(wr if wr is not None else rank) if (wr is not None or rank is not None) else "job"
             if step is not None:
                 self._span(lane, "checkpoint", str(d.get("tier") or "?"), t, step)
+            return
+        if k == EventKind.HEALTH_CHECKED.value:
+            self._check(ev)
             return
         if k not in MARK_CATEGORIES:
             return
@@ -316,6 +362,20 @@ class JobAggregate:
             m["root_cause"] = d["root_cause"]
         marks.append(m)
 
+    def _check(self, ev: Event) -> None:
+        """Keep a node's pre-flight result (``health.checked``) as a timeline entry (not a lane
+        mark); counted in ``dropped_marks`` beyond ``max_marks``."""
+        if len(self._checks) >= self.max_marks:
+            self.dropped_marks += 1
+            return
+        ok = _health_ok(ev.data)
+        c: dict[str, Any] = {"kind": ev.kind, "cat": "health", "t": ev.time, "rank": None, "label": mark_label(ev),
+                             "writer": ev.writer, "seq": ev.seq, "ok": ok}
+        node = _node_of(ev)
+        if node:
+            c["node"] = node
+        self._checks.append(c)
+
     def _bucket(self, step: int, t: float, loss: float | None, sps: float | None) -> None:
         if step < 0:
             return
@@ -392,45 +452,91 @@ class JobAggregate:
         return out
 
     def timeline(self) -> list[dict]:
-        """The compact timeline, sorted by time: one entry per checkpoint span per tier (the
-        ranks' spans of a tier that overlap in time, merged: ``{kind: "checkpoint", tier, t, t1,
-        step0, step1, count (checkpoints: the most any rank saved in it), ranks, label}``, e.g.
-        ``"checkpoint peer steps 4-40 (x19)"``), and one entry per fault, hang, recovery,
-        straggler, health failure, node exclusion, rescale, restore, checkpoint error and the
-        job's end (``{kind, cat, t, rank, label, ...}``: a mark; a mark on several lanes, e.g. a
-        node-down fault naming its ranks, is listed once)."""
+        """The compact timeline, sorted by time: the lines both the Lab's dashboard and the
+        notebook widget show, as they come.
+
+        * **checkpoint runs**: one entry per tier per run between two span breaks (a fault,
+          ``recovery.started``, a rescale, ``job.failed``): all ranks' spans of that tier with no
+          break between them (or overlapping in time) are one line, so one checkpoint saved by
+          two ranks a few ms apart is one line. ``{kind: "checkpoint", cat: "checkpoint", tier,
+          t, t1 (s since the epoch), step0, step1, count (checkpoints the rank that saved most
+          saved in it), ranks, label}``, label e.g. ``"checkpoint peer steps 4-40 (x19) · ranks
+          0, 1"`` (`` · ranks ...`` when more than one rank; 3+ consecutive ranks as ``0-63``).
+        * **incidents**: one entry per fault, hang, recovery (completed, fallback), straggler,
+          health failure, node exclusion, rescale, checkpoint error and the job's end: a mark
+          (``{kind, cat, t, rank, label, writer, seq, ...}``, see :meth:`lanes`); a mark on several
+          lanes (a node-down fault naming its ranks) is listed once. A fault another rank's
+          caused (``root_cause: false``: a rank torchrun stopped because another failed) is not
+          listed (it stays a mark of its lane): the root cause's line is the incident.
+        * **restores**: one entry per tier and step restored within ``RESTORE_WINDOW_S`` (60 s)
+          of its first restore, whatever the number of ranks: the first rank's mark with
+          ``ranks`` (all that restored it) and e.g. ``"restored memory step 40 · ranks 0, 1"``.
+        * **pre-flight health checks**: one entry per node's ``health.checked`` result
+          ``{kind: "health.checked", cat: "health", t, rank: None, node, ok (bool), label,
+          writer, seq}``, e.g. ``"health checks passed on n1 (6 checks, 1.2 s)"``.
+
+        Size: O(spans + marks + checks) kept, never one entry per step.
+        """
         entries: list[dict] = []
+        breaks = sorted({m["t"] for ln in self._lanes.values() for m in ln["marks"] if m["kind"] in _BREAKS})
+
+        def broken(a: float, b: float) -> bool:  # a span break at a <= t < b
+            i = bisect.bisect_left(breaks, a)
+            return i < len(breaks) and breaks[i] < b
+
         by_tier: dict[str, list[tuple[dict, str]]] = {}
         for lane, ln in self._lanes.items():
             for s in ln["spans"]:
                 if s["kind"] == "checkpoint":
                     by_tier.setdefault(s.get("tier", "?"), []).append((s, lane))
         for tier, spans in by_tier.items():
-            spans.sort(key=lambda x: x[0]["t0"])
-            group: list[tuple[dict, str]] = []
+            spans.sort(key=lambda x: (x[0]["t0"], x[0]["step0"]))
+            groups: list[list[tuple[dict, str]]] = []
             end = -math.inf
-            for s, lane in spans + [(None, "")]:  # type: ignore[list-item]
-                if s is not None and (not group or s["t0"] <= end):
-                    group.append((s, lane))
+            for s, lane in spans:
+                if groups and (s["t0"] <= end or not broken(end, s["t0"])):
+                    groups[-1].append((s, lane))
                     end = max(end, s["t1"])
-                    continue
-                if group:
-                    ss = [g[0] for g in group]
-                    e = {"kind": "checkpoint", "cat": "checkpoint", "tier": tier, "t": min(x["t0"] for x in ss),
-                         "t1": max(x["t1"] for x in ss), "step0": min(x["step0"] for x in ss),
-                         "step1": max(x["step1"] for x in ss), "count": max(x["count"] for x in ss),
-                         "ranks": sorted({int(g[1]) for g in group if g[1] != "job"})}
-                    steps = f"step {e['step0']}" if e["step0"] == e["step1"] else f"steps {e['step0']}-{e['step1']}"
-                    e["label"] = f"checkpoint {tier} {steps} (x{e['count']})"
-                    entries.append(e)
-                group, end = ([(s, lane)], s["t1"]) if s is not None else ([], -math.inf)
-        seen: set[tuple[str, int]] = set()
+                else:
+                    groups.append([(s, lane)])
+                    end = s["t1"]
+            for group in groups:
+                ss = [g[0] for g in group]
+                per_lane: dict[str, int] = {}
+                for s, lane in group:
+                    per_lane[lane] = per_lane.get(lane, 0) + s["count"]
+                e = {"kind": "checkpoint", "cat": "checkpoint", "tier": tier, "t": min(x["t0"] for x in ss),
+                     "t1": max(x["t1"] for x in ss), "step0": min(x["step0"] for x in ss),
+                     "step1": max(x["step1"] for x in ss), "count": max(per_lane.values()),
+                     "ranks": sorted({int(lane) for lane in per_lane if lane != "job"})}
+                steps = f"step {e['step0']}" if e["step0"] == e["step1"] else f"steps {e['step0']}-{e['step1']}"
+                e["label"] = _with_ranks(f"checkpoint {tier} {steps} (x{e['count']})", e["ranks"])
+                entries.append(e)
+        marks: dict[tuple[str, int], dict] = {}
         for ln in self._lanes.values():
             for m in ln["marks"]:
-                if m["kind"] not in _TIMELINE or (m["writer"], m["seq"]) in seen:
+                if m["kind"] in _TIMELINE:
+                    marks.setdefault((m["writer"], m["seq"]), m)
+        restores: dict[tuple, dict] = {}  # (tier, step) -> its latest restore line
+        for m in sorted(marks.values(), key=lambda m: (m["t"], m["seq"])):
+            if m["kind"] == EventKind.FAULT_DETECTED.value and m.get("root_cause") is False:
+                continue
+            e = dict(m)
+            if m["kind"] == EventKind.CHECKPOINT_RESTORED.value:
+                key = (m.get("tier"), m.get("step"))
+                first = restores.get(key)
+                if first is not None and m["t"] - first["t"] <= RESTORE_WINDOW_S:
+                    if m["rank"] is not None and m["rank"] not in first["ranks"]:
+                        first["ranks"].append(m["rank"])
                     continue
-                seen.add((m["writer"], m["seq"]))
-                entries.append(dict(m))
+                e["ranks"] = [m["rank"]] if m["rank"] is not None else []
+                restores[key] = e
+            entries.append(e)
+        for e in entries:
+            if e["kind"] == EventKind.CHECKPOINT_RESTORED.value:
+                e["ranks"].sort()
+                e["label"] = _with_ranks(e["label"], e["ranks"])
+        entries.extend(dict(c) for c in self._checks)
         entries.sort(key=lambda e: (e["t"], e.get("seq", -1)))
         return entries
 
@@ -497,7 +603,8 @@ class JobAggregate:
     # ---- state ----------------------------------------------------------------------------
     def to_state(self) -> dict[str, Any]:
         """A JSON-able dict of the whole fold (saved beside a reader's cursor);
-        :meth:`from_state` resumes it. Size: O(lanes x (max_spans + max_marks) + max_buckets)."""
+        :meth:`from_state` resumes it. Size: O(lanes x (max_spans + max_marks) + max_marks (the
+        nodes' health checks) + max_buckets)."""
         lanes = {}
         open_ids = {}
         for lane, ln in self._lanes.items():
@@ -508,12 +615,14 @@ class JobAggregate:
                 "max_marks": self.max_marks, "t0": self.t0, "t1": self.t1, "steps": self.steps,
                 "events": self.events, "dropped_marks": self.dropped_marks, "ranks": self.ranks_sorted,
                 "lanes": lanes, "open": {k: list(open_ids[id(s)]) for k, s in self._open.items() if id(s) in open_ids},
-                "breaks": dict(self._breaks), "width": self.width,
+                "breaks": dict(self._breaks), "checks": [dict(c) for c in self._checks], "width": self.width,
                 "buckets": {str(i): b for i, b in enumerate(self._buckets) if b is not None}}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> "JobAggregate":
-        """The aggregate :meth:`to_state` saved. Raises ValueError for another state version."""
+        """The aggregate :meth:`to_state` saved. Raises ValueError for another state version
+        (e.g. 1, saved before the health checks were kept): fold the job's events again (the
+        server's watcher then does, from the start of the job's events)."""
         return cls(state=state)
 
     def _load(self, s: dict[str, Any]) -> None:
@@ -533,6 +642,7 @@ class JobAggregate:
             except (KeyError, IndexError):
                 pass
         self._breaks = {k: float(v) for k, v in s.get("breaks", {}).items()}
+        self._checks = [dict(c) for c in s.get("checks", [])]
         self.width = int(s["width"])
         self._buckets = [None] * self.max_buckets
         for i, b in s.get("buckets", {}).items():

@@ -4,10 +4,12 @@ It shows the job's state, a progress bar of steps, a loss plot (matplotlib, draw
 by an ``ipywidgets.Image``: loss and steps/s by step, from the same aggregation as the Lab's job
 dashboard, :class:`hyperpod_lab.aggregate.JobAggregate`; redrawn at most every
 ``plot_interval_s``, and at the latest ``plot_interval_s`` after the newest step arrived), the
-latest events and the fault/recovery timeline of that aggregation: one line per run of
-checkpoints of a tier (all ranks: ``checkpoint peer steps 4-40 (x37) · ranks 0, 1``), one per
-fault and per recovery (faults red, recoveries green with their downtime), the nodes' pre-flight
-health checks and excluded nodes with the node they name; the header lists the excluded nodes.
+latest events and the fault/recovery timeline of that aggregation
+(:meth:`JobAggregate.timeline`, shown as it comes: the same lines as the Lab's dashboard): one
+line per run of checkpoints of a tier (all ranks: ``checkpoint peer steps 4-40 (x37) · ranks 0,
+1``), one per fault and per recovery (faults red, recoveries green with their downtime), one per
+restore (all ranks), the nodes' pre-flight health checks and excluded nodes with the node they
+name; the header lists the excluded nodes.
 A background thread reads the job's
 events (``Client.event_reader``, the same cursor-based reader the CLI uses) and updates
 the widgets' traits; ipykernel sends trait changes made from threads, so the monitor keeps updating
@@ -25,7 +27,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from hyperpod_lab.aggregate import JobAggregate
+from hyperpod_lab.aggregate import JobAggregate, mark_label
 from hyperpod_lab.events import Event, EventKind
 from hyperpod_lab.progress import Progress
 
@@ -77,7 +79,6 @@ class JobMonitor:
         self.events: list[Event] = []
         self.progress = Progress(rec.spec)
         self.aggregate = JobAggregate()
-        self._health: list[Event] = []  # health.checked events (the aggregate's timeline has no passed checks)
         self.state = rec.status
         self.plot_series: dict[str, Any] | None = None
         self.plot_png: bytes | None = None
@@ -178,8 +179,6 @@ class JobMonitor:
         self.progress.update(ev)
         self.meter.update(ev)
         self.aggregate.fold(ev)
-        if ev.kind == EventKind.HEALTH_CHECKED.value:
-            self._health.append(ev)
 
     # ---- rendering -----------------------------------------------------------------------
     def _render(self, force_plot: bool = False, final: bool = False) -> None:
@@ -201,7 +200,7 @@ class JobMonitor:
         if force_plot or now - self._last_plot >= self.plot_interval_s:
             self._last_plot, self._plot_pending = now, False
             self._draw_plot()
-            self.timeline.value = timeline_html(aggregate=self.aggregate, health=self._health)
+            self.timeline.value = timeline_html(aggregate=self.aggregate)
             self.goodput.value = goodput_html(self.meter)
         else:
             self._plot_pending = True
@@ -294,139 +293,31 @@ def goodput_html(meter) -> str:
             f"{wall:.1f} s wall" + (" · lost: " + ", ".join(parts) if parts else "") + "</div>")
 
 
-def _node_of(e: Event) -> str:
-    node = e.data.get("node")
-    if node:
-        return str(node)
-    return e.writer[len("health-"):] if e.writer.startswith("health-") else "?"
-
-
-def _secs(x: Any) -> str:
-    return f"{x:.3g} s" if isinstance(x, (int, float)) and not isinstance(x, bool) else "? s"
-
-
-def event_label(e: Event) -> str:
-    """One line of a timeline mark: what happened, where (the node), how long."""
-    d = e.data
-    if e.kind == EventKind.FAULT_DETECTED.value:
-        if d.get("reason") == "node down":
-            ranks = d.get("rank") if isinstance(d.get("rank"), list) else [d.get("rank")]
-            which = f"rank{'s' if len(ranks) != 1 else ''} {', '.join(map(str, ranks))}"
-            return f"fault: node {d.get('node')} down (Slurm: {d.get('slurm_state') or 'DOWN'}), {which}"
-        if d.get("reason") == "hang":
-            section = f" in section {d.get('section')}" if d.get("section") else ""
-            return f"hang: rank {d.get('rank')} on {d.get('node')} made no progress for {_secs(d.get('stalled_s'))}{section}"
-        return f"fault: rank {d.get('rank')} on {d.get('node')} ({d.get('signal') or d.get('reason')})"
-    if e.kind == EventKind.RECOVERY_COMPLETED.value:
-        return (f"recovered in {d.get('downtime_s', 0):.1f} s from {d.get('restored_from')} "
-                f"(step {d.get('restored_step')})")
-    if e.kind == EventKind.CHECKPOINT_SAVED.value:
-        return f"checkpoint {d.get('tier')} step {d.get('step')}"
-    if e.kind == EventKind.CHECKPOINT_RESTORED.value:
-        return f"restored {d.get('tier')} step {d.get('step')}"
-    if e.kind == EventKind.HEALTH_CHECKED.value:
-        checks = d.get("checks") if isinstance(d.get("checks"), dict) else {}
-        failed = [k for k, c in checks.items() if isinstance(c, dict) and c.get("status") == "failed"]
-        if d.get("ok") is False or failed:
-            return f"health checks failed on {_node_of(e)}: {', '.join(failed) or '?'} ({_secs(d.get('seconds'))})"
-        return f"health checks passed on {_node_of(e)} ({len(checks)} checks, {_secs(d.get('seconds'))})"
-    if e.kind == EventKind.HEALTH_FAILED.value:
-        detail = f" — {d.get('detail')}" if d.get("detail") else ""
-        return f"health check failed on {_node_of(e)}: {d.get('check')}{detail}"
-    if e.kind == EventKind.NODE_EXCLUDED.value:
-        faults = d.get("faults")
-        counted = f" ({faults} fault{'' if faults == 1 else 's'})" if isinstance(faults, int) and faults else ""
-        return f"{_node_of(e)} excluded: {d.get('reason') or 'no reason given'}{counted}"
-    if e.kind == EventKind.STRAGGLER_DETECTED.value:
-        score = d.get("score")
-        times = f"{score:.2g}x" if isinstance(score, (int, float)) else "?x"
-        return (f"straggler: rank {d.get('rank')} on {d.get('node')} is {times} slower "
-                f"({_secs(d.get('step_s'))} a step vs {_secs(d.get('median_step_s'))}; {d.get('action') or 'report'})")
-    if e.kind == EventKind.JOB_FAILED.value:
-        return f"job failed: {d.get('reason')} ({d.get('restarts')} restarts; no requeue)"
-    if e.kind == EventKind.FINISHED.value:
-        return f"finished: {d.get('status')}"
-    return e.kind
-
-
-#: timeline kinds after which a tier's checkpoints are a new line (as the aggregate's span breaks)
-_RUN_BREAKS = frozenset(k.value for k in (EventKind.FAULT_DETECTED, EventKind.RECOVERY_STARTED,
-                                          EventKind.RECOVERY_COMPLETED, EventKind.RECOVERY_FALLBACK,
-                                          EventKind.ELASTIC_SCALED, EventKind.JOB_FAILED))
-
-
-def timeline_entries(aggregate: JobAggregate, health: list[Event] | None = None) -> list[dict]:
-    """The monitor's timeline: :meth:`JobAggregate.timeline` (one entry per checkpoint span per
-    tier over all ranks, one per fault, recovery, restore, ...), sorted by time, with
-
-    * a fault another rank's fault caused (``root_cause: false``, e.g. the survivors torchrun
-      stopped) left out: the incident is the root cause's line;
-    * the ranks' restores of one tier and step in one incident (within 60 s) as one line
-      (``ranks`` lists them);
-    * checkpoint entries of one tier with no fault, recovery or rescale between them as one
-      line: the aggregate groups the ranks' spans that overlap in time, so one checkpoint
-      (a run of one, ``t0 == t1``) saved by two ranks a few ms apart is two entries there;
-    * the nodes' ``health.checked`` events in ``health`` (passed or failed) added, as before.
-
-    Each entry is a dict as the aggregate gives it (``kind``, ``t``, ``label``...)."""
-    out: list[dict] = []
-    restores: dict[tuple, dict] = {}
-    runs: dict[str, dict] = {}  # tier -> its checkpoint line since the last fault/recovery/rescale
-    for e in aggregate.timeline():
-        if e["kind"] == EventKind.FAULT_DETECTED.value and e.get("root_cause") is False:
-            continue
-        if e["kind"] in _RUN_BREAKS:
-            runs.clear()
-        if e["kind"] == "checkpoint":
-            run = runs.get(e.get("tier"))
-            if run is None:
-                runs[e.get("tier")] = dict(e, ranks=list(e.get("ranks") or []))
-                out.append(runs[e.get("tier")])
-            else:
-                run.update(t1=max(run.get("t1", run["t"]), e.get("t1", e["t"])), step0=min(run["step0"], e["step0"]),
-                           step1=max(run["step1"], e["step1"]), count=max(run["count"], e["count"]),
-                           ranks=sorted(set(run["ranks"]) | set(e.get("ranks") or [])))
-                steps = f"step {run['step0']}" if run["step0"] == run["step1"] else f"steps {run['step0']}-{run['step1']}"
-                run["label"] = f"checkpoint {run['tier']} {steps} (x{run['count']})"
-            continue
-        if e["kind"] == EventKind.CHECKPOINT_RESTORED.value:
-            key = (e.get("tier"), e.get("step"))
-            first = restores.get(key)
-            if first is not None and e["t"] - first["t"] <= 60.0:
-                if e.get("rank") is not None and e["rank"] not in first["ranks"]:
-                    first["ranks"].append(e["rank"])
-                continue
-            e = dict(e, ranks=[e["rank"]] if e.get("rank") is not None else [])
-            restores[key] = e
-        out.append(e)
-    for ev in health or []:
-        out.append({"kind": ev.kind, "cat": "health", "t": ev.time, "label": event_label(ev), "writer": ev.writer,
-                    "seq": ev.seq})
-    out.sort(key=lambda x: (x["t"], x.get("seq", -1)))
-    return out
+#: one line of a timeline mark or an event (what happened, where, how long): the aggregate's labels
+event_label = mark_label
 
 
 def timeline_html(events: list[Event] | None = None, *, aggregate: JobAggregate | None = None,
-                  health: list[Event] | None = None, limit: int = 40) -> str:
-    """The fault/recovery timeline as HTML (the newest ``limit`` lines) of :func:`timeline_entries`:
-    checkpoint runs per tier (blue, ``data-tier``), faults (red), recoveries (green, with
-    downtime), restores, the nodes' pre-flight health checks (passed: teal, failed: red),
-    excluded nodes (orange), stragglers, the job's end. Times are ``+seconds`` from the first event.
+                  limit: int = 40) -> str:
+    """:meth:`JobAggregate.timeline` as HTML, its newest ``limit`` lines as they come (the Lab's
+    dashboard shows the same lines): checkpoint runs per tier (blue, ``data-tier``), faults
+    (red), recoveries (green, with downtime), restores, the nodes' pre-flight health checks
+    (passed: teal, failed: red), excluded nodes (orange), stragglers, the job's end. Times are
+    ``+seconds`` from the first event.
 
     Args:
-        events: fold these into a new aggregate (health checks taken from them), or
-        aggregate, health: an aggregate already folded and the ``health.checked`` events.
+        events: fold these into a new aggregate, or
+        aggregate: an aggregate already folded.
     """
     if aggregate is None:
         aggregate = JobAggregate()
         for e in events or []:
             aggregate.fold(e)
-        health = [e for e in events or [] if e.kind == EventKind.HEALTH_CHECKED.value]
     if aggregate.t0 is None:
         return ""
     t0 = aggregate.t0
     items = []
-    for e in timeline_entries(aggregate, health)[-limit:]:
+    for e in aggregate.timeline()[-limit:]:
         kind, text = e["kind"], e["label"]
         extra = ""
         if kind == "checkpoint":
@@ -434,10 +325,8 @@ def timeline_html(events: list[Event] | None = None, *, aggregate: JobAggregate 
             extra = f" data-tier='{html.escape(str(e.get('tier')))}' data-count='{e.get('count')}'"
         else:
             color, cls = _COLORS.get(kind, "#555"), "hp-" + kind.replace(".", "-")
-            if kind == EventKind.HEALTH_CHECKED.value and text.startswith("health checks failed"):
+            if kind == EventKind.HEALTH_CHECKED.value and e.get("ok") is False:
                 color = _HEALTH_CHECKS_FAILED
-        if len(e.get("ranks") or []) > 1:
-            text += " · ranks " + ", ".join(str(r) for r in sorted(e["ranks"]))
         items.append(f"<span class='hp-mark {cls}'{extra} style='display:inline-block;"
                      f"margin:2px;padding:1px 6px;border-radius:8px;border:1px solid {color};color:{color}'>"
                      f"+{e['t'] - t0:.1f}s {html.escape(text)}</span>")

@@ -91,12 +91,14 @@ def test_timeline_one_entry_per_checkpoint_span_per_tier_and_per_incident():
         agg.fold(e)
     tl = agg.timeline()
     ck = [e for e in tl if e["kind"] == "checkpoint"]
-    assert sorted(e["label"] for e in ck) == ["checkpoint memory steps 0-40 (x41)", "checkpoint peer steps 0-40 (x41)"]
+    assert sorted(e["label"] for e in ck) == ["checkpoint memory steps 0-40 (x41) · ranks 0, 1",
+                                              "checkpoint peer steps 0-40 (x41) · ranks 0, 1"]
     assert all(e["ranks"] == [0, 1] for e in ck)
     kinds = [e["kind"] for e in tl if e["kind"] != "checkpoint"]
     assert kinds.count("fault.detected") == 1
     assert kinds.count("recovery.completed") == 1
-    assert kinds.count("checkpoint.restored") == 2  # one per rank: they are separate restores
+    restored = [e for e in tl if e["kind"] == "checkpoint.restored"]  # both ranks' restore: one line
+    assert [(e["label"], e["ranks"]) for e in restored] == [("restored memory step 40 · ranks 0, 1", [0, 1])]
     assert kinds[-1] == "finished"
     assert len(tl) < 10  # never one entry per checkpoint per rank (164 events)
     assert tl == sorted(tl, key=lambda e: e["t"])
@@ -186,3 +188,108 @@ def test_state_round_trip_resumes_the_fold():
         assert "version" in str(e)
     else:
         raise AssertionError("a state of another version was accepted")
+
+
+def _labels(agg: JobAggregate) -> list[tuple[str, list | None]]:
+    return [(e["label"], e.get("ranks")) for e in agg.timeline()]
+
+
+def test_one_checkpoint_saved_by_two_ranks_ms_apart_is_one_line():
+    """Seen on a real 2-rank job when the fault came right after step 0 (tests/test_widgets.py's
+    real-job test): each rank's run of one checkpoint is an instant (t0 == t1), 4 ms apart;
+    the ranks' spans of a tier with no fault, recovery or rescale between them are one line,
+    and the fault torchrun's SIGTERM of the surviving rank caused (root_cause false) is no line."""
+    ev = Writers()
+    agg = JobAggregate()
+    for e in [ev("checkpoint.saved", "rank-0", 100.000, step=0, tier="memory"),
+              ev("checkpoint.saved", "rank-1", 100.004, step=0, tier="memory"),
+              ev("fault.detected", "agent-n1", 101.0, rank=1, node="n1", signal="SIGKILL", root_cause=True),
+              ev("fault.detected", "agent-n1", 101.0, rank=0, node="n1", signal="SIGTERM", root_cause=False)]:
+        agg.fold(e)
+    for s in range(1, 5):
+        agg.fold(ev("checkpoint.saved", "rank-0", 110.0 + s, step=s, tier="memory"))
+        agg.fold(ev("checkpoint.saved", "rank-1", 110.003 + s, step=s, tier="memory"))
+    assert _labels(agg) == [("checkpoint memory step 0 (x1) · ranks 0, 1", [0, 1]),
+                            ("fault: rank 1 on n1 (SIGKILL)", None),
+                            ("checkpoint memory steps 1-4 (x4) · ranks 0, 1", [0, 1])]
+    # the secondary fault stays a mark of rank 0's lane (the dashboard draws it fainter)
+    assert [m.get("root_cause") for m in agg.lanes()["0"]["marks"]] == [False]
+
+
+def test_checkpoint_lines_break_at_faults_recoveries_and_rescales_not_at_ms_gaps():
+    ev = Writers()
+    agg = JobAggregate()
+    t = 0.0
+    for run, brk in enumerate([("fault.detected", dict(rank=0, node="n1", reason="exception")),
+                               ("recovery.started", dict(node="n1", reason="restart")),
+                               ("elastic.scaled", dict(step=9, old_world_size=2, new_world_size=1)), None]):
+        for s in range(3 * run, 3 * run + 3):
+            t += 1.0
+            for r in (0, 1):  # each rank's checkpoint an instant, 2 ms after the other's
+                agg.fold(ev("checkpoint.saved", f"rank-{r}", t + 0.002 * r, step=s, tier="peer"))
+        if brk:
+            t += 0.5
+            agg.fold(ev(brk[0], "agent-n1" if brk[0] != "elastic.scaled" else "rank-0", t, **brk[1]))
+    ck = [e for e in agg.timeline() if e["kind"] == "checkpoint"]
+    assert [(e["step0"], e["step1"], e["count"], e["ranks"]) for e in ck] == [
+        (0, 2, 3, [0, 1]), (3, 5, 3, [0, 1]), (6, 8, 3, [0, 1]), (9, 11, 3, [0, 1])]
+
+
+def test_restores_of_a_tier_and_step_are_one_line_per_incident():
+    ev = Writers()
+    agg = JobAggregate()
+    for r in range(8):  # 8 ranks restore memory step 40 within a second
+        agg.fold(ev("checkpoint.restored", f"rank-{r}", 10 + r * 0.1, tier="memory", step=40, rank=r, node="n1"))
+    agg.fold(ev("checkpoint.restored", "rank-0", 12, tier="peer", step=40, rank=0, node="n1"))
+    for r in (0, 1):  # a later incident restores the same step again: its own line
+        agg.fold(ev("checkpoint.restored", f"rank-{r}", 200 + r, tier="memory", step=40, rank=r, node="n1"))
+    assert _labels(agg) == [("restored memory step 40 · ranks 0-7", list(range(8))),
+                            ("restored peer step 40", [0]),
+                            ("restored memory step 40 · ranks 0, 1", [0, 1])]
+
+
+def test_timeline_lists_the_nodes_health_checks_passed_and_failed():
+    ev = Writers()
+    ok = {"status": "passed", "detail": "", "seconds": 0.1}
+    agg = JobAggregate()
+    agg.fold(ev("health.checked", "health-n1", 2, node="n1", ok=True, seconds=1.25, checks={"gpu": ok, "shm": ok}))
+    agg.fold(ev("health.failed", "health-n2", 2.5, node="n2", check="shm", detail="64 MiB"))
+    agg.fold(ev("health.checked", "health-n2", 2.5, node="n2", ok=False, seconds=2.0,
+                checks={"gpu": ok, "shm": {"status": "failed", "detail": "64 MiB"}}))
+    tl = agg.timeline()
+    assert [(e["kind"], e["label"], e.get("ok")) for e in tl] == [
+        ("health.checked", "health checks passed on n1 (2 checks, 1.25 s)", True),
+        ("health.failed", "health check failed on n2: shm — 64 MiB", None),
+        ("health.checked", "health checks failed on n2: shm (2 s)", False)]
+    assert tl[0]["node"] == "n1" and tl[0]["cat"] == "health"
+    # a timeline entry, not a lane mark: the lanes show the failure (health.failed) only
+    assert [m["kind"] for m in agg.lanes()["job"]["marks"]] == ["health.failed"]
+
+
+def test_health_checks_are_capped_and_kept_in_the_state():
+    agg = JobAggregate(max_marks=5)
+    for i in range(20):
+        agg.fold(Event("health.checked", "j", T0 + i, f"health-n{i}", 0, {"node": f"n{i}", "ok": True, "checks": {}}))
+    assert sum(e["kind"] == "health.checked" for e in agg.timeline()) == 5 and agg.dropped_marks == 15
+    back = JobAggregate.from_state(json.loads(json.dumps(agg.to_state())))
+    assert back.timeline() == agg.timeline() and back.to_state()["v"] == 2
+
+
+def test_state_of_the_previous_version_is_refused_so_the_job_is_folded_again():
+    """A state saved before the health checks were kept (v1) cannot give the timeline: from_state
+    raises ValueError, which the server's watcher (_load_aggregate) takes as "fold again"."""
+    from hyperpod_lab.server.watcher import _load_aggregate
+
+    agg = JobAggregate()
+    for e in _job_with_fault():
+        agg.fold(e)
+    old = agg.to_state()
+    old["v"] = 1
+    del old["checks"]
+    try:
+        JobAggregate.from_state(old)
+    except ValueError as e:
+        assert "version 1" in str(e) and "fold the job's events again" in str(e)
+    else:
+        raise AssertionError("a version 1 state was accepted")
+    assert _load_aggregate(old) is None and _load_aggregate(agg.to_state()) is not None

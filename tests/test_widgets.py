@@ -4,6 +4,7 @@ and a real kernel (the "Python 3 (HyperPod)" kernel spec) run headless through n
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import subprocess
@@ -256,9 +257,9 @@ def test_timeline_collapses_checkpoints_per_tier_and_shows_a_fault_and_its_recov
     job recovers from memory. The monitor's timeline (hyperpod_lab.aggregate's) has one line per
     run of checkpoints of a tier (over both ranks), not one per checkpoint per rank; the fault
     (rank 1; rank 0's SIGTERM by torchrun is no second fault line), the restore of both ranks
-    and the recovery are one line each."""
+    and the recovery are one line each. The monitor shows the aggregate's timeline as it comes
+    (the rules themselves: tests/test_aggregate.py)."""
     from hyperpod_lab import cli
-    from hyperpod_lab.widgets import timeline_entries
 
     job = cli.run(["submit", os.path.join(REPO, "examples", "train_lm.py"), "--cluster", "local",
                    "--procs-per-node", "2", "--checkpoint-memory-every", "1", "--checkpoint-every", "5",
@@ -273,7 +274,7 @@ def test_timeline_collapses_checkpoints_per_tier_and_shows_a_fault_and_its_recov
     assert len(by_tier["memory"]) >= 40 and {e.writer for e in by_tier["memory"]} == {"rank-0", "rank-1"}
     assert sum(e.kind == "fault.detected" for e in mon.events) == 2  # rank 1 (root cause) and rank 0 (stopped)
 
-    entries = timeline_entries(mon.aggregate)
+    entries = mon.aggregate.timeline()
     spans = [e for e in entries if e["kind"] == "checkpoint"]
     for tier in ("memory", "persistent"):
         lines = [e for e in spans if e["tier"] == tier]
@@ -317,24 +318,35 @@ def test_plot_status_names_steps_without_a_finite_loss(tmp_path):
     assert bytes(mon.plot.value).startswith(b"\x89PNG")
 
 
-def test_one_checkpoint_saved_by_two_ranks_ms_apart_is_one_line():
-    """Seen in the real-job test above when the fault came right after step 0: each rank's run
-    of one checkpoint is an instant (t0 == t1), 4 ms apart, which the aggregate's timeline
-    (ranks' spans grouped when they overlap in time) lists twice; the monitor's is one line."""
+def test_timeline_html_shows_the_aggregates_timeline_as_it_comes():
+    """The monitor adds nothing to JobAggregate.timeline() and drops nothing (the one-line rules:
+    tests/test_aggregate.py): one chip per entry, in its order, with its label; the fault
+    another rank's caused (root_cause false) is not there, both ranks' step-0 checkpoint (4 ms
+    apart) is one chip, a failed node's checks are red and a passed node's teal."""
     from hyperpod_lab.aggregate import JobAggregate
-    from hyperpod_lab.widgets import timeline_entries
 
+    ok = {"status": "passed", "detail": "", "seconds": 0.1}
+    ev = [Event("health.checked", "j", 99.0, "health-n1", 0, {"node": "n1", "ok": True, "seconds": 1.0,
+                                                               "checks": {"gpu": ok}}),
+          Event("health.checked", "j", 99.5, "health-n2", 0, {"node": "n2", "ok": False, "seconds": 1.0,
+                                                               "checks": {"gpu": {"status": "failed"}}}),
+          Event("checkpoint.saved", "j", 100.000, "rank-0", 0, {"step": 0, "tier": "memory"}),
+          Event("checkpoint.saved", "j", 100.004, "rank-1", 0, {"step": 0, "tier": "memory"}),
+          Event("fault.detected", "j", 101.0, "agent-n1", 0, {"rank": 1, "node": "n1", "signal": "SIGKILL",
+                                                             "root_cause": True}),
+          Event("fault.detected", "j", 101.0, "agent-n1", 1, {"rank": 0, "node": "n1", "signal": "SIGTERM",
+                                                             "root_cause": False})]
+    for r in (0, 1):
+        ev.append(Event("checkpoint.restored", "j", 105.0 + r, f"rank-{r}", 1, {"tier": "memory", "step": 0, "rank": r}))
     agg = JobAggregate()
-    for ev in [Event("checkpoint.saved", "j", 100.000, "rank-0", 0, {"step": 0, "tier": "memory"}),
-               Event("checkpoint.saved", "j", 100.004, "rank-1", 0, {"step": 0, "tier": "memory"}),
-               Event("fault.detected", "j", 101.0, "agent-n1", 0, {"rank": 1, "node": "n1", "signal": "SIGKILL",
-                                                                  "root_cause": True}),
-               Event("fault.detected", "j", 101.0, "agent-n1", 1, {"rank": 0, "node": "n1", "signal": "SIGTERM",
-                                                                  "root_cause": False})]:
-        agg.fold(ev)
-    for s in range(1, 5):
-        agg.fold(Event("checkpoint.saved", "j", 110.0 + s, "rank-0", s, {"step": s, "tier": "memory"}))
-        agg.fold(Event("checkpoint.saved", "j", 110.003 + s, "rank-1", s, {"step": s, "tier": "memory"}))
-    assert [(e["label"], e.get("ranks")) for e in timeline_entries(agg)] == [
-        ("checkpoint memory step 0 (x1)", [0, 1]), ("fault: rank 1 on n1 (SIGKILL)", None),
-        ("checkpoint memory steps 1-4 (x4)", [0, 1])]
+    for e in ev:
+        agg.fold(e)
+    out = timeline_html(aggregate=agg)
+    chips = out.split("<span class='hp-mark ")[1:]
+    assert [c.split(">", 1)[1].split("</span>")[0].split(" ", 1)[1] for c in chips] == [
+        html.escape(e["label"]) for e in agg.timeline()] == [
+        "health checks passed on n1 (1 checks, 1 s)", "health checks failed on n2: gpu (1 s)",
+        "checkpoint memory step 0 (x1) · ranks 0, 1", "fault: rank 1 on n1 (SIGKILL)",
+        "restored memory step 0 · ranks 0, 1"]
+    assert "#00796b" in chips[0] and "#c62828" in chips[1]
+    assert timeline_html(ev) == out  # from the events: the same fold
