@@ -262,6 +262,9 @@ export interface IResiliencyPolicy {
   deep_health_check?: boolean;
   /** Spare nodes beyond `nodes`: a spare replaces a lost or excluded node with no requeue. */
   spares?: number;
+  /** Restart-storm guard K (1 to 1000, default 3): the job stops retrying after K restarts in a
+   * row without step progress, or ended by the same fault with no new checkpoint (docs/restart-storms.md). */
+  storm_restarts?: number;
 }
 
 /** The checkpoint policy of a JobSpec (`hyperpod_lab.spec.CheckpointPolicy`); intervals in steps. */

@@ -15,6 +15,16 @@ const ADVICE_MODES: [string, string][] = [
 /** Most spare nodes a JobSpec takes (`hyperpod_lab.spec.MAX_SPARES`). */
 export const MAX_SPARES = 64;
 
+/** Largest restart-storm guard K a JobSpec takes (`hyperpod_lab.spec.MAX_STORM_RESTARTS`). */
+export const MAX_STORM_RESTARTS = 1000;
+
+/** The TensorBoard modes of a JobSpec (`hyperpod_lab.spec.TENSORBOARD_MODES`), with their labels. */
+const TENSORBOARD_MODES: [NonNullable<IJobSpec['tensorboard']>, string][] = [
+  ['off', 'off'],
+  ['rank0', 'rank 0'],
+  ['all-ranks', 'all ranks']
+];
+
 /** What the form hands to its owner on submit. */
 export interface ISubmitRequest {
   /** The JobSpec fields the user set (the server fills the rest with JobSpec defaults). */
@@ -158,6 +168,15 @@ export class SubmitForm extends Widget {
         this._check('resiliency.auto_resume', 'Auto-resume after a failure', true),
         this._number('resiliency.max_retries', 'Max retries', 3, 0),
         this._number('resiliency.spares', 'Spare nodes', 0, 0, undefined, MAX_SPARES),
+        this._number(
+          'resiliency.storm_restarts',
+          'Restart-storm guard K',
+          3,
+          1,
+          undefined,
+          MAX_STORM_RESTARTS,
+          `stop after K restarts in a row without progress (1 to ${MAX_STORM_RESTARTS})`
+        ),
         this._check('resiliency.health_checks', 'Node health checks', true)
       )
     );
@@ -191,6 +210,23 @@ export class SubmitForm extends Widget {
     );
     // after the bounds: an error naming the policy ("elastic") points at its first field
     this._fields.set('elastic.lr_rule', lr);
+    const tensorboard = h('select', { 'data-field': 'tensorboard', 'data-testid': 'hp-field-tensorboard' });
+    for (const [mode, label] of TENSORBOARD_MODES) {
+      tensorboard.appendChild(h('option', { value: mode }, label));
+    }
+    this._fields.set('tensorboard', tensorboard);
+    form.appendChild(
+      h(
+        'fieldset',
+        { class: 'jp-HyperPod-fieldset' },
+        h('legend', {}, 'Metrics'),
+        this._labelled(
+          'TensorBoard',
+          tensorboard,
+          'step metrics as event files in the job directory (tensorboard/)'
+        )
+      )
+    );
     this._error = errorBox('hp-submit-error');
     this._envReason = h('div', { class: 'jp-HyperPod-error', 'data-testid': 'hp-env-block' });
     this._envReason.hidden = true;
@@ -202,6 +238,33 @@ export class SubmitForm extends Widget {
       ev.preventDefault();
       void this.submit();
     });
+    // the browser's own check (a number field's min/max/step) stops a submit before read():
+    // show the form's message at that field instead of the browser's bubble, once per attempt
+    form.addEventListener(
+      'invalid',
+      ev => {
+        ev.preventDefault();
+        if (this._invalidShown) {
+          return;
+        }
+        this._invalidShown = true;
+        window.setTimeout(() => (this._invalidShown = false));
+        const el = ev.target as Field;
+        let field = el.getAttribute('data-field');
+        const label = el.id ? form.querySelector(`label[for="${el.id}"]`)?.textContent : null;
+        let message = `${label ?? field ?? 'value'}: ${el.validationMessage}`;
+        try {
+          this.read();
+        } catch (e) {
+          if (e instanceof FieldError) {
+            message = e.message;
+            field = e.field;
+          }
+        }
+        this._showError(message, field);
+      },
+      true
+    );
   }
 
   /** Offer these clusters, keeping the current choice when it still exists. */
@@ -549,6 +612,13 @@ export class SubmitForm extends Widget {
     if (spares < 0 || spares > MAX_SPARES) {
       throw new FieldError('resiliency.spares', `Spare nodes: give a whole number from 0 to ${MAX_SPARES}`);
     }
+    const stormRestarts = req('resiliency.storm_restarts');
+    if (stormRestarts < 1 || stormRestarts > MAX_STORM_RESTARTS) {
+      throw new FieldError(
+        'resiliency.storm_restarts',
+        `Restart-storm guard K: give a whole number from 1 to ${MAX_STORM_RESTARTS}`
+      );
+    }
     const notebook = this._scriptRadio.checked ? null : this._currentNotebook();
     if (!this._scriptRadio.checked && !notebook) {
       throw new FieldError('script', 'open a notebook (and make it the current tab) to submit it');
@@ -565,7 +635,8 @@ export class SubmitForm extends Widget {
         auto_resume: checked('resiliency.auto_resume'),
         max_retries: req('resiliency.max_retries'),
         health_checks: checked('resiliency.health_checks'),
-        spares
+        spares,
+        storm_restarts: stormRestarts
       },
       checkpoint: {
         every_steps: req('checkpoint.every_steps'),
@@ -580,7 +651,8 @@ export class SubmitForm extends Widget {
         global_batch_size: num('elastic.global_batch_size'),
         lr_rule: (this._fields.get('elastic.lr_rule') as HTMLSelectElement)
           .value as IJobSpec['elastic']['lr_rule']
-      }
+      },
+      tensorboard: (this._fields.get('tensorboard') as HTMLSelectElement).value as IJobSpec['tensorboard']
     };
     return { spec, notebook };
   }
@@ -615,7 +687,10 @@ export class SubmitForm extends Widget {
   private _showError(message: string | null, field: string | null): void {
     for (const el of this._fields.values()) {
       el.removeAttribute('aria-invalid');
+      el.removeAttribute('aria-describedby');
     }
+    this._fieldError?.remove();
+    this._fieldError = null;
     this._error.hidden = message === null;
     this._error.textContent = message ?? '';
     if (field) {
@@ -626,6 +701,23 @@ export class SubmitForm extends Widget {
         [...this._fields.entries()].find(([k]) => k.startsWith(field + '.'))?.[1];
       if (el) {
         el.setAttribute('aria-invalid', 'true');
+        // the message also right below the field it is about
+        const row = el.closest('.jp-HyperPod-field');
+        if (row && message) {
+          const id = uid('hp-field-error');
+          this._fieldError = h(
+            'div',
+            {
+              class: 'jp-HyperPod-error jp-HyperPod-fieldError',
+              id,
+              'data-testid': 'hp-field-error',
+              'data-field': el.getAttribute('data-field')
+            },
+            message
+          );
+          row.appendChild(this._fieldError);
+          el.setAttribute('aria-describedby', id);
+        }
         el.focus();
       }
     }
@@ -690,7 +782,8 @@ export class SubmitForm extends Widget {
     value: number | null,
     min: number,
     placeholder?: string,
-    max?: number
+    max?: number,
+    hint?: string
   ): HTMLElement {
     const input = h('input', {
       type: 'number',
@@ -703,7 +796,7 @@ export class SubmitForm extends Widget {
     });
     input.value = value === null ? '' : String(value);
     this._fields.set(field, input);
-    return this._labelled(label, input);
+    return this._labelled(label, input, hint);
   }
 
   private _check(field: string, label: string, value: boolean): HTMLElement {
@@ -721,6 +814,8 @@ export class SubmitForm extends Widget {
   private _envExport!: HTMLDivElement;
   private _envReason: HTMLDivElement;
   private _envBlock: string | null = null;
+  private _invalidShown = false;
+  private _fieldError: HTMLDivElement | null = null;
   private _envSeq = 0;
   private _envKey = '';
   private _envTimer = 0;
