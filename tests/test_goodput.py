@@ -19,6 +19,7 @@ from hyperpod_lab.cli import run
 from hyperpod_lab.errors import GoodputInputError, SpecError
 from hyperpod_lab.events import Event, EventWriter
 from hyperpod_lab.goodput import Scenario, Tier
+from hyperpod_lab.goodput.scenario import replicas_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROPS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -842,3 +843,22 @@ def test_module_imports_neither_torch_nor_jupyter_nor_matplotlib():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "[]"
+
+
+def test_advice_for_instance_counts_that_two_replicas_do_not_split():
+    """The submit form asks for advice at whatever node count is typed: 1 or 3 nodes raised
+    "do not split into groups of 2 replicas" for the checkpointless projection. Without given
+    replicas the projection now uses the fewest replica groups that split the instances (one per
+    node for 3, as ``--recovery checkpointless`` runs them) and says so; given ones still must split."""
+    advise = gp.advise
+    one = advise(1, "0.04%", 10, 1.0)
+    assert one["modes"]["checkpointless"]["fallback_probability"] == 1.0  # nothing to heal from
+    assert any("1 instance" in w for w in one["warnings"])
+    three = advise(3, "0.04%", 10, 1.0)
+    assert any("projected with 3" in w for w in three["warnings"])
+    assert three["modes"]["checkpointless"]["fallback_probability"] < advise(4, "0.04%", 10, 1.0)[
+        "modes"]["checkpointless"]["fallback_probability"]  # 3 copies are lost together less often than 2
+    assert replicas_for(9)[0] == 3 and replicas_for(4) == (2, None)
+    assert advise(4, "0.04%", 10, 1.0)["warnings"] == []
+    with pytest.raises(GoodputInputError, match="groups of 2 replicas"):
+        advise(3, "0.04%", 10, 1.0, replicas=2)

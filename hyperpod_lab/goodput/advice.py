@@ -14,8 +14,8 @@ from hyperpod_lab.goodput.band import BAND_FACTOR, rate_inputs, restart_band
 from hyperpod_lab.goodput.closed_form import daly_interval_s, expected_goodput, goodput_breakdown, training_days, young_interval_s
 from hyperpod_lab.goodput.scenario import (
     _RATE_UNIT, CHECKPOINT_RESTART, CHECKPOINTLESS, DEFAULT_DETECT_S, DEFAULT_GPUS_PER_INSTANCE, DEFAULT_HEAL_S,
-    DEFAULT_MAX_INTERVAL_S, DEFAULT_REPLICAS, DEFAULT_RESTART_S, RECOVERY_MODES, SECONDS_PER_HOUR, Scenario, Tier,
-    _instances, _seconds, parse_failure_rate
+    DEFAULT_MAX_INTERVAL_S, DEFAULT_RESTART_S, RECOVERY_MODES, SECONDS_PER_HOUR, Scenario, Tier,
+    _instances, _seconds, parse_failure_rate, replicas_for
 )
 
 
@@ -33,7 +33,7 @@ def _steps(interval_s: float, step_time_s: float) -> int:
 
 def advise(instances: int, failure_rate: Any, checkpoint_cost_s: float, step_time_s: float, *,
            restart_s: Any = DEFAULT_RESTART_S, detect_s: float = DEFAULT_DETECT_S,
-           heal_s: float = DEFAULT_HEAL_S, restore_s: float | None = None, replicas: int = DEFAULT_REPLICAS,
+           heal_s: float = DEFAULT_HEAL_S, restore_s: float | None = None, replicas: int | None = None,
            fallback_probability: float | None = None, work_gpu_hours: float | None = None,
            gpus_per_instance: int = DEFAULT_GPUS_PER_INSTANCE,
            max_interval_s: float = DEFAULT_MAX_INTERVAL_S, failure_rate_per_day: Any = None,
@@ -57,7 +57,8 @@ def advise(instances: int, failure_rate: Any, checkpoint_cost_s: float, step_tim
             in the band, or a range ``"60:900"``), of failure detection, of peer healing
             (defaults from public figures, see docs/goodput.md).
         restore_s: seconds to load the checkpoint (default ``checkpoint_cost_s``).
-        replicas, fallback_probability: checkpointless fallback (see :class:`Scenario`).
+        replicas, fallback_probability: checkpointless fallback (see :class:`Scenario`); replicas
+            default to :func:`~hyperpod_lab.goodput.scenario.replicas_for` ``(instances)``.
         work_gpu_hours: useful GPU-hours of the training run, to project training days.
         gpus_per_instance: GPUs per instance (8 for p5 / p4d).
         max_interval_s: longest interval to recommend, seconds.
@@ -80,6 +81,8 @@ def advise(instances: int, failure_rate: Any, checkpoint_cost_s: float, step_tim
         GoodputInputError: an input out of range or in the wrong unit.
     """
     rates, rate_from, warnings = rate_inputs(instances, failure_rate, failure_rate_per_day, band_factor)
+    replicas, why = replicas_for(_instances(instances, "instances"), replicas)
+    warnings = warnings + ([why] if why else [])
     rate = rates[1]
     if rate == 0 or rates[0] == 0:
         raise GoodputInputError("failure_rate", f"0 gives no finite MTBF to plan for; {_RATE_UNIT}")

@@ -18,12 +18,13 @@ from hyperpod_lab.goodput.closed_form import goodput_breakdown
 from hyperpod_lab.goodput.scenario import (
     DEFAULT_DETECT_S,
     DEFAULT_HEAL_S,
-    DEFAULT_REPLICAS,
     DEFAULT_RESTART_S,
     RECOVERY_MODES,
     SECONDS_PER_HOUR,
     TIER_ORDER,
     Scenario,
+    _instances,
+    replicas_for,
     Tier,
     _probability,
     cluster_mtbf_hours,
@@ -461,7 +462,7 @@ def _tier_rank(name: str) -> tuple[int, str]:
 
 
 def project(measured: dict, instances: int, failure_rate: Any = None, *, heal_s: float = DEFAULT_HEAL_S,
-            replicas: int = DEFAULT_REPLICAS, fallback_probability: float | None = None,
+            replicas: int | None = None, fallback_probability: float | None = None,
             detect_s: float | None = None, restart_s: Any = None, failure_rate_per_day: Any = None,
             node_loss_fraction: float = 1.0, band_factor: float = BAND_FACTOR) -> dict:
     """Projected goodput at ``instances`` from a job's measurements, as a band (low, mid, high)
@@ -524,6 +525,8 @@ def project(measured: dict, instances: int, failure_rate: Any = None, *, heal_s:
                                 f"({', '.join(t.name for t in tiers)}: node-local memory is lost with its node); "
                                 "save a peer, persistent or s3 tier too (or give node_loss_fraction < 1)")
     rates, rate_from, warnings = rate_inputs(instances, failure_rate, failure_rate_per_day, band_factor)
+    replicas, why = replicas_for(_instances(instances), replicas)
+    warnings = warnings + ([why] if why else [])
     recs = measured.get("recoveries", [])
     det = [r["detect_s"] for r in recs if r["detect_s"] is not None]
     rst = [r["restart_s"] + (r.get("health_check_s") or 0.0) for r in recs]  # a restart checks its nodes again

@@ -27,6 +27,29 @@ DEFAULT_GPUS_PER_INSTANCE = 8
 DEFAULT_MAX_INTERVAL_S = 86400.0  # longest interval advised (a day): checkpoints also guard
                                   # against what the failure rate does not model (bugs, preemption)
 
+def replicas_for(instances: int, replicas: int | None = None) -> tuple[int, str | None]:
+    """The replicas of each rank's state to project checkpointless recovery with, and a warning
+    when the default was changed.
+
+    Given ``replicas`` are used as they are (:class:`Scenario` then refuses a count that does not
+    split ``instances``). Without them: :data:`DEFAULT_REPLICAS` when it splits ``instances``,
+    else the fewest replicas above it that do (3 instances -> 3, one replica group per node as
+    ``--recovery checkpointless`` runs them), and 1 for a single instance (nothing to heal from:
+    every failure falls back to the checkpoint).
+    """
+    if replicas is not None:
+        return replicas, None
+    n = int(instances)
+    if n >= 1 and n % DEFAULT_REPLICAS == 0:
+        return DEFAULT_REPLICAS, None
+    chosen = 1 if n <= 1 else next(r for r in range(DEFAULT_REPLICAS, n + 1) if n % r == 0)
+    why = ("1 instance: no peer holds a copy of its state, so checkpointless recovery always falls back to "
+           "the checkpoint" if chosen == 1 else
+           f"{n} instances do not split into groups of {DEFAULT_REPLICAS} replicas: projected with {chosen} "
+           f"(give replicas to choose)")
+    return chosen, why
+
+
 _RATE_UNIT = ("rates are fractions per instance-hour, e.g. 0.0004, or explicit percentages, "
               "e.g. '0.04%'")
 LOST_KINDS = ("checkpoint", "detect", "restart", "restore", "heal", "recompute")
