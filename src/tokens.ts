@@ -421,6 +421,8 @@ export interface IGoodputAdvice {
   step_time_s: number;
   /** By recovery mode: `checkpoint-restart`, `checkpointless`. */
   modes: { [mode: string]: IGoodputMode };
+  /** What the projection assumed or doubts (an implausible rate, the replicas it chose). */
+  warnings?: string[];
 }
 
 /** The inputs of the advice: instances and the failure rate, checkpoint cost and step time. */

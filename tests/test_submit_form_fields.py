@@ -56,6 +56,13 @@ def test_storm_guard_and_tensorboard_fields_reach_the_job(tmp_path):
             form.get_by_label("Job name", exact=True).fill("form-fields")
             form.get_by_label("Cluster", exact=True).select_option("local")
 
+            # the goodput advice at 1 node: no error, a warning that checkpointless has no peer
+            # to heal from (it raised "1 instances do not split into groups of 2 replicas")
+            form.get_by_label("Nodes", exact=True).fill("1")
+            form.locator("[data-testid=hp-advice-warning]").first.wait_for(timeout=30000)
+            assert "1 instance" in form.locator("[data-testid=hp-advice-warning]").first.inner_text()
+            assert form.locator("[data-testid=hp-advice-error]").count() == 0
+
             storm = form.get_by_label("Restart-storm guard K", exact=True)
             tensorboard = form.get_by_label("TensorBoard", exact=True)
             # the JobSpec defaults, and the values the select offers

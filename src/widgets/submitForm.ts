@@ -554,6 +554,9 @@ export class SubmitForm extends Widget {
         body
       )
     );
+    for (const warning of advice.warnings ?? []) {
+      box.appendChild(h('div', { class: 'jp-HyperPod-dim', 'data-testid': 'hp-advice-warning' }, warning));
+    }
     const cr = advice.modes['checkpoint-restart'];
     if (cr) {
       const apply = button('hp-advice-apply', `Checkpoint every ${cr.interval_steps} steps`);
