@@ -150,7 +150,14 @@ def mark_label(ev: Event) -> str:
     if k == EventKind.RECOVERY_COMPLETED.value:
         down = _num(d.get("downtime_s"))
         took = f" in {down:.1f} s" if down is not None else ""
-        return f"recovered{took} from {d.get('restored_from')} (step {d.get('restored_step', d.get('resumed_step'))})"
+        step = _int(d.get("restored_step"))
+        step = _int(d.get("resumed_step")) if step is None else step
+        at = "" if step is None else f" (step {step})"
+        if d.get("mode") == "checkpointless":
+            return f"recovered{took} from the live replicas{at}"
+        if d.get("restored_from") in (None, "none"):
+            return f"recovered{took} from step 0 (no checkpoint yet)"
+        return f"recovered{took} from {d.get('restored_from')}{at}"
     if k == EventKind.RECOVERY_FALLBACK.value:
         return f"fallback: replica group {d.get('replica_group')} restored {d.get('tier')} step {d.get('step')}"
     if k == EventKind.CHECKPOINT_RESTORED.value:

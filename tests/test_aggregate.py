@@ -293,3 +293,18 @@ def test_state_of_the_previous_version_is_refused_so_the_job_is_folded_again():
     else:
         raise AssertionError("a version 1 state was accepted")
     assert _load_aggregate(old) is None and _load_aggregate(agg.to_state()) is not None
+
+
+def test_recovery_labels_name_where_the_job_resumed_from():
+    """docs/events.md recovery.completed: ``restored_from`` is a tier or "none" (no checkpoint
+    yet, or a checkpointless heal, ``mode: "checkpointless"`` with ``resumed_step``). The label said
+    "from none (step None)" for a job that had no checkpoint yet."""
+    from hyperpod_lab.aggregate import mark_label
+
+    ev = Writers()
+    assert mark_label(ev("recovery.completed", "rank-0", 1, downtime_s=5.1, restored_from="none",
+                         restored_step=None)) == "recovered in 5.1 s from step 0 (no checkpoint yet)"
+    assert mark_label(ev("recovery.completed", "rank-0", 2, downtime_s=0.3, restored_from="none",
+                         mode="checkpointless", resumed_step=24)) == "recovered in 0.3 s from the live replicas (step 24)"
+    assert mark_label(ev("recovery.completed", "rank-0", 3, downtime_s=4.6, restored_from="memory",
+                         restored_step=11)) == "recovered in 4.6 s from memory (step 11)"
