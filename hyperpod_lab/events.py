@@ -90,7 +90,12 @@ class Event:
     def from_json(cls, line: str | bytes) -> "Event":
         """Parse one line. Raises EventSchemaError for anything but a v1 event."""
         try:
-            d = json.loads(line)
+            # what json.loads does, without its per-call overhead
+            if isinstance(line, (bytes, bytearray)):
+                line = line.decode(json.detect_encoding(line), "surrogatepass")
+            elif line.startswith("\ufeff"):
+                raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", line, 0)
+            d = _loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise EventSchemaError(f"not a JSON event line: {e}") from None
         if not isinstance(d, dict):
@@ -98,9 +103,16 @@ class Event:
         if d.get("v") != SCHEMA_VERSION:
             raise EventSchemaError(f"event schema version {d.get('v')!r} is not {SCHEMA_VERSION}; upgrade hyperpod-lab")
         try:
-            kind = EventKind(d["kind"]).value
-            return cls(kind=kind, job_id=str(d["job_id"]), time=float(d["time"]), writer=str(d["writer"]),
-                       seq=int(d["seq"]), data=dict(d.get("data") or {}))
+            kind = d["kind"]
+            kind = _KINDS.get(kind) if isinstance(kind, str) else None
+            if kind is None:
+                kind = EventKind(d["kind"]).value  # raises ValueError naming the kind
+            ev = _new_event(cls)
+            # the fields as the dataclass's __init__ sets them (it is frozen: object.__setattr__
+            # per field), set at once: the parse of a long job's millions of lines is the cost
+            ev.__dict__.update(kind=kind, job_id=str(d["job_id"]), time=float(d["time"]), writer=str(d["writer"]),
+                               seq=int(d["seq"]), data=dict(d.get("data") or {}), v=SCHEMA_VERSION)
+            return ev
         except (KeyError, ValueError, TypeError) as e:
             raise EventSchemaError(f"bad event fields: {e}") from None
 
@@ -109,6 +121,27 @@ class Event:
         t = time.strftime("%H:%M:%S", time.localtime(self.time))
         items = " ".join(f"{k}={_fmt(v)}" for k, v in sorted(self.data.items()))
         return f"{t} {self.kind:<20} {self.writer:<10} {items}".rstrip()
+
+
+_DECODER = json.JSONDecoder()
+_SCAN = _DECODER.scan_once
+
+
+def _loads(s: str) -> Any:
+    """``json.loads(s)``, cheaper for the usual event line (one JSON value, no white space around
+    it): the decoder's scanner called directly. Anything else (white space, extra data, an
+    error) goes through ``JSONDecoder.decode``, so the result or the error is json.loads's."""
+    try:
+        d, end = _SCAN(s, 0)
+        if end == len(s):
+            return d
+    except (StopIteration, json.JSONDecodeError):
+        pass
+    return _DECODER.decode(s)
+
+
+_KINDS = {k.value: k.value for k in EventKind}
+_new_event = object.__new__
 
 
 def _fmt(v: Any) -> str:
@@ -268,6 +301,10 @@ class EventReader:
         self.files = files or LocalFiles()
         self.cursor: dict[str, int] = dict(cursor or {})
         self.skipped: list[tuple[str, str]] = []  # (file, reason) of malformed lines
+        self.more = False
+        # file -> (cursor, offset just past the last line read, [(event, file, end)]): what the
+        # last poll_located held back of it (see there)
+        self._held: dict[str, tuple[int, int, list[tuple[Event, str, int]]]] = {}
 
     def poll(self, max_bytes: int | None = None) -> list[Event]:
         """The events that appeared since the last poll, ordered by time; advances the cursor.
@@ -286,10 +323,18 @@ class EventReader:
                 file has more than was read, :attr:`more` is True after the call and events later
                 than the last one read of such a file are held back (the cursor stays before
                 them), so a page never returns an event before an earlier one still unread.
+
+        The events held back stay parsed in this reader (at most one page of each file): the
+        next call with the same cursor returns them from memory and reads only the bytes after
+        them, up to ``max_bytes`` from the cursor, so a long job read page by page through one
+        reader reads and parses each line once. A cursor changed from outside (or a file that
+        shrank) drops what was held back of that file: it is read again.
         """
         per_file: list[list[tuple[Event, str, int]]] = []
         starts: list[int] = []  # each page's start offset (the cursor before this poll)
+        read_to: list[int] = []  # each file's offset just past the last line read (held back or not)
         truncated_at: list[float] = []  # time of the last event read of each file with more to read
+        held, self._held = self._held, {}
         self.more = False
         for name, size in sorted(self.files.list_files(self.dir).items()):
             # regular files only: a directory or a link named x.jsonl (which could point out of
@@ -297,26 +342,32 @@ class EventReader:
             off = self.cursor.get(name, 0)
             if not name.endswith(".jsonl") or size <= off:
                 continue  # nothing new: no read
+            kept = held.get(name)
+            if kept is not None and (kept[0] != off or size < kept[1]):
+                kept = None  # the cursor moved, or the file is not the one read: read again
+            path = f"{self.dir}/{name}"
             try:
-                chunk, end = self._read_lines(f"{self.dir}/{name}", off, size, max_bytes)
+                if kept is None:
+                    chunk, end = self._read_lines(path, off, size, max_bytes)
+                    located, pos = [], off
+                else:  # the events held back last time, then what follows them in this page
+                    located, pos = list(kept[2]), kept[1]
+                    want = None if max_bytes is None else off + max(1, int(max_bytes)) - pos
+                    chunk = self.files.read_from(path, pos, want) if (want is None or want > 0) and pos < size else b""
+                    end = chunk.rfind(b"\n")
             except OSError as e:  # replaced by a link since the listing, or vanished
                 self.skipped.append((name, f"not readable as an event file: {e}"))
                 continue
-            if end < 0:
+            if end < 0 and not located:
                 continue
-            located, pos = [], off
-            for line in chunk[: end + 1].split(b"\n")[:-1]:
-                pos += len(line) + 1
-                if not line.strip():
-                    continue
-                try:
-                    located.append((Event.from_json(line), name, pos))
-                except EventSchemaError as e:
-                    self.skipped.append((name, str(e)))
+            if end >= 0:
+                self._parse(chunk[: end + 1], name, pos, located)
+                pos += end + 1
             per_file.append(located)
             starts.append(off)
-            self.cursor[name] = off + end + 1
-            if off + end + 1 < size:
+            read_to.append(pos)
+            self.cursor[name] = pos
+            if pos < size:
                 self.more = True
                 if located:
                     truncated_at.append(located[-1][0].time)
@@ -327,16 +378,37 @@ class EventReader:
         # continues in time order (a file is in position order: the rest of it waits)
         cut = min(truncated_at)
         pages = []
-        for located, start in zip(per_file, starts):
+        for located, start, stop in zip(per_file, starts, read_to):
             i = next((i for i, x in enumerate(located) if x[0].time > cut), len(located))
             if i < len(located):
-                self.cursor[located[i][1]] = located[i - 1][2] if i > 0 else start
+                name = located[i][1]
+                self.cursor[name] = located[i - 1][2] if i > 0 else start
+                self._held[name] = (self.cursor[name], stop, located[i:])
             pages.append(located[:i])
         if not any(pages):  # times out of order inside a file: still make progress
             j = [k for k, located in enumerate(per_file) if located and located[-1][0].time == cut][0]
             pages[j] = per_file[j]
             self.cursor[per_file[j][-1][1]] = per_file[j][-1][2]
+            self._held.pop(per_file[j][-1][1], None)
         return list(heapq.merge(*pages, key=key))
+
+    def _parse(self, lines: bytes, name: str, pos: int, located: list) -> None:
+        """Append ``(event, name, offset just past its line)`` for each line of ``lines`` (complete
+        lines read from offset ``pos``) to ``located``; malformed lines go to :attr:`skipped`."""
+        if lines.isascii() and b"\x00" not in lines:
+            # one decode for the page (offsets in characters are then offsets in bytes)
+            text: str | bytes = lines.decode("ascii")
+            nl: str | bytes = "\n"
+        else:
+            text, nl = lines, b"\n"
+        for line in text.split(nl)[:-1]:
+            pos += len(line) + 1
+            if not line.strip(" \t\n\r\x0b\x0c"):  # ASCII white space, as bytes.strip() takes it
+                continue
+            try:
+                located.append((Event.from_json(line), name, pos))
+            except EventSchemaError as e:
+                self.skipped.append((name, str(e)))
 
     def _read_lines(self, path: str, off: int, size: int, max_bytes: int | None) -> tuple[bytes, int]:
         """Bytes from ``off`` (at most ``max_bytes``, extended to the end of a longer first line)

@@ -72,7 +72,7 @@ from typing import Any, Callable
 from hyperpod_lab.aggregate import JobAggregate
 from hyperpod_lab.client import Client
 from hyperpod_lab.errors import HyperPodLabError, SpecError
-from hyperpod_lab.events import Event, EventKind
+from hyperpod_lab.events import Event, EventKind, EventReader
 from hyperpod_lab.goodput.measure import GoodputMeter
 from hyperpod_lab.jobs import JobRecord
 from hyperpod_lab.progress import Progress, event_dict as _event_dict
@@ -140,6 +140,7 @@ class Subscription:
         self.live = False
         self.gone = False
         self.task: asyncio.Task | None = None
+        self.reader: EventReader | None = None  # its replay's reader (Watcher._read_page)
 
     def over(self, cap: int) -> bool:
         """Whether the transport holds ``cap`` bytes or more not yet written out."""
@@ -170,6 +171,7 @@ class Tailer:
         self.window = window
         self.items: deque[tuple[Event, str, int]] = deque()
         self.more = False               # the last read stopped at read_bytes: read again at once
+        self.reader: EventReader | None = None  # kept from read to read (Watcher._reader)
         self.progress = Progress(rec.spec, progress if base else None)
         # the goodput measurement over the same facts (it folds each event into them); a summary
         # saved before the meter existed resumes without one (goodput then reads on its own)
@@ -224,6 +226,7 @@ class Tailer:
 
     def reset(self, rec: JobRecord) -> None:
         self.base, self.cursor, self.items = {}, {}, deque()
+        self.reader = None
         self.progress = Progress(rec.spec)
         self.meter = GoodputMeter(None, self.progress)
         self.agg = new_aggregate()
@@ -559,13 +562,23 @@ class Watcher:
     def _goodput_page(self, rec: JobRecord, entry: dict) -> bool:
         """Feed ``entry``'s meter one page of the events after its cursor (worker thread); the
         entry stays consistent page by page. Returns whether more is waiting."""
-        reader = self.client.event_reader(rec.job_id, entry["cursor"])
+        reader = entry["reader"] = self._reader(rec, entry["cursor"], entry.get("reader"))
         located = reader.poll_located(max_bytes=self.read_bytes)
         for ev, fname, end in located:
             entry["meter"].update(ev)
             entry["cursor"][fname] = end
         entry["cursor"] = dict(reader.cursor)
         return bool(reader.more)
+
+    def _reader(self, rec: JobRecord, cursor: dict[str, int], reader: EventReader | None) -> EventReader:
+        """``reader`` when it stands at ``cursor`` (it then keeps the parsed events its last page
+        held back: a long job's catch-up reads and parses each line once), else a new reader of
+        ``rec``'s events from ``cursor`` (also when the kept reader's connection died: the client
+        then connects again)."""
+        if reader is not None and reader.cursor == cursor and getattr(reader.files, "alive", True) is not False:
+            reader.skipped.clear()  # nobody here reads them: a reader kept for long keeps none
+            return reader
+        return self.client.event_reader(rec.job_id, cursor)
 
     # ---- dashboard -------------------------------------------------------------------
     async def dashboard(self, job_id: str, points: int = 1000, first_read_timeout_s: float = 1.0,
@@ -627,7 +640,7 @@ class Watcher:
     def _dashboard_page(self, rec: JobRecord, entry: dict) -> bool:
         """Fold one page of the events after ``entry``'s cursor into its aggregate (worker
         thread). Returns whether more is waiting."""
-        reader = self.client.event_reader(rec.job_id, entry["cursor"])
+        reader = entry["reader"] = self._reader(rec, entry["cursor"], entry.get("reader"))
         for ev, fname, end in reader.poll_located(max_bytes=self.read_bytes):
             entry["agg"].fold(ev)
             entry["cursor"][fname] = end
@@ -702,10 +715,15 @@ class Watcher:
                 return
             sub.task = asyncio.get_running_loop().create_task(self._catch_up(t, sub, rec))
 
-    def _read_page(self, rec: JobRecord, cursor: dict[str, int]) -> tuple[list, dict[str, int]]:
-        """One page of a job's events after ``cursor`` (``page_bytes`` per file); worker thread."""
-        reader = self.client.event_reader(rec.job_id, cursor)
-        return reader.poll_located(max_bytes=self.page_bytes), reader.cursor
+    def _read_page(self, rec: JobRecord, cursor: dict[str, int], sub: Subscription | None = None
+                   ) -> tuple[list, dict[str, int]]:
+        """One page of a job's events after ``cursor`` (``page_bytes`` per file); worker thread.
+        ``sub``: the subscriber replaying, whose reader is kept for its next page."""
+        reader = self._reader(rec, cursor, sub.reader if sub is not None else None)
+        located = reader.poll_located(max_bytes=self.page_bytes)
+        if sub is not None:
+            sub.reader = reader
+        return located, dict(reader.cursor)
 
     async def _catch_up(self, t: Tailer, sub: Subscription, rec: JobRecord) -> None:
         """Bring ``sub`` from its cursor up to the tailer's window, page by page, waiting for its
@@ -744,7 +762,7 @@ class Watcher:
                     continue
                 try:
                     run = self.run_on_files if t.local_events else self.run_on
-                    located, cursor = await run(rec.cluster, self._read_page, rec, dict(sub.cursor))
+                    located, cursor = await run(rec.cluster, self._read_page, rec, dict(sub.cursor), sub)
                 except (HyperPodLabError, OSError, EOFError) as e:
                     log.warning("hyperpod_lab: history of %s not read: %s", rec.job_id, e)
                     await asyncio.sleep(1.0)
@@ -883,14 +901,18 @@ class Watcher:
         out = []
         for t, rec, cursor in polls:
             try:
-                reader = self.client.event_reader(rec.job_id, cursor)
+                # the tailer's reader when it stands at the cursor (a backlog read in pages);
+                # none kept after a failed read
+                reader, t.reader = t.reader, None
+                reader = self._reader(rec, cursor, reader)
                 if t.local_events is None:
                     local_path = getattr(reader.files, "local_path", None)
                     t.local_events = (local_path(reader.dir) if local_path is not None else None) or ""
                 # a job catching up on a backlog reads in smaller pages, so the live jobs polled
                 # in the same round are not held up behind a large parse
                 located = reader.poll_located(max_bytes=self.page_bytes if t.more else self.read_bytes)
-                out.append((t, t.generation, cursor, located, reader.cursor, None, reader.more))
+                t.reader = reader
+                out.append((t, t.generation, cursor, located, dict(reader.cursor), None, reader.more))
             except (HyperPodLabError, OSError, EOFError) as e:
                 out.append((t, t.generation, cursor, [], cursor, e, False))
         return out
