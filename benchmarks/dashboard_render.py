@@ -27,7 +27,8 @@ Measured, for each job:
   missed). Targets: open < 2 s, p95 frame <= 50 ms.
 
 Writes ``benchmarks/results/dashboard_render.json``. Run: ``.venv/bin/python
-benchmarks/dashboard_render.py`` (``--steps`` to change the big job's size).
+benchmarks/dashboard_render.py`` (``--steps`` to change the big job's size; ``--server-only``: the
+cold folds alone, no browser, written to ``dashboard_cold_fold.json``).
 """
 
 from __future__ import annotations
@@ -253,10 +254,31 @@ def measure_browser(page, job_id: str) -> dict:
             "key_view_widths_s": dict(zip(["0", "+", "+", "-", "ArrowRight"], widths))}
 
 
+def cold_fold_only(jobs: dict) -> None:
+    """``--server-only``: write the cold-fold numbers (no browser part)."""
+    b, g = jobs["baseline"], jobs["big"]
+    out = {"what": "SYNTHETIC jobs (events written directly, no training): see benchmarks/dashboard_render.py; "
+                   "the server's cold fold only (--server-only)",
+           "jobs": jobs,
+           "ratios_big_over_baseline": {
+               "steps": round(g["steps"] / b["steps"], 2),
+               "server_cold_fold_s": round(g["server"]["cold_fold_s"] / max(1e-9, b["server"]["cold_fold_s"]), 2)},
+           "machine": {"cpus": os.cpu_count(), "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()]}}
+    path = os.path.join(os.path.dirname(RESULTS), "dashboard_cold_fold.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+    print(json.dumps({"cold_fold_s": g["server"]["cold_fold_s"], "local_fold": g["local_fold"],
+                      "loadavg": out["machine"]["loadavg_1_5_15"]}, indent=1))
+    print(f"wrote {path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=1_000_000)
     ap.add_argument("--baseline-steps", type=int, default=1_000)
+    ap.add_argument("--server-only", action="store_true",
+                    help="measure the cold folds only (no browser); writes benchmarks/results/dashboard_cold_fold.json")
     args = ap.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -279,6 +301,8 @@ def main() -> None:
         for label in ("baseline", "big"):
             jobs[label]["server"] = server_cold_fold(lab, jobs[label]["job_id"], jobs[label]["events"])
             print(f"{label}: server {jobs[label]['server']}", flush=True)
+        if args.server_only:
+            return cold_fold_only(jobs)
         with sync_playwright() as p:
             browser = launch_chromium(p)
             page = browser.new_page(viewport={"width": 1500, "height": 1000})

@@ -110,8 +110,11 @@ class Event:
             ev = _new_event(cls)
             # the fields as the dataclass's __init__ sets them (it is frozen: object.__setattr__
             # per field), set at once: the parse of a long job's millions of lines is the cost
+            data = d.get("data")
+            if type(data) is not dict:  # (a parsed object is this event's own: no copy of it)
+                data = dict(data or {})
             ev.__dict__.update(kind=kind, job_id=str(d["job_id"]), time=float(d["time"]), writer=str(d["writer"]),
-                               seq=int(d["seq"]), data=dict(d.get("data") or {}), v=SCHEMA_VERSION)
+                               seq=int(d["seq"]), data=data, v=SCHEMA_VERSION)
             return ev
         except (KeyError, ValueError, TypeError) as e:
             raise EventSchemaError(f"bad event fields: {e}") from None
