@@ -107,17 +107,23 @@ class Event:
             kind = _KINDS.get(kind) if isinstance(kind, str) else None
             if kind is None:
                 kind = EventKind(d["kind"]).value  # raises ValueError naming the kind
-            ev = _new_event(cls)
-            # the fields as the dataclass's __init__ sets them (it is frozen: object.__setattr__
-            # per field), set at once: the parse of a long job's millions of lines is the cost
+            job_id, t, writer, seq = str(d["job_id"]), float(d["time"]), str(d["writer"]), int(d["seq"])
             data = d.get("data")
             if type(data) is not dict:  # (a parsed object is this event's own: no copy of it)
                 data = dict(data or {})
-            ev.__dict__.update(kind=kind, job_id=str(d["job_id"]), time=float(d["time"]), writer=str(d["writer"]),
-                               seq=int(d["seq"]), data=data, v=SCHEMA_VERSION)
-            return ev
         except (KeyError, ValueError, TypeError) as e:
             raise EventSchemaError(f"bad event fields: {e}") from None
+        # what the frozen dataclass's __init__ does (object.__setattr__ per field, in field order:
+        # the instances share their dicts' keys), without its call: a long job parses millions
+        ev = _new_event(cls)
+        _set(ev, "kind", kind)
+        _set(ev, "job_id", job_id)
+        _set(ev, "time", t)
+        _set(ev, "writer", writer)
+        _set(ev, "seq", seq)
+        _set(ev, "data", data)
+        _set(ev, "v", SCHEMA_VERSION)
+        return ev
 
     def describe(self) -> str:
         """One human line, as the CLI prints it."""
@@ -145,6 +151,7 @@ def _loads(s: str) -> Any:
 
 _KINDS = {k.value: k.value for k in EventKind}
 _new_event = object.__new__
+_set = object.__setattr__
 
 
 def _fmt(v: Any) -> str:

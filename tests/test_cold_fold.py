@@ -214,3 +214,51 @@ def test_tailer_backlog_and_replay_read_each_byte_once_and_a_restart_resumes(tmp
     assert {n: cursor[n] for n in sizes} == sizes
     assert prog["aggregate"] and t.agg.events == len(everything) and t.meter.facts.steps == STEPS
     assert t3.agg.events == len(everything) + 1 and restart_read < 1024, restart_read
+
+
+def _reference_from_json(line):
+    """Event.from_json as it was before the cheaper parse (json.loads, the dataclass's __init__)."""
+    import json
+
+    from hyperpod_lab.events import EventKind, EventSchemaError
+    try:
+        d = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise EventSchemaError(f"not a JSON event line: {e}") from None
+    if not isinstance(d, dict):
+        raise EventSchemaError("an event line must be a JSON object")
+    if d.get("v") != 1:
+        raise EventSchemaError(f"event schema version {d.get('v')!r} is not 1; upgrade hyperpod-lab")
+    try:
+        return Event(kind=EventKind(d["kind"]).value, job_id=str(d["job_id"]), time=float(d["time"]),
+                     writer=str(d["writer"]), seq=int(d["seq"]), data=dict(d.get("data") or {}))
+    except (KeyError, ValueError, TypeError) as e:
+        raise EventSchemaError(f"bad event fields: {e}") from None
+
+
+def test_the_cheaper_parse_gives_the_same_events_errors_and_memory():
+    import sys
+
+    from hyperpod_lab.events import EventSchemaError
+
+    good = Event("step", "j", 1.5, "rank-0", 7, {"step": 7, "loss": 0.25}).to_json()
+    lines = [good, " " + good + " \r", good + "x", good[:-3], "", "[1]", "\ufeff" + good, '{"v":2}',
+             good.replace('"step"', '"nope"', 1), good.replace('"kind":"step"', '"kind":["step"]'),
+             good.replace('"seq":7', '"seq":"7"'), good.replace('"time":1.5', '"time":"x"'),
+             good.replace('"seq":7', '"seq":"x"').replace('"time":1.5', '"time":"y"'),
+             good.replace('{"loss":0.25,"step":7}', 'null'), good.replace('{"loss":0.25,"step":7}', '[["a",1]]'),
+             good.replace('{"loss":0.25,"step":7}', '"ab"'), '{"v":1,"kind":"step"}', "\u00e9"]
+    for line in lines:
+        for form in (line, line.encode("utf-8", "surrogatepass")):
+            try:
+                want = ("ok", _reference_from_json(form))
+            except EventSchemaError as e:
+                want = ("error", str(e))
+            try:
+                got = ("ok", Event.from_json(form))
+            except EventSchemaError as e:
+                got = ("error", str(e))
+            assert got == want, (form, got, want)
+    # the instances share their dicts' keys as the constructor's do (a page of a long job holds
+    # thousands of them)
+    assert sys.getsizeof(Event.from_json(good).__dict__) == sys.getsizeof(_reference_from_json(good).__dict__)
