@@ -6,8 +6,8 @@ Measured in the same run, on one reused SSH connection:
 * the submit check's probe (``envparity.probe_cluster`` with no modules, cache off): one exec
   of ``<python> -I -c <probe>`` reading the hyperpod-lab and torch metadata;
 * the ``env diff`` probe of ``examples/train_lm.py`` (its imported packages looked up too);
-* ``Client.submit`` with the check off (``env_check=False``), with the probe cached (the
-  default within 60 s of the connection's opening) and with the cache dropped before each
+* ``Client.submit`` with the check off (``env_check=False``), with the probe cached (what a
+  submit within 60 s of an earlier probe finds) and with the cache dropped before each
   submit (the worst case: probe + submit). Each job is cancelled at once.
 
 Prints medians and the ratios to the baseline exec and to the unchecked submit; writes
@@ -74,7 +74,7 @@ def main() -> int:
             if drop:
                 envparity.forget()
             elif check is None:
-                envparity.probe_cluster(profile, [], remote=remote)  # as the connection's opening does
+                envparity.probe_cluster(profile, [], remote=remote)  # as an earlier submit's check did
             remote.ops.clear()
             t0 = time.perf_counter()
             rec = client.submit(JobSpec(script=script, name=f"envbench{i}", cluster=profile.name, nodes=1),

@@ -320,8 +320,6 @@ def run(argv: list[str], out: TextIO | None = None, client=None) -> Any:
 
     if client is None:
         client = Client()
-        if a.cmd != "submit":
-            client.env_check = False  # no connect-time environment probe for a command that does not submit
 
     if a.cmd == "submit":
         spec = spec_from_args(a, script_args)
@@ -485,7 +483,7 @@ def _env(a: argparse.Namespace, say, client) -> int:
     from hyperpod_lab.schedulers import for_profile
 
     profile = get_profile(a.cluster)
-    # the cluster's backend without Client.scheduler's probe on connect (the diff probes itself);
+    # the cluster's backend (the diff probes itself);
     # for_profile refuses a profile with FILL-IN placeholders, naming them
     remote = for_profile(profile).remote if profile.orchestrator != "eks" else None
     if a.env_action == "export":

@@ -48,27 +48,11 @@ class Client:
         if sched is None or getattr(sched.remote, "alive", True) is False:
             sched = for_profile(get_profile(cluster))
             self._schedulers[cluster] = sched
-            self._prefetch_env(sched)
         return sched
 
     def _env_check_on(self, profile: ClusterProfile, override: bool | None = None) -> bool:
         on = override if override is not None else self.env_check
         return profile.orchestrator == "slurm" if on is None else bool(on) and profile.orchestrator != "eks"
-
-    def _prefetch_env(self, sched: Scheduler) -> None:
-        """On a new connection to a Slurm cluster, probe its interpreter once (cached for
-        ``envparity.CACHE_TTL_S``), so that a submission soon after adds no exec of its own.
-        A failure here is not raised: the submission's check reports it."""
-        if not self._env_check_on(sched.profile):
-            return
-        from hyperpod_lab import envparity
-
-        if envparity.recently_unanswered(sched.profile):
-            return  # do not wait out a silent login node's timeout again on each reconnect
-        try:
-            envparity.probe_cluster(sched.profile, [], remote=sched.remote)
-        except (HyperPodLabError, OSError, EOFError):
-            pass
 
     def cluster_health(self, cluster: str) -> dict:
         """A cluster's reachability and nodes, as its backend reads them (:meth:`Scheduler.health`;

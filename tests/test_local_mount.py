@@ -23,6 +23,7 @@ import time
 import pytest
 import tomli_w
 
+from hyperpod_lab import envparity
 from hyperpod_lab.events import EventWriter
 from hyperpod_lab.jobs import JobRecord
 from hyperpod_lab.schedulers.remote import MountedRemote, SSHRemote, connect, detect_local_mount
@@ -76,6 +77,7 @@ def test_submit_events_and_logs_use_the_local_mount_and_ssh_only_for_scheduler_c
     prof = _use_profile(dev_cluster, tmp_path, monkeypatch, "mounted", dev_cluster.shared_root)
     sched = client.scheduler(prof.name)
     assert isinstance(sched.remote, MountedRemote) and sched.remote.how == "profile"
+    envparity.check_submission(sched.profile, remote=sched.remote)  # the probe cached, as after a first submit
     sent = _no_sftp(sched.remote, monkeypatch)
     rec = client.submit(JobSpec.from_dict({"script": STEPS, "cluster": prof.name, "name": "mounted-steps",
                                            "nodes": 1, "args": ["--steps", "5", "--sleep", "0.2"]}))

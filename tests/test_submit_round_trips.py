@@ -21,7 +21,7 @@ import time
 import pytest
 import tomli_w
 
-from hyperpod_lab import envexec
+from hyperpod_lab import envexec, envparity
 from hyperpod_lab.errors import RemoteCommandError
 from hyperpod_lab.events import EventReader
 from hyperpod_lab.jobdir import CHECKPOINT_KEY_BYTES, JobPaths
@@ -42,8 +42,17 @@ def _submitted(rec) -> list:
     return [e for e in EventReader(rec.job_dir).poll() if e.kind == "submitted"]
 
 
+def _warm(client, cluster):
+    """The cluster's scheduler, connected, with the environment check's probe cached (60 s): what
+    a submit finds after the first one (that first submit is one exec more, the probe;
+    tests/test_env_parity.py counts it)."""
+    sched = client.scheduler(cluster)
+    envparity.check_submission(sched.profile, remote=sched.remote)
+    return sched
+
+
 def test_a_slurm_submit_is_one_exec_and_no_sftp(dev_cluster, client):
-    sched = client.scheduler(dev_cluster.name)  # connected once, before counting
+    sched = _warm(client, dev_cluster.name)  # connected and probed once, before counting
     sched.remote.ops.clear()
     t0 = time.perf_counter()
     rec = client.submit(JobSpec.from_dict({"script": STEPS, "cluster": dev_cluster.name, "name": "one-exec",
@@ -80,7 +89,7 @@ def test_a_slurm_submit_is_one_exec_and_no_sftp(dev_cluster, client):
 def test_a_secret_still_travels_only_on_standard_input(dev_cluster, client, monkeypatch):
     """With a secret the submit is still one exec; the job sees the value, no file holds it."""
     monkeypatch.setenv("HF_TOKEN", SECRET)
-    sched = client.scheduler(dev_cluster.name)
+    sched = _warm(client, dev_cluster.name)
     sched.remote.ops.clear()
     rec = client.submit(JobSpec.from_dict({"script": PROBE, "cluster": dev_cluster.name, "name": "rt-secret",
                                            "nodes": 1, "secret_env": ["HF_TOKEN"], "args": ["HF_TOKEN"]}))
@@ -96,7 +105,7 @@ def test_a_secret_still_travels_only_on_standard_input(dev_cluster, client, monk
 
 
 def test_a_refused_sbatch_leaves_no_record_and_no_directory(dev_cluster, client):
-    sched = client.scheduler(dev_cluster.name)
+    sched = _warm(client, dev_cluster.name)
     jobs_root = os.path.dirname(sched.job_dir("x"))
     before = set(os.listdir(jobs_root)) if os.path.isdir(jobs_root) else set()
     sched.remote.ops.clear()
