@@ -375,6 +375,27 @@ def test_each_auto_resume_rerun_of_the_step_has_its_own_rendezvous(tmp_path):
     assert new_step[1] == "--rdzv-id=7.0.3.0"
 
 
+
+def test_rendezvous_ports_stay_below_the_ephemeral_port_range(tmp_path):
+    """The Linux kernel's Documentation/networking/ip-sysctl.rst, ip_local_port_range: "The
+    default values are 32768 and 60999". A rendezvous port inside that range can be the local port
+    of any outgoing connection on the head node (NCCL, SSH, storage clients) and then the store
+    cannot bind it: seen once in a loaded fresh-clone CI run, a rank timing out on 127.0.0.1:35952.
+    Every job id, restart, step and attempt maps into 29500-32767."""
+    text = render_sbatch(spec(), "j", str(tmp_path / "job"), "python3", "/fsx")
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("rdzv_port=$(("))
+    expr = line.strip()[len("rdzv_port=$(("):-len("))")]
+    ports = set()
+    for job_id in (1, 7, 4095, 35952, 999983, 2 ** 31 - 1):
+        for restart in range(4):
+            for step in range(3):
+                for attempt in range(3):
+                    env = {"SLURM_JOB_ID": job_id, "restart": restart, "step": step, "attempt": attempt}
+                    port = eval(expr, {}, env)  # the shell's integer arithmetic, same operators
+                    assert 29500 <= port < 32768, (env, port)
+                    ports.add(port)
+    assert len(ports) > 100  # still spread out
+
 def test_efa_nodes_get_the_variables_of_the_aws_scripts():
     """awsome-distributed-training 3.test_cases/pytorch/FSDP/slurm/llama3_1_8b-training.sbatch,
     "Environment Variables": FI_PROVIDER=efa, FI_EFA_USE_HUGE_PAGE=0 (os.fork() ENOMEM),

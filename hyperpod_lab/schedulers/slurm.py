@@ -36,7 +36,12 @@ from hyperpod_lab.schedulers.remote import StagedFile
 from hyperpod_lab.spec import JobSpec
 
 HYPERPOD_MARKER = "/opt/sagemaker_cluster"
-RDZV_PORT_BASE = 29500  # + (SLURM_JOB_ID + RDZV_PORT_RUN_STRIDE * <run number>) % 20000, see _step_script
+RDZV_PORT_BASE = 29500  # + (SLURM_JOB_ID + RDZV_PORT_RUN_STRIDE * <run number>) % RDZV_PORT_SPAN, see _step_script
+#: rendezvous ports stay in 29500-32699, below Linux's default ephemeral range (net.ipv4.ip_local_port_range
+#: 32768-60999, Documentation/networking/ip-sysctl.rst): a port inside it can be the local port of
+#: any outgoing connection on the head node (NCCL, SSH, storage clients), and the rendezvous store
+#: then cannot bind it
+RDZV_PORT_SPAN = 3200
 RDZV_PORT_RUN_STRIDE = 7919  # a prime: a requeued run's port is far from its neighbours' ports
 
 SLURM_UMASK = "0077"  # the job's output files (slurm-%j.out) private to the user
@@ -287,7 +292,7 @@ def _step_script(launch: list[str]) -> str:
         'echo $(( attempt + 1 )) > "$counter"',
         'run=$restart.$step.$attempt',
         f'rdzv_port=$(( {RDZV_PORT_BASE} + (SLURM_JOB_ID + {RDZV_PORT_RUN_STRIDE} * '
-        '(restart * 1009 + step * 31 + attempt)) % 20000 ))',
+        f'(restart * 1009 + step * 31 + attempt)) % {RDZV_PORT_SPAN} ))',
         'echo "hyperpod-lab: run $run rendezvous $head_addr:$rdzv_port"',
         "exec " + " ".join(launch),
     ])

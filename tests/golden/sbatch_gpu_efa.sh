@@ -59,7 +59,7 @@ counter="$JOB_DIR/runs/$restart.$step/node-${SLURM_NODEID:-0}"
 attempt=$(cat "$counter" 2>/dev/null || echo 0)
 echo $(( attempt + 1 )) > "$counter"
 run=$restart.$step.$attempt
-rdzv_port=$(( 29500 + (SLURM_JOB_ID + 7919 * (restart * 1009 + step * 31 + attempt)) % 20000 ))
+rdzv_port=$(( 29500 + (SLURM_JOB_ID + 7919 * (restart * 1009 + step * 31 + attempt)) % 3200 ))
 echo "hyperpod-lab: run $run rendezvous $head_addr:$rdzv_port"
 exec /opt/venv/bin/python -m hyperpod_lab.runtime.launch --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint="$head_addr:$rdzv_port" --rdzv-id="$SLURM_JOB_ID.$run" --rdzv-conf=join_timeout=120 --max-restarts=3 --log-dir="$JOB_DIR/logs/torchrun" --redirects=3 --tee=3 /fsx/hyperpod-lab/jobs/quick-start-20261123-010203-abcd/script/train_lm.py --steps 40 '"'"''"'"'"'"'"'"'"'"'; touch /tmp/x; '"'"'"'"'"'"'"'"''"'"' '"'"'$(id)'"'"' '"'"'a
 b'"'"'' hyperpod-lab-step {head_addr} "$restart"
