@@ -551,21 +551,32 @@ class Watcher:
         return {"meter": GoodputMeter(None, Progress(rec.spec)), "cursor": {}}
 
     def _cache_goodput(self, job_id: str, entry: dict) -> None:
-        self._goodput[job_id] = entry
-        self._goodput.move_to_end(job_id)
-        while len(self._goodput) > self.goodput_cache_jobs:
-            gone, _ = self._goodput.popitem(last=False)
-            lock = self._goodput_locks.get(gone)
+        self._cache_entry(self._goodput, self._goodput_locks, job_id, entry)
+
+    def _cache_entry(self, cache: OrderedDict, locks: dict[str, asyncio.Lock], job_id: str, entry: dict) -> None:
+        """Keep ``entry`` as ``job_id``'s in ``cache`` (the goodput's or the dashboard's cache of
+        jobs with no tailer), the newest, dropping the oldest beyond ``goodput_cache_jobs`` and
+        their unheld locks."""
+        cache[job_id] = entry
+        cache.move_to_end(job_id)
+        while len(cache) > self.goodput_cache_jobs:
+            gone, _ = cache.popitem(last=False)
+            lock = locks.get(gone)
             if lock is not None and not lock.locked():
-                del self._goodput_locks[gone]
+                del locks[gone]
 
     def _goodput_page(self, rec: JobRecord, entry: dict) -> bool:
         """Feed ``entry``'s meter one page of the events after its cursor (worker thread); the
         entry stays consistent page by page. Returns whether more is waiting."""
+        return self._fold_page(rec, entry, entry["meter"].update)
+
+    def _fold_page(self, rec: JobRecord, entry: dict, fold: Callable[[Event], Any]) -> bool:
+        """``fold`` each event of one page after ``entry``'s cursor, advancing the cursor event by
+        event (worker thread; ``entry`` keeps its reader for the next page). Returns whether more
+        is waiting."""
         reader = entry["reader"] = self._reader(rec, entry["cursor"], entry.get("reader"))
-        located = reader.poll_located(max_bytes=self.read_bytes)
-        for ev, fname, end in located:
-            entry["meter"].update(ev)
+        for ev, fname, end in reader.poll_located(max_bytes=self.read_bytes):
+            fold(ev)
             entry["cursor"][fname] = end
         entry["cursor"] = dict(reader.cursor)
         return bool(reader.more)
@@ -629,23 +640,12 @@ class Watcher:
             return {**entry["agg"].summary(points), "partial": more}
 
     def _cache_dashboard(self, job_id: str, entry: dict) -> None:
-        self._dashboards[job_id] = entry
-        self._dashboards.move_to_end(job_id)
-        while len(self._dashboards) > self.goodput_cache_jobs:
-            gone, _ = self._dashboards.popitem(last=False)
-            lock = self._dashboard_locks.get(gone)
-            if lock is not None and not lock.locked():
-                del self._dashboard_locks[gone]
+        self._cache_entry(self._dashboards, self._dashboard_locks, job_id, entry)
 
     def _dashboard_page(self, rec: JobRecord, entry: dict) -> bool:
         """Fold one page of the events after ``entry``'s cursor into its aggregate (worker
         thread). Returns whether more is waiting."""
-        reader = entry["reader"] = self._reader(rec, entry["cursor"], entry.get("reader"))
-        for ev, fname, end in reader.poll_located(max_bytes=self.read_bytes):
-            entry["agg"].fold(ev)
-            entry["cursor"][fname] = end
-        entry["cursor"] = dict(reader.cursor)
-        return bool(reader.more)
+        return self._fold_page(rec, entry, entry["agg"].fold)
 
     # ---- subscriptions ---------------------------------------------------------------
     def subscribers(self, job_id: str) -> int:
