@@ -46,3 +46,16 @@ def client(tmp_path):
     from hyperpod_lab.jobs import JobStore
 
     return Client(JobStore(str(tmp_path / "jobs")))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A real jupyter server with hyperpod-lab's extension for the test module (its own root and
+    runtime dirs); after the module, no handler may have skipped jupyter-server's authorization."""
+    from jupyter_server_proc import JupyterServer
+
+    srv = JupyterServer(str(tmp_path_factory.mktemp("root")), str(tmp_path_factory.mktemp("server")))
+    srv.start()
+    yield srv
+    srv.stop()
+    assert not srv.auth_warnings(), srv.auth_warnings()

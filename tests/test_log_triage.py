@@ -187,13 +187,7 @@ def test_cli_triage_and_grep(store_client, failed_job):
 
 
 # ---------------------------------------------------------------------------- (b) REST
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    from jupyter_server_proc import JupyterServer
-
-    srv = JupyterServer(str(tmp_path_factory.mktemp("root")), str(tmp_path_factory.mktemp("server"))).start()
-    yield srv
-    srv.stop()
+# ``server``: a real jupyter server for the module (tests/conftest.py)
 
 
 def _get(server, job_id, **params):

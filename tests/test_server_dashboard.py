@@ -9,7 +9,6 @@ import asyncio
 import time
 from dataclasses import replace
 
-import pytest
 
 from benchmarks._common import track_local_job, write_events
 from hyperpod_lab.aggregate import JobAggregate
@@ -75,15 +74,7 @@ def test_tracked_job_answers_from_its_tailer_without_reading_and_resumes_after_r
 
 
 # ---- on a real jupyter-server ----------------------------------------------------------------
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    from jupyter_server_proc import JupyterServer
-
-    srv = JupyterServer(str(tmp_path_factory.mktemp("root")), str(tmp_path_factory.mktemp("server")))
-    srv.start()
-    yield srv
-    srv.stop()
-    assert not srv.auth_warnings(), srv.auth_warnings()
+# ``server``: a real jupyter server for the module (tests/conftest.py)
 
 
 def test_dashboard_route(server, tmp_path):

@@ -121,15 +121,7 @@ def _rchar(pid: int) -> int:
         return int(next(line for line in f if line.startswith("rchar:")).split()[1])
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    from jupyter_server_proc import JupyterServer
-
-    srv = JupyterServer(str(tmp_path_factory.mktemp("root")), str(tmp_path_factory.mktemp("server")))
-    srv.start()
-    yield srv
-    srv.stop()
-    assert not srv.auth_warnings(), srv.auth_warnings()
+# ``server``: a real jupyter server for the module (tests/conftest.py)
 
 
 @pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/io"), reason="needs /proc/<pid>/io")
