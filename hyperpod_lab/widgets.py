@@ -27,7 +27,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from hyperpod_lab.aggregate import JobAggregate, mark_label
+from hyperpod_lab.aggregate import JobAggregate
 from hyperpod_lab.events import Event, EventKind
 from hyperpod_lab.progress import Progress
 
@@ -292,9 +292,6 @@ def goodput_html(meter) -> str:
     return (f"<div class='hp-goodput' data-goodput='{m['goodput']:.6g}'>goodput <b>{m['goodput'] * 100:.1f} %</b> of "
             f"{wall:.1f} s wall" + (" · lost: " + ", ".join(parts) if parts else "") + "</div>")
 
-
-#: one line of a timeline mark or an event (what happened, where, how long): the aggregate's labels
-event_label = mark_label
 
 
 def timeline_html(events: list[Event] | None = None, *, aggregate: JobAggregate | None = None,

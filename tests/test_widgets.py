@@ -15,8 +15,9 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from hyperpod_lab.aggregate import mark_label
 from hyperpod_lab.events import Event
-from hyperpod_lab.widgets import JobMonitor, event_label, timeline_html
+from hyperpod_lab.widgets import JobMonitor, timeline_html
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -118,7 +119,7 @@ def test_timeline_names_the_node_of_health_checks_exclusions_and_node_down():
                                                                 "excluded": ["n2", "n3"]}),
           Event("fault.detected", "j", 160.0, "supervisor", 2, {"reason": "node down", "node": "n4", "rank": [6, 7],
                                                                  "slurm_state": "DOWN", "replica_group": 3})]
-    assert [event_label(e) for e in ev[1:]] == [
+    assert [mark_label(e) for e in ev[1:]] == [
         "health checks passed on n1 (2 checks, 1.25 s)",
         "health check failed on n2: shm — /dev/shm is 64 MiB, needs 1 GiB",
         "health checks failed on n2: shm (2 s)",
@@ -127,7 +128,7 @@ def test_timeline_names_the_node_of_health_checks_exclusions_and_node_down():
         "fault: node n4 down (Slurm: DOWN), ranks 6, 7"]
     one = Event("fault.detected", "j", 161.0, "supervisor", 3, {"reason": "node down", "node": "n5", "rank": [8],
                                                                  "slurm_state": "DOWN*"})
-    assert event_label(one) == "fault: node n5 down (Slurm: DOWN*), rank 8"
+    assert mark_label(one) == "fault: node n5 down (Slurm: DOWN*), rank 8"
     out = timeline_html(ev)
     for kind, color, text in [("health-checked", "#00796b", "+2.0s health checks passed on n1"),
                               ("health-failed", "#c62828", "health check failed on n2: shm — /dev/shm is 64 MiB"),
@@ -148,7 +149,7 @@ def test_timeline_labels_hangs_stragglers_and_a_restart_storm():
                                                                    "action": "report"}),
           Event("job.failed", "j", 170.0, "agent-n1", 2, {"reason": "restart storm: 3 restarts in a row made no "
                                                           "step progress", "restarts": 3, "requeue": False})]
-    assert [event_label(e) for e in ev[1:]] == [
+    assert [mark_label(e) for e in ev[1:]] == [
         "hang: rank 1 on n2 made no progress for 31.2 s in section forward",
         "straggler: rank 3 on n1 is 2x slower (0.42 s a step vs 0.21 s; report)",
         "job failed: restart storm: 3 restarts in a row made no step progress (3 restarts; no requeue)"]
