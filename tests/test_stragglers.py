@@ -93,6 +93,24 @@ def test_a_rank_twice_as_slow_is_flagged_once_per_episode(tmp_path):
     assert not (tmp_path / "stragglers" / "exclude").exists()  # report only
 
 
+def test_a_half_slowed_window_is_not_a_straggler_and_the_flag_reports_the_real_slowdown(tmp_path):
+    """The CI failure of 2026-11-24: rank 1 slowed 2x was flagged with score 1.513 because the
+    window's median averaged its two middle steps (one fast, one slow) when exactly half of its 16
+    steps were slowed. The window's median is now an observed step (the lower middle one)."""
+    a, b, clock, events = detectors(str(tmp_path))
+    feed(a, 0, st.WINDOW, 0.10, wait=0.10)
+    feed(b, 1, st.WINDOW // 2, 0.10, wait=0.10)
+    feed(b, 1, st.WINDOW // 2, 0.20, start=st.WINDOW // 2)  # half the window slowed 2x
+    assert tick(clock, a, b) == [] and events == []
+    feed(a, 0, 1, 0.10, wait=0.10, start=st.WINDOW)
+    feed(b, 1, 1, 0.20, start=st.WINDOW)  # more than half
+    flagged = tick(clock, a, b)
+    assert [d["rank"] for d in flagged] == [1] and flagged[0]["score"] == pytest.approx(2.0)
+    assert st.window_median([1.0, 2.0, 3.0, 4.0]) == 2.0 and st.window_median([3.0, 1.0, 2.0]) == 2.0
+    with pytest.raises(ValueError):
+        st.window_median([])
+
+
 def test_equal_ranks_tiny_differences_and_stale_summaries_flag_nothing(tmp_path):
     a, b, clock, events = detectors(str(tmp_path))
     feed(a, 0, st.WINDOW, 0.10, wait=0.01)

@@ -16,8 +16,9 @@ approximation, documented in docs/resiliency.md.
 :class:`~hyperpod_lab.runtime.watchdog.Watchdog` from the ranks' heartbeats, after each start's
 warm-up) keeps its local ranks' last :data:`WINDOW` steps and publishes their medians every
 :data:`PUBLISH_S` seconds to ``<job_dir>/stragglers/<agent>.json`` (one small file per node,
-rewritten atomically; nothing per step on shared storage). A rank's score is its median compute
-time over the window divided by the median of the other ranks' median compute times (> 1:
+rewritten atomically; nothing per step on shared storage). A rank's score is its lower median
+compute time over the window (:func:`window_median`: an observed step, so more than half the window
+must be slow) divided by the median of the other ranks' median compute times (> 1:
 slower). A local rank with a full window, a score of at least :data:`THRESHOLD` and at least
 :data:`MIN_EXCESS_S` more compute than the others is flagged once per episode: ``straggler.detected``
 {rank, node, score, step_s, median_step_s, compute_s, median_compute_s, wait_s, window, action,
@@ -67,6 +68,18 @@ def median(values) -> float:
         raise ValueError("no values")
     n = len(xs)
     return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def window_median(values) -> float:
+    """The lower median of a rank's window (s): the ``(n - 1) // 2``-th smallest value, always an
+    observed step. A rank's window median is slow only when more than half its steps are: with
+    the averaged median, a rank slowed 2x whose window is half slowed would read (1 + 2) / 2 =
+    1.5x, reach :data:`THRESHOLD` and be reported as a 1.5x straggler. Raises ValueError when
+    empty."""
+    xs = sorted(values)
+    if not xs:
+        raise ValueError("no values")
+    return xs[(len(xs) - 1) // 2]
 
 
 def stragglers_dir(job_dir: str) -> str:
@@ -129,12 +142,14 @@ class StragglerDetector:
             (int(step), float(step_s), float(compute_s), float(wait_s)))
 
     def summary(self) -> dict[str, dict[str, Any]]:
-        """``{rank: {compute_s, step_s, wait_s, n, step}}``: medians (s) over each local rank's window."""
+        """``{rank: {compute_s, step_s, wait_s, n, step}}``: lower medians (s, :func:`window_median`)
+        over each local rank's window."""
         out = {}
         for rank, xs in self.samples.items():
             if xs:
-                out[str(rank)] = {"compute_s": median(x[2] for x in xs), "step_s": median(x[1] for x in xs),
-                                  "wait_s": median(x[3] for x in xs), "n": len(xs), "step": xs[-1][0]}
+                out[str(rank)] = {"compute_s": window_median(x[2] for x in xs),
+                                  "step_s": window_median(x[1] for x in xs),
+                                  "wait_s": window_median(x[3] for x in xs), "n": len(xs), "step": xs[-1][0]}
         return out
 
     def tick(self, now: float | None = None) -> list[dict[str, Any]]:
