@@ -73,6 +73,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from hyperpod_lab.atomicfile import write_atomic
 from hyperpod_lab.errors import ConfigError, UnknownCluster
 
 ORCHESTRATORS = ("slurm", "eks", "local")
@@ -348,8 +349,5 @@ def save_profile(profile: ClusterProfile) -> str:
     doc = _read_file(path)
     doc.setdefault("clusters", {})[profile.name] = profile.to_toml_table()
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        tomli_w.dump(doc, f)
-    os.replace(tmp, path)
+    write_atomic(path, tomli_w.dumps(doc))
     return path

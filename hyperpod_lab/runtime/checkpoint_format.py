@@ -55,8 +55,8 @@ import time
 import zlib
 from typing import Any
 
+from hyperpod_lab.atomicfile import write_json_atomic
 from hyperpod_lab.runtime.auth import sign, verify
-from hyperpod_lab.runtime.context import write_json_atomic
 
 COMMIT_MARKER = "COMMITTED"
 METADATA_FILE = ".metadata"

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from hyperpod_lab.atomicfile import write_json_atomic
 from hyperpod_lab.events import Event, EventKind, EventReader, EventSchemaError, EventWriter
 from hyperpod_lab.jobdir import (
     ENV_CHECKPOINT_TIMEOUT,
@@ -94,22 +95,6 @@ def safe_name(text: str, limit: int = 60) -> str:
     """``text`` reduced to the characters an event writer name allows (``[A-Za-z0-9_.-]``)."""
     return re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:limit] or "unknown"
 
-
-def write_json_atomic(path: str, obj: Any) -> None:
-    """Write ``obj`` as JSON to ``path`` so readers see the old file or the whole new one.
-
-    Writes ``<path>.tmp-<pid>``, fsyncs it, then ``os.replace``-s it over ``path``.
-
-    Raises:
-        OSError: the directory is missing or not writable.
-    """
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def env_seconds(name: str, default: float) -> float:

@@ -71,6 +71,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from hyperpod_lab.atomicfile import write_json_atomic
 from hyperpod_lab.events import EventKind, EventReader
 from hyperpod_lab.jobdir import (
     ENV_FT_QUORUM_TIMEOUT,
@@ -80,7 +81,7 @@ from hyperpod_lab.jobdir import (
     TIER_REPLICA,
     JobPaths,
 )
-from hyperpod_lab.runtime.context import env_seconds, write_json_atomic
+from hyperpod_lab.runtime.context import env_seconds
 from hyperpod_lab.runtime.elastic import ElasticBatches, StepPlan
 
 if TYPE_CHECKING:

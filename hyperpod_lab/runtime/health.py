@@ -738,7 +738,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hyperpod-lab: health: ${ENV_JOB_DIR} is not set; run this inside a hyperpod-lab job "
               "(the supervisor sets it)", file=sys.stderr)
         return 2
-    from hyperpod_lab.runtime.context import node_name, write_json_atomic
+    from hyperpod_lab.atomicfile import write_json_atomic
+    from hyperpod_lab.runtime.context import node_name
 
     job_id = os.environ.get(ENV_JOB_ID) or os.path.basename(os.path.normpath(job_dir))
     node = node_name()

@@ -43,8 +43,9 @@ import subprocess
 import sys
 import time
 
+from hyperpod_lab.atomicfile import write_json_atomic
 from hyperpod_lab.jobdir import ENV_LIGHTHOUSE_HOST, JobPaths
-from hyperpod_lab.runtime.context import node_name, write_json_atomic
+from hyperpod_lab.runtime.context import node_name
 
 LOOPBACK_HEARTBEAT_MS = 100  # heartbeat timeout when every group is on this host
 NETWORK_HEARTBEAT_MS = 300   # across nodes: > Linux's 200 ms minimum TCP retransmission timeout

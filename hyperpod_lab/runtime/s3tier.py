@@ -57,6 +57,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from hyperpod_lab.atomicfile import write_atomic
 from hyperpod_lab.events import EventKind
 from hyperpod_lab.jobdir import ENV_S3_ENDPOINT, TIER_S3
 from hyperpod_lab.runtime.checkpoint import short_error
@@ -539,12 +540,7 @@ class S3Tier:
                 raise S3CheckpointCorrupt(f"s3://{self.bucket}/{keys[rel]}", reason)
         if METADATA_FILE not in files:
             raise S3CheckpointCorrupt(marker_uri, f"the commit marker does not list {METADATA_FILE}")
-        tmp = os.path.join(dest_dir, f"{COMMIT_MARKER}.tmp-{os.getpid()}")
-        with open(tmp, "wb") as f:
-            f.write(raw)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, os.path.join(dest_dir, COMMIT_MARKER))
+        write_atomic(os.path.join(dest_dir, COMMIT_MARKER), raw)
         return dest_dir
 
     # ---- restoring ----------------------------------------------------------------------------

@@ -45,12 +45,12 @@ import mmap
 import os
 import re
 import shutil
-import threading
 from typing import TYPE_CHECKING, Any
 
 import torch
 import xxhash
 
+from hyperpod_lab.atomicfile import write_atomic
 from hyperpod_lab.jobdir import ENV_SHM_DIR
 from hyperpod_lab.runtime.auth import process_key, sha256_hex, sign, verify
 from hyperpod_lab.runtime.private_dir import ensure_private_dir
@@ -150,10 +150,7 @@ def checksum(data: torch.Tensor | bytes | memoryview) -> int:
 
 def _write_atomic(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` so readers see the old file or the whole new one (tmpfs: no fsync)."""
-    tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    write_atomic(path, data, fsync=False)
 
 
 def _round_up(n: int, m: int) -> int:

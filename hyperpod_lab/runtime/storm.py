@@ -61,6 +61,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from hyperpod_lab.atomicfile import write_json_atomic
 from hyperpod_lab.events import EventKind, EventReader, EventWriter
 from hyperpod_lab.jobdir import ENV_SPEC, JobPaths
 
@@ -300,12 +301,9 @@ class StormGuard:
     def _save(self) -> None:
         if not self.state_path:
             return
-        tmp = f"{self.state_path}.{os.getpid()}.tmp"
         try:
-            with open(tmp, "w") as f:
-                json.dump({"policy": self.policy.to_dict(), "step_at_start": self.step_at_start,
-                           "checkpoint_at_start": self.checkpoint_at_start}, f)
-            os.replace(tmp, self.state_path)
+            write_json_atomic(self.state_path, {"policy": self.policy.to_dict(), "step_at_start": self.step_at_start,
+                                                "checkpoint_at_start": self.checkpoint_at_start}, fsync=False)
         except OSError:
             pass
 

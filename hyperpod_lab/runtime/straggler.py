@@ -43,6 +43,8 @@ import time
 from collections import deque
 from typing import Any, Callable
 
+from hyperpod_lab.atomicfile import write_json_atomic
+
 WINDOW = 16
 """Steps per rank in the score's window."""
 THRESHOLD = 1.5
@@ -88,11 +90,7 @@ def stragglers_dir(job_dir: str) -> str:
 
 
 def _write_json(path: str, obj: Any) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, sort_keys=True)
-    os.replace(tmp, path)
+    write_json_atomic(path, obj, mode=0o600, fsync=False)  # rewritten every PUBLISH_S
 
 
 def _read_json(path: str) -> Any:

@@ -71,11 +71,11 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from hyperpod_lab.atomicfile import write_json_atomic
 from hyperpod_lab.events import EventKind, EventReader, EventWriter
 from hyperpod_lab.jobdir import ENV_REPLICA_GROUP, ENV_REPLICA_GROUPS, JobPaths
 from hyperpod_lab.runtime import storm as _storm
@@ -185,14 +185,8 @@ class Placement:
                    set(data.get("counted") or []))
 
     def save(self) -> None:
-        d = os.path.dirname(self.path)
-        fd, tmp = tempfile.mkstemp(prefix=".placement-", dir=d)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"faults": self.faults, "excluded": self.excluded, "counted": sorted(self.counted),
-                       "time": time.time()}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_json_atomic(self.path, {"faults": self.faults, "excluded": self.excluded,
+                                      "counted": sorted(self.counted), "time": time.time()})
 
 
 # --------------------------------------------------------------------------- the supervisor

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 
+from hyperpod_lab.atomicfile import write_atomic
 from hyperpod_lab.jobdir import JobPaths
 
 
@@ -20,11 +21,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: p.send_signal(signal.SIGTERM))
     code = p.wait()
     code = 128 - code if code < 0 else code
-    path = paths.exit_code
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(f"{code}\n")
-    os.replace(tmp, path)
+    write_atomic(paths.exit_code, f"{code}\n")
     return code
 
 

@@ -29,6 +29,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+from hyperpod_lab.atomicfile import write_atomic
 from hyperpod_lab.clusters import ClusterProfile, config_path
 from hyperpod_lab.errors import ClusterUnreachable, HostKeyError, RemoteCommandError
 from hyperpod_lab.events import LocalFiles
@@ -208,13 +209,7 @@ class LocalRemote(LocalFiles, Remote):
 
     def write_bytes(self, path, data, mode=0o600):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        write_atomic(path, data, mode=mode)
 
 
 _ONE_REQUEST = 32768  # paramiko's largest SFTP read request: a read up to this size needs no prefetch thread
@@ -876,15 +871,7 @@ class MountedRemote(Remote):
         if files is not self._local:
             return files.write_bytes(p, data, mode=mode)
         self._local.makedirs(os.path.dirname(p))
-        tmp = f"{p}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            with open(fd, "wb", closefd=False) as f:
-                f.write(data)
-            os.fchmod(fd, mode)
-        finally:
-            os.close(fd)
-        os.replace(tmp, p)
+        write_atomic(p, data, mode=mode, fsync=False)
 
     def stage(self, staging):
         folder = self.local_path(staging.folder)

@@ -13,6 +13,7 @@ import json
 import os
 from typing import Any
 
+from hyperpod_lab.atomicfile import write_atomic
 from hyperpod_lab.clusters import get_profile
 from hyperpod_lab.errors import SpecError
 from hyperpod_lab.spec import JobSpec
@@ -132,8 +133,4 @@ def _private_dir(root_dir: str, sub: str) -> str:
 def _write_new(path: str, text: str) -> None:
     """Write ``text`` to ``path`` through a fresh temporary file renamed over it (a link planted at
     ``path`` is replaced, never followed)."""
-    tmp = f"{path}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with open(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    write_atomic(path, text, mode=0o600, fsync=False)
