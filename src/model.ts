@@ -13,7 +13,7 @@ import { JobsModel } from './models/jobs';
 import { MeasuredGoodputModel } from './models/measured';
 import { NoticesModel } from './models/notices';
 import { JobStreamModel } from './models/stream';
-import { IFaultInfo, IHyperPodModel, IJobSpec, IJobView } from './tokens';
+import { IFaultInfo, IHyperPodModel, IJobSpec, IJobView, ISubmitOptions } from './tokens';
 
 /**
  * The composed model. Selecting a job streams its events (`stream`), whose `status` messages
@@ -90,9 +90,10 @@ export class HyperPodModel implements IHyperPodModel {
    */
   async submit(
     spec: Partial<IJobSpec>,
-    notebook: string | null = null
+    notebook: string | null = null,
+    options: ISubmitOptions = {}
   ): Promise<IJobView> {
-    const job = await this.jobs.submit(spec, notebook);
+    const job = await this.jobs.submit(spec, notebook, options);
     this.select(job.job_id);
     return job;
   }

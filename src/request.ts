@@ -22,6 +22,7 @@ import {
   IJobSpec,
   IJobView,
   IMeasuredGoodput,
+  ISubmitOptions,
   StreamMessage
 } from './tokens';
 
@@ -142,16 +143,22 @@ export async function listJobs(): Promise<IJobView[]> {
 /**
  * Submit a job. With `notebook` (a path under the server root) the notebook's code cells
  * are the training script.
+ * `options.skipEnvCheck` submits without the environment check.
  * @throws {HyperPodAPIError} 400 (with `field`) for an invalid spec, 404 unknown cluster,
+ *   409 `EnvironmentMismatch` (the cluster's hyperpod-lab is missing or incompatible),
  *   502 when the cluster cannot be reached
  */
 export async function submitJob(
   spec: Partial<IJobSpec>,
-  notebook: string | null = null
+  notebook: string | null = null,
+  options: ISubmitOptions = {}
 ): Promise<IJobView> {
-  const body: { spec: Partial<IJobSpec>; notebook?: string } = { spec };
+  const body: { spec: Partial<IJobSpec>; notebook?: string; skip_env_check?: boolean } = { spec };
   if (notebook) {
     body.notebook = notebook;
+  }
+  if (options.skipEnvCheck) {
+    body.skip_env_check = true;
   }
   const res = await requestAPI<{ job: IJobView }>('jobs', {
     method: 'POST',

@@ -559,7 +559,7 @@ export interface IJobsModel {
    * Submit a job.
    * @throws {HyperPodAPIError} as `request.submitJob`
    */
-  submit(spec: Partial<IJobSpec>, notebook?: string | null): Promise<IJobView>;
+  submit(spec: Partial<IJobSpec>, notebook?: string | null, options?: ISubmitOptions): Promise<IJobView>;
   /**
    * Cancel a job.
    * @throws {HyperPodAPIError} as `request.cancelJob`
@@ -680,7 +680,7 @@ export interface IHyperPodModel {
    * Submit a job and select it.
    * @throws {HyperPodAPIError} as `request.submitJob`
    */
-  submit(spec: Partial<IJobSpec>, notebook?: string | null): Promise<IJobView>;
+  submit(spec: Partial<IJobSpec>, notebook?: string | null, options?: ISubmitOptions): Promise<IJobView>;
   /**
    * Cancel the selected job.
    * @throws {HyperPodAPIError} as `request.cancelJob`; Error when no job is selected
@@ -757,6 +757,15 @@ export interface IDashboardMark {
 }
 
 /** One entry of the compact timeline: a checkpoint span per tier, or a mark. */
+/** Options of a submission besides its JobSpec (`POST jobs`). */
+export interface ISubmitOptions {
+  /**
+   * Submit without comparing the notebook's environment with the cluster interpreter's
+   * (`skip_env_check`; the CLI's `--skip-env-check`). Default false.
+   */
+  skipEnvCheck?: boolean;
+}
+
 export interface IDashboardTimelineEntry {
   kind: string;
   cat: string;
@@ -770,6 +779,8 @@ export interface IDashboardTimelineEntry {
   ranks?: number[];
   rank?: number | null;
   node?: string;
+  /** `health.checked` entries: whether the node's pre-flight checks passed. */
+  ok?: boolean;
   writer?: string;
   seq?: number;
 }

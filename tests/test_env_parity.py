@@ -34,8 +34,10 @@ import pytest
 import tomli_w
 
 from hyperpod_lab import cli, envparity
+from hyperpod_lab.client import Client
 from hyperpod_lab.clusters import ClusterProfile
 from hyperpod_lab.errors import EnvironmentMismatch, SpecError
+from hyperpod_lab.jobs import JobStore
 from hyperpod_lab.schedulers.remote import SSHRemote
 from hyperpod_lab.spec import JobSpec
 
@@ -320,6 +322,15 @@ def test_the_rest_route_returns_the_diff_and_404_for_an_unknown_cluster(old_clus
                                                                     "nodes": 1}})
         assert status == 409 and body["error"]["type"] == "EnvironmentMismatch", body
         assert "0.0.1" in body["error"]["message"]
+        # skip_env_check: the CLI's --skip-env-check over REST (the form's "Submit anyway"); a boolean only
+        spec = {"script": "train.py", "cluster": PROFILE, "nodes": 1, "name": "envparity-rest-skip"}
+        status, body = srv.call("POST", "/hyperpod/jobs", {"spec": spec, "skip_env_check": "yes"})
+        assert status == 400 and body["error"]["field"] == "skip_env_check", body
+        status, body = srv.call("POST", "/hyperpod/jobs", {"spec": spec, "skip_env_check": True})
+        assert status == 201 and body["job"]["name"] == "envparity-rest-skip", body
+        job_id = body["job"]["job_id"]  # the stand-in interpreter cannot run it: cancelled
+        status, body = srv.call("POST", f"/hyperpod/jobs/{job_id}/cancel", {})
+        assert status == 200, body
     finally:
         srv.stop()
 
@@ -362,12 +373,28 @@ def test_the_submit_form_shows_the_diff_and_blocks_an_incompatible_cluster(old_c
             block = form.locator("[data-testid=hp-env-block]")
             assert block.is_visible() and "0.0.1" in block.inner_text() and "pip install hyperpod-lab==" in \
                 block.inner_text()
+            # "Submit anyway" (the CLI's --skip-env-check), offered only while the error blocks Submit
+            skip = form.locator("[data-testid=hp-env-skip]")
+            assert skip.is_visible() and not skip.is_checked()
+            skip.check()
+            assert not submit.is_disabled() and block.inner_text().startswith("Submitting anyway:")
+            skip.uncheck()
+            assert submit.is_disabled() and block.inner_text().startswith("Submit is disabled:")
             form.locator("[data-testid=hp-env-section]").scroll_into_view_if_needed()
             page.screenshot(path=os.path.join(artifacts, "1-incompatible.png"))
             # the dev cluster's own interpreter (the notebook's): all the same, Submit enabled again
+            skip.check()
+            form.get_by_label("Job name", exact=True).fill("envparity-ui-skip")
+            submit.click()  # sent with skip_env_check: true, so the server submits instead of answering 409
+            row = sidebar.locator("[data-testid=hp-job]", has_text="envparity-ui-skip")
+            row.first.wait_for()
+            job_id = row.first.get_attribute("data-job-id")
+            Client(JobStore()).cancel(job_id)  # the stand-in interpreter cannot run it
+            sidebar.locator("[data-testid=hp-submit-toggle]").click()  # a submission closes the form
+            form.locator("[data-testid=hp-env]").wait_for()
             form.get_by_label("Cluster", exact=True).select_option(dev_cluster.name)
             env.locator("xpath=self::*[@data-summary='ok']").wait_for()
-            assert not submit.is_disabled() and not block.is_visible()
+            assert not submit.is_disabled() and not block.is_visible() and not skip.is_visible()
             form.locator("[data-testid=hp-env-export-button]").click()
             path = form.locator("[data-testid=hp-env-export-path]")
             path.wait_for()

@@ -270,6 +270,18 @@ def test_sidebar_streams_a_fault_and_its_recovery(dev_cluster, lab_root):
             page.wait_for_selector('[data-testid=hp-job-status][data-state="cancelled"], '
                                    '[data-testid=hp-job-status][data-state="completed"]', timeout=60000)
             _shot(page, "7-ended")
+
+            # 9. the job's dashboard: each node's pre-flight health checks (run by the Slurm
+            # supervisor before training), passed, in the theme's success colour
+            sidebar.locator(f'[data-testid=hp-job][data-job-id="{job_id}"] [data-testid=hp-open-dashboard]').click()
+            dash = page.locator(f'[data-testid=hp-dashboard][data-job-id="{job_id}"][data-state=drawn]')
+            dash.wait_for()
+            checked = dash.locator('[data-testid=hp-dash-timeline] li[data-kind="health.checked"]')
+            checked.first.wait_for()
+            assert set(checked.evaluate_all("els => els.map(e => e.dataset.ok)")) == {"true"}
+            assert "health checks passed on" in checked.first.inner_text()
+            green = _rgb(page, _css_var(page, "--jp-success-color1"))
+            assert checked.first.evaluate("e => getComputedStyle(e).color") == green
             browser.close()
     except Exception:
         try:

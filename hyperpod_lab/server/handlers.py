@@ -23,7 +23,7 @@ from hyperpod_lab.errors import (ClusterUnreachable, ConfigError, HostKeyError, 
                                  NotAllowed, RemoteCommandError, SpecError, UnknownCluster, UnknownJob)
 from hyperpod_lab.errors import EnvironmentMismatch
 from hyperpod_lab.schedulers.base import DEFAULT_LOG_TAIL, LogChunk, fault_kind, slow_factor
-from hyperpod_lab.server.notebook_script import spec_from_request
+from hyperpod_lab.server.notebook_script import skip_env_check, spec_from_request
 from hyperpod_lab.server.redact import redact
 from hyperpod_lab.spec import host_code_env
 from hyperpod_lab.server.watcher import decode_cursor, encode_cursor
@@ -139,10 +139,13 @@ class JobsHandler(HyperPodHandler):
     @tornado.web.authenticated
     @authorized
     async def post(self):
-        spec = spec_from_request(self.json_body(), self.hp.root_dir)
+        body = self.json_body()
+        skip = skip_env_check(body)
+        spec = spec_from_request(body, self.hp.root_dir)
         await self._check_host_code(spec)
         # on the cluster's own worker: a hung cluster holds only its own submits
-        rec = await self.hp.watcher.run_on(spec.cluster, self.hp.client.submit, spec)
+        rec = await self.hp.watcher.run_on(spec.cluster, self.hp.client.submit, spec,
+                                           env_check=False if skip else None)
         self.hp.watcher.track(rec)
         self.reply({"job": self.hp.watcher.view(rec)}, status=201)
 

@@ -62,8 +62,22 @@ def _inside(root: str, rel: str, field: str) -> str:
     return path
 
 
+def skip_env_check(body: Any) -> bool:
+    """``skip_env_check`` of a ``POST jobs`` body: True submits without the environment check
+    (the CLI's ``--skip-env-check``; see :mod:`hyperpod_lab.envparity`). Default False.
+
+    Raises:
+        SpecError: field ``skip_env_check`` when it is not a JSON boolean.
+    """
+    value = body.get("skip_env_check", False) if isinstance(body, dict) else False
+    if not isinstance(value, bool):
+        raise SpecError("skip_env_check", f"must be true or false, got {value!r}")
+    return value
+
+
 def spec_from_request(body: Any, root_dir: str) -> JobSpec:
-    """A validated JobSpec from a ``POST jobs`` body ``{"spec": {...}, "notebook": "a.ipynb"?}``.
+    """A validated JobSpec from a ``POST jobs`` body ``{"spec": {...}, "notebook": "a.ipynb"?,
+    "skip_env_check": bool?}`` (``skip_env_check`` is the handler's: see :func:`skip_env_check`).
 
     ``spec.script`` (and ``notebook``) are paths relative to ``root_dir``; with ``notebook``,
     its code cells are written to ``<root_dir>/.hyperpod/notebooks/<stem>-<hash>.py`` and that
@@ -77,9 +91,10 @@ def spec_from_request(body: Any, root_dir: str) -> JobSpec:
     """
     if not isinstance(body, dict) or not isinstance(body.get("spec"), dict):
         raise SpecError("spec", 'send {"spec": {...JobSpec fields...}}')
-    unknown = set(body) - {"spec", "notebook"}
+    unknown = set(body) - {"spec", "notebook", "skip_env_check"}
     if unknown:
-        raise SpecError(sorted(unknown)[0], "unknown request field; send 'spec' and optionally 'notebook'")
+        raise SpecError(sorted(unknown)[0], "unknown request field; send 'spec' and optionally 'notebook' "
+                                            "and 'skip_env_check'")
     spec = dict(body["spec"])
     notebook = body.get("notebook")
     if notebook is not None:

@@ -2,7 +2,7 @@
 import { ISignal, Signal } from '@lumino/signaling';
 
 import * as api from '../request';
-import { IJobsModel, IJobSpec, IJobView } from '../tokens';
+import { IJobsModel, IJobSpec, IJobView, ISubmitOptions } from '../tokens';
 import { ServerStateModel } from './serverState';
 
 /**
@@ -101,9 +101,10 @@ export class JobsModel extends ServerStateModel implements IJobsModel {
    */
   async submit(
     spec: Partial<IJobSpec>,
-    notebook: string | null = null
+    notebook: string | null = null,
+    options: ISubmitOptions = {}
   ): Promise<IJobView> {
-    const job = await api.submitJob(spec, notebook);
+    const job = await api.submitJob(spec, notebook, options);
     this._submitted.emit(job);
     this.put(job);
     return job;

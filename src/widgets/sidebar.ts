@@ -87,7 +87,7 @@ export class HyperPodSidebar extends Panel {
         if (req.notebook) {
           await options.saveNotebook(req.notebook);
         }
-        await this._model.submit(req.spec, req.notebook);
+        await this._model.submit(req.spec, req.notebook, { skipEnvCheck: req.skipEnvCheck });
         this._details.open = false;
       }
     });

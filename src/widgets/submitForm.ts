@@ -31,6 +31,8 @@ export interface ISubmitRequest {
   spec: Partial<IJobSpec>;
   /** Path of the notebook to submit (server root relative), or null for a script. */
   notebook: string | null;
+  /** The user chose "Submit anyway" over an environment error (`skip_env_check`). */
+  skipEnvCheck: boolean;
 }
 
 /**
@@ -231,6 +233,14 @@ export class SubmitForm extends Widget {
     this._envReason = h('div', { class: 'jp-HyperPod-error', 'data-testid': 'hp-env-block' });
     this._envReason.hidden = true;
     form.appendChild(this._envReason);
+    // the CLI's --skip-env-check: a deliberate override, shown only while an error blocks Submit
+    this._envSkip = h('input', { type: 'checkbox', 'data-testid': 'hp-env-skip' });
+    this._envSkip.addEventListener('change', () => this._setEnvBlock(this._envBlock));
+    this._envSkipRow = h('div', { class: 'jp-HyperPod-field jp-HyperPod-check' },
+      h('label', { title: 'The job may fail on the cluster: its interpreter lacks a compatible hyperpod-lab' },
+        this._envSkip, ' Submit anyway, without the environment check'));
+    this._envSkipRow.hidden = true;
+    form.appendChild(this._envSkipRow);
     this._button = button('hp-submit', 'Submit', { type: 'submit', class: 'jp-HyperPod-button jp-mod-accept' });
     form.appendChild(this._error);
     form.appendChild(this._button);
@@ -388,11 +398,23 @@ export class SubmitForm extends Widget {
   }
 
   private _setEnvBlock(reason: string | null): void {
+    if (reason !== this._envBlock) {
+      this._envSkip.checked = false; // an override is for the error it was given over
+    }
     this._envBlock = reason;
-    this._button.disabled = reason !== null;
-    this._button.title = reason ? `Submit is disabled: ${reason}` : '';
+    const blocked = this._blocked();
+    this._button.disabled = blocked;
+    this._button.title = blocked ? `Submit is disabled: ${reason}` : '';
     this._envReason.hidden = reason === null;
-    this._envReason.textContent = reason ? `Submit is disabled: ${reason}` : '';
+    this._envReason.textContent = reason
+      ? (blocked ? `Submit is disabled: ${reason}` : `Submitting anyway: ${reason}`)
+      : '';
+    this._envSkipRow.hidden = reason === null;
+  }
+
+  /** Whether an environment error blocks Submit (not overridden by "Submit anyway"). */
+  private _blocked(): boolean {
+    return this._envBlock !== null && !this._envSkip.checked;
   }
 
   private async _export(): Promise<void> {
@@ -657,13 +679,13 @@ export class SubmitForm extends Widget {
       },
       tensorboard: (this._fields.get('tensorboard') as HTMLSelectElement).value as IJobSpec['tensorboard']
     };
-    return { spec, notebook };
+    return { spec, notebook, skipEnvCheck: this._envBlock !== null && this._envSkip.checked };
   }
 
   /** Validate, submit through the owner, and show any error next to its field. */
   async submit(): Promise<void> {
     this._showError(null, null);
-    if (this._envBlock !== null) {
+    if (this._blocked()) {
       this._showError(`Submit is disabled: ${this._envBlock}`, null);
       return;
     }
@@ -682,7 +704,7 @@ export class SubmitForm extends Widget {
       const field = e instanceof HyperPodAPIError ? e.field : null;
       this._showError((e as Error).message, field);
     } finally {
-      this._button.disabled = this._envBlock !== null;
+      this._button.disabled = this._blocked();
       this._button.textContent = 'Submit';
     }
   }
@@ -817,6 +839,8 @@ export class SubmitForm extends Widget {
   private _envExport!: HTMLDivElement;
   private _envReason: HTMLDivElement;
   private _envBlock: string | null = null;
+  private _envSkip!: HTMLInputElement;
+  private _envSkipRow!: HTMLElement;
   private _invalidShown = false;
   private _fieldError: HTMLDivElement | null = null;
   private _envSeq = 0;

@@ -234,8 +234,13 @@ export class JobDashboard extends Widget {
     this._timeline.textContent = '';
     for (const e of d.timeline) {
       const rel = d.t0 !== null ? e.t - d.t0 : 0;
-      const li = h('li', { class: `jp-HyperPodDash-timelineItem jp-mod-${e.cat}`, 'data-kind': e.kind, 'data-cat': e.cat, tabindex: 0 },
+      // a node's pre-flight health checks: passed or failed (a health.failed mark has no `ok`)
+      const health = e.cat === 'health' ? (e.ok === true ? ' jp-mod-passed' : ' jp-mod-failed') : '';
+      const li = h('li', { class: `jp-HyperPodDash-timelineItem jp-mod-${e.cat}${health}`, 'data-kind': e.kind, 'data-cat': e.cat, tabindex: 0 },
         h('span', { class: 'jp-HyperPod-dim' }, `${fmt(rel)} s `), e.label);
+      if (health) {
+        li.setAttribute('data-ok', e.ok === true ? 'true' : 'false');
+      }
       if (e.kind === 'fault.detected' && typeof e.rank === 'number') {
         const rank = e.rank;
         const open = () => this.openLogAtFault(rank, e);
