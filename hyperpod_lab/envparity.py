@@ -121,7 +121,6 @@ def script_modules(script: str) -> list[str]:
         raise
     except (SyntaxError, ValueError) as e:
         raise SpecError("script", f"{script} is not valid Python ({e}); fix the script") from None
-    here = os.path.dirname(os.path.abspath(path))
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):

@@ -15,7 +15,7 @@ from hyperpod_lab.goodput.closed_form import daly_interval_s, expected_goodput, 
 from hyperpod_lab.goodput.scenario import (
     _RATE_UNIT, CHECKPOINT_RESTART, CHECKPOINTLESS, DEFAULT_DETECT_S, DEFAULT_GPUS_PER_INSTANCE, DEFAULT_HEAL_S,
     DEFAULT_MAX_INTERVAL_S, DEFAULT_RESTART_S, RECOVERY_MODES, SECONDS_PER_HOUR, Scenario, Tier,
-    _instances, _seconds, parse_failure_rate, replicas_for
+    _instances, _seconds, replicas_for
 )
 
 

@@ -23,11 +23,11 @@ from hyperpod_lab.goodput.scenario import (
     SECONDS_PER_HOUR,
     TIER_ORDER,
     Scenario,
-    _instances,
-    replicas_for,
     Tier,
+    _instances,
     _probability,
     cluster_mtbf_hours,
+    replicas_for,
     tier_survival,
 )
 
