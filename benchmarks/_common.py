@@ -41,7 +41,7 @@ def track_local_job(job_dir: str, name: str, store=None):
     environment's JobStore, which a jupyter-server started from this process shares)."""
     import os
 
-    from hyperpod_lab.jobs import JobRecord, JobStore, new_job_id
+    from hyperpod_lab.submit.jobs import JobRecord, JobStore, new_job_id
 
     os.makedirs(os.path.join(job_dir, "events"), mode=0o700, exist_ok=True)
     rec = JobRecord(job_id=new_job_id(name), name=name, cluster="local", orchestrator="local",

@@ -47,7 +47,7 @@ def main() -> int:
     a = ap.parse_args()
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-    from hyperpod_lab.runtime.memory_tier import MemoryTier
+    from hyperpod_lab.runtime.checkpoint.memory import MemoryTier
 
     lm = load_example()
     tmp = tempfile.mkdtemp(prefix="hp-bench-ex-")

@@ -164,7 +164,7 @@ def _dcp_async(fast_stager: bool):
 
 
 def m_ours(state, tmp, overlap: bool = False):
-    from hyperpod_lab.runtime.memory_tier import MemoryTier
+    from hyperpod_lab.runtime.checkpoint.memory import MemoryTier
 
     shm = os.environ.get("HYPERPOD_LAB_SHM_DIR", "/dev/shm/hyperpod-lab")
     tier = MemoryTier(os.path.join(shm, "bench", os.path.basename(tmp)), keep_last=2, pin_memory=False)

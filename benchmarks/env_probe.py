@@ -39,9 +39,11 @@ def main() -> int:
     ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results", "env_probe.json"))
     a = ap.parse_args()
 
-    from hyperpod_lab import devcluster, envparity
-    from hyperpod_lab.client import Client
-    from hyperpod_lab.jobs import JobStore
+    from hyperpod_lab import devcluster
+
+    from hyperpod_lab.submit import envparity
+    from hyperpod_lab.submit.client import Client
+    from hyperpod_lab.submit.jobs import JobStore
     from hyperpod_lab.spec import JobSpec
 
     profile = devcluster.up(quiet=True)

@@ -56,7 +56,7 @@ os.environ["HYPERPOD_LAB_CONFIG"] = os.path.join(_TMP, "clusters.toml")
 os.environ["HYPERPOD_LAB_DATA_DIR"] = os.path.join(_TMP, "data")
 
 from hyperpod_lab import devcluster  # noqa: E402
-from hyperpod_lab.clusters import get_profile  # noqa: E402
+from hyperpod_lab.submit.clusters import get_profile  # noqa: E402
 from hyperpod_lab.events import EventReader, EventWriter  # noqa: E402
 from hyperpod_lab.schedulers import for_profile  # noqa: E402
 from benchmarks._lab import Lab, launch_chromium, open_lab  # noqa: E402
@@ -151,7 +151,7 @@ def mounted_profile(profile):
     """``profile`` (the dev cluster's) as a local-mount profile, saved to the config file."""
     import dataclasses
 
-    from hyperpod_lab.clusters import save_profile
+    from hyperpod_lab.submit.clusters import save_profile
 
     mounted = dataclasses.replace(profile, name=profile.name + "-mounted", local_mount=profile.shared_root)
     save_profile(mounted)

@@ -175,7 +175,7 @@ def measure(a: argparse.Namespace) -> dict:
     import torch
     from torch.distributed import constants
 
-    from hyperpod_lab.client import Client
+    from hyperpod_lab.submit.client import Client
 
     client = Client()
     runs = {}

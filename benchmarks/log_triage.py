@@ -8,7 +8,7 @@ a Python traceback, tracked as a local job. Measured in the same run, each ``--r
 
 * baseline: what a triage without byte ranges does: every rank's files read whole (the
   scheduler's ``logs()``, in 1 MiB pages), then the traceback finder over all of it;
-* ``triage``: ``hyperpod_lab.logtriage.triage`` as the Lab's first request makes it (the tail
+* ``triage``: ``hyperpod_lab.submit.logtriage.triage`` as the Lab's first request makes it (the tail
   of each file collapsed across ranks, and the first failure);
 * ``follow``: a follow poll with that reply's cursor (nothing new: nothing read);
 * ``search``: one search request (8 MiB scan bound) for a string that is not there.
@@ -80,9 +80,9 @@ def main() -> None:
     os.environ.setdefault("HYPERPOD_LAB_CONFIG", os.path.join(tmp, "clusters.toml"))
     os.environ.setdefault("HYPERPOD_LAB_DATA_DIR", os.path.join(tmp, "data"))
     from benchmarks._common import track_local_job
-    from hyperpod_lab import logtriage as lt
-    from hyperpod_lab.client import Client
-    from hyperpod_lab.jobs import JobStore
+    from hyperpod_lab.submit import logtriage as lt
+    from hyperpod_lab.submit.client import Client
+    from hyperpod_lab.submit.jobs import JobStore
 
     try:
         job_dir = os.path.join(tmp, "job")

@@ -82,7 +82,7 @@ def main() -> None:
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "node_loss.json"))
     a = p.parse_args()
     from hyperpod_lab import devcluster
-    from hyperpod_lab.client import Client
+    from hyperpod_lab.submit.client import Client
 
     devcluster.up(quiet=True, nodes=3)
     client = Client()

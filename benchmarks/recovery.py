@@ -133,7 +133,7 @@ def checkpoint_restart(tmp: str, faults: int, step_sleep: float, mtbf_s: float, 
 
     warm = os.path.join(tmp, "restart-warmup")
     os.makedirs(warm)
-    subprocess.run([sys.executable, "-m", "hyperpod_lab.runtime.launch", "--standalone", "--nnodes=1",
+    subprocess.run([sys.executable, "-m", "hyperpod_lab.node.launch", "--standalone", "--nnodes=1",
                     "--nproc-per-node=2", TINY, "--steps", "30", "--every", "5", "--sleep", str(step_sleep)],
                    env=_env(warm), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     saves = [e.data["blocked_s"] for e in _events(warm) if e.kind == "checkpoint.saved"]
@@ -146,7 +146,7 @@ def checkpoint_restart(tmp: str, faults: int, step_sleep: float, mtbf_s: float, 
     job = os.path.join(tmp, "restart")
     os.makedirs(job)
     steps = 60 + faults * 60
-    agent = subprocess.Popen([sys.executable, "-m", "hyperpod_lab.runtime.launch", "--standalone", "--nnodes=1",
+    agent = subprocess.Popen([sys.executable, "-m", "hyperpod_lab.node.launch", "--standalone", "--nnodes=1",
                               "--nproc-per-node=2", f"--max-restarts={faults + 2}", "--monitor-interval=0.1", TINY,
                               "--steps", str(steps), "--every", str(every), "--sleep", str(step_sleep)],
                              env=_env(job), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -171,11 +171,11 @@ LIGHTHOUSE_ARGS: list[str] = []  # --heartbeat-ms / --quorum-tick-ms given to th
 
 class FtJob:
     def __init__(self, tmp: str, name: str, steps: int, step_sleep: float):
-        from hyperpod_lab.runtime.lighthouse import read_address
+        from hyperpod_lab.node.lighthouse import read_address
 
         self.dir = os.path.join(tmp, name)
         os.makedirs(self.dir)
-        self.lh = subprocess.Popen([sys.executable, "-m", "hyperpod_lab.runtime.lighthouse", "--job-dir", self.dir,
+        self.lh = subprocess.Popen([sys.executable, "-m", "hyperpod_lab.node.lighthouse", "--job-dir", self.dir,
                                     "--min-replicas", "1", "--host", "127.0.0.1", *LIGHTHOUSE_ARGS],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.addr = read_address(self.dir, 30)
@@ -186,7 +186,7 @@ class FtJob:
     def _agent(self, g: int) -> subprocess.Popen:
         env = _env(self.dir, HYPERPOD_LAB_REPLICA_GROUP=str(g), HYPERPOD_LAB_REPLICA_GROUPS="2",
                    TORCHFT_LIGHTHOUSE=self.addr, SLURMD_NODENAME=f"n{g + 1}")
-        return subprocess.Popen([sys.executable, "-m", "hyperpod_lab.runtime.launch", "--standalone", "--nnodes=1",
+        return subprocess.Popen([sys.executable, "-m", "hyperpod_lab.node.launch", "--standalone", "--nnodes=1",
                                  "--nproc-per-node=1", "--max-restarts=100", "--monitor-interval=0.1", FT, *self.args],
                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -214,7 +214,7 @@ def checkpointless(tmp: str, faults: int, step_sleep: float, rng: random.Random 
     finally:
         job.stop()
     first = _first_commits(job.dir)
-    from hyperpod_lab.runtime.lighthouse import read_info
+    from hyperpod_lab.node.lighthouse import read_info
 
     lh = read_info(job.dir)
     return {"faults": out, "storage_restores": sum(1 for e in _events(job.dir) if e.kind == "checkpoint.restored"

@@ -53,7 +53,7 @@ def pct(xs: list[float], q: float) -> float | None:
 
 def make_jobs(data_dir: str, jobs: int, big_events: int) -> tuple[list, object | None]:
     """``jobs`` small running jobs (10 events each) and, if ``big_events``, one with that many."""
-    from hyperpod_lab.jobs import JobStore
+    from hyperpod_lab.submit.jobs import JobStore
 
     store = JobStore(os.path.join(data_dir, "jobs"))
     small = []

@@ -43,8 +43,8 @@ def main() -> int:
     a = ap.parse_args()
 
     from hyperpod_lab import devcluster
-    from hyperpod_lab.client import Client
-    from hyperpod_lab.jobs import JobStore
+    from hyperpod_lab.submit.client import Client
+    from hyperpod_lab.submit.jobs import JobStore
     from hyperpod_lab.spec import JobSpec
 
     devcluster.up(quiet=True)

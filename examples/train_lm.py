@@ -412,7 +412,7 @@ def train(ctx, hp, args: argparse.Namespace) -> None:
 
 def train_checkpointless(ctx, args, model, opt, train_data, heldout, device, warmup, log) -> None:
     """The step loop of a ``--recovery checkpointless`` job (``ctx.replica_group`` set): each
-    node is a data-parallel replica group under torchft (``hyperpod_lab.runtime.ft``).
+    node is a data-parallel replica group under torchft (``hyperpod_lab.runtime.checkpointless.ft``).
 
     A sample is a ``seq_len``-byte window of the training split (sample ``i`` starts at byte
     ``i * seq_len``); ``ElasticBatches`` deals the global batch (``--batch-size`` x the job's
@@ -423,8 +423,8 @@ def train_checkpointless(ctx, args, model, opt, train_data, heldout, device, war
     live peer's memory (``checkpoint.restored`` tier ``replica``); the job's checkpoint policy is
     the fallback for when every replica is lost.
     """
-    from hyperpod_lab.runtime.elastic import ElasticBatches
-    from hyperpod_lab.runtime.ft import Checkpointless
+    from hyperpod_lab.runtime.checkpointless.elastic import ElasticBatches
+    from hyperpod_lab.runtime.checkpointless.ft import Checkpointless
 
     spec = ctx.spec
     nodes = spec.nodes if spec is not None and spec.nodes else 1

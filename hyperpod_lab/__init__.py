@@ -10,7 +10,7 @@ from hyperpod_lab._version import __version__  # noqa: F401  (the version lives 
 
 def load_ipython_extension(ipython):
     """``%load_ext hyperpod_lab``: register ``%hyperpod`` / ``%%hyperpod``."""
-    from hyperpod_lab.magics import register
+    from hyperpod_lab.notebook.magics import register
 
     register(ipython)
 

@@ -12,7 +12,7 @@ and without following a link (``O_CREAT | O_EXCL | O_NOFOLLOW``), optionally ``f
 newpath already exists, it will be atomically replaced"). A link planted at ``path`` is replaced,
 never followed. On any error the temporary file is removed and ``path`` is untouched. Readers that
 list a directory skip names containing ``.tmp-``
-(:func:`hyperpod_lab.runtime.checkpoint_format.is_marker_temp` for the commit marker's).
+(:func:`hyperpod_lab.runtime.checkpoint.format.is_marker_temp` for the commit marker's).
 """
 
 from __future__ import annotations

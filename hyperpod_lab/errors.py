@@ -83,5 +83,5 @@ class DuplicateJob(JobStateError):
 class EnvironmentMismatch(HyperPodLabError):
     """The cluster interpreter's hyperpod-lab cannot run the notebook's job (missing, failing
     to import, another major.minor version or event schema version; see
-    ``hyperpod_lab.envparity``), or the interpreter is missing: the submission is refused
+    ``hyperpod_lab.submit.envparity``), or the interpreter is missing: the submission is refused
     before anything is staged. The message names both versions and the fix."""

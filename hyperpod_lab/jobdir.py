@@ -12,7 +12,7 @@ What it holds:
 * :class:`JobPaths`, the one object that knows a job directory's layout (the pattern of
   submitit's ``JobPaths``): the submitter builds it from the cluster's shared root and the job
   id, the runtime from ``$HYPERPOD_LAB_JOB_DIR``;
-* the command lines of the launch agent (``python -m hyperpod_lab.runtime.launch``, torchrun
+* the command lines of the launch agent (``python -m hyperpod_lab.node.launch``, torchrun
   plus events), of the local checkpointless driver and of the Lighthouse supervisor;
 * :func:`effective_restarts`, the restart count a spec gives the launch agent;
 * the checkpoint tier names and the event kinds (:class:`~hyperpod_lab.events.EventKind`).
@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
+import socket
 from typing import Callable, Iterable, Mapping
 
-from hyperpod_lab.events import EVENTS_DIRNAME, EventKind
+from hyperpod_lab.events import EVENTS_DIRNAME, EventKind, EventReader
 
 __all__ = [
     "ENV_JOB_ID", "ENV_JOB_DIR", "ENV_SPEC", "ENV_SHARED_ROOT", "ENV_REPLICA_GROUP", "ENV_REPLICA_GROUPS",
@@ -73,7 +75,7 @@ ENV_S3_ENDPOINT = "HYPERPOD_LAB_S3_ENDPOINT_URL"
 ENV_HEARTBEAT_DIR = "HYPERPOD_LAB_HEARTBEAT_DIR"
 """Set by the launch agent for its workers: the node-local (``/dev/shm``) private directory where
 each rank beats its heartbeat (``local-<L>.hb``) for the agent's hang watchdog
-(``hyperpod_lab.runtime.watchdog``); unset: no heartbeat."""
+(``hyperpod_lab.node.watchdog``); unset: no heartbeat."""
 
 CHECKPOINT_KEY_BYTES = 32
 """Size of :attr:`JobPaths.checkpoint_key`, bytes."""
@@ -232,7 +234,7 @@ def launcher_argv(python: str, script: str, args: Iterable[str], *, nproc_per_no
                   max_restarts: int, log_dir: str, nnodes: int | str | None = 1, standalone: bool = False,
                   rdzv: Iterable[str] = (), monitor_interval: float | None = None, redirects: bool = True,
                   quote: Callable[[str], str] = str) -> list[str]:
-    """The launch agent's command: ``python -m hyperpod_lab.runtime.launch`` with torchrun's
+    """The launch agent's command: ``python -m hyperpod_lab.node.launch`` with torchrun's
     options (pure). ``quote`` is applied to ``python``, ``script`` and each of ``args`` only, so
     a renderer may pass shell-expanded text (``"$JOB_DIR/logs/torchrun"``) as ``log_dir``.
 
@@ -246,7 +248,7 @@ def launcher_argv(python: str, script: str, args: Iterable[str], *, nproc_per_no
         monitor_interval: ``--monitor-interval`` seconds, or None for torchrun's default.
         redirects: ``--redirects=3`` (worker output to files; with ``--tee=3`` also to the console).
     """
-    argv = [quote(python), "-m", "hyperpod_lab.runtime.launch"]
+    argv = [quote(python), "-m", "hyperpod_lab.node.launch"]
     if standalone:
         argv.append("--standalone")
     if nnodes is not None:
@@ -263,17 +265,17 @@ def launcher_argv(python: str, script: str, args: Iterable[str], *, nproc_per_no
 
 def ft_local_argv(python: str, script: str, args: Iterable[str], *, groups: int, nproc_per_node: int,
                   max_restarts: int, min_replicas: int) -> list[str]:
-    """The local backend's checkpointless driver (``python -m hyperpod_lab.runtime.ft_local``):
+    """The local backend's checkpointless driver (``python -m hyperpod_lab.node.ft_local``):
     a Lighthouse plus ``groups`` replica-group agents on this machine (pure)."""
-    return [python, "-m", "hyperpod_lab.runtime.ft_local", f"--groups={int(groups)}",
+    return [python, "-m", "hyperpod_lab.node.ft_local", f"--groups={int(groups)}",
             f"--nproc-per-node={int(nproc_per_node)}", f"--max-restarts={int(max_restarts)}",
             f"--min-replicas={int(min_replicas)}", script, *args]
 
 
 def lighthouse_argv(python: str, job_dir: str, *, min_replicas: int, host: str) -> list[str]:
     """The supervised torchft Lighthouse of a checkpointless job (``python -m
-    hyperpod_lab.runtime.lighthouse``; pure). It publishes ``JobPaths.lighthouse``."""
-    return [python, "-m", "hyperpod_lab.runtime.lighthouse", "--job-dir", job_dir,
+    hyperpod_lab.node.lighthouse``; pure). It publishes ``JobPaths.lighthouse``."""
+    return [python, "-m", "hyperpod_lab.node.lighthouse", "--job-dir", job_dir,
             f"--min-replicas={int(min_replicas)}", "--host", host]
 
 
@@ -282,3 +284,35 @@ def group_env(group: int, groups: int) -> dict[str, str]:
     (its node is named ``local-g<group>``)."""
     return {ENV_REPLICA_GROUP: str(int(group)), ENV_REPLICA_GROUPS: str(int(groups)),
             "SLURMD_NODENAME": f"local-g{int(group)}"}
+
+
+# Facts about the node and the job read the same by the ranks and the node-side tools (torch-free).
+DEFAULT_SHM_ROOT = "/dev/shm/hyperpod-lab"
+"""Where the memory tier's slots live when ``$HYPERPOD_LAB_SHM_DIR`` is unset."""
+
+
+def node_name() -> str:
+    """This machine's name in the job: ``$SLURMD_NODENAME``, else the host name."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def safe_name(text: str, limit: int = 60) -> str:
+    """``text`` reduced to the characters an event writer name allows (``[A-Za-z0-9_.-]``)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:limit] or "unknown"
+
+
+def shm_root() -> str:
+    """``$HYPERPOD_LAB_SHM_DIR``, else ``/dev/shm/hyperpod-lab`` (no ``/dev/shm``: a temp dir)."""
+    root = os.environ.get(ENV_SHM_DIR)
+    if root:
+        return root
+    if os.path.isdir("/dev/shm"):
+        return DEFAULT_SHM_ROOT
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), "hyperpod-lab-shm")
+
+
+def job_finished(job_dir: str) -> bool:
+    """Whether the job in ``job_dir`` has a ``finished`` event (any writer)."""
+    return any(e.kind == EventKind.FINISHED.value for e in EventReader(job_dir).poll())

@@ -62,7 +62,7 @@ class ResiliencyPolicy:
         max_retries: restarts allowed before the job is declared failed (torchrun
             ``--max-restarts``; HyperPod ``runPolicy.jobMaxRetryCount``).
         health_checks: run the runtime's pre-flight node health checks before training starts
-            (Slurm: :mod:`hyperpod_lab.runtime.health` on every node of the allocation; a node
+            (Slurm: :mod:`hyperpod_lab.node.health` on every node of the allocation; a node
             that fails is excluded, replaced by a spare, or the job fails before step 0).
         spares: spare nodes (Slurm: the job asks for ``nodes + spares`` and trains on ``nodes``;
             a spare replaces a lost or excluded node with no requeue; EKS: the
@@ -73,19 +73,19 @@ class ResiliencyPolicy:
         recovery: ``restart`` (a failure restarts every rank, which resume from the newest
             checkpoint tier) or ``checkpointless`` (each node is a data-parallel replica group
             under a torchft Lighthouse; survivors go on, a replacement heals from a live peer, the
-            tiered checkpoint is only the fallback; see ``hyperpod_lab.runtime.ft``).
+            tiered checkpoint is only the fallback; see ``hyperpod_lab.runtime.checkpointless.ft``).
         hang_timeout_s: seconds without progress (no ``ctx.step``, no section entered or left)
             after which the launch agent's watchdog declares a rank hung, dumps its stacks,
             reports ``fault.detected`` {reason: "hang"} and kills it so it is recovered like a
             crash. ``None`` (default): derived from the job's own step times,
             ``max(30 s, 10 x p99 step time)`` after warm-up (see
-            ``hyperpod_lab.runtime.watchdog``). On EKS with the HyperPod operator it also sets the
+            ``hyperpod_lab.node.watchdog``). On EKS with the HyperPod operator it also sets the
             log monitor's ``expectedRecurringFrequencyInSeconds``. From 1 s to a week.
         on_straggler: what a rank flagged as a straggler (its step compute time consistently
             above the other ranks', ``straggler.detected``) leads to: ``report`` (an event only)
             or ``exclude`` (Slurm: its node is excluded like a node that faulted twice; a spare
             replaces it, else the next placement avoids it).
-        storm_restarts: K of the restart-storm guard (``hyperpod_lab.runtime.storm``): the job
+        storm_restarts: K of the restart-storm guard (``hyperpod_lab.node.storm``): the job
             stops retrying (``job.failed``, exit status 3, no requeue) when K restarts in a row
             made no step progress, or ended with the same fault and no new checkpoint. 1 to 1000.
     """
@@ -258,7 +258,7 @@ class JobSpec:
     Attributes:
         script: path of the training script on the submitting machine.
         name: job name; any printable text (it is passed to the scheduler as data).
-        cluster: cluster profile name (see ``hyperpod_lab.clusters``).
+        cluster: cluster profile name (see ``hyperpod_lab.submit.clusters``).
         nodes: nodes to allocate (the initial size of an elastic job).
         procs_per_node: training processes (ranks) per node.
         args: arguments passed to the script, verbatim.

@@ -213,7 +213,7 @@ export interface INodeHealth {
   time: number;
 }
 
-/** A job: its record (`hyperpod_lab.jobs.JobRecord`) plus progress. */
+/** A job: its record (`hyperpod_lab.submit.jobs.JobRecord`) plus progress. */
 export interface IJobView {
   /** hyperpod-lab job id. */
   job_id: string;
@@ -342,7 +342,7 @@ export interface ITriageLine {
   stream?: string;
 }
 
-/** The first failing rank and its traceback (`hyperpod_lab.logtriage.first_failure`). */
+/** The first failing rank and its traceback (`hyperpod_lab.submit.logtriage.first_failure`). */
 export interface ITriageFailure {
   rank: number;
   node: string | null;
@@ -474,7 +474,7 @@ export interface IInstanceGroup {
 
 /**
  * A HyperPod cluster as `GET discover` describes it (`DiscoveredCluster.to_dict()` of
- * `hyperpod_lab.discovery`: the SageMaker API's `describe_cluster` and `list_cluster_nodes`).
+ * `hyperpod_lab.submit.discovery`: the SageMaker API's `describe_cluster` and `list_cluster_nodes`).
  */
 export interface IDiscoveredCluster {
   /** `ClusterName`. */
@@ -715,7 +715,7 @@ export const IHyperPodModel = new Token<IHyperPodModel>(
   'The state of the HyperPod panel: clusters, jobs, the selected job stream, notices, goodput and discovery.'
 );
 
-// ---- job dashboard (issue 18; GET jobs/{id}/dashboard, hyperpod_lab/aggregate.py) ----------
+// ---- job dashboard (issue 18; GET jobs/{id}/dashboard, hyperpod_lab/fold/aggregate.py) ----------
 
 /** A run on a lane: consecutive steps, or consecutive checkpoints of one tier. */
 export interface IDashboardSpan {
@@ -818,7 +818,7 @@ export interface IJobDashboard {
 
 // ---- environment parity (GET clusters/{name}/env, POST clusters/{name}/env/export) -----------
 
-/** One compared item of the environment diff (`hyperpod_lab.envparity.Difference`). */
+/** One compared item of the environment diff (`hyperpod_lab.submit.envparity.Difference`). */
 export interface IEnvDifference {
   /** `python`, `torch`, `torch CUDA build`, `hyperpod-lab`, `event schema` or `package <module>`. */
   item: string;

@@ -42,8 +42,8 @@ def dev_cluster():
 
 @pytest.fixture
 def client(tmp_path):
-    from hyperpod_lab.client import Client
-    from hyperpod_lab.jobs import JobStore
+    from hyperpod_lab.submit.client import Client
+    from hyperpod_lab.submit.jobs import JobStore
 
     return Client(JobStore(str(tmp_path / "jobs")))
 

@@ -1,4 +1,4 @@
-"""JobAggregate (hyperpod_lab/aggregate.py): the one fold of a job's events behind the dashboard
+"""JobAggregate (hyperpod_lab/fold/aggregate.py): the one fold of a job's events behind the dashboard
 and the notebook widget. Events are built in memory with the real Event type (no job runs)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import random
 
-from hyperpod_lab.aggregate import JobAggregate
+from hyperpod_lab.fold.aggregate import JobAggregate
 from hyperpod_lab.events import Event
 
 T0 = 1_700_000_000.0
@@ -278,7 +278,7 @@ def test_health_checks_are_capped_and_kept_in_the_state():
 def test_state_of_the_previous_version_is_refused_so_the_job_is_folded_again():
     """A state saved before the health checks were kept (v1) cannot give the timeline: from_state
     raises ValueError, which the server's watcher (_load_aggregate) takes as "fold again"."""
-    from hyperpod_lab.server.watcher import _load_aggregate
+    from hyperpod_lab.server.watch.watcher import _load_aggregate
 
     agg = JobAggregate()
     for e in _job_with_fault():
@@ -299,7 +299,7 @@ def test_recovery_labels_name_where_the_job_resumed_from():
     """docs/events.md recovery.completed: ``restored_from`` is a tier or "none" (no checkpoint
     yet, or a checkpointless heal, ``mode: "checkpointless"`` with ``resumed_step``). The label said
     "from none (step None)" for a job that had no checkpoint yet."""
-    from hyperpod_lab.aggregate import mark_label
+    from hyperpod_lab.fold.aggregate import mark_label
 
     ev = Writers()
     assert mark_label(ev("recovery.completed", "rank-0", 1, downtime_s=5.1, restored_from="none",

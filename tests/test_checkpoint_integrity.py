@@ -1,6 +1,6 @@
 """Integrity of the persistent checkpoint tier, with real processes (two workers, gloo on CPU).
 
-Two launches (``python -m hyperpod_lab.runtime.launch --standalone --nproc-per-node 2``), shared
+Two launches (``python -m hyperpod_lab.node.launch --standalone --nproc-per-node 2``), shared
 through module fixtures:
 
 * ``killed_write``: trains 20 steps with a checkpoint every 4; right after the save of step 11
@@ -65,7 +65,7 @@ def train_main(argv: list[str] | None = None) -> None:
     import torch
 
     import hyperpod_lab.runtime as hp
-    from hyperpod_lab.runtime.s3tier import S3Tier
+    from hyperpod_lab.runtime.checkpoint.s3 import S3Tier
 
     with hp.init() as ctx:
         n = max(1, int(a.blob_mb * (1 << 20)) // 4)
@@ -145,7 +145,7 @@ def launch(job_dir: str, log: str, args: list[str], env: dict[str, str], restart
     """Start one standalone agent with two workers running this file as the training script."""
     with open(log, "a") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "hyperpod_lab.runtime.launch", "--standalone", "--nproc-per-node", "2",
+            [sys.executable, "-m", "hyperpod_lab.node.launch", "--standalone", "--nproc-per-node", "2",
              "--max-restarts", str(restarts), "--monitor-interval", "0.1",
              "--log-dir", os.path.join(job_dir, "logs"), "--tee", "3", SCRIPT, *args],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -235,7 +235,7 @@ def test_kill_during_write_resumes_from_newest_complete(killed_write):
 
 
 def test_commit_marker_lists_every_file_with_crc32(killed_write):
-    from hyperpod_lab.runtime.checkpoint import file_checksum
+    from hyperpod_lab.runtime.checkpoint.persistent import file_checksum
 
     step_dir = os.path.join(killed_write["job_dir"], "checkpoints", "step-00000019")
     with open(os.path.join(step_dir, "COMMITTED")) as f:

@@ -46,10 +46,10 @@ class Job:
         self.args, self.groups = args, groups
         self.group_args = group_args or {}  # more arguments for one group (later ones win)
         self.lighthouse = subprocess.Popen(
-            [sys.executable, "-m", "hyperpod_lab.runtime.lighthouse", "--job-dir", self.job_dir,
+            [sys.executable, "-m", "hyperpod_lab.node.lighthouse", "--job-dir", self.job_dir,
              "--min-replicas", str(min_replicas), "--host", "127.0.0.1"],
             stdout=open(os.path.join(self.job_dir, "lighthouse.log"), "wb"), stderr=subprocess.STDOUT)
-        from hyperpod_lab.runtime.lighthouse import read_address
+        from hyperpod_lab.node.lighthouse import read_address
 
         self.address = read_address(self.job_dir, timeout_s=30)
         self.agents: dict[int, subprocess.Popen] = {}
@@ -69,7 +69,7 @@ class Job:
     def start_group(self, group: int) -> None:
         log = open(os.path.join(self.job_dir, f"agent-{group}.log"), "ab")
         self.agents[group] = subprocess.Popen(
-            [sys.executable, "-m", "hyperpod_lab.runtime.launch", "--standalone", "--nnodes=1",
+            [sys.executable, "-m", "hyperpod_lab.node.launch", "--standalone", "--nnodes=1",
              "--nproc-per-node=1", "--max-restarts=3", "--monitor-interval=0.1", SCRIPT, "--steps", str(STEPS),
              *self.args, *self.group_args.get(group, [])], env=self.env(group), stdout=log, stderr=subprocess.STDOUT)
 
@@ -207,8 +207,8 @@ def test_heartbeat_timeouts_follow_the_lighthouse_address_and_the_groups_beat_fi
     unpublished or unreadable one falls back to 20 ms."""
     import json
 
-    from hyperpod_lab.runtime.ft import manager_heartbeat_interval_ms
-    from hyperpod_lab.runtime.lighthouse import default_heartbeat_ms, heartbeat_interval_ms
+    from hyperpod_lab.runtime.checkpointless.ft import manager_heartbeat_interval_ms
+    from hyperpod_lab.node.lighthouse import default_heartbeat_ms, heartbeat_interval_ms
 
     assert [default_heartbeat_ms(ip) for ip in ("127.0.0.1", "127.0.1.1", "::1", "10.0.3.7", "fd00::5")] == \
         [100, 100, 100, 300, 300]
@@ -390,7 +390,7 @@ def test_local_backend_runs_the_spec_checkpointless_and_scales(client, tmp_path)
                       "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001", "--env", "RUST_LOG=warn",
                       "--", "--steps", "80", "--step-sleep", "0.3", "--no-checkpoint"], client=client)
     rec = client.get(job_id)
-    assert "hyperpod_lab.runtime.ft_local" in client.render(_spec_of(rec))
+    assert "hyperpod_lab.node.ft_local" in client.render(_spec_of(rec))
 
     def wait_for(pred, what, timeout=180):
         deadline = time.monotonic() + timeout
@@ -481,7 +481,7 @@ def test_every_replica_and_their_memory_and_shared_storage_lost_falls_back_to_s3
 
 def test_a_crashed_lighthouse_is_restarted_on_its_port_and_training_goes_on(tmp_path, monkeypatch):
     """The Lighthouse process (torchft_lighthouse) is SIGKILLed mid-run. Its supervisor
-    (``python -m hyperpod_lab.runtime.lighthouse``) restarts it on the same, published port; the
+    (``python -m hyperpod_lab.node.lighthouse``) restarts it on the same, published port; the
     replica groups' pending quorum times out (set to 10 s here), torchrun restarts their workers,
     they find the Lighthouse again and the job completes every step with both replicas equal."""
     import json

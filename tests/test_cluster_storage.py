@@ -1,5 +1,5 @@
 """The cluster's shared storage in the Lab's file browser (issue 18 item 5): jupyter-fs over
-hyperpod_lab.storage.HyperPodFileSystem (fsspec's SFTP filesystem on the submission's route),
+hyperpod_lab.server.storage.HyperPodFileSystem (fsspec's SFTP filesystem on the submission's route),
 all real: a real jupyter server with jupyter-fs loaded, a real Slurm job on the dev cluster that
 writes checkpoints, SFTP to the dev cluster's sshd, directly and through its bastion (ProxyJump),
 and the file browser in Debian's Chromium."""
@@ -15,8 +15,8 @@ import urllib.request
 import pytest
 
 from hyperpod_lab import cli, devcluster
-from hyperpod_lab.clusters import ClusterProfile
-from hyperpod_lab.runtime.checkpoint_format import COMMIT_MARKER, METADATA_FILE
+from hyperpod_lab.submit.clusters import ClusterProfile
+from hyperpod_lab.runtime.checkpoint.format import COMMIT_MARKER, METADATA_FILE
 
 from jupyter_server_proc import JupyterServer
 from ports import free_port
@@ -25,7 +25,7 @@ from lab_browser import playwright_or_fail, screenshot
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(REPO, "examples", "train_lm.py")
 ARTIFACTS = os.path.join(REPO, "test-artifacts", "storage")
-EXTS = {"jupyterfs": True, "hyperpod_lab.storage": True}
+EXTS = {"jupyterfs": True, "hyperpod_lab.server.storage": True}
 
 
 def _bastion_logins() -> int:
@@ -135,8 +135,8 @@ def _clusters_toml(path: str, dev, work: str, relay: FreezableRelay) -> None:
 @pytest.fixture(scope="module")
 def ckpt_job(dev_cluster, tmp_path_factory):
     """One short real Slurm job (3 steps, a checkpoint after each) on the dev cluster."""
-    from hyperpod_lab.client import Client
-    from hyperpod_lab.jobs import JobStore
+    from hyperpod_lab.submit.client import Client
+    from hyperpod_lab.submit.jobs import JobStore
 
     client = Client(JobStore(str(tmp_path_factory.mktemp("store") / "jobs")))
     job_id = cli.run(["submit", EXAMPLE, "--cluster", "local-slurm", "--nodes", "1", "--procs-per-node", "1",
@@ -195,7 +195,7 @@ def clusters_cfg(dev_cluster, relay, hung, tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def server(clusters_cfg, tmp_path_factory):
-    """A real jupyter server with jupyter-fs and hyperpod_lab.storage, its clusters config holding
+    """A real jupyter server with jupyter-fs and hyperpod_lab.server.storage, its clusters config holding
     the three profiles of :func:`_clusters_toml`."""
     work = str(tmp_path_factory.mktemp("storage-server"))
     root = os.path.join(work, "root")
@@ -364,8 +364,7 @@ def test_a_dead_link_fails_the_drive_call_and_never_blocks_the_server(server, re
 def test_one_resource_per_usable_slurm_profile():
     """Slurm profiles with a shared_root get a tree; eks/local profiles, names that cannot be a
     URL host and profiles still holding FILL-IN placeholders do not."""
-    from hyperpod_lab import storage
-
+    from hyperpod_lab.server import storage
     ps = {"hp": ClusterProfile("hp", "slurm", host="h", shared_root="/fsx/"),
           "new": ClusterProfile("new", "slurm", host="FILL-IN-login-node", shared_root="/fsx"),
           "a b": ClusterProfile("a b", "slurm", host="h", shared_root="/fsx"),
@@ -381,8 +380,7 @@ def test_hyperpod_urls_in_fsspec_read_and_guard_writes(dev_cluster, ckpt_job):
     writable=True writes and deletes, except below a checkpoints directory."""
     import fsspec
 
-    from hyperpod_lab import storage
-
+    from hyperpod_lab.server import storage
     storage.register()
     url = f"hyperpod://local-slurm{ckpt_job['ckpt']}/{COMMIT_MARKER}"
     with fsspec.open(url, "rb") as f:

@@ -1,7 +1,7 @@
 import pytest
 
-from hyperpod_lab import clusters
-from hyperpod_lab.clusters import ClusterDefaults, ClusterProfile
+from hyperpod_lab.submit import clusters
+from hyperpod_lab.submit.clusters import ClusterDefaults, ClusterProfile
 from hyperpod_lab.errors import ConfigError, UnknownCluster
 
 

@@ -18,10 +18,10 @@ from dataclasses import replace
 
 from benchmarks._common import track_local_job
 from hyperpod_lab import goodput as gp
-from hyperpod_lab.aggregate import JobAggregate
-from hyperpod_lab.client import Client
+from hyperpod_lab.fold.aggregate import JobAggregate
+from hyperpod_lab.submit.client import Client
 from hyperpod_lab.events import Event, EventReader, EventWriter, LocalFiles
-from hyperpod_lab.jobs import JobStore
+from hyperpod_lab.submit.jobs import JobStore
 
 STEPS = 20_000
 PAGE = 64 << 10
@@ -127,7 +127,7 @@ def _completed_job(tmp_path, client, name):
 
 
 def test_untracked_first_fold_reads_each_byte_once_for_dashboard_and_goodput(tmp_path):
-    from hyperpod_lab.server.watcher import Watcher
+    from hyperpod_lab.server.watch.watcher import Watcher
 
     client = Client(JobStore(str(tmp_path / "store")))
     rec, size = _completed_job(tmp_path, client, "cold-untracked")
@@ -159,7 +159,7 @@ def test_untracked_first_fold_reads_each_byte_once_for_dashboard_and_goodput(tmp
 
 
 def test_tailer_backlog_and_replay_read_each_byte_once_and_a_restart_resumes(tmp_path):
-    from hyperpod_lab.server.watcher import Watcher
+    from hyperpod_lab.server.watch.watcher import Watcher
 
     client = Client(JobStore(str(tmp_path / "store")))
     rec = track_local_job(str(tmp_path / "job"), "cold-tracked", store=client.store)  # running

@@ -23,12 +23,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = os.path.join(ROOT, "hyperpod_lab")
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "ft_train.py")
 
-SUBMIT_SIDE = ["hyperpod_lab", "hyperpod_lab.jobdir", "hyperpod_lab.server", "hyperpod_lab.server.handlers",
-               "hyperpod_lab.server.watcher", "hyperpod_lab.server.stream", "hyperpod_lab.client",
-               "hyperpod_lab.cli", "hyperpod_lab.magics", "hyperpod_lab.widgets", "hyperpod_lab.goodput",
-               "hyperpod_lab.discovery", "hyperpod_lab.progress", "hyperpod_lab.schedulers",
-               "hyperpod_lab.schedulers.slurm", "hyperpod_lab.schedulers.local", "hyperpod_lab.schedulers.eks",
-               "hyperpod_lab.schedulers.k8s_manifest", "hyperpod_lab.schedulers.remote",
+SUBMIT_SIDE = ["hyperpod_lab", "hyperpod_lab.jobdir", "hyperpod_lab.server", "hyperpod_lab.server.handlers.base",
+               "hyperpod_lab.server.watch.watcher", "hyperpod_lab.server.handlers.stream", "hyperpod_lab.submit.client",
+               "hyperpod_lab.cli", "hyperpod_lab.notebook.magics", "hyperpod_lab.notebook.widgets", "hyperpod_lab.goodput",
+               "hyperpod_lab.submit.discovery", "hyperpod_lab.fold.progress", "hyperpod_lab.schedulers",
+               "hyperpod_lab.schedulers.slurm", "hyperpod_lab.schedulers.local", "hyperpod_lab.schedulers.eks.scheduler",
+               "hyperpod_lab.schedulers.eks.manifest", "hyperpod_lab.schedulers.remote",
                "hyperpod_lab.schedulers._local_wrapper"]
 
 # a meta-path finder that makes torch (and torchft) unimportable in this process only: the job's
@@ -70,9 +70,9 @@ def test_scale_on_the_local_backend_runs_without_torch_in_the_submitting_process
     the cancel ends every one of them (a group-wide SIGTERM used to leave an agent hanging)."""
     res = _run_without_torch(f"""
         import json, sys, time
-        from hyperpod_lab.client import Client
+        from hyperpod_lab.submit.client import Client
         from hyperpod_lab.events import EventReader
-        from hyperpod_lab.jobs import JobStore
+        from hyperpod_lab.submit.jobs import JobStore
         from hyperpod_lab.spec import JobSpec
 
         client = Client(JobStore({str(tmp_path / "jobs")!r}))
@@ -142,8 +142,8 @@ def test_imports_that_must_never_exist():
     """The submit side never names torch, torchft or the runtime; the runtime never names Jupyter,
     tornado, ipywidgets, paramiko or the submit side (docs/architecture.md)."""
     runtime_may_not = ("jupyter_server", "jupyterlab", "tornado", "ipywidgets", "IPython", "paramiko", "boto3.session")
-    submit_side = ("hyperpod_lab.server", "hyperpod_lab.client", "hyperpod_lab.schedulers", "hyperpod_lab.cli",
-                   "hyperpod_lab.magics", "hyperpod_lab.widgets", "hyperpod_lab.discovery", "hyperpod_lab.devcluster")
+    submit_side = ("hyperpod_lab.server", "hyperpod_lab.submit.client", "hyperpod_lab.schedulers", "hyperpod_lab.cli",
+                   "hyperpod_lab.notebook.magics", "hyperpod_lab.notebook.widgets", "hyperpod_lab.submit.discovery", "hyperpod_lab.devcluster")
     bad = []
     for rel, path in _modules():
         in_runtime = rel.startswith(os.path.join("hyperpod_lab", "runtime") + os.sep)
@@ -199,12 +199,11 @@ def test_restart_count_and_launcher_argv_are_defined_once():
     assert jobdir.effective_restarts(spec.resiliency) == 0
     argv = jobdir.launcher_argv("/py", "s.py", ["--x", "a b"], standalone=True, nproc_per_node=4, max_restarts=2,
                                 log_dir="/j/logs/torchrun", monitor_interval=0.1)
-    assert argv == ["/py", "-m", "hyperpod_lab.runtime.launch", "--standalone", "--nnodes=1", "--nproc-per-node=4",
+    assert argv == ["/py", "-m", "hyperpod_lab.node.launch", "--standalone", "--nnodes=1", "--nproc-per-node=4",
                     "--max-restarts=2", "--monitor-interval=0.1", "--log-dir=/j/logs/torchrun", "--redirects=3",
                     "--tee=3", "s.py", "--x", "a b"]
     # the runtime's launcher (torchrun's own parser) reads every option the contract writes
-    from hyperpod_lab.runtime import launch
-
+    from hyperpod_lab.node import launch
     args = launch._torchrun.parse_args(argv[3:])
     assert (args.standalone, args.nproc_per_node, args.max_restarts, args.monitor_interval) == (True, "4", 2, 0.1)
     assert (args.training_script, args.training_script_args) == ("s.py", ["--x", "a b"])

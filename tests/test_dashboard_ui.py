@@ -21,8 +21,8 @@ import time
 
 from benchmarks._lab import Lab, launch_chromium
 from hyperpod_lab import cli
-from hyperpod_lab.client import Client
-from hyperpod_lab.jobs import JobStore
+from hyperpod_lab.submit.client import Client
+from hyperpod_lab.submit.jobs import JobStore
 from slurm_jobs import Follow
 from lab_browser import dark_theme, playwright_or_fail, screenshot
 

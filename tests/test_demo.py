@@ -1,5 +1,5 @@
 """The flagship demo (issue 18 item 7): ``examples/flagship.ipynb`` run headless on the real dev
-cluster by ``hyperpod_lab.demo.run_demo`` (what ``bash scripts/demo.sh`` runs after the
+cluster by ``hyperpod_lab.cli.demo.run_demo`` (what ``bash scripts/demo.sh`` runs after the
 quickstart): the same script, steps, nodes and SIGKILL of rank 1 under checkpoint-restart and
 checkpointless recovery, then the checkpointless job loses a node and gets one back.
 
@@ -11,8 +11,8 @@ of the ``persistent`` restores). Plus the verdict's failure reasons, without a c
 
 import os
 
-from hyperpod_lab import demo
-from hyperpod_lab.client import Client
+from hyperpod_lab.cli import demo
+from hyperpod_lab.submit.client import Client
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 from hyperpod_lab import devcluster
-from hyperpod_lab.clusters import get_profile
+from hyperpod_lab.submit.clusters import get_profile
 from hyperpod_lab.errors import HyperPodLabError
 
 

@@ -22,8 +22,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from hyperpod_lab import cli
-from hyperpod_lab.clusters import ClusterProfile, get_profile
-from hyperpod_lab.discovery import DiscoveredCluster, discover_clusters, profile_for, ssm_target_for, write_profiles
+from hyperpod_lab.submit.clusters import ClusterProfile, get_profile
+from hyperpod_lab.submit.discovery import DiscoveredCluster, discover_clusters, profile_for, ssm_target_for, write_profiles
 from hyperpod_lab.errors import ClusterUnreachable, ConfigError
 from hyperpod_lab.schedulers import for_profile
 
@@ -215,7 +215,7 @@ def test_discovery_writes_ssm_target_of_the_controller(moto, creds):
     (Its own region, so the other tests' cluster lists stay as they are.)"""
     import boto3
 
-    from hyperpod_lab.schedulers.ssh_route import resolve_route
+    from hyperpod_lab.schedulers.remote.route import resolve_route
 
     region = "ap-southeast-2"
     sm = boto3.client("sagemaker", endpoint_url=moto.url, region_name=region)

@@ -9,7 +9,7 @@ import subprocess
 import time
 
 from hyperpod_lab import cli
-from hyperpod_lab.jobs import JobStatus
+from hyperpod_lab.submit.jobs import JobStatus
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(REPO, "examples", "train_lm.py")

@@ -17,10 +17,10 @@ import pytest
 import yaml
 
 from hyperpod_lab import cli
-from hyperpod_lab.clusters import ClusterProfile, save_profile
+from hyperpod_lab.submit.clusters import ClusterProfile, save_profile
 from hyperpod_lab.errors import ConfigError, SpecError
 from hyperpod_lab.schedulers import for_profile
-from hyperpod_lab.schedulers.k8s_manifest import (DEEP_HEALTH_CHECK_LABEL, STEP_LOG_PATTERN, render_hyperpod_pytorch_job,
+from hyperpod_lab.schedulers.eks.manifest import (DEEP_HEALTH_CHECK_LABEL, STEP_LOG_PATTERN, render_hyperpod_pytorch_job,
                                                   render_job_configmap, render_kubeflow_pytorch_job, to_yaml)
 from hyperpod_lab.spec import ElasticPolicy, JobSpec, ResiliencyPolicy
 from goldens import assert_matches_golden
@@ -166,7 +166,7 @@ def test_hang_rule_follows_the_runtimes_step_line_and_hang_timeout(tmp_path):
     import re
     import sys
 
-    from hyperpod_lab.schedulers.k8s_manifest import HANG_AFTER_S, hang_after_s
+    from hyperpod_lab.schedulers.eks.manifest import HANG_AFTER_S, hang_after_s
 
     code = ("import time\n"
             "import hyperpod_lab.runtime as hp\n"
@@ -261,7 +261,7 @@ def test_example_renders_unchanged_through_the_cli_dry_run():
 
 
 # ---- conformance with the upstream sources (issue 17) ----------------------------------------
-from hyperpod_lab.schedulers.k8s_manifest import (NODE_HEALTH_LABEL, TTL_AFTER_FINISHED_S,  # noqa: E402
+from hyperpod_lab.schedulers.eks.manifest import (NODE_HEALTH_LABEL, TTL_AFTER_FINISHED_S,  # noqa: E402
                                                   resource_name)
 
 CRD_SCHEMA = os.path.join(HERE, "fixtures", "kubeflow_pytorchjob_v1.9.0.schema.yaml")

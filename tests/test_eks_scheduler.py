@@ -15,10 +15,10 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 import yaml
 
-from hyperpod_lab.clusters import ClusterProfile, save_profile
+from hyperpod_lab.submit.clusters import ClusterProfile, save_profile
 from hyperpod_lab.errors import ClusterUnreachable, ConfigError, HyperPodLabError
-from hyperpod_lab.jobs import JobStatus
-from hyperpod_lab.schedulers.eks import EksScheduler, eks_token
+from hyperpod_lab.submit.jobs import JobStatus
+from hyperpod_lab.schedulers.eks.scheduler import EksScheduler, eks_token
 from hyperpod_lab.spec import ElasticPolicy, JobSpec
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -232,7 +232,7 @@ def test_eks_token_without_credentials(monkeypatch, tmp_path):
 
 def test_status_mapping_without_a_server():
     """The pure mapping: conditions -> JobStatus, and a restart seen in one snapshot."""
-    from hyperpod_lab.schedulers.eks import job_status, status_events
+    from hyperpod_lab.schedulers.eks.scheduler import job_status, status_events
 
     assert job_status({"status": {}})[0] == JobStatus.PENDING
     assert job_status(None, cancelled=True)[0] == JobStatus.CANCELLED

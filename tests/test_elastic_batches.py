@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hyperpod_lab.runtime.elastic import ElasticBatches, scaled_lr
+from hyperpod_lab.runtime.checkpointless.elastic import ElasticBatches, scaled_lr
 
 
 @settings(max_examples=60, deadline=None)

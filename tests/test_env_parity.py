@@ -1,5 +1,5 @@
 """Environment parity (issue 18, item 4): the notebook's environment against the cluster
-interpreter's, on the real dev cluster over its real sshd (hyperpod_lab/envparity.py).
+interpreter's, on the real dev cluster over its real sshd (hyperpod_lab/submit/envparity.py).
 
 The "cluster interpreter" of these tests is a SECOND virtual environment made here (``python -m
 venv``, no system site-packages) and named as the ``python`` of a separate cluster profile that
@@ -33,11 +33,13 @@ import uuid
 import pytest
 import tomli_w
 
-from hyperpod_lab import cli, envparity
-from hyperpod_lab.client import Client
-from hyperpod_lab.clusters import ClusterProfile
+from hyperpod_lab import cli
+
+from hyperpod_lab.submit import envparity
+from hyperpod_lab.submit.client import Client
+from hyperpod_lab.submit.clusters import ClusterProfile
 from hyperpod_lab.errors import EnvironmentMismatch, SpecError
-from hyperpod_lab.jobs import JobStore
+from hyperpod_lab.submit.jobs import JobStore
 from hyperpod_lab.schedulers.remote import SSHRemote
 from hyperpod_lab.spec import JobSpec
 

@@ -69,7 +69,7 @@ def test_all_schema_kinds_listed():
 
 
 def test_summary_counts_from_events():
-    from hyperpod_lab.client import summarize
+    from hyperpod_lab.submit.client import summarize
 
     mk = lambda i, kind, t, **d: Event(kind, "j", t, "rank-0", i, d)
     evs = [mk(0, "submitted", 0.0), mk(1, "step", 1.0, step=0, loss=5.0), mk(2, "checkpoint.saved", 2.0, step=9),

@@ -9,7 +9,7 @@ Real runs of the script as the cluster would start it (about 40 s on 2 idle CPU 
   (the default location); the loss must fall from about ln 256 and the job must finish;
 * the same command again in the same job directory: it restores the step-19 checkpoint and must
   reproduce steps 20..23 of the first run exactly (same data, no loader state);
-* two ranks under ``python -m hyperpod_lab.runtime.launch --standalone --nproc-per-node 2``
+* two ranks under ``python -m hyperpod_lab.node.launch --standalone --nproc-per-node 2``
   (torchrun plus events), DDP over gloo, ``--d-model 128`` to keep it short; only rank 0 logs,
   the loss falls, the job finishes.
 """
@@ -199,7 +199,7 @@ def test_single_process_run_learns_finishes_and_resumes_exactly(tmp_path):
 
 def test_two_ranks_under_the_launcher_learn_and_finish(tmp_path):
     env = _env(tmp_path, "ddp", OMP_NUM_THREADS="1")
-    out = _run([sys.executable, "-m", "hyperpod_lab.runtime.launch", "--standalone", "--nproc-per-node", "2",
+    out = _run([sys.executable, "-m", "hyperpod_lab.node.launch", "--standalone", "--nproc-per-node", "2",
                 SCRIPT, "--steps", "20", "--d-model", "128", "--data-dir", str(tmp_path / "data")], env)
     assert "world 2" in out, out[-3000:]
     steps = _steps(out)  # rank 0 only: each step once

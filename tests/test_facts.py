@@ -1,4 +1,4 @@
-"""The one fold from events to job facts (hyperpod_lab.facts): what a fault, a recovery and
+"""The one fold from events to job facts (hyperpod_lab.fold.facts): what a fault, a recovery and
 downtime mean, on literal event sequences as the runtime, the agents and the operator write them."""
 
 import json
@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from hyperpod_lab.client import summarize
+from hyperpod_lab.submit.client import summarize
 from hyperpod_lab.events import Event, EventReader, EventWriter
-from hyperpod_lab.facts import JobFacts, fold
-from hyperpod_lab.progress import Progress
+from hyperpod_lab.fold.facts import JobFacts, fold
+from hyperpod_lab.fold.progress import Progress
 
 
 def mk():
@@ -438,7 +438,7 @@ def test_runtime_downtime_uses_the_fold(tmp_path):
 
 
 def test_module_is_standard_library_only():
-    code = ("import sys, hyperpod_lab.facts, hyperpod_lab.progress; "
+    code = ("import sys, hyperpod_lab.fold.facts, hyperpod_lab.fold.progress; "
             "print(sorted(m for m in ('torch', 'numpy', 'IPython', 'jupyter_server') if m in sys.modules))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr

@@ -436,10 +436,10 @@ def test_measure_counts_hang_and_straggling_time(stalled, hang, detect):
 
 
 def test_the_notebook_monitor_shows_hang_and_straggling_time(tmp_path):
-    """The notebook widget's goodput line (hyperpod_lab.widgets.goodput_html) names the new parts."""
-    from hyperpod_lab.client import Client
-    from hyperpod_lab.jobs import JobRecord, JobStore
-    from hyperpod_lab.widgets import JobMonitor
+    """The notebook widget's goodput line (hyperpod_lab.notebook.widgets.goodput_html) names the new parts."""
+    from hyperpod_lab.submit.client import Client
+    from hyperpod_lab.submit.jobs import JobRecord, JobStore
+    from hyperpod_lab.notebook.widgets import JobMonitor
 
     client = Client(JobStore(str(tmp_path / "store")))
     client.store.put(JobRecord(job_id="job-1", name="g", cluster="local", orchestrator="local", native_id="1",
@@ -777,7 +777,7 @@ def test_cli_needs_costs_or_a_job():
 
 def test_cli_measures_a_job(client, tmp_path):
     """A job record in a real JobStore whose events were written by the real EventWriter."""
-    from hyperpod_lab.jobs import JobRecord
+    from hyperpod_lab.submit.jobs import JobRecord
 
     job_dir = tmp_path / "job"
     writers, now = {}, [0.0]

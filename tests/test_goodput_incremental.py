@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hyperpod_lab import goodput as gp
 from hyperpod_lab.errors import GoodputInputError
 from hyperpod_lab.events import Event
-from hyperpod_lab.facts import JobFacts
+from hyperpod_lab.fold.facts import JobFacts
 
 from test_goodput import checkpointless_events, ev, job_events, jobs
 

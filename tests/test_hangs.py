@@ -28,8 +28,8 @@ import pytest
 
 from hyperpod_lab import cli
 from hyperpod_lab.errors import SpecError
-from hyperpod_lab.runtime import watchdog as wd
-from hyperpod_lab.runtime.watchdog import (Beat, HeartbeatWriter, Watchdog, Worker, derived_hang_timeout,
+from hyperpod_lab.node import watchdog as wd
+from hyperpod_lab.node.watchdog import (Beat, HeartbeatWriter, Watchdog, Worker, derived_hang_timeout,
                                            heartbeat_file, read_heartbeat)
 from hyperpod_lab.spec import JobSpec, ResiliencyPolicy
 from slurm_jobs import Follow
@@ -46,7 +46,7 @@ def test_heartbeat_is_read_by_another_process_with_its_ring(tmp_path):
         hb.step(s, 0.1 + s * 1e-4, 0.08, 0.02 + s * 1e-4, now=1000.0 + s)
     hb.section("forward", wait=False, timeout_s=None, now=2000.0)
     code = textwrap.dedent(f"""
-        from hyperpod_lab.runtime.watchdog import read_heartbeat, RING
+        from hyperpod_lab.node.watchdog import read_heartbeat, RING
         b = read_heartbeat({heartbeat_file(str(tmp_path), 1)!r}, since=10)
         print(b.pid, b.global_rank, b.local_rank, b.steps, b.step, b.section, b.last_progress, b.last_step_time,
               len(b.entries), b.entries[0][0], b.entries[-1][0], RING)
@@ -101,7 +101,7 @@ def test_spec_and_flags_for_hang_timeout_and_on_straggler(client):
 # --------------------------------------------------------------------------- the watchdog, one process
 BEATER = textwrap.dedent("""
     import faulthandler, os, signal, sys, time
-    from hyperpod_lab.runtime.watchdog import HeartbeatWriter, FAULTHANDLER_SIGNAL
+    from hyperpod_lab.node.watchdog import HeartbeatWriter, FAULTHANDLER_SIGNAL
     faulthandler.register(FAULTHANDLER_SIGNAL, file=sys.stdout, all_threads=True, chain=False)
     hb = HeartbeatWriter(sys.argv[1], int(sys.argv[4]), int(sys.argv[5]))
     mode = sys.argv[3]

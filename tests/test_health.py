@@ -1,4 +1,4 @@
-"""Pre-flight node health checks (``hyperpod_lab.runtime.health``), with real parts only.
+"""Pre-flight node health checks (``hyperpod_lab.node.health``), with real parts only.
 
 The CLI runs as a real subprocess against a temporary job directory; the failures are real: a
 1 MiB tmpfs as the memory tier's root, a read-only bind mount of the job's ``health`` directory,
@@ -20,8 +20,8 @@ import pytest
 from hyperpod_lab._version import __version__
 from hyperpod_lab.events import EventReader, EventWriter
 from hyperpod_lab.jobdir import ENV_JOB_DIR, ENV_JOB_ID, ENV_SHM_DIR, ENV_SPEC
-from hyperpod_lab.runtime import health
-from hyperpod_lab.runtime.health import (
+from hyperpod_lab.node import health
+from hyperpod_lab.node.health import (
     ENV_HEALTH_MAX_CLOCK_SKEW_S,
     ENV_HEALTH_MIN_SHM_BYTES,
     NodeHealth,
@@ -93,7 +93,7 @@ def _env(job_dir: str, shm_root: str, **extra: str) -> dict[str, str]:
 
 def _run(job_dir: str, shm_root: str, *args: str, env: dict[str, str] | None = None,
          run_id: str = "run-1") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hyperpod_lab.runtime.health", "--node-run-id", run_id, *args],
+    return subprocess.run([sys.executable, "-m", "hyperpod_lab.node.health", "--node-run-id", run_id, *args],
                           env=env or _env(job_dir, shm_root), capture_output=True, text=True, timeout=120)
 
 

@@ -26,7 +26,7 @@ import pytest
 from hyperpod_lab import cli
 from hyperpod_lab.errors import HyperPodLabError, JobStateError, SpecError
 from hyperpod_lab.jobdir import JobPaths
-from hyperpod_lab.jobs import JobStatus
+from hyperpod_lab.submit.jobs import JobStatus
 from hyperpod_lab.schedulers.slurm import scontrol_refused
 from slurm_jobs import Follow
 
@@ -73,8 +73,8 @@ def test_exception_kind_raises_in_the_rank_and_the_job_recovers(client):
 def test_the_step_hook_raises_once_looks_at_most_every_half_second_and_follows_no_link(tmp_path):
     """The request written by a real scheduler (the local backend's file access) into a job
     directory; a one-rank JobContext (no process group) steps over it."""
-    from hyperpod_lab.clusters import ClusterProfile
-    from hyperpod_lab.jobs import JobRecord
+    from hyperpod_lab.submit.clusters import ClusterProfile
+    from hyperpod_lab.submit.jobs import JobRecord
     from hyperpod_lab.runtime.context import FAULT_CHECK_INTERVAL_S, InjectedFault, JobContext
     from hyperpod_lab.schedulers.local import LocalScheduler
     from hyperpod_lab.schedulers.remote import LocalRemote
@@ -120,7 +120,7 @@ def test_a_bad_kind_is_refused_by_the_cli_the_magic_and_the_client(client, capsy
     # the %hyperpod magic (a real IPython shell) prints the same error
     from IPython.core.interactiveshell import InteractiveShell
 
-    from hyperpod_lab.magics import register
+    from hyperpod_lab.notebook.magics import register
 
     shell = InteractiveShell.instance()
     register(shell)

@@ -14,11 +14,11 @@ import threading
 
 import pytest
 
-from hyperpod_lab.clusters import ClusterProfile
+from hyperpod_lab.submit.clusters import ClusterProfile
 from hyperpod_lab.errors import HyperPodLabError
 from hyperpod_lab.events import EventReader, EventWriter
 from hyperpod_lab.jobdir import JobPaths
-from hyperpod_lab.jobs import JobRecord, JobStatus
+from hyperpod_lab.submit.jobs import JobRecord, JobStatus
 from hyperpod_lab.schedulers.local import LocalScheduler
 from hyperpod_lab.schedulers.remote import LocalRemote
 
@@ -82,7 +82,7 @@ def test_a_rank_log_that_is_a_link_is_not_followed(tmp_path):
 def test_two_clients_never_both_write_the_finished_event(tmp_path, client):
     """Eight clients see the same job end at once (the server's watcher, CLIs, widgets): one
     ``finished`` event, one seq."""
-    from hyperpod_lab.client import Client
+    from hyperpod_lab.submit.client import Client
 
     paths = _job(tmp_path)
     rec = JobRecord(job_id="j", name="j", cluster="local", orchestrator="local", native_id="1", job_dir=paths.folder,

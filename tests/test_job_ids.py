@@ -21,8 +21,8 @@ import time
 import pytest
 
 from hyperpod_lab.errors import DuplicateJob
-from hyperpod_lab.jobs import JobRecord, JobStore, new_job_id
-from hyperpod_lab.schedulers.k8s_manifest import resource_name
+from hyperpod_lab.submit.jobs import JobRecord, JobStore, new_job_id
+from hyperpod_lab.schedulers.eks.manifest import resource_name
 from hyperpod_lab.spec import JobSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -68,7 +68,7 @@ def test_store_refuses_a_duplicate_and_keeps_the_first_record(tmp_path):
 def test_a_colliding_submission_fails_without_touching_the_other_job(client, monkeypatch, tmp_path):
     """A submission whose fresh id is taken is refused before anything is staged: the other
     job's record and directory stay as they were."""
-    import hyperpod_lab.client as client_mod
+    import hyperpod_lab.submit.client as client_mod
 
     spec = JobSpec.from_dict({"script": SCRIPT, "cluster": "local", "name": "collide", "args": ["--steps", "1"]})
     first = client.submit(spec)
@@ -98,8 +98,8 @@ def test_a_failed_submission_leaves_no_record_and_no_directory(client, monkeypat
 
 _KILLED_AFTER_SUBMIT = textwrap.dedent("""
     import os, signal, sys
-    from hyperpod_lab.client import Client
-    from hyperpod_lab.jobs import JobStore
+    from hyperpod_lab.submit.client import Client
+    from hyperpod_lab.submit.jobs import JobStore
     from hyperpod_lab.spec import JobSpec
 
     store = JobStore(sys.argv[1])

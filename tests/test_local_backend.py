@@ -4,7 +4,7 @@ import os
 import time
 
 from hyperpod_lab import cli
-from hyperpod_lab.jobs import JobStatus
+from hyperpod_lab.submit.jobs import JobStatus
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(REPO, "examples", "train_lm.py")
@@ -32,5 +32,5 @@ def test_dry_run_renders_and_submits_nothing(client, capsys):
     cli.run(["submit", EXAMPLE, "--cluster", "local", "--procs-per-node", "2", "--dry-run", "--", "--steps", "3"],
             client=client)
     out = capsys.readouterr().out
-    assert "hyperpod_lab.runtime.launch" in out and "--nproc-per-node=2" in out and "--steps 3" in out
+    assert "hyperpod_lab.node.launch" in out and "--nproc-per-node=2" in out and "--steps 3" in out
     assert client.store.list() == []

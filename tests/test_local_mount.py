@@ -23,9 +23,9 @@ import time
 import pytest
 import tomli_w
 
-from hyperpod_lab import envparity
+from hyperpod_lab.submit import envparity
 from hyperpod_lab.events import EventWriter
-from hyperpod_lab.jobs import JobRecord
+from hyperpod_lab.submit.jobs import JobRecord
 from hyperpod_lab.schedulers.remote import MountedRemote, SSHRemote, connect, detect_local_mount
 from hyperpod_lab.spec import JobSpec
 
@@ -162,7 +162,7 @@ def _deliver(client, rec, n: int, gap_s: float, drop_notifications: bool = False
     """Subscribe to ``rec`` through a Watcher, write ``n`` step events ``gap_s`` apart on the
     shared storage (locally, as a rank on a node writes them) and return (latency of each in s,
     the watcher)."""
-    from hyperpod_lab.server.watcher import Watcher
+    from hyperpod_lab.server.watch.watcher import Watcher
 
     async def scenario():
         w = Watcher(client, min_interval_s=0.5, max_interval_s=2.0, **watcher_kw)

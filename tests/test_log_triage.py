@@ -27,10 +27,12 @@ import urllib.parse
 
 import pytest
 
-from hyperpod_lab import cli, logtriage as lt
-from hyperpod_lab.client import Client
+from hyperpod_lab import cli
+
+from hyperpod_lab.submit import logtriage as lt
+from hyperpod_lab.submit.client import Client
 from hyperpod_lab.errors import SpecError
-from hyperpod_lab.jobs import JobStore
+from hyperpod_lab.submit.jobs import JobStore
 from slurm_jobs import Follow
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,7 +55,7 @@ def _run_failing_job(client, cluster: str, extra: list[str], steps: int = 12, ti
 
 
 def _over(client, job_id) -> bool:
-    from hyperpod_lab.jobs import JobStatus
+    from hyperpod_lab.submit.jobs import JobStatus
 
     return JobStatus(client.status(job_id).status).is_terminal()
 

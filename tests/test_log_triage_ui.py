@@ -16,8 +16,8 @@ import os
 
 from benchmarks._lab import Lab, launch_chromium, open_lab, run_command
 from hyperpod_lab import cli
-from hyperpod_lab.client import Client
-from hyperpod_lab.jobs import JobStore, JobStatus
+from hyperpod_lab.submit.client import Client
+from hyperpod_lab.submit.jobs import JobStore, JobStatus
 from slurm_jobs import Follow
 from lab_browser import dark_theme, playwright_or_fail
 

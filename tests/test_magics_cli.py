@@ -61,7 +61,7 @@ def test_cell_magic_runs_the_cell_locally_with_torchrun(shell, capsys):
     out = capsys.readouterr().out
     assert job_id and job_id.startswith("cellrun-")
     assert "started" in out and "finished" in out and '"status": "succeeded"' in out
-    from hyperpod_lab.client import Client
+    from hyperpod_lab.submit.client import Client
 
     events = Client().event_reader(job_id).poll()
     assert [e for e in events if e.kind == "started"][0].data["world_size"] == 2

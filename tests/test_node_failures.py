@@ -4,7 +4,7 @@ A node is lost when Slurm itself marks it DOWN (``scontrol update NodeName=n2 St
 operator or slurmctld's health program does): slurmctld then kills every step that touches it
 ("Killing JobId=.. StepId=.. due to failed node n2" in its log) and, under ``sbatch --no-kill``,
 removes the node from the job instead of ending it. What the job does next is the supervisor's
-(hyperpod_lab.runtime.supervisor): checkpointless survivors go on, a spare joins, a restart job
+(hyperpod_lab.node.supervisor): checkpointless survivors go on, a spare joins, a restart job
 resumes on a spare from the peer tier, a node that faulted twice is excluded, and a node that
 fails its pre-flight health check (a real 1 MiB /dev/shm or a read-only shared storage, mounted in
 that node's own mount namespace) is caught before step 0.

@@ -13,7 +13,7 @@ import os
 import pytest
 
 from hyperpod_lab.errors import SpecError
-from hyperpod_lab.server.notebook_script import SCRIPTS_SUBDIR, spec_from_request
+from hyperpod_lab.submit.notebook_script import SCRIPTS_SUBDIR, spec_from_request
 
 NB = {"nbformat": 4, "nbformat_minor": 5, "metadata": {},
       "cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,

@@ -18,10 +18,10 @@ import time
 import pytest
 
 from hyperpod_lab import procs
-from hyperpod_lab.clusters import ClusterProfile
+from hyperpod_lab.submit.clusters import ClusterProfile
 from hyperpod_lab.errors import JobStateError
 from hyperpod_lab.jobdir import ENV_JOB_ID, JobPaths
-from hyperpod_lab.jobs import JobRecord
+from hyperpod_lab.submit.jobs import JobRecord
 from hyperpod_lab.schedulers.local import LocalScheduler
 from hyperpod_lab.schedulers.remote import LocalRemote
 from hyperpod_lab.spec import JobSpec

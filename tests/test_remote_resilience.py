@@ -35,7 +35,7 @@ SLACK_S = 3.0  # the brief's bound: a hung call fails within its timeout + 3 s
 @pytest.fixture
 def hung(tmp_path):
     """A HungSSHServer and a slurm profile for it (op_timeout_s = OP_TIMEOUT_S)."""
-    from hyperpod_lab.clusters import ClusterProfile
+    from hyperpod_lab.submit.clusters import ClusterProfile
 
     key_file, key = new_key_pair(str(tmp_path))
     srv = HungSSHServer(key).start()
@@ -343,8 +343,8 @@ def test_dead_link_found_by_keepalives_and_the_call_completes_over_a_new_connect
 
 
 def test_default_keepalive_is_15_s_and_0_turns_it_off(tmp_path):
-    from hyperpod_lab.clusters import ClusterProfile
-    from hyperpod_lab.schedulers.ssh_route import resolve_route
+    from hyperpod_lab.submit.clusters import ClusterProfile
+    from hyperpod_lab.schedulers.remote.route import resolve_route
 
     cfg = tmp_path / "ssh_config"
     cfg.write_text("Host quiet\n  ServerAliveInterval 0\n")
@@ -355,7 +355,7 @@ def test_default_keepalive_is_15_s_and_0_turns_it_off(tmp_path):
 
 
 def test_op_timeout_is_validated():
-    from hyperpod_lab.clusters import ClusterProfile
+    from hyperpod_lab.submit.clusters import ClusterProfile
     from hyperpod_lab.errors import ConfigError
 
     assert ClusterProfile(name="k", orchestrator="slurm", host="h", shared_root="/s").op_timeout_s == 30.0

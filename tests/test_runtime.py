@@ -2,7 +2,7 @@
 
 Two launches, shared by the tests through module fixtures (about 50 s on 2 cores):
 
-* ``killed_run``: two ``hyperpod_lab.runtime.launch`` agents (``--nnodes 2``, one worker each,
+* ``killed_run``: two ``hyperpod_lab.node.launch`` agents (``--nnodes 2``, one worker each,
   c10d rendezvous on 127.0.0.1) train ``tests/scripts/tiny_train.py`` for 40 steps with a
   checkpoint every 5; right after the first checkpoint commits, rank 1's worker is SIGKILLed
   (its pid from ``ranks/rank-1.json``). Both agents restart their workers, which resume from the
@@ -48,7 +48,7 @@ def _env(job_dir: str, job_id: str, node: str | None) -> dict[str, str]:
         "HYPERPOD_LAB_JOB_DIR": job_dir,
         "HYPERPOD_LAB_JOB_ID": job_id,
         "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S": str(STEP_INTERVAL_S),
-        # required when agents re-rendezvous (see hyperpod_lab.runtime.launch / the report)
+        # required when agents re-rendezvous (see hyperpod_lab.node.launch / the report)
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         "OMP_NUM_THREADS": "1",
     })
@@ -75,7 +75,7 @@ def killed_run(tmp_path_factory):
         logs.append(log)
         with open(log, "w") as out:
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "hyperpod_lab.runtime.launch", "--nnodes", "2", "--nproc-per-node", "1",
+                [sys.executable, "-m", "hyperpod_lab.node.launch", "--nnodes", "2", "--nproc-per-node", "1",
                  "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "killed-run",
                  "--max-restarts", "3", "--monitor-interval", "0.1",
                  "--log-dir", os.path.join(job_dir, "logs"), "--tee", "3",
@@ -118,7 +118,7 @@ def resumed_run(killed_run, tmp_path_factory):
     log = str(base / "agent.log")
     with open(log, "w") as out:
         p = subprocess.Popen(
-            [sys.executable, "-m", "hyperpod_lab.runtime.launch", "--standalone", "--nproc-per-node", "2",
+            [sys.executable, "-m", "hyperpod_lab.node.launch", "--standalone", "--nproc-per-node", "2",
              "--monitor-interval", "0.1", "--log-dir", os.path.join(job_dir, "logs"),
              SCRIPT, "--steps", str(STEPS), "--every", str(EVERY), "--keep", str(KEEP), "--sleep", "0", "--dump"],
             cwd=ROOT, env=_env(job_dir, "resumed-run", None), stdout=out, stderr=subprocess.STDOUT)
@@ -299,7 +299,7 @@ def test_plain_python_is_a_single_member_job(tmp_path):
 
 
 def test_runtime_imports_no_jupyter_and_no_dcp_until_used():
-    code = ("import sys, hyperpod_lab.runtime, hyperpod_lab.runtime.launch\n"
+    code = ("import sys, hyperpod_lab.runtime, hyperpod_lab.node.launch\n"
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
             "('IPython', 'ipykernel', 'ipywidgets', 'jupyter_server', 'jupyterlab', 'paramiko', 'tornado'))\n"
             "assert not bad, bad\n"

@@ -58,8 +58,8 @@ def _values(state) -> dict:
 
 def train_main(argv: list[str] | None = None) -> None:
     import hyperpod_lab.runtime as hp
-    from hyperpod_lab.runtime.checkpoint import Checkpointer
-    from hyperpod_lab.runtime.tiered import TieredCheckpointer
+    from hyperpod_lab.runtime.checkpoint.persistent import Checkpointer
+    from hyperpod_lab.runtime.checkpoint.tiered import TieredCheckpointer
     from hyperpod_lab.spec import CheckpointPolicy
 
     ap = argparse.ArgumentParser()
@@ -77,7 +77,7 @@ def train_main(argv: list[str] | None = None) -> None:
         else:
             s3 = None
             if a.s3_uri:
-                from hyperpod_lab.runtime.s3tier import S3Tier
+                from hyperpod_lab.runtime.checkpoint.s3 import S3Tier
 
                 s3 = S3Tier(ctx, a.s3_uri, every_steps=2, keep_last=3, endpoint_url=a.endpoint)
             ckpt = Checkpointer(ctx, every_steps=2, keep_last=3, async_save=False, s3=s3)
@@ -209,7 +209,7 @@ def _chown_other(path) -> None:
 
 @pytest.mark.parametrize("case", ["other-owner", "mode-0777", "symlink"])
 def test_shm_root_not_private_is_refused(tmp_path, case):
-    from hyperpod_lab.runtime.private_dir import PrivateDirError
+    from hyperpod_lab.private_dir import PrivateDirError
 
     # in the real /dev/shm, as another user would pre-create it
     root = f"/dev/shm/hp-sectest-{os.getpid()}-{case}"
@@ -240,7 +240,7 @@ def test_shm_root_not_private_is_refused(tmp_path, case):
 
 
 def _tier_under(root: str):
-    from hyperpod_lab.runtime.memory_tier import MemoryTier
+    from hyperpod_lab.runtime.checkpoint.memory import MemoryTier
 
     old = os.environ.get("HYPERPOD_LAB_SHM_DIR")
     os.environ["HYPERPOD_LAB_SHM_DIR"] = root
@@ -254,7 +254,7 @@ def _tier_under(root: str):
 
 
 def test_job_dir_under_shm_root_owned_by_another_user_is_refused(tmp_path, monkeypatch):
-    from hyperpod_lab.runtime.private_dir import PrivateDirError
+    from hyperpod_lab.private_dir import PrivateDirError
 
     root = tmp_path / "shm"
     root.mkdir(mode=0o700)
@@ -277,7 +277,7 @@ def test_default_job_dir_not_private_is_refused(tmp_path, monkeypatch, case):
     import tempfile
 
     from hyperpod_lab.runtime.context import _default_job_dir
-    from hyperpod_lab.runtime.private_dir import PrivateDirError
+    from hyperpod_lab.private_dir import PrivateDirError
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.delenv("HYPERPOD_LAB_JOB_DIR", raising=False)
@@ -307,7 +307,7 @@ def test_default_job_dir_is_private(tmp_path, monkeypatch):
 
 
 def test_checkpoint_key_file_is_checked(tmp_path):
-    from hyperpod_lab.runtime.auth import KeyFileError, create_key, read_key
+    from hyperpod_lab.runtime.checkpoint.auth import KeyFileError, create_key, read_key
 
     path = str(tmp_path / "checkpoint.key")
     assert create_key(path) is True and create_key(path) is False
@@ -463,8 +463,8 @@ def test_lighthouse_and_heal_transport_listen_on_the_given_interface_only(tmp_pa
 
     import psutil
 
-    from hyperpod_lab.runtime import lighthouse
-    from hyperpod_lab.runtime.ft import bound_http_transport, heal_host
+    from hyperpod_lab.node import lighthouse
+    from hyperpod_lab.runtime.checkpointless.ft import bound_http_transport, heal_host
 
     job_dir = str(tmp_path / "job")
     os.makedirs(job_dir)

@@ -72,7 +72,7 @@ def _ctx(job_dir: str, job_id: str):
 
 def _committed_dir(path: str, step: int, files: dict[str, bytes]) -> str:
     """A directory with ``files`` and a commit marker listing them, as the persistent tier writes."""
-    from hyperpod_lab.runtime.checkpoint import file_checksum
+    from hyperpod_lab.runtime.checkpoint.persistent import file_checksum
 
     os.makedirs(path, exist_ok=True)
     table = {}
@@ -225,7 +225,7 @@ def test_kill_rank0_during_s3_upload_restores_newest_complete_s3_step(killed_upl
 
 
 def test_round_trip_multipart_and_checksums(moto, killed_upload, tmp_path):
-    from hyperpod_lab.runtime.s3tier import S3CheckpointCorrupt, S3Tier
+    from hyperpod_lab.runtime.checkpoint.s3 import S3CheckpointCorrupt, S3Tier
 
     client = moto.client()
     local = killed_upload["step4"]  # a checkpoint written by two ranks through the persistent tier
@@ -297,7 +297,7 @@ def test_s3_endpoint_down_training_goes_on_and_upload_is_retried(endpoint_down):
 
 # ---- in-process: retention, bad URI / bucket / credentials ---------------------------------------------
 def test_retention_keeps_the_newest_complete_steps(moto, tmp_path):
-    from hyperpod_lab.runtime.s3tier import S3Tier
+    from hyperpod_lab.runtime.checkpoint.s3 import S3Tier
 
     client = moto.client()
     client.put_object(Bucket=BUCKET, Key="runs/retention/step-00000000/__0_0.distcp", Body=b"partial, old")
@@ -320,7 +320,7 @@ def test_retention_keeps_the_newest_complete_steps(moto, tmp_path):
 
 
 def test_bad_uri_bucket_and_credentials_are_events_not_crashes(moto, tmp_path, monkeypatch):
-    from hyperpod_lab.runtime.s3tier import S3Tier, S3TierError
+    from hyperpod_lab.runtime.checkpoint.s3 import S3Tier, S3TierError
 
     job_dir = str(tmp_path / "job")
     d = _committed_dir(str(tmp_path / "step-0"), 0, {".metadata": b"m", "__0_0.distcp": b"x"})

@@ -79,7 +79,7 @@ def no_gaps(events):
 
 # ---- auth and bad input ----------------------------------------------------------------
 def route_paths():
-    from hyperpod_lab.server.handlers import handlers
+    from hyperpod_lab.server.handlers.base import handlers
 
     return [(re.sub(r"\(\?P<(\w+)>[^)]*\)", lambda m: "{" + m.group(1) + "}", p), cls) for p, cls in handlers()]
 

@@ -62,10 +62,10 @@ def _status_latencies(srv, stop: threading.Event, out: list[float]) -> None:
 
 
 def test_events_limit_1_reads_one_page_not_the_whole_file(server, tmp_path):
-    from hyperpod_lab.client import Client
+    from hyperpod_lab.submit.client import Client
     from hyperpod_lab.events import LocalFiles
-    from hyperpod_lab.server.handlers import read_events
-    from hyperpod_lab.server.watcher import decode_cursor
+    from hyperpod_lab.server.handlers.base import read_events
+    from hyperpod_lab.server.watch.watcher import decode_cursor
 
     rec = track_local_job(str(tmp_path), "bounds-limit")
     path = write_events(str(tmp_path), rec.job_id, 300_000, pad=100)  # ~60 MB
@@ -92,7 +92,7 @@ def test_events_limit_1_reads_one_page_not_the_whole_file(server, tmp_path):
 
 
 def test_logs_tail_by_default_and_byte_ranges(server, tmp_path):
-    from hyperpod_lab.client import Client
+    from hyperpod_lab.submit.client import Client
     from hyperpod_lab.jobdir import JobPaths
 
     rec = track_local_job(str(tmp_path), "bounds-logs")

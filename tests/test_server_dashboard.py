@@ -11,10 +11,10 @@ from dataclasses import replace
 
 
 from benchmarks._common import track_local_job, write_events
-from hyperpod_lab.aggregate import JobAggregate
-from hyperpod_lab.client import Client
+from hyperpod_lab.fold.aggregate import JobAggregate
+from hyperpod_lab.submit.client import Client
 from hyperpod_lab.events import EventWriter, LocalFiles
-from hyperpod_lab.jobs import JobStore
+from hyperpod_lab.submit.jobs import JobStore
 
 N = 20_000
 
@@ -28,7 +28,7 @@ def _events_with_fault(rec):
 
 
 def test_tracked_job_answers_from_its_tailer_without_reading_and_resumes_after_restart(tmp_path):
-    from hyperpod_lab.server.watcher import Watcher
+    from hyperpod_lab.server.watch.watcher import Watcher
 
     client = Client(JobStore(str(tmp_path / "store")))
     rec = track_local_job(str(tmp_path / "job"), "dash-tracked", store=client.store)

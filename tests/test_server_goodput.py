@@ -16,9 +16,9 @@ import pytest
 
 from benchmarks._common import track_local_job, write_events
 from hyperpod_lab import goodput as gp
-from hyperpod_lab.client import Client
+from hyperpod_lab.submit.client import Client
 from hyperpod_lab.events import EventReader, EventWriter, LocalFiles
-from hyperpod_lab.jobs import JobStore
+from hyperpod_lab.submit.jobs import JobStore
 
 N = 20_000
 
@@ -40,7 +40,7 @@ def _finished_job(tmp_path, client, name, n=N):
 
 
 def test_untracked_job_is_read_once_then_only_its_new_bytes(tmp_path):
-    from hyperpod_lab.server.watcher import Watcher
+    from hyperpod_lab.server.watch.watcher import Watcher
 
     client = Client(JobStore(str(tmp_path / "store")))
     rec = _finished_job(tmp_path, client, "gp-untracked")
@@ -70,7 +70,7 @@ def test_untracked_job_is_read_once_then_only_its_new_bytes(tmp_path):
 
 
 def test_tracked_job_answers_from_its_tailer_and_survives_a_restart(tmp_path):
-    from hyperpod_lab.server.watcher import Watcher
+    from hyperpod_lab.server.watch.watcher import Watcher
 
     client = Client(JobStore(str(tmp_path / "store")))
     rec = track_local_job(str(tmp_path / "job"), "gp-tracked", store=client.store)  # running

@@ -10,9 +10,9 @@ import json
 import time
 
 from benchmarks._common import track_local_job
-from hyperpod_lab.client import Client
+from hyperpod_lab.submit.client import Client
 from hyperpod_lab.events import EventWriter
-from hyperpod_lab.jobs import JobStore
+from hyperpod_lab.submit.jobs import JobStore
 
 
 def _passed():
@@ -20,7 +20,7 @@ def _passed():
 
 
 def test_jobview_exposes_excluded_nodes_and_health_and_status_follows_them(tmp_path):
-    from hyperpod_lab.server.watcher import Watcher
+    from hyperpod_lab.server.watch.watcher import Watcher
 
     client = Client(JobStore(str(tmp_path / "store")))
     rec = track_local_job(str(tmp_path / "job"), "jobview-health", store=client.store)  # running

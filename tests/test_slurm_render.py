@@ -8,7 +8,7 @@ import time
 import pytest
 
 from hyperpod_lab.errors import SpecError
-from hyperpod_lab.jobs import JobStatus
+from hyperpod_lab.submit.jobs import JobStatus
 from hyperpod_lab.schedulers.slurm import (parse_exit_code, parse_sacct, parse_sbatch, parse_squeue,
                                            render_sbatch, sbatch_argv)
 from hyperpod_lab.spec import ElasticPolicy, JobSpec, ResiliencyPolicy
@@ -55,12 +55,12 @@ def test_checkpointless_renders_replica_groups_under_a_lighthouse():
         subprocess.run(["bash", "-n"], input=text, text=True, check=True)
         assert "#SBATCH --no-kill" in text and "--standalone --nnodes=1" in text and "--rdzv-backend" not in text
     # the job: one step per node, placed by the supervisor (each its own replica group)
-    assert "hyperpod_lab.runtime.supervisor" in job and "--mode=checkpointless" in job
+    assert "hyperpod_lab.node.supervisor" in job and "--mode=checkpointless" in job
     assert "HYPERPOD_LAB_REPLICA_GROUPS=2" in job
     # a joining allocation: one srun, the group of each task from its node id
-    assert "HYPERPOD_LAB_REPLICA_GROUP=slurm" in join and "hyperpod_lab.runtime.supervisor" not in join
-    assert "hyperpod_lab.runtime.lighthouse" in job and "--min-replicas=1" in job and "OFFSET=0" in job
-    assert "hyperpod_lab.runtime.lighthouse" not in join and "OFFSET=2" in join and "#SBATCH --requeue" not in join
+    assert "HYPERPOD_LAB_REPLICA_GROUP=slurm" in join and "hyperpod_lab.node.supervisor" not in join
+    assert "hyperpod_lab.node.lighthouse" in job and "--min-replicas=1" in job and "OFFSET=0" in job
+    assert "hyperpod_lab.node.lighthouse" not in join and "OFFSET=2" in join and "#SBATCH --requeue" not in join
     with pytest.raises(SpecError, match="resiliency.recovery"):
         render_sbatch(spec(), "j", "/fsx/j", "python3", "/fsx", join_offset=2)
     with pytest.raises(SpecError, match="resiliency.recovery"):
@@ -106,7 +106,7 @@ def run_with_stubs(text, tmp_path, env=None):
     (stub / "scontrol").write_text("#!/bin/bash\necho n1\n")
     (stub / "python3").write_text(
         '#!/bin/bash\n'
-        'if [ "$2" = hyperpod_lab.runtime.supervisor ]; then\n'
+        'if [ "$2" = hyperpod_lab.node.supervisor ]; then\n'
         '  while [ "$1" != -- ]; do shift; done; shift\n'
         '  words=(); for a in "$@"; do words+=("${a//\\{head_addr\\}/127.0.0.1}"); done\n'
         '  exec "${words[@]}"\n'
@@ -440,7 +440,7 @@ def test_every_rendered_option_is_in_the_man_pages_since_22_05():
 def test_spares_health_checks_and_no_kill_reach_the_supervisor():
     """sbatch(1) ``--no-kill``: "Do not automatically terminate a job if one of the nodes it has
     been allocated fails ... The job will assume all responsibilities for fault-tolerance": every
-    job of ours has it, and its supervisor (hyperpod_lab.runtime.supervisor) takes them. The
+    job of ours has it, and its supervisor (hyperpod_lab.node.supervisor) takes them. The
     allocation is ``nodes + spares``; training uses ``nodes``."""
     s = spec()
     s.resiliency.spares = 1

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from hyperpod_lab.errors import JobStateError, UnknownJob
-from hyperpod_lab.jobs import JobRecord, JobStatus, JobStore, new_job_id
+from hyperpod_lab.submit.jobs import JobRecord, JobStatus, JobStore, new_job_id
 
 
 def rec(name: str, **over) -> JobRecord:
@@ -26,7 +26,7 @@ def rec(name: str, **over) -> JobRecord:
 
 def in_process(code: str, root: str, *args: str) -> subprocess.Popen:
     """Run ``code`` in a new Python process with ``store = JobStore(root)``; ``sys.argv[2:]`` = args."""
-    prelude = "import sys, time\nfrom hyperpod_lab.jobs import *\nstore = JobStore(sys.argv[1])\n"
+    prelude = "import sys, time\nfrom hyperpod_lab.submit.jobs import *\nstore = JobStore(sys.argv[1])\n"
     return subprocess.Popen([sys.executable, "-c", prelude + code, root, *args])
 
 

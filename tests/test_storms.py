@@ -22,8 +22,8 @@ import pytest
 from hyperpod_lab import cli
 from hyperpod_lab.errors import SpecError
 from hyperpod_lab.events import EventKind, EventReader, EventWriter
-from hyperpod_lab.runtime import storm
-from hyperpod_lab.runtime.storm import STORM_EXIT, Fault, StormGuard, StormPolicy
+from hyperpod_lab.node import storm
+from hyperpod_lab.node.storm import STORM_EXIT, Fault, StormGuard, StormPolicy
 from hyperpod_lab.spec import JobSpec, ResiliencyPolicy
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -192,7 +192,7 @@ def test_a_stopped_job_started_again_exits_3_at_once(tmp_path):
     assert e.value.code == STORM_EXIT
     env = {**os.environ, "HYPERPOD_LAB_JOB_DIR": job_dir, "HYPERPOD_LAB_JOB_ID": "j"}
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "hyperpod_lab.runtime.launch", "--standalone", "--nproc-per-node", "1",
+    out = subprocess.run([sys.executable, "-m", "hyperpod_lab.node.launch", "--standalone", "--nproc-per-node", "1",
                           ALWAYS_FAILS], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == STORM_EXIT, out.stderr[-2000:]
     assert "not starting: restart storm: test" in out.stdout
@@ -293,8 +293,7 @@ def _supervisor(sup_mod, job_dir, **kw):
 
 
 def test_supervisor_stops_relaunching_after_k_node_losses_without_progress(tmp_path, monkeypatch):
-    from hyperpod_lab.runtime import supervisor as sup_mod
-
+    from hyperpod_lab.node import supervisor as sup_mod
     job_dir = str(tmp_path / "job")
     os.makedirs(job_dir)
     spec = tmp_path / "spec.json"
@@ -327,8 +326,7 @@ def test_supervisor_stops_relaunching_after_k_node_losses_without_progress(tmp_p
 def test_supervisor_relaunches_a_job_that_progresses(tmp_path, monkeypatch):
     """The control: the same node losses, but every run completes (and checkpoints) steps beyond
     the last one's: the supervisor relaunches every time (until the training finishes)."""
-    from hyperpod_lab.runtime import supervisor as sup_mod
-
+    from hyperpod_lab.node import supervisor as sup_mod
     job_dir = str(tmp_path / "job")
     os.makedirs(job_dir)
     monkeypatch.delenv("HYPERPOD_LAB_SPEC", raising=False)  # K = 3 (the default)

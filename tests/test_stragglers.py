@@ -28,8 +28,8 @@ import time
 import pytest
 
 from hyperpod_lab import cli
-from hyperpod_lab.runtime import straggler as st
-from hyperpod_lab.runtime.straggler import StragglerDetector, excluded_nodes
+from hyperpod_lab.node import straggler as st
+from hyperpod_lab.node.straggler import StragglerDetector, excluded_nodes
 from slurm_jobs import Follow
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -131,8 +131,7 @@ def test_equal_ranks_tiny_differences_and_stale_summaries_flag_nothing(tmp_path)
 
 def test_exclude_writes_a_record_the_supervisor_turns_into_node_excluded(tmp_path):
     from hyperpod_lab.events import EventReader
-    from hyperpod_lab.runtime import supervisor as sup_mod
-
+    from hyperpod_lab.node import supervisor as sup_mod
     job_dir = str(tmp_path / "job")
     os.makedirs(job_dir)
     a, b, clock, events = detectors(job_dir, action="exclude")
@@ -260,7 +259,7 @@ def test_a_bad_factor_is_refused_by_the_client_the_cli_the_magic_and_the_rest_ro
         cli.run(["inject-fault", "no-such-job", "--rank", "0", "--kind", "slow", "--factor", "500"], client=client)
     from IPython.core.interactiveshell import InteractiveShell
 
-    from hyperpod_lab.magics import register
+    from hyperpod_lab.notebook.magics import register
 
     shell = InteractiveShell.instance()
     register(shell)

@@ -21,7 +21,9 @@ import time
 import pytest
 import tomli_w
 
-from hyperpod_lab import envexec, envparity
+from hyperpod_lab import envexec
+
+from hyperpod_lab.submit import envparity
 from hyperpod_lab.errors import RemoteCommandError
 from hyperpod_lab.events import EventReader
 from hyperpod_lab.jobdir import CHECKPOINT_KEY_BYTES, JobPaths
@@ -206,7 +208,7 @@ def test_the_submit_route_runs_on_the_clusters_own_worker(dev_cluster, tmp_path,
     from hung_sftp import HungSSHServer, new_key_pair
     from jupyter_server_proc import JupyterServer
 
-    from hyperpod_lab.clusters import ClusterProfile
+    from hyperpod_lab.submit.clusters import ClusterProfile
 
     key_file, key = new_key_pair(str(tmp_path))
     hung_srv = HungSSHServer(key).start()

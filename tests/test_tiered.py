@@ -40,9 +40,9 @@ import torch  # noqa: E402  (a hard dependency: missing torch fails, never skips
 
 from agents import assert_same, kinds, read_events, stop_launchers  # noqa: E402
 from ports import free_port  # noqa: E402
-from hyperpod_lab.runtime import memory_tier  # noqa: E402
-from hyperpod_lab.runtime.memory_tier import MemoryTier  # noqa: E402
-from hyperpod_lab.runtime.peer import partner_map, sources_of  # noqa: E402
+from hyperpod_lab.runtime.checkpoint import memory as memory_tier
+from hyperpod_lab.runtime.checkpoint.memory import MemoryTier  # noqa: E402
+from hyperpod_lab.runtime.checkpoint.peer import partner_map, sources_of  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "tiered_train.py")
@@ -67,7 +67,7 @@ def _agent(job_dir: str, job_id: str, node: str, port: int, shm: str, log: str, 
            **extra: str) -> subprocess.Popen:
     with open(log, "a") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "hyperpod_lab.runtime.launch", "--nnodes", "2", "--nproc-per-node", "1",
+            [sys.executable, "-m", "hyperpod_lab.node.launch", "--nnodes", "2", "--nproc-per-node", "1",
              "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", job_id,
              # a dead agent leaves the rendezvous after ~2 s instead of 15 s
              "--rdzv-conf", "keep_alive_interval=1,keep_alive_max_attempt=2",
@@ -436,7 +436,7 @@ def test_partner_map_places_replicas_on_other_nodes():
 _CONTRACT = r"""
 import os, sys, time, torch, torch.distributed as dist
 from datetime import timedelta
-from hyperpod_lab.runtime.peer import GlooTransport, StagedTransport, PeerError
+from hyperpod_lab.runtime.checkpoint.peer import GlooTransport, StagedTransport, PeerError
 rank = int(sys.argv[1])
 dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank, world_size=2,
                         timeout=timedelta(seconds=30))

@@ -9,10 +9,10 @@ import asyncio
 import os
 import time
 
-from hyperpod_lab.client import Client
+from hyperpod_lab.submit.client import Client
 from hyperpod_lab.events import EventWriter
-from hyperpod_lab.jobs import JobRecord, JobStore
-from hyperpod_lab.server.watcher import Watcher, decode_cursor
+from hyperpod_lab.submit.jobs import JobRecord, JobStore
+from hyperpod_lab.server.watch.watcher import Watcher, decode_cursor
 
 
 def test_one_batched_refresh_and_one_reader_per_job_for_many_tabs(tmp_path):
@@ -142,7 +142,7 @@ def test_status_is_sent_when_faults_or_recoveries_change(tmp_path):
 
 
 def test_a_summary_saved_before_the_facts_fold_is_rebuilt_from_the_events():
-    from hyperpod_lab.server.watcher import Tailer
+    from hyperpod_lab.server.watch.watcher import Tailer
 
     rec = JobRecord(job_id="o-1", name="o", cluster="local", orchestrator="local", native_id="1",
                     job_dir="/nonexistent", spec={})

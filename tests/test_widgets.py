@@ -15,9 +15,9 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from hyperpod_lab.aggregate import mark_label
+from hyperpod_lab.fold.aggregate import mark_label
 from hyperpod_lab.events import Event
-from hyperpod_lab.widgets import JobMonitor, timeline_html
+from hyperpod_lab.notebook.widgets import JobMonitor, timeline_html
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -48,7 +48,7 @@ def submit_args():
 
 
 def test_job_handle_monitor_follows_a_real_job(shell):
-    from hyperpod_lab.handle import Job
+    from hyperpod_lab.notebook.handle import Job
 
     job = shell.run_line_magic("hyperpod", submit_args())
     assert isinstance(job, Job) and isinstance(job, str) and job.startswith("train-")
@@ -158,8 +158,8 @@ def test_timeline_labels_hangs_stragglers_and_a_restart_storm():
 
 
 def test_monitor_header_lists_the_excluded_nodes(tmp_path):
-    from hyperpod_lab.client import Client
-    from hyperpod_lab.jobs import JobRecord, JobStore
+    from hyperpod_lab.submit.client import Client
+    from hyperpod_lab.submit.jobs import JobRecord, JobStore
 
     client = Client(JobStore(str(tmp_path / "store")))
     client.store.put(JobRecord(job_id="hdr-1", name="hdr", cluster="local", orchestrator="local", native_id="1",
@@ -255,7 +255,7 @@ def test_loss_plot_shows_steps_that_arrived_before_a_quiet_period(client, tmp_pa
 def test_timeline_collapses_checkpoints_per_tier_and_shows_a_fault_and_its_recovery_once(client):
     """A real 2-rank job (examples/train_lm.py, gloo) with a memory checkpoint every step on both
     ranks and a persistent one every 5; rank 1 is SIGKILLed after the first checkpoint and the
-    job recovers from memory. The monitor's timeline (hyperpod_lab.aggregate's) has one line per
+    job recovers from memory. The monitor's timeline (hyperpod_lab.fold.aggregate's) has one line per
     run of checkpoints of a tier (over both ranks), not one per checkpoint per rank; the fault
     (rank 1; rank 0's SIGTERM by torchrun is no second fault line), the restore of both ranks
     and the recovery are one line each. The monitor shows the aggregate's timeline as it comes
@@ -301,8 +301,8 @@ def test_timeline_collapses_checkpoints_per_tier_and_shows_a_fault_and_its_recov
 def test_plot_status_names_steps_without_a_finite_loss(tmp_path):
     """Steps whose loss was NaN/inf arrive with loss null (runtime/context.py _json_safe): the
     plot says so instead of waiting for a first step; the first finite loss is then drawn."""
-    from hyperpod_lab.client import Client
-    from hyperpod_lab.jobs import JobRecord, JobStore
+    from hyperpod_lab.submit.client import Client
+    from hyperpod_lab.submit.jobs import JobRecord, JobStore
 
     client = Client(JobStore(str(tmp_path / "store")))
     client.store.put(JobRecord(job_id="nan-1", name="nan", cluster="local", orchestrator="local", native_id="1",
@@ -324,7 +324,7 @@ def test_timeline_html_shows_the_aggregates_timeline_as_it_comes():
     tests/test_aggregate.py): one chip per entry, in its order, with its label; the fault
     another rank's caused (root_cause false) is not there, both ranks' step-0 checkpoint (4 ms
     apart) is one chip, a failed node's checks are red and a passed node's teal."""
-    from hyperpod_lab.aggregate import JobAggregate
+    from hyperpod_lab.fold.aggregate import JobAggregate
 
     ok = {"status": "passed", "detail": "", "seconds": 0.1}
     ev = [Event("health.checked", "j", 99.0, "health-n1", 0, {"node": "n1", "ok": True, "seconds": 1.0,

@@ -5,7 +5,7 @@
 mount namespace (a test gives one node its own mounts with ``nsenter``, see :func:`node_pid`),
 an sshd on ``127.0.0.1:<ssh_port>`` with key-only root login, and a bastion: a second sshd on
 ``127.0.0.1:<bastion_port>`` (its own host key, the same client key, forwarding only to the login
-node's port) for jump-host tests (:func:`bastion`). It then writes the cluster profile ``local-slurm`` (see :mod:`hyperpod_lab.clusters`) pointing at that sshd, its
+node's port) for jump-host tests (:func:`bastion`). It then writes the cluster profile ``local-slurm`` (see :mod:`hyperpod_lab.submit.clusters`) pointing at that sshd, its
 generated client key and known_hosts, and the shared directory ``<base>/fsx``.
 
 Everything lives under ``base_dir`` (``$HYPERPOD_LAB_DEV_DIR`` or ``/var/tmp/hyperpod-lab-dev``).
@@ -22,7 +22,7 @@ import subprocess
 import sys
 from typing import Any
 
-from hyperpod_lab.clusters import ClusterDefaults, ClusterProfile, save_profile
+from hyperpod_lab.submit.clusters import ClusterDefaults, ClusterProfile, save_profile
 from hyperpod_lab.errors import HyperPodLabError
 
 PROFILE_NAME = "local-slurm"

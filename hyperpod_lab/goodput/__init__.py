@@ -33,7 +33,7 @@ name): ``scenario`` (units, failure arithmetic, :class:`Tier`, :class:`Scenario`
 ``closed_form`` (Young/Daly intervals, the exact one-tier form, the multi-tier breakdown),
 ``simulation`` (Monte Carlo), ``band`` (the failure-rate and restart-time bands of a
 projection, the per-day rate, the implausible-rate warning), ``measure`` (a job's events, through the job facts fold of
-:mod:`hyperpod_lab.facts`, and projection), ``advice`` (advice, curve, plot, report) and
+:mod:`hyperpod_lab.fold.facts`, and projection), ``advice`` (advice, curve, plot, report) and
 ``figures`` (the public-figures table; ``python -m hyperpod_lab.goodput --table``).
 
 Pure Python + numpy (matplotlib only inside :func:`plot_goodput_vs_interval`); no torch, no

@@ -1,4 +1,4 @@
-"""Measurement of a job from its events (through the job facts fold, :mod:`hyperpod_lab.facts`),
+"""Measurement of a job from its events (through the job facts fold, :mod:`hyperpod_lab.fold.facts`),
 batch (:func:`measure_from_events`) or folded incrementally (:class:`GoodputMeter`), and
 projection of the measured costs to another cluster size."""
 
@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 from hyperpod_lab.errors import GoodputInputError
 from hyperpod_lab.events import EventKind
-from hyperpod_lab.facts import JobFacts
+from hyperpod_lab.fold.facts import JobFacts
 from hyperpod_lab.goodput.band import BAND_FACTOR, rate_inputs, restart_band
 from hyperpod_lab.goodput.closed_form import goodput_breakdown
 from hyperpod_lab.goodput.scenario import (
@@ -237,7 +237,7 @@ class GoodputMeter:
     the number of steps or events.
 
     Faults, recoveries, downtime, steps and wall time come from the job facts fold
-    (:class:`hyperpod_lab.facts.JobFacts`, its ``facts``), which the meter feeds; the meter adds
+    (:class:`hyperpod_lab.fold.facts.JobFacts`, its ``facts``), which the meter feeds; the meter adds
     what the facts do not keep:
 
     * **step time**: running sums of seconds and steps over consecutive ``step`` events (see
@@ -261,7 +261,7 @@ class GoodputMeter:
     Args:
         saved: a :meth:`to_dict` result to continue from (e.g. kept in the server's store).
         facts: the job facts fold to feed and read (e.g. the server's per-job
-            :class:`~hyperpod_lab.progress.Progress`); the meter folds every event into it, so
+            :class:`~hyperpod_lab.fold.progress.Progress`); the meter folds every event into it, so
             its owner must not fold them again. Default: ``JobFacts(saved["facts"])``.
         window: items held before the oldest is settled; None: all (exact, batch).
         tier_window: distinct checkpoint steps kept per tier; None: all (exact, batch).
@@ -397,7 +397,7 @@ class GoodputMeter:
 def measure_from_events(events: Iterable) -> dict:
     """Measure a job's goodput, step time, checkpoint costs and recoveries from its events.
 
-    Faults, recoveries and downtime come from the job facts fold (:mod:`hyperpod_lab.facts`):
+    Faults, recoveries and downtime come from the job facts fold (:mod:`hyperpod_lab.fold.facts`):
     one recovery per recovered failure incident, however many agents reported it. This is the
     batch form of :class:`GoodputMeter`: the events sorted, fed to a fresh meter that holds
     them all (``window=None, tier_window=None``), its :meth:`~GoodputMeter.result`. A server
@@ -439,7 +439,7 @@ def measure_from_events(events: Iterable) -> dict:
           detection: the incidents' ``hang_s``), ``detect``, ``restart``, ``restore``,
           ``recompute``, ``straggle`` (steps slowed by a straggler: the flagged rank's
           ``compute_s - median_compute_s`` per step while it is flagged, see
-          :mod:`hyperpod_lab.facts`), and ``other`` (the rest: first start-up, evaluation,
+          :mod:`hyperpod_lab.fold.facts`), and ``other`` (the rest: first start-up, evaluation,
           rounding). With a step time, ``useful_s + sum(lost_s) == wall_s`` and no part is
           negative: straggling is time inside the steps, so it is taken from ``steps ×
           step_time_s`` (at most all of it); the other parts share what is left of the wall

@@ -16,41 +16,71 @@ Typical use::
     # leaving the block: waits for async checkpoints, emits "finished", tears down the group
 
 Checkpointless recovery and elastic data parallelism (``--recovery checkpointless``):
-``hp.Checkpointless`` with ``hp.ElasticBatches``, see :mod:`hyperpod_lab.runtime.ft`.
+``hp.Checkpointless`` with ``hp.ElasticBatches``, see :mod:`hyperpod_lab.runtime.checkpointless.ft`.
 
-Launch it with ``python -m hyperpod_lab.runtime.launch`` (torchrun plus fault/recovery events),
+Launch it with ``python -m hyperpod_lab.node.launch`` (torchrun plus fault/recovery events),
 with plain ``torchrun``, or with plain ``python`` (a single-member job).
 
-Modules, one idea each:
+Modules, one idea each (the node-side processes, torch-free, are in :mod:`hyperpod_lab.node`):
 
-===================== ========================================================================
-``context``           ``init()`` and :class:`JobContext`: who this process is, its events, the
-                      registry of checkpointers (``register_checkpointer``, ``note_restored``)
-``state``             what a training state may hold (one classifier), its DCP and flat views
-``checkpoint_format`` the persistent tier's on-disk format: step dirs, commit marker, CRC-32
-``checkpoint``        :class:`Checkpointer`, the persistent tier (DCP to ``<job_dir>/checkpoints``)
-``s3tier``            the S3 tier: uploads of committed checkpoints, the S3 link of the restore chain
-``slots``             the memory tier's shared-memory slots (layout under /dev/shm, records, XXH3)
-``memory_tier``       :class:`~hyperpod_lab.runtime.memory_tier.MemoryTier`, the asynchronous
-                      snapshot engine
-``peer``              replication of snapshots to other nodes (transports, placement)
-``tiered``            :class:`TieredCheckpointer`: the tiers together, restore from the fastest
-``ft``                :class:`Checkpointless` (torchft); ``elastic``: the global-batch plan
-``lighthouse``        the job's torchft Lighthouse; ``ft_local``: a checkpointless job on one machine
-``launch``            the launch agent: torchrun plus fault/recovery events
-``tensorboard``       the step metrics as TensorBoard event files (torch's SummaryWriter, JobSpec
-                      ``tensorboard``; docs/tensorboard.md)
-===================== ========================================================================
+============================= ================================================================
+``context``                   ``init()`` and :class:`JobContext`: who this process is, its events,
+                              the registry of checkpointers (``register_checkpointer``,
+                              ``note_restored``)
+``state``                     what a training state may hold (one classifier), its DCP and flat views
+``tensorboard``               the step metrics as TensorBoard event files (JobSpec ``tensorboard``)
+``checkpoint.persistent``     :class:`Checkpointer`, the persistent tier (DCP to ``<job_dir>/checkpoints``)
+``checkpoint.format``         the persistent tier's on-disk format: step dirs, commit marker, CRC-32
+``checkpoint.auth``           the job's checkpoint key: HMAC of markers, slot records and peer frames
+``checkpoint.s3``             the S3 tier: uploads of committed checkpoints, the S3 link of the chain
+``checkpoint.slots``          the memory tier's shared-memory slots (layout under /dev/shm, XXH3)
+``checkpoint.memory``         :class:`MemoryTier`, the asynchronous snapshot engine
+``checkpoint.peer``           replication of snapshots to other nodes (transports, placement)
+``checkpoint.tiered``         :class:`TieredCheckpointer`: the tiers together, restore from the fastest
+``checkpointless.ft``         :class:`Checkpointless` (torchft Manager: quorum, healing from a peer)
+``checkpointless.elastic``    :class:`ElasticBatches`: the global-batch plan as replicas come and go
+============================= ================================================================
 
 Environment variable names and the job directory layout come from :mod:`hyperpod_lab.jobdir`.
-This package never imports Jupyter, IPython or paramiko; it imports torch.
+This package never imports Jupyter, IPython or paramiko. Importing it imports nothing else: the
+names below load their module (and torch) on first use (PEP 562), so ``python -m
+hyperpod_lab.runtime.<shim>`` and the node-side tools never pay for torch.
 """
 
-from hyperpod_lab.runtime.checkpoint import COMMIT_MARKER, Checkpointer
-from hyperpod_lab.runtime.context import JobContext, init
-from hyperpod_lab.runtime.elastic import ElasticBatches, StepPlan
-from hyperpod_lab.runtime.ft import Checkpointless
-from hyperpod_lab.runtime.tiered import TieredCheckpointer
+from __future__ import annotations
 
-__all__ = ["init", "JobContext", "Checkpointer", "COMMIT_MARKER", "TieredCheckpointer", "Checkpointless",
-           "ElasticBatches", "StepPlan"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "init": "hyperpod_lab.runtime.context",
+    "JobContext": "hyperpod_lab.runtime.context",
+    "Checkpointer": "hyperpod_lab.runtime.checkpoint.persistent",
+    "COMMIT_MARKER": "hyperpod_lab.runtime.checkpoint.persistent",
+    "TieredCheckpointer": "hyperpod_lab.runtime.checkpoint.tiered",
+    "Checkpointless": "hyperpod_lab.runtime.checkpointless.ft",
+    "ElasticBatches": "hyperpod_lab.runtime.checkpointless.elastic",
+    "StepPlan": "hyperpod_lab.runtime.checkpointless.elastic",
+}
+__all__ = list(_EXPORTS)
+
+if TYPE_CHECKING:
+    from hyperpod_lab.runtime.checkpoint.persistent import COMMIT_MARKER, Checkpointer
+    from hyperpod_lab.runtime.checkpoint.tiered import TieredCheckpointer
+    from hyperpod_lab.runtime.checkpointless.elastic import ElasticBatches, StepPlan
+    from hyperpod_lab.runtime.checkpointless.ft import Checkpointless
+    from hyperpod_lab.runtime.context import JobContext, init
+
+
+def __getattr__(name: str) -> Any:
+    """PEP 562: ``hp.init`` etc. import their module at first use."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hyperpod_lab.runtime' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

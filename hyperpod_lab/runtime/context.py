@@ -19,11 +19,11 @@
 ``HYPERPOD_LAB_STEP_EVENT_INTERVAL_S`` minimum seconds between two ``step`` events (default 1.0)
 ``HYPERPOD_LAB_HEARTBEAT_DIR``       set by the launch agent: the node-local directory where this
                                      rank beats its heartbeat for the agent's hang watchdog
-                                     (:mod:`hyperpod_lab.runtime.watchdog`); unset: no heartbeat
+                                     (:mod:`hyperpod_lab.node.watchdog`); unset: no heartbeat
 ==================================== ==========================================================
 
 The job's checkpoint key (``<job_dir>/checkpoint.key``, written by the submitter) authenticates
-every checkpoint (:mod:`hyperpod_lab.runtime.auth`); without one, rank 0 creates it at
+every checkpoint (:mod:`hyperpod_lab.runtime.checkpoint.auth`); without one, rank 0 creates it at
 :func:`init`.
 
 Outside torchrun (``python train.py``, a notebook) the job has one member: rank 0 of a world
@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from hyperpod_lab.jobdir import node_name, safe_name  # noqa: F401  (re-exported)
 from hyperpod_lab.atomicfile import write_json_atomic
 from hyperpod_lab.events import Event, EventKind, EventReader, EventSchemaError, EventWriter
 from hyperpod_lab.jobdir import (
@@ -65,10 +66,10 @@ from hyperpod_lab.jobdir import (
     JobPaths,
 )
 from hyperpod_lab.procs import process_start
-from hyperpod_lab.runtime.auth import create_key, load_or_create_key, read_key
-from hyperpod_lab.runtime.private_dir import ensure_private_dir
+from hyperpod_lab.runtime.checkpoint.auth import create_key, load_or_create_key, read_key
+from hyperpod_lab.private_dir import ensure_private_dir
 from hyperpod_lab.runtime.tensorboard import TensorBoardLog, log_dir
-from hyperpod_lab.runtime.watchdog import FAULTHANDLER_SIGNAL, HeartbeatWriter, heartbeat_file
+from hyperpod_lab.node.watchdog import FAULTHANDLER_SIGNAL, HeartbeatWriter, heartbeat_file
 from hyperpod_lab.spec import JobSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -84,17 +85,6 @@ if TYPE_CHECKING:  # pragma: no cover
 DEFAULT_COLLECTIVE_TIMEOUT_S = 60.0
 DEFAULT_CHECKPOINT_TIMEOUT_S = 600.0
 DEFAULT_STEP_INTERVAL_S = 1.0
-
-
-def node_name() -> str:
-    """This machine's name in the job: ``$SLURMD_NODENAME``, else the host name."""
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-
-
-def safe_name(text: str, limit: int = 60) -> str:
-    """``text`` reduced to the characters an event writer name allows (``[A-Za-z0-9_.-]``)."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:limit] or "unknown"
-
 
 
 def env_seconds(name: str, default: float) -> float:
@@ -183,15 +173,15 @@ class JobContext:
         cpu_group: a gloo process group over all ranks, for checkpointing from a background thread
             (never used by the training loop, so its collectives cannot interleave with DDP's).
         replica_group: in checkpointless mode (``$HYPERPOD_LAB_REPLICA_GROUP`` set; see
-            :mod:`hyperpod_lab.runtime.ft`), this process's data-parallel replica group; the
+            :mod:`hyperpod_lab.runtime.checkpointless.ft`), this process's data-parallel replica group; the
             process group, ``rank`` and ``world_size`` then span that replica group only.
             None otherwise.
         global_rank: ``replica_group * local_world_size + rank`` in checkpointless mode, else
             ``rank``; names this process's event file (``rank-<global_rank>``) and rank file.
         is_leader: whether this process writes the job-level events (``step``, ``finished``):
             rank 0, or in checkpointless mode the first rank of the first participating replica
-            (updated every step by :class:`~hyperpod_lab.runtime.ft.Checkpointless`).
-        heartbeat: this rank's :class:`~hyperpod_lab.runtime.watchdog.HeartbeatWriter` when the
+            (updated every step by :class:`~hyperpod_lab.runtime.checkpointless.ft.Checkpointless`).
+        heartbeat: this rank's :class:`~hyperpod_lab.node.watchdog.HeartbeatWriter` when the
             launch agent watches it (``$HYPERPOD_LAB_HEARTBEAT_DIR``), else None.
         last_step_timing: ``{step, step_s, compute_s, wait_s, slowed_s}`` of the last :meth:`step`
             (seconds; see :meth:`step`), or None before the first.
@@ -245,11 +235,11 @@ class JobContext:
     @property
     def checkpoint_key(self) -> bytes:
         """The job's checkpoint key (HMAC-SHA256 key of every checkpoint, see
-        :mod:`hyperpod_lab.runtime.auth`): read by :func:`init`; for a context built directly
+        :mod:`hyperpod_lab.runtime.checkpoint.auth`): read by :func:`init`; for a context built directly
         (one process, no group) read from ``paths.checkpoint_key`` on first use, created if missing.
 
         Raises:
-            hyperpod_lab.runtime.auth.KeyFileError: the key file is not ours, not 0600, a link,
+            hyperpod_lab.runtime.checkpoint.auth.KeyFileError: the key file is not ours, not 0600, a link,
                 or of the wrong size.
             OSError: it cannot be created.
         """
@@ -266,9 +256,9 @@ class JobContext:
 
         Args:
             checkpointer: an object with ``wait()`` and ``close()`` (a
-                :class:`~hyperpod_lab.runtime.checkpoint.Checkpointer`, an
-                :class:`~hyperpod_lab.runtime.s3tier.S3Tier`, a
-                :class:`~hyperpod_lab.runtime.tiered.TieredCheckpointer`).
+                :class:`~hyperpod_lab.runtime.checkpoint.persistent.Checkpointer`, an
+                :class:`~hyperpod_lab.runtime.checkpoint.s3.S3Tier`, a
+                :class:`~hyperpod_lab.runtime.checkpoint.tiered.TieredCheckpointer`).
             before: when given and already registered, it is moved behind ``checkpointer``, so
                 it is waited for later (e.g. the S3 tier after the checkpointer whose last commit
                 may still hand it an upload).
@@ -336,7 +326,7 @@ class JobContext:
         ``recovery.completed`` {restored_step, restart_count, downtime_s, restored_from}:
         ``restored_step`` is the step of the checkpoint ``Checkpointer.restore`` loaded (null if
         none), ``restored_from`` ``"persistent"`` or ``"none"``, ``downtime_s`` the seconds from
-        the first detection of this incident (``hyperpod_lab.facts``: the open incident's
+        the first detection of this incident (``hyperpod_lab.fold.facts``: the open incident's
         earliest ``fault.detected``; several agents report one incident) to now, the first
         completed step after the recovery; null when no ``fault.detected`` opened the incident.
         Other ranks only count. No collectives.
@@ -350,7 +340,7 @@ class JobContext:
         slow --factor F`` in force it first sleeps ``(F - 1) x`` the step's own compute time
         (counted as compute). The timings go to :attr:`last_step_timing` and, under the launch
         agent, to this rank's heartbeat (one store into node-local shared memory; see
-        :mod:`hyperpod_lab.runtime.watchdog`), which is what the hang watchdog and straggler
+        :mod:`hyperpod_lab.node.watchdog`), which is what the hang watchdog and straggler
         detection read.
 
         Args:
@@ -663,10 +653,10 @@ def _record_exception(exc: BaseException) -> None:
 def _incident_start_time(job_dir: str) -> float | None:
     """Epoch seconds at which the current incident was first detected, for
     ``recovery.completed.downtime_s``: the detection time of the open incident of the job facts
-    fold (``hyperpod_lab.facts``: the earliest ``fault.detected`` since the last incident closed;
+    fold (``hyperpod_lab.fold.facts``: the earliest ``fault.detected`` since the last incident closed;
     several agents may report the same incident), or None when no fault is open.
     """
-    from hyperpod_lab.facts import fold
+    from hyperpod_lab.fold.facts import fold
 
     return fold(EventReader(job_dir).poll()).incident_detected_at
 
@@ -674,7 +664,7 @@ def _incident_start_time(job_dir: str) -> float | None:
 def _start_heartbeat(env, global_rank: int, local_rank: int) -> HeartbeatWriter | None:
     """This rank's heartbeat in ``$HYPERPOD_LAB_HEARTBEAT_DIR`` (set by the launch agent, whose
     watchdog reads it), with :mod:`faulthandler` on
-    :data:`~hyperpod_lab.runtime.watchdog.FAULTHANDLER_SIGNAL` writing every thread's stack to
+    :data:`~hyperpod_lab.node.watchdog.FAULTHANDLER_SIGNAL` writing every thread's stack to
     stdout (the rank's log: the watchdog's fallback when py-spy is missing). None (and a
     warning on stderr when the directory is unusable) without an agent: training never fails
     for its watchdog."""
@@ -707,7 +697,7 @@ def _default_job_dir(job_id: str, in_torchrun: bool) -> str:
     there is refused).
 
     Raises:
-        hyperpod_lab.runtime.private_dir.PrivateDirError: a temporary job directory (or
+        hyperpod_lab.private_dir.PrivateDirError: a temporary job directory (or
             ``<tmp>/hyperpod-lab``) is not a private directory of ours.
     """
     if os.environ.get(ENV_JOB_DIR):
@@ -771,9 +761,9 @@ def init() -> JobContext:
         hyperpod_lab.errors.SpecError: the spec file is not a valid JobSpec.
         OSError: the job directory cannot be created or written, or ``$HYPERPOD_LAB_SPEC`` names
             a file that cannot be read.
-        hyperpod_lab.runtime.private_dir.PrivateDirError: the default (temporary) job directory
+        hyperpod_lab.private_dir.PrivateDirError: the default (temporary) job directory
             is not a private directory of ours.
-        hyperpod_lab.runtime.auth.KeyFileError: the job's checkpoint key file is unusable.
+        hyperpod_lab.runtime.checkpoint.auth.KeyFileError: the job's checkpoint key file is unusable.
         torch.distributed.DistStoreError / RuntimeError: the process group could not form
             within the collective timeout (a peer never arrived).
     """

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hyperpod_lab.clusters import ClusterProfile
+from hyperpod_lab.submit.clusters import ClusterProfile
 from hyperpod_lab.errors import ConfigError
 from hyperpod_lab.schedulers.base import Scheduler
 
@@ -19,7 +19,7 @@ def for_profile(profile: ClusterProfile) -> Scheduler:
                           f"(values starting with 'FILL-IN' were left by 'hyperpod-lab clusters discover', "
                           f"which cannot know them)")
     if profile.orchestrator == "eks":
-        from hyperpod_lab.schedulers.eks import EksScheduler
+        from hyperpod_lab.schedulers.eks.scheduler import EksScheduler
 
         return EksScheduler(profile)  # contacts nothing until the first API call
     if profile.orchestrator == "slurm":

@@ -1,7 +1,7 @@
 """Local backend: the same JobSpec as a torchrun job on this machine.
 
 A scientist prototypes with ``--cluster local --procs-per-node 2`` and later submits the same
-spec, unchanged, to a Slurm cluster. The job runs under ``hyperpod_lab.runtime.launch``
+spec, unchanged, to a Slurm cluster. The job runs under ``hyperpod_lab.node.launch``
 (torchrun plus our events) in its own session, wrapped by :mod:`._local_wrapper` which records
 the exit code in ``<job_dir>/exit_code`` so state survives this process.
 """
@@ -17,7 +17,7 @@ import sys
 
 from hyperpod_lab.errors import JobStateError
 from hyperpod_lab.jobdir import JobPaths, effective_restarts, ft_local_argv, group_env, job_env, launcher_argv
-from hyperpod_lab.jobs import JobStatus
+from hyperpod_lab.submit.jobs import JobStatus
 from hyperpod_lab.procs import is_running, process_start, signal_job_process
 from hyperpod_lab.schedulers.base import LogChunk, Scheduler, read_log_range
 from hyperpod_lab.spec import JobSpec
@@ -26,7 +26,7 @@ from hyperpod_lab.spec import JobSpec
 def launch_argv(spec: JobSpec, job_dir: str, python: str, script: str) -> list[str]:
     """torchrun (via our launcher) for a single-node run of ``spec`` (pure). A checkpointless
     spec runs one replica group per node under a Lighthouse (``python -m
-    hyperpod_lab.runtime.ft_local``, started as a process: the submit side never imports torch)."""
+    hyperpod_lab.node.ft_local``, started as a process: the submit side never imports torch)."""
     restarts = effective_restarts(spec.resiliency)
     if spec.resiliency.recovery == "checkpointless":
         return ft_local_argv(python, script, spec.args, groups=spec.nodes, nproc_per_node=spec.procs_per_node,

@@ -1,11 +1,11 @@
 """Slurm backend, reached over SSH.
 
 The backend only renders (``render_sbatch``, pure), builds argv lists and parses outputs
-(``parse_*``, pure); the job lifecycle belongs to ``hyperpod_lab.client``. Every command goes
+(``parse_*``, pure); the job lifecycle belongs to ``hyperpod_lab.submit.client``. Every command goes
 through :mod:`hyperpod_lab.schedulers.remote` as an argv list.
 
 Resiliency: inside the allocation, torchrun's elastic agent (wrapped by
-``hyperpod_lab.runtime.launch``) restarts failed workers up to ``max_retries`` times and the
+``hyperpod_lab.node.launch``) restarts failed workers up to ``max_retries`` times and the
 runtime resumes from the newest complete checkpoint. The batch script itself detects HyperPod
 when it starts (``/opt/sagemaker_cluster`` exists, the test AWS's scripts make) and then runs
 the step under ``srun --auto-resume=1`` so HyperPod replaces a faulty node and re-runs the
@@ -30,7 +30,7 @@ from hyperpod_lab.errors import HyperPodLabError, JobStateError, RemoteCommandEr
 from hyperpod_lab.jobdir import (ENV_JOB_DIR, ENV_JOB_ID, ENV_REPLICA_GROUP, ENV_REPLICA_GROUP_OFFSET,
                                  ENV_REPLICA_GROUPS, ENV_SHARED_ROOT, ENV_SPEC, SLURM_REPLICA_GROUP, JobPaths,
                                  effective_restarts, launcher_argv, lighthouse_argv)
-from hyperpod_lab.jobs import JobStatus
+from hyperpod_lab.submit.jobs import JobStatus
 from hyperpod_lab.schedulers.base import LogChunk, Scheduler, read_log_range
 from hyperpod_lab.schedulers.remote import StagedFile
 from hyperpod_lab.spec import JobSpec
@@ -254,10 +254,10 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
 
 def _supervisor_argv(spec: JobSpec, job_id: str, python: str, launch: list[str], gpus: int,
                      srun_opts: list[str]) -> list[str]:
-    """The batch script's call of :mod:`hyperpod_lab.runtime.supervisor`, which places the
+    """The batch script's call of :mod:`hyperpod_lab.node.supervisor`, which places the
     training steps (``launch``: already shell-quoted words) on the allocation's nodes (pure)."""
     res = spec.resiliency
-    argv = [_q(python), "-m", "hyperpod_lab.runtime.supervisor", '--job-dir="$JOB_DIR"', f"--job-id={_q(job_id)}",
+    argv = [_q(python), "-m", "hyperpod_lab.node.supervisor", '--job-dir="$JOB_DIR"', f"--job-id={_q(job_id)}",
             f"--nodes={spec.nodes}", f"--spares={res.spares}", f"--mode={res.recovery}",
             f"--procs-per-node={spec.procs_per_node}", f"--python={_q(python)}"]
     if res.health_checks:

@@ -1,7 +1,7 @@
 """hyperpod-lab's jupyter-server extension: REST and WebSocket under ``<base_url>hyperpod/``.
 
-:func:`setup` builds the domain objects once (a :class:`~hyperpod_lab.client.Client` over the
-durable JobStore and one :class:`~hyperpod_lab.server.watcher.Watcher`), keeps them in
+:func:`setup` builds the domain objects once (a :class:`~hyperpod_lab.submit.client.Client` over the
+durable JobStore and one :class:`~hyperpod_lab.server.watch.watcher.Watcher`), keeps them in
 ``web_app.settings["hyperpod_lab"]`` and registers the handlers. The API is described in
 ``docs/openapi.yaml``.
 """
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from jupyter_server.utils import url_path_join
 
-from hyperpod_lab.client import Client
+from hyperpod_lab.submit.client import Client
 from hyperpod_lab.server import redact
-from hyperpod_lab.server.watcher import Watcher
+from hyperpod_lab.server.watch.watcher import Watcher
 
 
 @dataclass
@@ -48,7 +48,7 @@ def watcher_settings(server_app) -> dict:
 
 def setup(server_app) -> HyperPodApp:
     """Build the extension's objects and register its routes on ``server_app.web_app``."""
-    from hyperpod_lab.server.handlers import handlers
+    from hyperpod_lab.server.handlers.base import handlers
 
     web_app = server_app.web_app
     redact.install(server_app.log)  # before anything of ours logs

@@ -32,11 +32,11 @@ if [ -d /opt/sagemaker_cluster ]; then
     auto_resume="--auto-resume=1"
 fi
 rm -f "$JOB_DIR/lighthouse.json"
-/opt/venv/bin/python -m hyperpod_lab.runtime.lighthouse --job-dir "$JOB_DIR" --min-replicas=1 --host "$head_addr" >> "$JOB_DIR/logs/lighthouse.log" 2>&1 &
+/opt/venv/bin/python -m hyperpod_lab.node.lighthouse --job-dir "$JOB_DIR" --min-replicas=1 --host "$head_addr" >> "$JOB_DIR/logs/lighthouse.log" 2>&1 &
 lighthouse_pid=$!
 export HYPERPOD_LAB_REPLICA_GROUPS=2
 export HYPERPOD_LAB_REPLICA_GROUP_OFFSET=0
-/opt/venv/bin/python -m hyperpod_lab.runtime.supervisor \
+/opt/venv/bin/python -m hyperpod_lab.node.supervisor \
     --job-dir="$JOB_DIR" \
     --job-id=quick-start-20261123-010203-abcd \
     --nodes=2 \
@@ -53,7 +53,7 @@ export HYPERPOD_LAB_REPLICA_GROUP_OFFSET=0
     --srun-opt=--label \
     ${auto_resume:+--srun-opt=$auto_resume} \
     -- \
-    /opt/venv/bin/python -m hyperpod_lab.runtime.launch --standalone --nnodes=1 --nproc-per-node=1 --max-restarts=3 --monitor-interval=0.1 --log-dir="$JOB_DIR/logs/torchrun" --redirects=3 --tee=3 /fsx/hyperpod-lab/jobs/quick-start-20261123-010203-abcd/script/train_lm.py --steps 40 ''"'"'; touch /tmp/x; '"'"'' '$(id)' 'a
+    /opt/venv/bin/python -m hyperpod_lab.node.launch --standalone --nnodes=1 --nproc-per-node=1 --max-restarts=3 --monitor-interval=0.1 --log-dir="$JOB_DIR/logs/torchrun" --redirects=3 --tee=3 /fsx/hyperpod-lab/jobs/quick-start-20261123-010203-abcd/script/train_lm.py --steps 40 ''"'"'; touch /tmp/x; '"'"'' '$(id)' 'a
 b'
 rc=$?
 kill "$lighthouse_pid" 2>/dev/null

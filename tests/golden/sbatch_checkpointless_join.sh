@@ -33,7 +33,7 @@ fi
 export HYPERPOD_LAB_REPLICA_GROUP=slurm
 export HYPERPOD_LAB_REPLICA_GROUP_OFFSET=2
 srun --nodes=$SLURM_JOB_NUM_NODES --ntasks-per-node=1 --cpus-per-task=1 --kill-on-bad-exit=0 --label $auto_resume \
-    /opt/venv/bin/python -m hyperpod_lab.runtime.launch --standalone --nnodes=1 --nproc-per-node=1 --max-restarts=3 --monitor-interval=0.1 --log-dir="$JOB_DIR/logs/torchrun" --redirects=3 --tee=3 /fsx/hyperpod-lab/jobs/quick-start-20261123-010203-abcd/script/train_lm.py --steps 40 ''"'"'; touch /tmp/x; '"'"'' '$(id)' 'a
+    /opt/venv/bin/python -m hyperpod_lab.node.launch --standalone --nnodes=1 --nproc-per-node=1 --max-restarts=3 --monitor-interval=0.1 --log-dir="$JOB_DIR/logs/torchrun" --redirects=3 --tee=3 /fsx/hyperpod-lab/jobs/quick-start-20261123-010203-abcd/script/train_lm.py --steps 40 ''"'"'; touch /tmp/x; '"'"'' '$(id)' 'a
 b'
 rc=$?
 echo "hyperpod-lab: step exited with $rc"

@@ -31,7 +31,7 @@ if [ -d /opt/sagemaker_cluster ]; then
     echo "hyperpod-lab: HyperPod cluster: srun --auto-resume=1"
     auto_resume="--auto-resume=1"
 fi
-/opt/venv/bin/python -m hyperpod_lab.runtime.supervisor \
+/opt/venv/bin/python -m hyperpod_lab.node.supervisor \
     --job-dir="$JOB_DIR" \
     --job-id=quick-start-20261123-010203-abcd \
     --nodes=2 \
@@ -56,7 +56,7 @@ echo $(( attempt + 1 )) > "$counter"
 run=$restart.$step.$attempt
 rdzv_port=$(( 29500 + (SLURM_JOB_ID + 7919 * (restart * 1009 + step * 31 + attempt)) % 3200 ))
 echo "hyperpod-lab: run $run rendezvous $head_addr:$rdzv_port"
-exec /opt/venv/bin/python -m hyperpod_lab.runtime.launch --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint="$head_addr:$rdzv_port" --rdzv-id="$SLURM_JOB_ID.$run" --rdzv-conf=join_timeout=120 --max-restarts=3 --log-dir="$JOB_DIR/logs/torchrun" --redirects=3 --tee=3 /fsx/hyperpod-lab/jobs/quick-start-20261123-010203-abcd/script/train_lm.py --steps 40 '"'"''"'"'"'"'"'"'"'"'; touch /tmp/x; '"'"'"'"'"'"'"'"''"'"' '"'"'$(id)'"'"' '"'"'a
+exec /opt/venv/bin/python -m hyperpod_lab.node.launch --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint="$head_addr:$rdzv_port" --rdzv-id="$SLURM_JOB_ID.$run" --rdzv-conf=join_timeout=120 --max-restarts=3 --log-dir="$JOB_DIR/logs/torchrun" --redirects=3 --tee=3 /fsx/hyperpod-lab/jobs/quick-start-20261123-010203-abcd/script/train_lm.py --steps 40 '"'"''"'"'"'"'"'"'"'"'; touch /tmp/x; '"'"'"'"'"'"'"'"''"'"' '"'"'$(id)'"'"' '"'"'a
 b'"'"'' hyperpod-lab-step {head_addr} "$restart"
 rc=$?
 echo "hyperpod-lab: step exited with $rc"

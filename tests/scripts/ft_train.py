@@ -1,7 +1,7 @@
 """A small deterministic data-parallel job for the checkpointless / elastic tests (tests only).
 
 Regression on a fixed synthetic dataset with an MLP and Adam, through
-``hyperpod_lab.runtime.ft.Checkpointless``: every committed step reports its loss (set
+``hyperpod_lab.runtime.checkpointless.ft.Checkpointless``: every committed step reports its loss (set
 ``HYPERPOD_LAB_STEP_EVENT_INTERVAL_S`` small for one ``step`` event per step); the final parameters
 of each replica group go to ``<job_dir>/final-group-<G>.pt``.
 """
@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 import hyperpod_lab.runtime as hp
-from hyperpod_lab.runtime.elastic import ElasticBatches
-from hyperpod_lab.runtime.ft import Checkpointless
+from hyperpod_lab.runtime.checkpointless.elastic import ElasticBatches
+from hyperpod_lab.runtime.checkpointless.ft import Checkpointless
 from hyperpod_lab.spec import CheckpointPolicy
 
 

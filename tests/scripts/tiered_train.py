@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 import hyperpod_lab.runtime as hp
-from hyperpod_lab.runtime import memory_tier
+from hyperpod_lab.runtime.checkpoint import memory as memory_tier
 from hyperpod_lab.spec import CheckpointPolicy
 
 import toy_training as toy

@@ -2,7 +2,7 @@
  * A job's dashboard in the main area (one tab per job): swim lanes, loss and throughput charts,
  * the goodput breakdown, the compact timeline, the events table and the logs. Its data comes
  * from `GET jobs/{id}/dashboard` (the server's fold of the job's events,
- * `hyperpod_lab/aggregate.py`), read again every `REFRESH_MS` while the job runs.
+ * `hyperpod_lab/fold/aggregate.py`), read again every `REFRESH_MS` while the job runs.
  */
 import { Widget } from '@lumino/widgets';
 import { Message } from '@lumino/messaging';

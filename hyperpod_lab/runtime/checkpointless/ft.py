@@ -1,0 +1,495 @@
+"""Checkpointless recovery and elastic data parallelism, on torchft.
+
+Each data-parallel replica group (a node's torchrun, ``--standalone``, with
+``$HYPERPOD_LAB_REPLICA_GROUP`` set) trains a full copy of the model. A torchft
+``Manager`` per group talks to a torchft Lighthouse (``$TORCHFT_LIGHTHOUSE``, started by
+:mod:`hyperpod_lab.node.lighthouse`) that forms a quorum of the live replica groups before
+every step. Gradients are summed across the quorum with torchft's reconfigurable gloo process
+group. So:
+
+* **a replica dies** (process or node): the survivors' all-reduce fails (a killed process: at
+  once, its kernel closes the connection, gloo "Connection closed by peer"; a silent node: at the
+  collective timeout); the survivors drop that step (``should_commit`` is False), form a new
+  quorum without it and redo the step alone, re-sharding the global batch over fewer replicas
+  (gradient accumulation keeps the global batch size). The new quorum forms as soon as the
+  Lighthouse has stopped hearing the dead group's heartbeat (its heartbeat timeout, 100 ms on
+  loopback, 300 ms across nodes; the dead group's heartbeats stopped with its process), which
+  has usually passed by the time the survivors' failed step returns. No process restarts, no
+  storage read.
+* **a replacement or new replica joins** (torchrun restarted the worker, or a new node): its
+  first quorum finds it behind; torchft sends it the live state of a healthy replica (model,
+  optimizer, data cursor) over HTTP and it joins the next step. No storage read.
+* **every replica of the state is lost** (all groups restarted at once): nobody is ahead, so
+  each group falls back to its tiered checkpoint (memory, then persistent, then S3), with a
+  ``recovery.fallback`` event; the next quorum equalises the groups.
+
+Network exposure: torchft's heal transport (an HTTP server in every rank serving the full state
+to a recovering replica) listens on this node's cluster address only (:func:`heal_host`;
+``127.0.0.1`` when the job's Lighthouse is on loopback, i.e. the local backend), not on every
+interface (:func:`bound_http_transport`). torchft 0.2.0 has no authentication hook for it, for
+its Lighthouse or for its manager server: see docs/checkpointless.md, "Security".
+
+Decision and measurements: ``docs/checkpointless.md``. Timeout hierarchy (all set deliberately;
+the Lighthouse's are published in ``lighthouse.json``): each group's Manager heartbeat interval
+(a fifth of the heartbeat timeout: 20 ms on loopback) < Lighthouse heartbeat timeout
+(``--heartbeat-ms`` of :mod:`hyperpod_lab.node.lighthouse`: 100 ms when it listens on loopback,
+300 ms across nodes, above TCP's 200 ms minimum retransmission timeout; a dead group is dropped
+from the next quorum after it, re-checked every ``--quorum-tick-ms``, 10 ms) < Lighthouse join
+timeout (``--join-timeout-ms``, 5 s: how long a quorum waits for a group that is alive,
+heartbeating, but slow to ask) < collective timeout (``$HYPERPOD_LAB_FT_TIMEOUT_S``, 10 s: an
+all-reduce with a silent peer) < quorum timeout (``$HYPERPOD_LAB_FT_QUORUM_TIMEOUT_S``, 60 s:
+waiting for ``min_replicas``). torchrun restarts a failed worker on its own clock (its monitor
+interval 0.1 s, then start-up).
+
+Typical use (the step loop changes; the model code does not)::
+
+    import hyperpod_lab.runtime as hp
+
+    with hp.init() as ctx:
+        model, opt = Net(), torch.optim.AdamW(...)
+        batches = hp.ElasticBatches(len(data), global_batch_size=64, micro_batch_size=8,
+                                    base_lr=3e-4, lr_rule="sqrt")
+        ft = hp.Checkpointless(ctx, model, opt, batches)   # tiered fallback: the spec's policy
+        while ft.step < total_steps:
+            plan = ft.begin_step()
+            for mb in plan.micro_batches:
+                loss = model.loss(data[list(mb)]) * plan.weight(len(mb))
+                loss.backward()
+            ft.end_step(loss_sum)        # all-reduce, commit, optimizer step; events
+    # events: fault.detected (survivors), recovery.completed, checkpoint.restored tier=replica,
+    # elastic.scaled, recovery.fallback
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from hyperpod_lab.jobdir import job_finished  # noqa: F401  (re-exported)
+from hyperpod_lab.atomicfile import write_json_atomic
+from hyperpod_lab.events import EventKind, EventReader
+from hyperpod_lab.jobdir import (
+    ENV_FT_QUORUM_TIMEOUT,
+    ENV_FT_TIMEOUT,
+    ENV_REPLICA_GROUP,
+    ENV_REPLICA_GROUPS,
+    TIER_REPLICA,
+    JobPaths,
+)
+from hyperpod_lab.runtime.context import env_seconds
+from hyperpod_lab.runtime.checkpointless.elastic import ElasticBatches, StepPlan
+
+if TYPE_CHECKING:
+    from hyperpod_lab.runtime.context import JobContext
+    from hyperpod_lab.spec import CheckpointPolicy
+
+ENV_LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"
+DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_QUORUM_TIMEOUT_S = 60.0
+DEFAULT_HEARTBEAT_MS = 100  # a Lighthouse that published no timeout: heartbeat every 20 ms
+MAX_REPLICA_GROUPS = 1024
+REPLICAS_DIRNAME = "replicas"  # <job_dir>/replicas/group-<G>.json: the replica-group registry
+
+
+def heal_host(lighthouse_address: str) -> str:
+    """The IP address this rank's heal transport listens on: ``127.0.0.1`` when the Lighthouse
+    is on loopback (the local backend: every replica group is on this machine), else this node's
+    address (``socket.gethostbyname`` of ``$SLURMD_NODENAME`` or the host name).
+
+    Raises:
+        OSError: the node's name does not resolve.
+    """
+    import socket
+    from urllib.parse import urlsplit
+
+    from hyperpod_lab.jobdir import node_name
+
+    lh = urlsplit(lighthouse_address).hostname or ""
+    if lh in ("localhost", "::1") or lh.startswith("127."):
+        return "127.0.0.1"
+    for name in (node_name(), socket.gethostname()):
+        try:
+            return socket.gethostbyname(name)
+        except OSError:
+            continue
+    return socket.gethostbyname(socket.gethostname())
+
+
+def bound_http_transport(host: str, timeout: timedelta):
+    """torchft's ``HTTPTransport`` (unchanged: no fork) listening on ``host`` only.
+
+    ``HTTPTransport`` binds every interface in its constructor and offers no parameter for it;
+    this stops that server right away (it serves nothing until the first ``send_checkpoint``:
+    torchft disallows checkpoints from construction on), then serves the same request handler
+    from a server bound to ``host`` and advertises ``host`` in its address.
+
+    Args:
+        host: an IPv4 or IPv6 address of this node.
+        timeout: torchft's HTTP timeout.
+
+    Returns:
+        A ``torchft.checkpointing.HTTPTransport``.
+    """
+    import socket
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from torchft.checkpointing import HTTPTransport
+
+    class _Server(ThreadingHTTPServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        request_queue_size = 1024
+        daemon_threads = True
+
+    class BoundHTTPTransport(HTTPTransport):
+        def __init__(self) -> None:
+            super().__init__(timeout=timeout, num_chunks=0)
+            handler = self._server.RequestHandlerClass
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join(timeout=5)
+            self._server = _Server((host, 0), handler)
+            self._thread = threading.Thread(target=self._serve, daemon=True, name="hyperpod-heal-http")
+            self._thread.start()
+
+        def address(self) -> str:
+            port = self._server.socket.getsockname()[1]
+            name = f"[{host}]" if ":" in host else host
+            return f"http://{name}:{port}/checkpoint/"
+
+    return BoundHTTPTransport()
+
+
+def manager_heartbeat_interval_ms(job_dir: str) -> int:
+    """How often this group's torchft Manager heartbeats to the job's Lighthouse: the
+    ``heartbeat_interval_ms`` the Lighthouse published in ``lighthouse.json`` (five beats per
+    heartbeat timeout), else that of :data:`DEFAULT_HEARTBEAT_MS`."""
+    from hyperpod_lab.node.lighthouse import heartbeat_interval_ms, read_info
+
+    published = read_info(job_dir)
+    try:
+        interval = int(published.get("heartbeat_interval_ms") or 0)
+        return interval if interval >= 1 else heartbeat_interval_ms(int(published.get("heartbeat_ms") or DEFAULT_HEARTBEAT_MS))
+    except (TypeError, ValueError):
+        return heartbeat_interval_ms(DEFAULT_HEARTBEAT_MS)
+
+
+def replica_file(paths: JobPaths, group: int) -> str:
+    """``<job_dir>/replicas/group-<G>.json``: what replica group ``group`` registered (node, pid)."""
+    return paths.path(REPLICAS_DIRNAME, f"group-{int(group)}.json")
+
+
+class Checkpointless:
+    """Fault-tolerant, elastic data-parallel steps for one rank of a replica group.
+
+    Args:
+        ctx: the :class:`JobContext` of a checkpointless job (``ctx.replica_group`` set, i.e.
+            launched with ``$HYPERPOD_LAB_REPLICA_GROUP``).
+        model, optimizer: this replica's model and optimizer (the whole state is replicated).
+        batches: the global-batch plan (:class:`~hyperpod_lab.runtime.checkpointless.elastic.ElasticBatches`).
+        min_replicas: replica groups needed to commit a step (default: the spec's
+            ``elastic.min_nodes``, else 1).
+        checkpoint: the fallback tier for when no live replica holds the state: a
+            :class:`~hyperpod_lab.spec.CheckpointPolicy`, True for the job spec's policy, or
+            False for none. A :class:`~hyperpod_lab.runtime.checkpoint.tiered.TieredCheckpointer`
+            (``replicas=0``: the other replicas are the live copies) over the model, optimizer,
+            data cursor and ``extra_state`` is built and saved after each committed step.
+        extra_state: more state to replicate and heal (a dict of tensors/numbers, e.g. RNG
+            state), or None.
+
+    Raises:
+        ValueError: the context is not a checkpointless one.
+        TimeoutError: ``$TORCHFT_LIGHTHOUSE`` is unset and the job's ``lighthouse.json`` did not
+            appear within 60 s.
+    """
+
+    def __init__(self, ctx: "JobContext", model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 batches: ElasticBatches, *, min_replicas: int | None = None,
+                 checkpoint: "CheckpointPolicy | bool" = True, extra_state: dict | None = None):
+        from torchft.manager import Manager
+        from torchft.process_group import ProcessGroupGloo
+
+        if ctx.replica_group is None:
+            raise ValueError("Checkpointless needs a replica group: launch each node with "
+                             f"${ENV_REPLICA_GROUP} and ${ENV_LIGHTHOUSE} (the Slurm and local backends do "
+                             "this when the job's resiliency.recovery is 'checkpointless')")
+        if not os.environ.get(ENV_LIGHTHOUSE):  # the job's lighthouse publishes its address on shared storage
+            from hyperpod_lab.node.lighthouse import read_address
+
+            os.environ[ENV_LIGHTHOUSE] = read_address(ctx.job_dir, timeout_s=60)
+        if min_replicas is None:
+            el = ctx.spec.elastic if ctx.spec is not None else None
+            min_replicas = (el.min_nodes if el is not None and el.min_nodes else 1)
+        self.ctx, self.model, self.optimizer, self.batches = ctx, model, optimizer, batches
+        self.extra_state = extra_state if extra_state is not None else {}
+        self.min_replicas = int(min_replicas)
+        self.progress = {"cursor": 0}  # samples consumed (replicated and checkpointed)
+        self.fallback: "TieredCheckpointer | None" = None
+        if checkpoint is not False:
+            from hyperpod_lab.runtime.checkpoint.tiered import TieredCheckpointer
+
+            policy = None if checkpoint is True else checkpoint
+            state = {"model": model, "optim": optimizer, "progress": self.progress}
+            if self.extra_state:
+                state["extra"] = self.extra_state
+            self.fallback = TieredCheckpointer(ctx, state, policy, replicas=0)
+        self.timeout = timedelta(seconds=env_seconds(ENV_FT_TIMEOUT, DEFAULT_TIMEOUT_S))
+        quorum_timeout = timedelta(seconds=env_seconds(ENV_FT_QUORUM_TIMEOUT, DEFAULT_QUORUM_TIMEOUT_S))
+        self._healed: dict[str, Any] | None = None
+        if job_finished(ctx.job_dir):  # a group that joins (or restarts) after the job ended
+            raise JobAlreadyFinished(0)
+        # an initial group on the job's first start: its first-quorum "heal" is torchft's initial
+        # weight sync (init_sync), not a recovery
+        registry = replica_file(ctx.paths, ctx.replica_group)
+        self._initial = (not os.path.exists(registry) and not ctx.is_restart
+                         and ctx.replica_group < int(os.environ.get(ENV_REPLICA_GROUPS, "0") or 0))
+        self.heartbeat_interval_ms = manager_heartbeat_interval_ms(ctx.job_dir)
+        self.heal_transport = bound_http_transport(heal_host(os.environ[ENV_LIGHTHOUSE]), self.timeout)
+        self.manager = Manager(
+            pg=ProcessGroupGloo(timeout=self.timeout), load_state_dict=self._load_state,
+            checkpoint_transport=self.heal_transport,
+            state_dict=self._state, min_replica_size=self.min_replicas, use_async_quorum=False,
+            timeout=self.timeout, quorum_timeout=quorum_timeout, connect_timeout=self.timeout,
+            rank=ctx.rank, world_size=ctx.world_size, replica_id=f"hyperpod_lab_group_{ctx.replica_group}",
+            heartbeat_interval=timedelta(milliseconds=self.heartbeat_interval_ms), init_sync=True)
+        self._register()  # after the Manager exists: a registered group is heartbeating
+        if self._initial:
+            self._await_initial_groups()
+        self.plan: StepPlan | None = None
+        self._members: set[int] | None = None       # replica groups of the last committed step
+        self._last_commit_time: float | None = None
+        self._outage: dict[str, Any] | None = None  # a failed step not yet followed by a commit
+        self._first = True
+        self._step_started = 0.0
+
+    # ---- replicated state ---------------------------------------------------------------
+    def _state(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optim": self.optimizer.state_dict(),
+                "cursor": self.progress["cursor"], "extra": self.extra_state}
+
+    def _load_state(self, sd: dict[str, Any]) -> None:
+        t0 = time.monotonic()
+        self.model.load_state_dict(sd["model"])
+        self.optimizer.load_state_dict(sd["optim"])
+        self.progress["cursor"] = int(sd["cursor"])
+        self.extra_state.clear()
+        self.extra_state.update(sd.get("extra") or {})
+        self._healed = {"seconds": time.monotonic() - t0, "bytes": _nbytes(sd)}
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps committed by the job so far (the next step's index)."""
+        return self.manager.current_step()
+
+    # ---- the step -----------------------------------------------------------------------
+    def begin_step(self) -> StepPlan:
+        """Form the quorum for the next step (healing this replica from a live peer if it is
+        behind, or from the tiered checkpoint if nobody holds the state) and return this
+        rank's share of the global batch. Zeroes the gradients and sets the learning rate.
+
+        Raises:
+            RuntimeError: no quorum of ``min_replicas`` within the quorum timeout.
+            InjectedFault: ``inject-fault --kind exception`` asked this rank to fail
+                (``ctx.check_injected_fault``; a loop that never calls ``ctx.step`` still gets it).
+        """
+        self.ctx.check_injected_fault()
+        self.optimizer.zero_grad(set_to_none=False)
+        t_quorum = time.time()
+        with self.ctx.waiting("quorum"):  # waiting for the other replica groups (straggler timing, watchdog)
+            self.manager.start_quorum()
+        if self._healed is not None and self._first and self._initial:
+            self._healed = None  # the initial weight sync
+        if self._healed is not None:
+            self._report_heal(t_quorum)
+        elif self._first and self.fallback is not None and self.step == 0:
+            if self._fall_back():
+                self.manager.start_quorum()  # equalise with the others at the restored step
+                if self._healed is not None:
+                    self._report_heal(t_quorum)
+        self._first = False
+        replicas = max(1, self.manager.num_participants())
+        replica_rank = self.manager.participating_rank() or 0
+        self.ctx.is_leader = replica_rank == 0 and self.ctx.rank == 0
+        plan = self.batches.plan(self.step, self.progress["cursor"], replicas, replica_rank, self.ctx.rank, self.ctx.world_size)
+        for group in self.optimizer.param_groups:
+            group["lr"] = plan.lr
+        if self.plan is not None and plan.replicas != self.plan.replicas and self.ctx.is_leader:
+            old = self.plan
+            self.ctx.emit(EventKind.ELASTIC_SCALED, step=plan.step,
+                          old_world_size=old.replicas * self.ctx.world_size,
+                          new_world_size=plan.replicas * self.ctx.world_size,
+                          old_replicas=old.replicas, new_replicas=plan.replicas,
+                          micro_batch_size=self.batches.micro_batch_size,
+                          old_accumulation_steps=old.accumulation_steps,
+                          accumulation_steps=plan.accumulation_steps,
+                          global_batch_size=plan.global_batch_size, effective_batch=plan.effective_batch,
+                          old_lr=old.lr, lr=plan.lr, lr_rule=self.batches.lr_rule)
+        self.plan = plan
+        self._step_started = time.time()
+        return plan
+
+    def end_step(self, loss_sum: float | torch.Tensor = 0.0) -> bool:
+        """Sum the gradients over the replica group and the quorum, then step the optimizer if
+        every participant succeeded (else the step is redone by the next ``begin_step``).
+
+        Args:
+            loss_sum: this rank's sum of weighted micro-batch losses (as returned by
+                ``loss * plan.weight(n)``); summed over the job it is the mean loss of the
+                effective batch.
+
+        Returns:
+            True when the step was committed. Then ``self.loss`` is the step's mean loss.
+        """
+        assert self.plan is not None, "call begin_step() first"
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        member = torch.zeros(MAX_REPLICA_GROUPS + 1, dtype=torch.float32)
+        if self.ctx.rank == 0:
+            member[self.ctx.replica_group] = 1.0
+        member[MAX_REPLICA_GROUPS] = float(loss_sum)
+        flat = torch.cat([g.reshape(-1).to(torch.float32) for g in grads] + [member])
+        failed: str | None = None
+        with self.ctx.waiting("allreduce"):  # waiting for the others (straggler timing, watchdog)
+            if self.ctx.world_size > 1:
+                dist.all_reduce(flat, group=self.ctx.cpu_group)
+            try:
+                self.manager.allreduce(flat, reduce_op=dist.ReduceOp.SUM).wait()
+            except Exception as e:  # torchft reports errors through errored(); be safe
+                failed = f"{type(e).__name__}: {e}"
+        err = self.manager.errored()
+        if err is not None and failed is None:
+            failed = str(err.original_exception)
+        committed = self.manager.should_commit()
+        if not committed:
+            self._on_failed_step(failed or "a participant could not finish the step")
+            return False
+        off = 0
+        for p, g in zip(params, grads):
+            n = g.numel()
+            p.grad = flat[off:off + n].view_as(p).to(p.dtype)
+            off += n
+        self.optimizer.step()
+        self.progress["cursor"] += self.plan.effective_batch
+        self.loss = float(flat[-1])
+        members = {int(i) for i in torch.nonzero(flat[off:off + MAX_REPLICA_GROUPS] > 0.5).flatten()}
+        self._on_commit(members)
+        if self.fallback is not None:
+            self.fallback.maybe_save(self.step - 1)
+        return True
+
+    # ---- events ---------------------------------------------------------------------------
+    def _on_failed_step(self, reason: str) -> None:
+        if self._outage is None:
+            self._outage = {"since": self._last_commit_time or self._step_started, "detected": time.time(),
+                            "reason": reason, "step": self.plan.step if self.plan else None}
+
+    def _on_commit(self, members: set[int]) -> None:
+        now = time.time()
+        lost = sorted(self._members - members) if self._members is not None else []
+        if lost and self.ctx.is_leader:
+            outage = self._outage or {"since": self._last_commit_time or now, "detected": now,
+                                      "reason": "replica group left the quorum", "step": self.plan.step}
+            for group in lost:
+                info = self._replica_info(group)
+                self.ctx.emit(EventKind.FAULT_DETECTED, rank=[group * self.ctx.world_size + r
+                                                               for r in range(self.ctx.world_size)],
+                              replica_group=group, node=info.get("node"), pid=info.get("pid"),
+                              reason=f"replica group {group} left the quorum ({outage['reason']})",
+                              detected_by=self.ctx.replica_group,
+                              detection_s=round(outage["detected"] - outage["since"], 3),
+                              detected_at=outage["detected"])
+            # downtime_s: from the incident's first detection (this leader's, or an earlier
+            # fault.detected of the same incident, e.g. the lost node's agent) to this commit,
+            # the first completed step after the loss (one definition: hyperpod_lab.fold.facts)
+            from hyperpod_lab.events import EventReader
+            from hyperpod_lab.fold.facts import fold
+
+            first = fold(EventReader(self.ctx.job_dir).poll()).incident_detected_at
+            detected = outage["detected"] if first is None else min(first, outage["detected"])
+            self.ctx.emit(EventKind.RECOVERY_COMPLETED, mode="checkpointless", restored_step=None,
+                          restored_from="none", resumed_step=self.plan.step,
+                          downtime_s=round(max(0.0, now - detected), 3), replicas=len(members),
+                          lost_replica_groups=lost, restart_count=self.ctx.restart_count)
+        self._outage = None
+        self._members = members
+        self._last_commit_time = now
+
+    def _report_heal(self, t0: float) -> None:
+        healed, self._healed = self._healed, None
+        if self.ctx.rank != 0:
+            return
+        self.ctx.emit(EventKind.CHECKPOINT_RESTORED, tier=TIER_REPLICA, step=self.step,
+                      bytes=healed["bytes"], seconds=round(time.time() - t0, 3),
+                      replica_group=self.ctx.replica_group, node=self.ctx.node,
+                      path=None)
+        self.ctx.note_restored(TIER_REPLICA, self.step)
+
+    def _fall_back(self) -> bool:
+        """No live replica was ahead of us at our first quorum: restore the tiered checkpoint.
+        Returns True when one was restored."""
+        restored = self.fallback.restore()
+        if restored <= 0:
+            return False
+        self.manager.load_state_dict({"step": restored, "batches_committed": 0})
+        tier = (self.ctx.restored or {}).get("tier", "unknown")
+        if self.ctx.rank == 0:
+            self.ctx.emit(EventKind.RECOVERY_FALLBACK, replica_group=self.ctx.replica_group, step=restored,
+                          tier=tier, reason="no live replica holds the training state; restored the tiered checkpoint")
+        return True
+
+    # ---- replica registry -----------------------------------------------------------------
+    def _register(self) -> None:
+        """Write ``<job_dir>/replicas/group-<G>.json`` (node, pid): names the group in others'
+        ``fault.detected`` and tells the initial groups that this one is up."""
+        path = replica_file(self.ctx.paths, self.ctx.replica_group)
+        if self.ctx.rank == 0:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            write_json_atomic(path, {"replica_group": self.ctx.replica_group, "node": self.ctx.node,
+                                     "pid": os.getpid(), "ranks": self.ctx.world_size, "time": time.time()})
+
+    def _await_initial_groups(self) -> None:
+        """On the job's first start, wait (up to the quorum timeout) until the initial replica
+        groups (``$HYPERPOD_LAB_REPLICA_GROUPS``) have registered, so the first quorum holds them
+        all instead of one group starting alone and the others healing from it."""
+        expected = int(os.environ.get(ENV_REPLICA_GROUPS, "0") or 0)
+        if self.ctx.replica_group >= expected:
+            return  # a group that joins later
+        rdir = self.ctx.paths.path(REPLICAS_DIRNAME)
+        deadline = time.monotonic() + env_seconds(ENV_FT_QUORUM_TIMEOUT, DEFAULT_QUORUM_TIMEOUT_S)
+        while time.monotonic() < deadline:
+            have = {n for n in os.listdir(rdir) if n.startswith("group-")} if os.path.isdir(rdir) else set()
+            if all(f"group-{g}.json" in have for g in range(expected)):
+                return
+            time.sleep(0.05)
+
+    def _replica_info(self, group: int) -> dict[str, Any]:
+        try:
+            with open(replica_file(self.ctx.paths, group)) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return {}
+
+    def close(self) -> None:
+        """Leave the quorum (shuts the torchft manager down)."""
+        self.manager.shutdown(wait=False)
+
+
+class JobAlreadyFinished(SystemExit):
+    """Raised (exit status 0) by a replica group that starts after the job's ``finished`` event:
+    there is nothing left to train, and no state to heal from."""
+
+
+def _nbytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(v) for v in obj)
+    return 0

@@ -1,0 +1,77 @@
+"""``GET hyperpod/jobs/<id>/logs/triage``: every rank's log in one view (``hyperpod_lab.submit.logtriage``).
+
+Query parameters (all optional; contract in ``docs/openapi.yaml``):
+
+* ``ranks``: ``0,2,4-7`` (default: every rank that started; at most 256).
+* ``cursor``: the reply's ``cursor``, to read on from where it stopped (follow mode: only new
+  lines; a search: the next part of the logs).
+* ``length``: bytes read per rank and log file, 1 to 1 MiB (default 64 KiB).
+* ``tail``: ``1`` reads a file the cursor does not name from its last ``length`` bytes.
+* ``q``: search (case-insensitive substring; a Python regular expression with ``regex=1``),
+  ``scan`` (bytes scanned per request, default 8 MiB, at most 64 MiB), ``limit`` (matches, at
+  most 1000).
+* ``around``: ``traceback``: the window around the first failing rank's traceback; ``time``
+  (seconds since the epoch, e.g. a ``fault.detected`` event's) picks the traceback nearest it.
+* ``failure``: ``0`` skips finding the first failure (follow polls).
+
+Bad parameters answer 400 with the field named (``{"error": {"type": "SpecError", "field"}}``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import tornado.web
+from jupyter_server.auth.decorator import authorized
+
+from hyperpod_lab.submit import logtriage
+from hyperpod_lab.errors import SpecError
+from hyperpod_lab.server.handlers.base import HyperPodHandler
+
+
+class LogTriageHandler(HyperPodHandler):
+    """The triage view, search or traceback window of a job's rank logs; every read bounded by
+    ``length`` (view) or ``scan`` (search) bytes. Answers the dict of
+    :func:`hyperpod_lab.submit.logtriage.triage`."""
+
+    def _flag(self, name: str) -> bool:
+        raw = self.get_query_argument(name, None)
+        if raw in (None, "", "0", "false"):
+            return False
+        if raw in ("1", "true"):
+            return True
+        raise SpecError(name, f"must be 0 or 1, got {raw[:40]!r}")
+
+    @tornado.web.authenticated
+    @authorized
+    async def get(self, job_id: str):
+        ranks = logtriage.parse_ranks(self.get_query_argument("ranks", None))
+        cursor = logtriage.decode_cursor(self.get_query_argument("cursor", None))
+        length = self.int_arg("length", logtriage.DEFAULT_LENGTH, low=1, high=logtriage.MAX_LENGTH)
+        scan = self.int_arg("scan", logtriage.DEFAULT_SCAN, low=1, high=logtriage.MAX_SCAN)
+        limit = self.int_arg("limit", 200, low=1, high=logtriage.MAX_MATCHES)
+        tail, regex = self._flag("tail"), self._flag("regex")
+        failure = self.get_query_argument("failure", None) in (None, "") or self._flag("failure")
+        q = self.get_query_argument("q", None)
+        if q is not None:
+            if q == "":
+                q = None
+            else:
+                logtriage.compile_query(q, regex)  # 400 before any read
+        around = self.get_query_argument("around", None)
+        if around not in (None, "", "traceback"):
+            raise SpecError("around", f"must be 'traceback', got {around[:40]!r}")
+        near = self.get_query_argument("time", None)
+        near_time = None
+        if near not in (None, ""):
+            try:
+                near_time = float(near)
+            except ValueError:
+                near_time = math.nan
+            if not math.isfinite(near_time) or near_time < 0:
+                raise SpecError("time", f"must be seconds since the epoch (a number >= 0), got {near[:40]!r}")
+        reply = await self.hp.watcher.run_for_job(
+            job_id, logtriage.triage, self.hp.client, job_id, ranks=ranks, cursor=cursor, length=length,
+            tail=tail, q=q, regex=regex, scan=scan, limit=limit, around_traceback=around == "traceback",
+            near_time=near_time, failure=failure)
+        self.reply(reply)

@@ -1,0 +1,911 @@
+"""Per-rank log triage: all ranks' logs in one view, by byte range (issue 18, item 3).
+
+Torch-free and without Jupyter imports: the REST route (``hyperpod_lab.server.handlers.logtriage``),
+the CLI (``hyperpod-lab logs JOB --triage``) and the tests use it alike.
+
+Where a rank's output is
+    torchrun (``--log-dir <job>/logs/torchrun --tee 3``) writes each worker's output to
+    ``<run>/attempt_<k>/<local_rank>/{stdout,stderr}.log``; a restart is a new attempt. The
+    rank's ``ranks/rank-R.json`` names its current attempt's ``stdout.log`` (``log_file``); the
+    rank's *sources* are every attempt's ``stdout.log`` and ``stderr.log`` of that worker slot
+    (a Python traceback goes to ``stderr.log`` of the attempt that failed). A backend without
+    that layout (EKS pods, a rank that recorded no file) has one source, the scheduler's own
+    :meth:`~hyperpod_lab.schedulers.base.Scheduler.log_range` of the rank, named ``log``.
+
+Everything by byte range
+    Every read is one :func:`~hyperpod_lab.schedulers.base.read_log_range` (or ``log_range``)
+    of at most the requested length: never the whole file. A *cursor* is ``{"R:source": byte
+    offset}`` per rank and source; :func:`encode_cursor` makes the opaque string clients send back.
+
+Terms: rank (global rank of the worker), node (host it ran on), attempt (torchrun's restart
+count, 0 first), source (one log file of a rank), offset (bytes from the start of a source).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import posixpath
+import re
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from hyperpod_lab.errors import HyperPodLabError, SpecError
+from hyperpod_lab.schedulers.base import LogChunk, read_log_range
+
+DEFAULT_LENGTH = 64 << 10  #: bytes read per source per request by default
+MAX_LENGTH = 1 << 20  #: most bytes read per source per request
+DEFAULT_SCAN = 8 << 20  #: bytes a search scans per request by default (all sources together)
+MAX_SCAN = 64 << 20  #: most bytes a search scans per request
+MAX_MATCHES = 1000  #: most search matches per reply
+MAX_PATTERN = 200  #: longest search pattern, characters
+MAX_LINE = 4096  #: characters of one line kept (and searched); longer lines are cut
+MAX_RANKS = 256  #: most ranks one request may name
+MAX_SOURCES = 512  #: most sources one request reads
+ALIGN_WINDOW = 32  #: lines looked ahead per rank when aligning identical lines across ranks
+TRACEBACK = "Traceback (most recent call last):"
+FATAL = "Fatal Python error:"
+
+_PREFIX = re.compile(r"^(?:\[[^\]\n]{1,40}\]:\s?)*")  # "[rank1]: " (torch), "[default1]:" (torchrun --tee)
+_ATTEMPT = re.compile(r"^attempt_(\d+)$")
+# a group holding a repetition, itself repeated: (a+)+, (a|aa)*, (x*y?)* ... (catastrophic backtracking)
+_NESTED_REPEAT = re.compile(r"\((?:[^()\\]|\\.)*(?:[+*}]|\|)(?:[^()\\]|\\.)*\)\s*(?:[+*{]|\?\?)")
+_SECONDARY = re.compile(r"Connection closed by peer|Connection reset by peer|ChildFailedError|SIGTERM|"
+                        r"SignalException|ProcessGroupGloo|NCCL.*(?:abort|timeout)|Broken pipe|"
+                        r"DistNetworkError|DistStoreError|Socket Timeout|TCPStore", re.I)
+
+
+# ---------------------------------------------------------------------------- cursors
+def encode_cursor(cursor: dict[str, int]) -> str:
+    """The opaque cursor clients see: base64url of the JSON ``{"R:source": byte offset}``."""
+    raw = json.dumps(cursor, sort_keys=True, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(text: str | None, name: str = "cursor") -> dict[str, int]:
+    """Inverse of :func:`encode_cursor`; None or "" is no cursor. Its keys only select offsets
+    of the sources a request lists itself (a key naming no source is ignored, never opened).
+    Raises SpecError(``name``)."""
+    if not text:
+        return {}
+    bad = SpecError(name, "is not a log cursor this server issued; omit it to start again")
+    if len(text) > 65536:
+        raise bad
+    try:
+        cur = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+    except (binascii.Error, ValueError):
+        raise bad from None
+    if not isinstance(cur, dict) or not all(
+            isinstance(k, str) and re.fullmatch(r"\d{1,7}:[^\x00-\x1f]{1,1000}", k)
+            and isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 62 for k, v in cur.items()):
+        raise bad
+    return cur
+
+
+def parse_ranks(text: str | None, known: list[int] | None = None) -> list[int] | None:
+    """``"0,2,4-7"`` as a sorted list of ranks (None or "" is None: every rank). Raises
+    SpecError("ranks") for anything else, or more than :data:`MAX_RANKS` ranks."""
+    if text is None or not text.strip():
+        return None
+    out: set[int] = set()
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*(\d{1,7})\s*(?:-\s*(\d{1,7})\s*)?", part)
+        if not m:
+            raise SpecError("ranks", f"must be ranks and ranges like 0,2,4-7, got {text[:80]!r}")
+        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if hi < lo or hi - lo >= MAX_RANKS or len(out) + hi - lo + 1 > MAX_RANKS:
+            raise SpecError("ranks", f"names more than {MAX_RANKS} ranks or an empty range ({part.strip()!r})")
+        out.update(range(lo, hi + 1))
+    return sorted(out)
+
+
+def rank_set_label(ranks: Iterable[int]) -> str:
+    """``[0, 1, 2, 3, 5]`` -> ``"0-3,5"`` (the badge of a collapsed line)."""
+    rs = sorted(set(ranks))
+    parts, i = [], 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+# ---------------------------------------------------------------------------- lines
+@dataclass
+class Line:
+    """One line of one source: ``text`` (no newline, cut at :data:`MAX_LINE` characters), the
+    byte ``offset`` of its first byte and ``end`` one past its newline."""
+
+    text: str
+    offset: int
+    end: int
+
+
+def split_lines(data: bytes, base: int, at_eof: bool, full: bool) -> tuple[list[Line], int]:
+    """The complete lines of ``data`` (bytes read from byte ``base``) and the offset where the
+    next read starts. A last line without its newline is held back (it may still be being
+    written) unless the source ended there and ``at_eof`` (the job is over), or ``full`` (the
+    read was the whole length asked for and held no newline at all: one over-long line)."""
+    lines, pos = [], 0
+    while True:
+        nl = data.find(b"\n", pos)
+        if nl < 0:
+            break
+        lines.append(Line(data[pos:nl].rstrip(b"\r").decode(errors="replace")[:MAX_LINE], base + pos, base + nl + 1))
+        pos = nl + 1
+    if pos < len(data) and (at_eof or (full and not lines)):
+        lines.append(Line(data[pos:].decode(errors="replace")[:MAX_LINE], base + pos, base + len(data)))
+        pos = len(data)
+    return lines, base + pos
+
+
+def strip_prefix(text: str) -> tuple[str, int]:
+    """``text`` without the per-rank prefixes torch adds (``[rank1]: ``, ``[default1]:``), and
+    the number of characters removed."""
+    m = _PREFIX.match(text)
+    n = m.end() if m else 0
+    return text[n:], n
+
+
+# ---------------------------------------------------------------------------- collapse
+def collapse(per_rank: dict[int, list[Line]], window: int = ALIGN_WINDOW) -> list[dict]:
+    """Merge the ranks' lines into one list, identical lines (same text) of several ranks
+    collapsed into one entry, each rank's order kept.
+
+    Aligns by content within ``window`` lines: at each step the line that heads the most ranks
+    goes next (ties: the lowest rank's); a rank whose head differs but which has that line within
+    its next ``window`` lines is *behind* and its head goes first. Each rank keeps a count of the
+    texts in its look-ahead window, updated as it advances: cost O(lines x ranks). Measured on
+    this 2-core machine: 64 ranks x 1000 lines, 90 % of them shared, 0.3 s; all distinct, 2.4 s.
+
+    Returns ``[{"text", "ranks": [R...], "offsets": {R: byte offset of the line in rank R's
+    source}}]`` (ranks as ints; JSON turns the offsets' keys into strings).
+    """
+    ptr = {r: 0 for r, ls in sorted(per_rank.items()) if ls}
+    ahead: dict[int, dict[str, int]] = {}  # rank -> text -> count in lines[ptr+1 : ptr+1+window]
+    for r in ptr:
+        c: dict[str, int] = {}
+        for ln in per_rank[r][1:1 + window]:
+            c[ln.text] = c.get(ln.text, 0) + 1
+        ahead[r] = c
+
+    def advance(r: int) -> None:
+        ls, i, c = per_rank[r], ptr[r], ahead[r]
+        if i + 1 < len(ls):  # the next head leaves the window, one more line enters it
+            t = ls[i + 1].text
+            if c[t] == 1:
+                del c[t]
+            else:
+                c[t] -= 1
+            if i + 1 + window < len(ls):
+                t = ls[i + 1 + window].text
+                c[t] = c.get(t, 0) + 1
+        ptr[r] = i + 1
+        if ptr[r] >= len(ls):
+            del ptr[r]
+
+    out: list[dict] = []
+    while ptr:
+        heads = {r: per_rank[r][i].text for r, i in ptr.items()}  # ptr stays in rank order
+        count: dict[str, int] = {}
+        for t in heads.values():
+            count[t] = count.get(t, 0) + 1
+        best = max(count, key=lambda t: count[t])  # dicts keep insertion order: ties -> lowest rank's
+        behind = [r for r, t in heads.items() if t != best and best in ahead[r]]
+        take = behind if behind else [r for r, t in heads.items() if t == best]
+        groups: dict[str, list[int]] = {}
+        for r in take:
+            groups.setdefault(heads[r], []).append(r)
+        for text, rs in groups.items():
+            out.append({"text": text, "ranks": rs, "offsets": {r: per_rank[r][ptr[r]].offset for r in rs}})
+            for r in rs:
+                advance(r)
+    return out
+
+
+# ---------------------------------------------------------------------------- tracebacks
+@dataclass
+class Traceback:
+    """A failure found in a log.
+
+    Attributes:
+        kind: ``python`` (a ``Traceback (most recent call last):`` block), ``fatal`` (``Fatal
+            Python error:``) or ``childfailed`` (torch.distributed.elastic's ``ChildFailedError``
+            report; ``rank``/``host`` from its "Root Cause (first observed failure)" block).
+        offset: byte offset of the ``Traceback``/``Fatal``/``ChildFailedError`` text itself
+            (after any ``[rank1]:`` prefix) in its source.
+        end: byte offset one past the block's last line.
+        text: the block, prefixes removed, one line per line.
+        exception: the final exception line (``RuntimeError: ...``), or the fatal error's line.
+        exception_offset: byte offset of ``exception`` in the source.
+        rank, host: from a ChildFailedError root cause, else None.
+    """
+
+    kind: str
+    offset: int
+    end: int
+    text: str
+    exception: str
+    exception_offset: int
+    rank: int | None = None
+    host: str | None = None
+
+    @property
+    def secondary(self) -> bool:
+        """Whether it looks like a consequence of another rank's failure (a peer closed the
+        connection, the agent's SIGTERM, a store timeout) rather than a root cause."""
+        return bool(_SECONDARY.search(self.exception))
+
+
+def _byte_offset(line: Line, chars: int) -> int:
+    """Byte offset of character ``chars`` of ``line``."""
+    return line.offset + len(line.text[:chars].encode())
+
+
+def _child_failed_report(lines: list[Line], j: int) -> tuple[int, list[str], int | None, str | None, str]:
+    """torchelastic's ``ChildFailedError`` report from line ``j`` on (its ``=====`` rules, the
+    failures and the "Root Cause (first observed failure)"): the index after it, its lines, the
+    root cause's rank and host, and a one-line summary (``ChildFailedError: rank 1 (local_rank:
+    1) on n2: exitcode -9 (SIGKILL): Signal 9 (SIGKILL) received by PID 123``)."""
+    texts: list[str] = []
+    rank = host = None
+    fields: dict[str, str] = {}
+    seen_root, rules, start = False, 0, j
+    while j < len(lines) and j - start < 80:
+        b = strip_prefix(lines[j].text)[0]
+        if rules == 0 and not b.startswith("=====") and b.strip():
+            break  # no report follows
+        texts.append(b)
+        if b.startswith("Root Cause"):
+            seen_root = True
+        m = re.match(r"\s*(time|host|rank|exitcode|traceback)\s*:\s*(.*)$", b)
+        if seen_root and m and m.group(1) not in fields:
+            fields[m.group(1)] = m.group(2).strip()
+        if b.startswith("====="):
+            rules += 1
+            if rules >= 2:
+                j += 1
+                break
+        j += 1
+    m = re.match(r"(\d+)", fields.get("rank", ""))
+    rank = int(m.group(1)) if m else None
+    host = fields.get("host") or None
+    exc = "ChildFailedError"
+    if "rank" in fields:
+        exc += f": rank {fields['rank']}" + (f" on {host}" if host else "")
+    if "exitcode" in fields:
+        exc += f": exitcode {re.sub(r' [(]pid: [0-9]+[)]', '', fields['exitcode'])}"
+    if fields.get("traceback"):
+        exc += f": {fields['traceback']}"
+    return j, texts, rank, host, re.sub(r"\s+", " ", exc)
+
+
+def find_tracebacks(lines: list[Line]) -> list[Traceback]:
+    """Python tracebacks (chained ones as one block, ending at the last exception line),
+    ``Fatal Python error`` blocks and torchelastic ``ChildFailedError`` root-cause reports in
+    ``lines``, in order. A block cut off by the end of ``lines`` ends there (its exception is
+    the last line seen)."""
+    out: list[Traceback] = []
+    i, n = 0, len(lines)
+    while i < n:
+        body, cut = strip_prefix(lines[i].text)
+        if body.startswith(TRACEBACK):
+            start, texts, j, exc_line = i, [body], i + 1, None
+            while j < n:
+                b, c = strip_prefix(lines[j].text)
+                if b.startswith((" ", "\t")) or b.startswith(TRACEBACK):
+                    texts.append(b)
+                elif not b.strip():
+                    texts.append(b)
+                elif b.startswith(("During handling of the above exception", "The above exception was the direct")):
+                    texts.append(b)
+                else:
+                    texts.append(b)
+                    exc_line = (j, b, c)
+                    # a chained traceback follows after a blank line and the "During handling" line
+                    k = j + 1
+                    while k < n and not strip_prefix(lines[k].text)[0].strip():
+                        k += 1
+                    if k < n and strip_prefix(lines[k].text)[0].startswith(
+                            ("During handling of the above exception", "The above exception was the direct")):
+                        texts.extend(strip_prefix(lines[m].text)[0] for m in range(j + 1, k))
+                        j = k
+                        continue
+                    break
+                j += 1
+            if exc_line is None:  # cut off: the last line read stands for it
+                j = min(j, n) - 1
+                exc_line = (j, strip_prefix(lines[j].text)[0], strip_prefix(lines[j].text)[1])
+            while texts and not texts[-1].strip():
+                texts.pop()
+            ej, etext, ecut = exc_line
+            pos = etext.find("ChildFailedError")
+            if pos >= 0 and "errors" in etext[:pos]:
+                # the launch agent's own traceback ending in torchelastic's report of the ranks
+                k, report, rank, host, exc = _child_failed_report(lines, ej + 1)
+                out.append(Traceback("childfailed", _byte_offset(lines[ej], ecut + pos), lines[k - 1].end,
+                                     "\n".join([*texts, *report]), exc, _byte_offset(lines[ej], ecut + pos), rank, host))
+                i = k
+                continue
+            out.append(Traceback("python", _byte_offset(lines[start], cut), lines[ej].end, "\n".join(texts),
+                                 etext.strip(), _byte_offset(lines[ej], ecut)))
+            i = ej + 1
+            continue
+        if body.startswith(FATAL):
+            texts, j = [body], i + 1
+            while j < n and j - i < 60:
+                b = strip_prefix(lines[j].text)[0]
+                if not b.strip() and not (j + 1 < n and strip_prefix(lines[j + 1].text)[0].startswith(
+                        ("Thread ", "Current thread", "Extension modules", "  File", "Python runtime"))):
+                    break
+                texts.append(b)
+                j += 1
+            out.append(Traceback("fatal", _byte_offset(lines[i], cut), lines[j - 1].end, "\n".join(texts),
+                                 body.strip(), _byte_offset(lines[i], cut)))
+            i = j
+            continue
+        pos = body.find("ChildFailedError")
+        if pos >= 0 and "errors" in body[:pos]:
+            j, texts, rank, host, exc = _child_failed_report(lines, i + 1)
+            out.append(Traceback("childfailed", _byte_offset(lines[i], cut + pos), lines[j - 1].end,
+                                 "\n".join([body, *texts]), exc, _byte_offset(lines[i], cut + pos), rank, host))
+            i = j
+            continue
+        i += 1
+    return out
+
+
+# ---------------------------------------------------------------------------- sources
+@dataclass
+class Source:
+    """One log file of a rank.
+
+    Attributes:
+        rank: the global rank.
+        name: its path relative to the job directory (``logs/torchrun/.../attempt_0/1/stderr.log``),
+            or ``log`` for the backend's own rank log (read through ``Scheduler.log_range``).
+        attempt: torchrun's attempt (restart) number, None for ``log``.
+        stream: ``stdout``, ``stderr`` or ``log``.
+        path: absolute path on the cluster's storage (None for ``log``).
+        size: bytes, from the directory listing (None where unknown).
+    """
+
+    rank: int
+    name: str
+    attempt: int | None
+    stream: str
+    path: str | None
+    size: int | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.rank}:{self.name}"
+
+    def to_dict(self) -> dict:
+        return {"rank": self.rank, "name": self.name, "attempt": self.attempt, "stream": self.stream,
+                "size": self.size}
+
+
+class RankLogs:
+    """The ranks' log sources of one job, read by byte range through its scheduler.
+
+    Args:
+        scheduler: the job's :class:`~hyperpod_lab.schedulers.base.Scheduler`.
+        rec: the job's :class:`~hyperpod_lab.submit.jobs.JobRecord`.
+
+    Counts what it reads in :attr:`bytes_read` (bytes, all reads together).
+    """
+
+    def __init__(self, scheduler, rec):
+        self.sched, self.rec = scheduler, rec
+        self.job_dir = rec.job_dir.rstrip("/")
+        self.bytes_read = 0
+        self._info: dict[int, dict | None] = {}
+        self._runs: dict[str, list[str]] = {}  # torchrun run folder -> its listing
+        self._sources: dict[int, list[Source]] = {}
+
+    def ranks(self) -> list[int]:
+        """Ranks that have started (have ``ranks/rank-R.json``), ascending."""
+        try:
+            return self.sched._known_ranks(self.rec)
+        except Exception:  # a backend without rank files
+            return []
+
+    def info(self, rank: int) -> dict | None:
+        """The rank's ``ranks/rank-R.json`` (None when absent)."""
+        if rank not in self._info:
+            try:
+                self._info[rank] = self.sched.rank_info(self.rec, rank)
+            except HyperPodLabError:
+                self._info[rank] = None
+        return self._info[rank]
+
+    def node(self, rank: int) -> str | None:
+        info = self.info(rank) or {}
+        return info.get("node") or info.get("host")
+
+    def _inside(self, path: str) -> bool:
+        return posixpath.normpath(path).startswith(self.job_dir + "/")
+
+    def sources(self, rank: int) -> list[Source]:
+        """The rank's sources, oldest attempt first, ``stdout`` before ``stderr`` in each; one
+        ``log`` source where the rank's log file is not in torchrun's layout or unknown. Listed
+        once per :class:`RankLogs` (one request)."""
+        if rank not in self._sources:
+            self._sources[rank] = self._list_sources(rank)
+        return self._sources[rank]
+
+    def _list_sources(self, rank: int) -> list[Source]:
+        info = self.info(rank) or {}
+        log_file = info.get("log_file")
+        remote = getattr(self.sched, "remote", None)
+        if (isinstance(log_file, str) and self._inside(log_file) and remote is not None
+                and posixpath.basename(log_file) == "stdout.log"):
+            slot = posixpath.dirname(posixpath.normpath(log_file))
+            local, run = posixpath.basename(slot), posixpath.dirname(posixpath.dirname(slot))
+            if _ATTEMPT.match(posixpath.basename(posixpath.dirname(slot))) and local.isdigit():
+                try:
+                    if run not in self._runs:  # ranks of one node share it: one listing per request
+                        self._runs[run] = remote.listdir(run)
+                    attempts = sorted((int(m.group(1)), d) for d in self._runs[run] if (m := _ATTEMPT.match(d)))
+                    out = []
+                    for k, d in attempts:
+                        folder = posixpath.join(run, d, local)
+                        files = remote.list_files(folder)
+                        for stream in ("stdout", "stderr"):
+                            if f"{stream}.log" in files:
+                                path = posixpath.join(folder, f"{stream}.log")
+                                out.append(Source(rank, posixpath.relpath(path, self.job_dir), k, stream, path,
+                                                  files[f"{stream}.log"]))
+                    if out:
+                        return out
+                except (OSError, HyperPodLabError):
+                    pass
+        return [Source(rank, "log", None, "log", None, None)]
+
+    def read(self, src: Source, offset: int | None, length: int) -> LogChunk:
+        """At most ``length`` bytes of ``src`` from ``offset`` (None: its tail): one bounded read."""
+        if src.path is None:
+            chunk = self.sched.log_range(self.rec, src.rank, offset, length)
+        else:
+            try:
+                chunk = read_log_range(self.sched.remote, src.path, offset, length)
+            except FileNotFoundError:
+                chunk = LogChunk("", 0, 0, 0)
+        self.bytes_read += chunk.end - chunk.offset
+        if chunk.size is not None:
+            src.size = chunk.size
+        return chunk
+
+    def read_job_log(self, offset: int | None, length: int) -> LogChunk:
+        """At most ``length`` bytes of the whole job's log (the launcher's or Slurm's output,
+        where torchelastic prints its ``ChildFailedError`` report) from ``offset`` (None: its tail)."""
+        chunk = self.sched.log_range(self.rec, None, offset, length)
+        self.bytes_read += chunk.end - chunk.offset
+        return chunk
+
+    def error_time(self, src: Source) -> float | None:
+        """The failure time torchrun recorded for ``src``'s worker and attempt (``error.json``
+        next to the log: ``message.extraInfo.timestamp``, seconds since the epoch), or None.
+        Reads at most 64 KiB."""
+        if src.path is None:
+            return None
+        path = posixpath.join(posixpath.dirname(src.path), "error.json")
+        try:
+            data = read_log_range(self.sched.remote, path, 0, 64 << 10)
+        except (OSError, HyperPodLabError):
+            return None
+        self.bytes_read += data.end - data.offset
+        try:
+            doc = json.loads(data.text)
+            ts = doc["message"]["extraInfo"]["timestamp"]
+            return float(ts)
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+# ---------------------------------------------------------------------------- views
+def _raw(chunk: LogChunk) -> bytes:
+    return chunk.raw if chunk.raw is not None else chunk.text.encode()
+
+
+def read_view(logs: RankLogs, ranks: list[int], cursor: dict[str, int], length: int, tail: bool,
+              at_eof: bool) -> dict:
+    """The collapsed view of ``ranks``' logs from ``cursor`` (or, for a source the cursor does
+    not name, its first bytes, or with ``tail`` its last ``length`` bytes).
+
+    Reads at most ``length`` bytes of each source (bytes). Lines are collapsed per attempt and
+    stream (the same attempt's ``stdout`` of every rank together), groups in attempt order.
+
+    Returns ``{"lines": [{"text", "ranks", "offsets": {R: byte}, "attempt", "stream",
+    "sources": {R: name}}], "cursor": {key: offset} (where the next read of each source starts:
+    follow mode asks again with it and gets only new lines), "sizes": {R: {name: bytes}},
+    "read": {R: bytes read}, "more": whether some source has bytes past the cursor}``.
+    """
+    groups: dict[tuple, dict[int, list[Line]]] = {}
+    names: dict[tuple, dict[int, str]] = {}
+    next_cur = dict(cursor)
+    sizes: dict[int, dict[str, int | None]] = {}
+    read: dict[int, int] = {}
+    more = False
+    count = 0
+    for r in ranks:
+        for src in logs.sources(r):
+            count += 1
+            if count > MAX_SOURCES:
+                more = True
+                break
+            start = cursor.get(src.key)
+            if start is None and not tail:
+                start = 0
+            if start is not None and src.size is not None and start >= src.size:
+                sizes.setdefault(r, {})[src.name] = src.size
+                next_cur[src.key] = start
+                read.setdefault(r, 0)
+                continue
+            chunk = logs.read(src, start, length)
+            data = _raw(chunk)
+            read[r] = read.get(r, 0) + len(data)
+            sizes.setdefault(r, {})[src.name] = chunk.size
+            eof = chunk.size is not None and chunk.end >= chunk.size
+            lines, nxt = split_lines(data, chunk.offset, at_eof and eof, len(data) >= length)
+            if start is None and chunk.offset > 0 and lines:  # a tail: its first line is likely cut
+                lines = lines[1:]
+            next_cur[src.key] = nxt
+            if chunk.size is not None and nxt < chunk.size:
+                more = True
+            gk = (src.attempt if src.attempt is not None else -1, {"stdout": 0, "stderr": 1}.get(src.stream, 2),
+                  src.stream)
+            if lines:
+                groups.setdefault(gk, {})[r] = lines
+                names.setdefault(gk, {})[r] = src.name
+    out = []
+    for gk in sorted(groups):
+        for entry in collapse(groups[gk]):
+            entry["attempt"] = None if gk[0] < 0 else gk[0]
+            entry["stream"] = gk[2]
+            entry["sources"] = {r: names[gk][r] for r in entry["ranks"]}
+            out.append(entry)
+    return {"lines": out, "cursor": next_cur, "sizes": sizes, "read": read, "more": more}
+
+
+def first_failure(logs: RankLogs, ranks: list[int], faults: list[dict] | None = None, length: int = DEFAULT_LENGTH,
+                  near_time: float | None = None) -> dict | None:
+    """The first failing rank and its traceback.
+
+    Which rank: of the ``fault.detected`` events (``faults``: the events' dicts, with ``time``
+    and ``data.rank``), those whose reason is not a consequence of another rank's failure (a
+    peer's "connection closed by peer", a SIGTERM: each node's agent marks its own root cause,
+    and by error-file age, so a consequence can carry ``root_cause``) first, then those marked
+    ``root_cause``, then the earliest; without
+    events, the earliest failure torchrun recorded (``error.json`` timestamps), else the earliest
+    traceback in attempt order that is not a consequence of another rank's failure
+    (:attr:`Traceback.secondary`), ties to the lowest rank; when the ranks' logs hold no such
+    traceback (a SIGKILL leaves none), the root cause of torchelastic's ``ChildFailedError``
+    report in the tail of the whole job's log (``source`` :data:`JOB_LOG`). Only ``ranks`` are
+    considered.
+
+    Which traceback of that rank: with ``near_time`` (seconds since the epoch, e.g. the
+    ``fault.detected`` event's time), the attempt whose recorded failure time is nearest;
+    else the event's reason matched against the exception lines; else the first attempt with one.
+
+    Reads the last ``length`` bytes of each ``stderr`` (else ``stdout``/``log``) source of the
+    ranks it looks at, and torchrun's ``error.json`` files (64 KiB at most each).
+
+    Returns ``{"rank", "node", "source", "attempt", "offset", "end", "exception",
+    "exception_offset", "traceback_text", "kind", "time", "found_by"}`` (offsets in bytes of
+    ``source``; ``found_by`` is ``event``, ``error_file`` or ``log``), or None when no rank failed
+    or its log holds no traceback.
+    """
+    wanted = set(ranks)
+    event = None
+    def order(e: dict) -> tuple:
+        d = e.get("data") or {}
+        # each node's agent names its own root cause: a peer's "connection closed" is a consequence
+        # (the agent's root_cause is its own guess by error-file age; seen wrong within a second)
+        return (bool(_SECONDARY.search(str(d.get("reason") or ""))), not d.get("root_cause"),
+                d.get("detected_at") or e.get("time") or 0)
+
+    for ev in sorted(faults or [], key=order):
+        r = (ev.get("data") or {}).get("rank")
+        if isinstance(r, int) and not isinstance(r, bool) and r in wanted:
+            event = ev
+            break
+
+    def tracebacks(r: int) -> list[tuple[Source, Traceback, float | None]]:
+        found = []
+        srcs = logs.sources(r)
+        for src in [s for s in srcs if s.stream == "stderr"] or srcs:
+            chunk = logs.read(src, None, length)
+            lines, _ = split_lines(_raw(chunk), chunk.offset, True, True)
+            tbs = find_tracebacks(lines)
+            if tbs:
+                t = logs.error_time(src)
+                found.extend((src, tb, t) for tb in tbs)
+        return found
+
+    def pick(cands, reason: str | None, when: float | None):
+        if not cands:
+            return None
+        if when is not None and any(t is not None for _, _, t in cands):
+            return min(cands, key=lambda c: (abs((c[2] if c[2] is not None else 1e18) - when), c[1].secondary))
+        if reason:
+            msg = reason.split(": ", 1)[-1][:80]
+            hit = [c for c in cands if msg and msg in c[1].exception]
+            if hit:
+                return hit[0]
+        primary = [c for c in cands if not c[1].secondary]
+        return (primary or cands)[0]
+
+    if event is not None:
+        r = event["data"]["rank"]
+        c = pick(tracebacks(r), (event.get("data") or {}).get("reason"), near_time)
+        found_by, when, node = "event", event.get("time"), (event.get("data") or {}).get("node") or logs.node(r)
+        if c is None:
+            return {"rank": r, "node": node, "source": None, "attempt": None, "offset": None, "end": None,
+                    "exception": (event.get("data") or {}).get("reason"), "exception_offset": None,
+                    "traceback_text": None, "kind": None, "time": when, "found_by": found_by}
+    else:
+        every = []
+        for r in ranks[:MAX_RANKS]:
+            every.extend((r, *c) for c in tracebacks(r))
+        if not any(not c[2].secondary for c in every):
+            # no root cause in the ranks' logs (a SIGKILL leaves no traceback; its peers' are
+            # consequences): torchelastic's report in the job's log names the first failure
+            found = _job_log_failure(logs, wanted, length)
+            if found is not None or not every:
+                return found
+        if near_time is not None:
+            best = min(every, key=lambda c: (abs((c[3] if c[3] is not None else 1e18) - near_time), c[0]))
+        elif any(c[3] is not None for c in every):
+            best = min((c for c in every if c[3] is not None), key=lambda c: (c[3], c[2].secondary, c[0]))
+        else:
+            best = min(every, key=lambda c: (c[1].attempt if c[1].attempt is not None else -1, c[2].secondary, c[0]))
+        r, c = best[0], best[1:]
+        found_by = "error_file" if c[2] is not None else "log"
+        when, node = c[2], logs.node(r)
+    src, tb, t = c
+    return {"rank": r, "node": node, "source": src.name, "attempt": src.attempt, "offset": tb.offset, "end": tb.end,
+            "exception": tb.exception, "exception_offset": tb.exception_offset, "traceback_text": tb.text,
+            "kind": tb.kind, "time": when if when is not None else t, "found_by": found_by}
+
+
+JOB_LOG = "job log"  #: ``source`` of a failure found in the whole job's log
+
+
+def _job_log_failure(logs: RankLogs, wanted: set[int], length: int) -> dict | None:
+    """The root cause of the last ``ChildFailedError`` report in the tail (``length`` bytes) of
+    the whole job's log, when it names one of ``wanted``: how a rank that died without a
+    traceback (SIGKILL) is found without events. None otherwise."""
+    try:
+        chunk = logs.read_job_log(None, length)
+    except (OSError, HyperPodLabError):
+        return None
+    lines, _ = split_lines(_raw(chunk), chunk.offset, True, True)
+    reports = [tb for tb in find_tracebacks(lines) if tb.kind == "childfailed" and tb.rank in wanted]
+    if not reports:
+        return None
+    tb = reports[-1]
+    return {"rank": tb.rank, "node": logs.node(tb.rank) or tb.host, "source": JOB_LOG, "attempt": None,
+            "offset": tb.offset, "end": tb.end, "exception": tb.exception, "exception_offset": tb.exception_offset,
+            "traceback_text": tb.text, "kind": tb.kind, "time": None, "found_by": "log"}
+
+
+def around(logs: RankLogs, failure: dict, length: int) -> dict:
+    """The lines of the failing rank's source around its traceback: ``length`` bytes starting a
+    quarter of ``length`` before the traceback (so the lines leading to it show too). Returns
+    the :func:`read_view` shape for that one source (``lines`` not collapsed: one rank)."""
+    r = failure["rank"]
+    if failure.get("source") == JOB_LOG:  # a ChildFailedError report in the whole job's log
+        src: Source | None = Source(r, JOB_LOG, None, "log", None)
+        read: Callable[[int, int], LogChunk] = logs.read_job_log
+    else:
+        src = next((s for s in logs.sources(r) if s.name == failure.get("source")), None)
+        read = lambda off, n: logs.read(src, off, n)  # noqa: E731
+    if src is None or failure.get("offset") is None:
+        return {"lines": [], "cursor": {}, "sizes": {}, "read": {r: 0}, "more": False}
+    start = max(0, failure["offset"] - length // 4)
+    chunk = read(start, length)
+    data = _raw(chunk)
+    lines, nxt = split_lines(data, chunk.offset, True, len(data) >= length)
+    if start > 0 and lines and _raw(read(start - 1, 1)) != b"\n":
+        lines = lines[1:]  # the read started inside a line
+    return {"lines": [{"text": ln.text, "ranks": [r], "offsets": {r: ln.offset}, "attempt": src.attempt,
+                       "stream": src.stream, "sources": {r: src.name}} for ln in lines],
+            "cursor": {src.key: nxt}, "sizes": {r: {src.name: chunk.size}}, "read": {r: len(data)},
+            "more": chunk.size is not None and nxt < chunk.size}
+
+
+def compile_query(q: str, regex: bool) -> Callable[[str], re.Match | int | None]:
+    """A matcher for ``q``: a case-insensitive substring, or with ``regex`` a Python regular
+    expression (searched in each line, lines cut at :data:`MAX_LINE` characters). Raises
+    SpecError("q") for an empty, too long (over :data:`MAX_PATTERN` characters) or invalid one,
+    and for the forms that can backtrack exponentially (a repeated group holding a repetition
+    or an alternation, like ``(a+)+`` or ``(a|aa)*``; backreferences): Python's ``re`` has no
+    time limit and the search runs on the cluster's worker thread."""
+    if not q:
+        raise SpecError("q", "is empty; give a substring (or a regular expression with regex=1)")
+    if len(q) > MAX_PATTERN:
+        raise SpecError("q", f"is {len(q)} characters; at most {MAX_PATTERN}")
+    if regex:
+        if _NESTED_REPEAT.search(q) or re.search(r"\\\d", q):
+            raise SpecError("q", "repeats a repeated group (like (a+)+) or uses a backreference, which can take "
+                                 "exponential time on a long line; simplify it (e.g. a+)")
+        try:
+            pat = re.compile(q)
+        except re.error as e:
+            raise SpecError("q", f"is not a valid regular expression ({e})") from None
+        return pat.search
+    low = q.lower()
+    return lambda s: (s.lower().find(low) + 1) or None
+
+
+def search(logs: RankLogs, ranks: list[int], q: str, regex: bool = False, cursor: dict[str, int] | None = None,
+           scan: int = DEFAULT_SCAN, limit: int = 200, chunk_bytes: int = 1 << 20) -> dict:
+    """Lines of ``ranks``' sources that match ``q`` (see :func:`compile_query`), scanning at most
+    ``scan`` bytes in this call (reads of ``chunk_bytes``), sources in rank order and each from
+    its ``cursor`` offset (0 where not named), and at most ``limit`` matches.
+
+    Returns ``{"matches": [{"rank", "source", "attempt", "stream", "offset", "text"}], "cursor":
+    {key: offset} (send it back to continue where this call stopped), "scanned": bytes read,
+    "done": True when every source was searched to its end}``.
+    """
+    match = compile_query(q, regex)
+    cur = dict(cursor or {})
+    matches: list[dict] = []
+    scanned, done = 0, True
+    for r in ranks:
+        for src in logs.sources(r):
+            pos = cur.get(src.key, 0)
+            while True:
+                if scanned >= scan or len(matches) >= limit:
+                    done = False
+                    break
+                if src.size is not None and pos >= src.size:
+                    break
+                want = min(chunk_bytes, scan - scanned)
+                chunk = logs.read(src, pos, want)
+                data = _raw(chunk)
+                scanned += len(data)
+                eof = chunk.size is None or chunk.end >= chunk.size
+                lines, nxt = split_lines(data, chunk.offset, eof, len(data) >= want)
+                for ln in lines:
+                    if len(matches) >= limit:
+                        nxt = ln.offset
+                        break
+                    if match(ln.text):
+                        matches.append({"rank": r, "source": src.name, "attempt": src.attempt, "stream": src.stream,
+                                        "offset": ln.offset, "text": ln.text})
+                if nxt <= pos:  # nothing complete read: the source ends here for now
+                    break
+                pos = nxt
+                cur[src.key] = pos
+                if eof:
+                    break
+            cur[src.key] = pos
+            if not done:
+                break
+        if not done:
+            break
+    return {"matches": matches, "cursor": cur, "scanned": scanned, "done": done}
+
+
+def format_view(view: dict, failure: dict | None, width: int = 12) -> str:
+    """The collapsed view as text, for the CLI: ``[ranks 0-3] loading data...`` per line, a
+    heading per attempt and stream, then the first failure."""
+    out, head = [], None
+    for ln in view.get("lines", []):
+        h = (ln.get("attempt"), ln.get("stream"))
+        if h != head:
+            head = h
+            out.append(f"--- attempt {h[0]} {h[1]} ---" if h[0] is not None else f"--- {h[1]} ---")
+        rs = ln["ranks"]
+        badge = f"[rank {rs[0]}]" if len(rs) == 1 else f"[ranks {rank_set_label(rs)}]"
+        out.append(f"{badge:<{width}} {ln['text']}")
+    if failure:
+        out.append("")
+        where = f" on {failure['node']}" if failure.get("node") else ""
+        out.append(f"first failure: rank {failure['rank']}{where}: {failure.get('exception') or '(no traceback found)'}")
+        if failure.get("source"):
+            out.append(f"  at byte {failure['offset']} of {failure['source']} (found by {failure['found_by']})")
+        if failure.get("traceback_text"):
+            out.extend("  " + t for t in failure["traceback_text"].splitlines())
+    return "\n".join(out) + ("\n" if out else "")
+
+
+def format_matches(result: dict) -> str:
+    """Search matches as text, for the CLI: ``rank R source:offset: line``."""
+    lines = [f"[rank {m['rank']}] {m['source']}:{m['offset']}: {m['text']}" for m in result["matches"]]
+    if not result["done"]:
+        lines.append(f"... (scanned {result['scanned']} bytes; more to search)")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+# ---------------------------------------------------------------------------- one request
+FAULT_EVENT_BYTES = 4 << 20  #: most bytes of each event file read to find fault.detected events
+SMALL_EVENT_FILE = 1 << 20  #: rank-*.jsonl files (steps) larger than this are not read for faults
+
+
+def read_fault_events(files, job_dir: str, max_bytes: int = FAULT_EVENT_BYTES) -> list[dict]:
+    """The job's ``fault.detected`` events as dicts (``hyperpod_lab.events`` schema), read with at
+    most ``max_bytes`` bytes of each event file. The ranks' own files (``rank-*.jsonl``: mostly
+    steps) are read only while under :data:`SMALL_EVENT_FILE` bytes: the launch agents' and the
+    supervisor's files carry the faults."""
+    from hyperpod_lab.events import EventReader, events_dir
+
+    try:
+        listing = files.list_files(events_dir(job_dir))
+    except (OSError, HyperPodLabError):
+        return []
+    skip = {n: s for n, s in listing.items() if n.startswith("rank-") and s > SMALL_EVENT_FILE}
+    try:
+        evs = EventReader(job_dir, files, skip).poll(max_bytes=max_bytes)
+    except (OSError, HyperPodLabError):
+        return []
+    return [json.loads(e.to_json()) for e in evs if e.kind == "fault.detected"]
+
+
+def triage(client, job_id: str, ranks: list[int] | None = None, cursor: dict[str, int] | None = None,
+           length: int = DEFAULT_LENGTH, tail: bool = False, q: str | None = None, regex: bool = False,
+           scan: int = DEFAULT_SCAN, limit: int = 200, around_traceback: bool = False,
+           near_time: float | None = None, failure: bool = True) -> dict:
+    """One triage request of job ``job_id`` through ``client`` (a :class:`hyperpod_lab.submit.client.Client`).
+
+    Args:
+        ranks: the ranks to show (None: every rank that started).
+        cursor: per-source byte offsets from an earlier reply (follow mode: only new lines).
+        length: bytes read per source, 1 to :data:`MAX_LENGTH`.
+        tail: sources the cursor does not name are read from their last ``length`` bytes
+            (else from their first byte).
+        q, regex, scan, limit: a search instead of the view (:func:`search`); ``cursor`` is then
+            the search's own cursor.
+        around_traceback: the view is the window around the first failing rank's traceback
+            (:func:`around`); with ``ranks``, the first failure among them; a rank that failed
+            without a traceback (SIGKILL, a lost node): the tail of its files.
+        near_time: seconds since the epoch: pick the failing rank's traceback nearest it.
+        failure: also find the first failure (:func:`first_failure`).
+
+    Returns:
+        ``{"job_id", "ranks", "nodes": {R: node}, "lines" | "matches", "cursor", "sizes",
+        "read", "more" | "done", "scanned"?, "first_failure", "bytes_read"}`` (see
+        :func:`read_view`, :func:`search`, :func:`first_failure`); ``bytes_read`` counts every
+        byte read for the reply.
+
+    Raises:
+        UnknownJob; SpecError for a bad ``q``; ClusterUnreachable and the like from the backend.
+    """
+    rec = client.get(job_id)
+    sched = client.scheduler(rec.cluster)
+    logs = RankLogs(sched, rec)
+    known = logs.ranks()
+    chosen = known if ranks is None else ranks
+    try:
+        from hyperpod_lab.submit.jobs import JobStatus
+
+        over = JobStatus(rec.status).is_terminal()
+    except ValueError:
+        over = False
+    out: dict = {"job_id": job_id, "ranks": chosen, "known_ranks": known}
+    fail = None
+    if failure or around_traceback:
+        faults = read_fault_events(sched.remote, rec.job_dir) if getattr(sched, "remote", None) else []
+        fail = first_failure(logs, chosen, faults, max(length, DEFAULT_LENGTH), near_time)
+    out["first_failure"] = fail
+    if q:
+        out.update(search(logs, chosen, q, regex, cursor, scan, limit))
+    elif around_traceback:
+        if fail and fail.get("offset") is not None:
+            out.update(around(logs, fail, length))
+        elif fail:  # it failed without a traceback (a kill, a lost node): its last lines
+            out.update(read_view(logs, [fail["rank"]], {}, length, True, over))
+        else:
+            out.update({"lines": [], "cursor": {}, "sizes": {}, "read": {}, "more": False})
+    else:
+        out.update(read_view(logs, chosen, cursor or {}, length, tail, over))
+    out["nodes"] = {r: logs.node(r) for r in chosen}
+    out["cursor"] = encode_cursor(out["cursor"])
+    out["bytes_read"] = logs.bytes_read
+    return out
