@@ -52,8 +52,8 @@ from dataclasses import replace  # noqa: E402
 
 from benchmarks._common import track_local_job  # noqa: E402
 from benchmarks._lab import Lab, launch_chromium  # noqa: E402
-from hyperpod_lab.fold.aggregate import JobAggregate  # noqa: E402
 from hyperpod_lab.events import Event, EventReader  # noqa: E402
+from hyperpod_lab.fold.aggregate import JobAggregate  # noqa: E402
 from hyperpod_lab.submit.jobs import JobStore  # noqa: E402
 
 RESULTS = os.path.join(REPO, "benchmarks", "results", "dashboard_render.json")

@@ -40,11 +40,10 @@ def main() -> int:
     a = ap.parse_args()
 
     from hyperpod_lab import devcluster
-
+    from hyperpod_lab.spec import JobSpec
     from hyperpod_lab.submit import envparity
     from hyperpod_lab.submit.client import Client
     from hyperpod_lab.submit.jobs import JobStore
-    from hyperpod_lab.spec import JobSpec
 
     profile = devcluster.up(quiet=True)
     tmp = tempfile.mkdtemp(prefix="hp-bench-env-")

@@ -55,11 +55,11 @@ _TMP = tempfile.mkdtemp(prefix="hyperpod-lab-bench-latency-")
 os.environ["HYPERPOD_LAB_CONFIG"] = os.path.join(_TMP, "clusters.toml")
 os.environ["HYPERPOD_LAB_DATA_DIR"] = os.path.join(_TMP, "data")
 
+from benchmarks._lab import Lab, launch_chromium, open_lab  # noqa: E402
 from hyperpod_lab import devcluster  # noqa: E402
-from hyperpod_lab.submit.clusters import get_profile  # noqa: E402
 from hyperpod_lab.events import EventReader, EventWriter  # noqa: E402
 from hyperpod_lab.schedulers import for_profile  # noqa: E402
-from benchmarks._lab import Lab, launch_chromium, open_lab  # noqa: E402
+from hyperpod_lab.submit.clusters import get_profile  # noqa: E402
 
 SLEEPER = "import sys, time\ntime.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 600)\n"
 

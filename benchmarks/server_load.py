@@ -106,13 +106,13 @@ def run_phase(name: str, jobs: int, big_events: int, tabs: int, stalled: int, wi
                 while not stop.is_set():
                     try:
                         m = json.loads(ws.recv())
-                    except Exception as e:  # noqa: BLE001  (timeout: look at stop again)
+                    except Exception as e:
                         if type(e).__name__ == "WebSocketTimeoutException":
                             continue
                         raise
                     if m["type"] == "event":
                         on_event(m)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 if not stop.is_set():
                     errors.append(f"{what}: {e!r}")
 
@@ -185,12 +185,12 @@ def run_phase(name: str, jobs: int, big_events: int, tabs: int, stalled: int, wi
         for ws in socks:
             try:
                 ws.close(timeout=1)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
         proc.terminate()
         try:
             proc.wait(timeout=30)
-        except Exception:  # noqa: BLE001
+        except Exception:
             proc.kill()
 
 

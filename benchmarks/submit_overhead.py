@@ -43,9 +43,9 @@ def main() -> int:
     a = ap.parse_args()
 
     from hyperpod_lab import devcluster
+    from hyperpod_lab.spec import JobSpec
     from hyperpod_lab.submit.client import Client
     from hyperpod_lab.submit.jobs import JobStore
-    from hyperpod_lab.spec import JobSpec
 
     devcluster.up(quiet=True)
     tmp = tempfile.mkdtemp(prefix="hp-bench-")
@@ -53,7 +53,7 @@ def main() -> int:
     with open(script, "w") as f:
         f.write("import time\ntime.sleep(600)\n")
 
-    local = lambda argv: subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    local = lambda argv: subprocess.run(argv, capture_output=True, text=True, check=True).stdout  # noqa: E731
     base, ours, cold, cancel = [], [], None, []
 
     for _ in range(a.reps):

@@ -18,7 +18,6 @@ import urllib.error
 import urllib.request
 
 from jupyter_server.auth.authorizer import Authorizer
-
 from ports import free_port
 
 AUTH_WARNING = re.compile(r"JupyterServerAuthWarning|without @allow_unauthenticated|"

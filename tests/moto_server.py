@@ -24,7 +24,6 @@ import threading
 import time
 
 import pytest
-
 from ports import free_port
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}

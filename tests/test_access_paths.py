@@ -23,10 +23,10 @@ import time
 import pytest
 
 from hyperpod_lab import cli, devcluster
-from hyperpod_lab.submit.clusters import ClusterProfile, save_profile
 from hyperpod_lab.errors import ClusterUnreachable, ConfigError, HostKeyError
 from hyperpod_lab.schedulers.remote import SSHRemote, close_all
 from hyperpod_lab.schedulers.remote.route import resolve_route, ssm_proxy_argv
+from hyperpod_lab.submit.clusters import ClusterProfile, save_profile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = os.path.join(REPO, "tests", "scripts", "steps.py")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import random
 
-from hyperpod_lab.fold.aggregate import JobAggregate
 from hyperpod_lab.events import Event
+from hyperpod_lab.fold.aggregate import JobAggregate
 
 T0 = 1_700_000_000.0
 

@@ -28,11 +28,10 @@ try:
     import schemathesis
 except ImportError:  # a missing tool fails with how to install it, never skips
     pytest.fail("schemathesis is not installed; run 'bash scripts/setup.sh' (it installs .[test])", pytrace=False)
-from schemathesis.checks import not_a_server_error  # noqa: E402
-from schemathesis.generation import GenerationMode  # noqa: E402
-from schemathesis.specs.openapi.checks import content_type_conformance, response_schema_conformance  # noqa: E402
-
-from jupyter_server_proc import JupyterServer  # noqa: E402
+from jupyter_server_proc import JupyterServer
+from schemathesis.checks import not_a_server_error
+from schemathesis.generation import GenerationMode
+from schemathesis.specs.openapi.checks import content_type_conformance, response_schema_conformance
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPENAPI = os.path.join(REPO, "docs", "openapi.yaml")

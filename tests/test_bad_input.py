@@ -2,8 +2,8 @@
 
 import os
 import subprocess
-import time
 import sys
+import time
 
 import pytest
 

@@ -124,9 +124,7 @@ if __name__ == "__main__":
 
 # ---- the tests ----------------------------------------------------------------------------------
 import pytest  # noqa: E402
-
-from agents import (assert_same, complete_steps, job_with_checkpoints_of, kinds, load_dump,  # noqa: E402
-                    read_events, stop_launchers, tail_logs)
+from agents import assert_same, complete_steps, job_with_checkpoints_of, kinds, load_dump, read_events, stop_launchers, tail_logs  # noqa: E402
 
 STEPS, EVERY, KEEP, BLOB_MB = 20, 4, 5, 24.0
 

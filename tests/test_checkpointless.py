@@ -25,7 +25,6 @@ import time
 import uuid
 
 import torch  # a hard dependency: missing torch fails, never skips
-
 from agents import kinds, read_events, stop_launchers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -207,8 +206,8 @@ def test_heartbeat_timeouts_follow_the_lighthouse_address_and_the_groups_beat_fi
     unpublished or unreadable one falls back to 20 ms."""
     import json
 
-    from hyperpod_lab.runtime.checkpointless.ft import manager_heartbeat_interval_ms
     from hyperpod_lab.node.lighthouse import default_heartbeat_ms, heartbeat_interval_ms
+    from hyperpod_lab.runtime.checkpointless.ft import manager_heartbeat_interval_ms
 
     assert [default_heartbeat_ms(ip) for ip in ("127.0.0.1", "127.0.1.1", "::1", "10.0.3.7", "fd00::5")] == \
         [100, 100, 100, 300, 300]

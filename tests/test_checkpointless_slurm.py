@@ -14,8 +14,9 @@ import os
 import signal
 import time
 
-from hyperpod_lab import cli
 from slurm_jobs import Follow, scontrol, wait_pending, wait_until_gone
+
+from hyperpod_lab import cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "tests", "scripts", "ft_train.py")

@@ -13,14 +13,13 @@ import time
 import urllib.request
 
 import pytest
+from jupyter_server_proc import JupyterServer
+from lab_browser import playwright_or_fail, screenshot
+from ports import free_port
 
 from hyperpod_lab import cli, devcluster
-from hyperpod_lab.submit.clusters import ClusterProfile
 from hyperpod_lab.runtime.checkpoint.format import COMMIT_MARKER, METADATA_FILE
-
-from jupyter_server_proc import JupyterServer
-from ports import free_port
-from lab_browser import playwright_or_fail, screenshot
+from hyperpod_lab.submit.clusters import ClusterProfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(REPO, "examples", "train_lm.py")

@@ -1,8 +1,8 @@
 import pytest
 
+from hyperpod_lab.errors import ConfigError, UnknownCluster
 from hyperpod_lab.submit import clusters
 from hyperpod_lab.submit.clusters import ClusterDefaults, ClusterProfile
-from hyperpod_lab.errors import ConfigError, UnknownCluster
 
 
 @pytest.fixture

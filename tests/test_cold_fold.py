@@ -18,9 +18,9 @@ from dataclasses import replace
 
 from benchmarks._common import track_local_job
 from hyperpod_lab import goodput as gp
+from hyperpod_lab.events import Event, EventReader, EventWriter, LocalFiles
 from hyperpod_lab.fold.aggregate import JobAggregate
 from hyperpod_lab.submit.client import Client
-from hyperpod_lab.events import Event, EventReader, EventWriter, LocalFiles
 from hyperpod_lab.submit.jobs import JobStore
 
 STEPS = 20_000

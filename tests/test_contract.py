@@ -64,6 +64,35 @@ def test_submit_side_imports_without_torch():
     assert res.returncode == 0 and res.stdout.strip().endswith("OK"), res.stderr[-3000:]
 
 
+def test_every_module_outside_the_ranks_imports_without_torch():
+    """Every module of node/ (but the torchrun agent, node/launch.py), fold/, submit/, server/,
+    notebook/, cli/, schedulers/, goodput/ and the top level imports with torch made
+    unimportable, and so do ``hyperpod_lab.runtime`` itself (lazy, PEP 562) and its shims for old
+    command lines: the supervisor and each node's health check start without torch's import."""
+    res = _run_without_torch("""
+        import importlib, pkgutil, sys
+        import hyperpod_lab
+        import hyperpod_lab.runtime as rt
+        shims = {"hyperpod_lab.runtime." + n for n in ("launch", "supervisor", "health", "lighthouse", "ft_local")}
+        names = []
+        for m in pkgutil.walk_packages(hyperpod_lab.__path__, "hyperpod_lab."):
+            if m.name.endswith("__main__") or m.name == "hyperpod_lab.node.launch":
+                continue
+            if m.name.startswith("hyperpod_lab.runtime.") and m.name not in shims:
+                continue
+            importlib.import_module(m.name)
+            names.append(m.name)
+        assert not [m for m in sys.modules if m.split(".")[0] in ("torch", "torchft")]
+        for part in ("node", "fold", "submit", "server", "notebook", "cli", "schedulers", "goodput"):
+            assert any(n.startswith(f"hyperpod_lab.{part}.") for n in names), part
+        assert {"hyperpod_lab.jobdir", "hyperpod_lab.events", "hyperpod_lab.spec"} <= set(names)
+        assert "hyperpod_lab.node.supervisor" in names and "hyperpod_lab.node.health" in names
+        print("OK", len(names))
+    """)
+    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
+    assert int(res.stdout.split()[-1]) >= 60, res.stdout
+
+
 def test_scale_on_the_local_backend_runs_without_torch_in_the_submitting_process(tmp_path):
     """Submit a checkpointless job to the local backend, add a node (``scale``) and cancel, all
     from a process where torch cannot be imported; the job's processes train with torch, and
@@ -144,11 +173,15 @@ def test_imports_that_must_never_exist():
     runtime_may_not = ("jupyter_server", "jupyterlab", "tornado", "ipywidgets", "IPython", "paramiko", "boto3.session")
     submit_side = ("hyperpod_lab.server", "hyperpod_lab.submit.client", "hyperpod_lab.schedulers", "hyperpod_lab.cli",
                    "hyperpod_lab.notebook.magics", "hyperpod_lab.notebook.widgets", "hyperpod_lab.submit.discovery", "hyperpod_lab.devcluster")
+    # the one node-side module that is torch: the launch agent subclasses torchrun's elastic agent
+    torchrun_agent = os.path.join("hyperpod_lab", "node", "launch.py")
     bad = []
     for rel, path in _modules():
         in_runtime = rel.startswith(os.path.join("hyperpod_lab", "runtime") + os.sep)
         for line, mod in _imports(path):
             top = mod.split(".")[0]
+            if rel == torchrun_agent and top == "torch":
+                continue
             if not in_runtime and (top in ("torch", "torchft") or mod.startswith("hyperpod_lab.runtime")):
                 bad.append(f"{rel}:{line} imports {mod} (submit side -> torch)")
             if in_runtime and (mod.startswith(runtime_may_not[:-1]) or mod == "boto3.session"

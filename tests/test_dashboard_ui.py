@@ -19,12 +19,13 @@ import os
 import shutil
 import time
 
+from lab_browser import dark_theme, playwright_or_fail, screenshot
+from slurm_jobs import Follow
+
 from benchmarks._lab import Lab, launch_chromium
 from hyperpod_lab import cli
 from hyperpod_lab.submit.client import Client
 from hyperpod_lab.submit.jobs import JobStore
-from slurm_jobs import Follow
-from lab_browser import dark_theme, playwright_or_fail, screenshot
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARTIFACTS = os.path.join(REPO, "test-artifacts", "dashboard")

@@ -16,9 +16,8 @@ import uuid
 import pytest
 
 from hyperpod_lab import devcluster
-from hyperpod_lab.submit.clusters import get_profile
 from hyperpod_lab.errors import HyperPodLabError
-
+from hyperpod_lab.submit.clusters import get_profile
 
 
 @pytest.fixture(autouse=True)

@@ -22,13 +22,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from hyperpod_lab import cli
-from hyperpod_lab.submit.clusters import ClusterProfile, get_profile
-from hyperpod_lab.submit.discovery import DiscoveredCluster, discover_clusters, profile_for, ssm_target_for, write_profiles
 from hyperpod_lab.errors import ClusterUnreachable, ConfigError
 from hyperpod_lab.schedulers import for_profile
+from hyperpod_lab.submit.clusters import ClusterProfile, get_profile
+from hyperpod_lab.submit.discovery import DiscoveredCluster, discover_clusters, profile_for, ssm_target_for, write_profiles
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from moto_server import CREDENTIALS, MotoServer, without_aws_credentials  # noqa: E402
+from moto_server import CREDENTIALS, MotoServer, without_aws_credentials
 
 IG = [{"InstanceGroupName": "workers", "InstanceType": "ml.c5.xlarge", "InstanceCount": 2, "ThreadsPerCore": 1,
        "LifeCycleConfig": {"SourceS3Uri": "s3://sagemaker-lifecycle-bkt/lc/", "OnCreate": "on_create.sh"},

@@ -15,15 +15,21 @@ import subprocess
 
 import pytest
 import yaml
+from goldens import assert_matches_golden
 
 from hyperpod_lab import cli
-from hyperpod_lab.submit.clusters import ClusterProfile, save_profile
 from hyperpod_lab.errors import ConfigError, SpecError
 from hyperpod_lab.schedulers import for_profile
-from hyperpod_lab.schedulers.eks.manifest import (DEEP_HEALTH_CHECK_LABEL, STEP_LOG_PATTERN, render_hyperpod_pytorch_job,
-                                                  render_job_configmap, render_kubeflow_pytorch_job, to_yaml)
+from hyperpod_lab.schedulers.eks.manifest import (
+    DEEP_HEALTH_CHECK_LABEL,
+    STEP_LOG_PATTERN,
+    render_hyperpod_pytorch_job,
+    render_job_configmap,
+    render_kubeflow_pytorch_job,
+    to_yaml,
+)
 from hyperpod_lab.spec import ElasticPolicy, JobSpec, ResiliencyPolicy
-from goldens import assert_matches_golden
+from hyperpod_lab.submit.clusters import ClusterProfile, save_profile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -261,8 +267,7 @@ def test_example_renders_unchanged_through_the_cli_dry_run():
 
 
 # ---- conformance with the upstream sources (issue 17) ----------------------------------------
-from hyperpod_lab.schedulers.eks.manifest import (NODE_HEALTH_LABEL, TTL_AFTER_FINISHED_S,  # noqa: E402
-                                                  resource_name)
+from hyperpod_lab.schedulers.eks.manifest import NODE_HEALTH_LABEL, TTL_AFTER_FINISHED_S, resource_name  # noqa: E402
 
 CRD_SCHEMA = os.path.join(HERE, "fixtures", "kubeflow_pytorchjob_v1.9.0.schema.yaml")
 

@@ -15,17 +15,17 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 import yaml
 
-from hyperpod_lab.submit.clusters import ClusterProfile, save_profile
 from hyperpod_lab.errors import ClusterUnreachable, ConfigError, HyperPodLabError
-from hyperpod_lab.submit.jobs import JobStatus
 from hyperpod_lab.schedulers.eks.scheduler import EksScheduler, eks_token
 from hyperpod_lab.spec import ElasticPolicy, JobSpec
+from hyperpod_lab.submit.clusters import ClusterProfile, save_profile
+from hyperpod_lab.submit.jobs import JobStatus
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fake_k8s import FakeKube  # noqa: E402
-from moto_server import CREDENTIALS, MotoServer, without_aws_credentials  # noqa: E402
-from ports import free_port  # noqa: E402
-from test_eks_render import sdk_validate  # noqa: E402
+from fake_k8s import FakeKube
+from moto_server import CREDENTIALS, MotoServer, without_aws_credentials
+from ports import free_port
+from test_eks_render import sdk_validate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "examples", "train_lm.py")

@@ -34,14 +34,13 @@ import pytest
 import tomli_w
 
 from hyperpod_lab import cli
-
+from hyperpod_lab.errors import EnvironmentMismatch, SpecError
+from hyperpod_lab.schedulers.remote import SSHRemote
+from hyperpod_lab.spec import JobSpec
 from hyperpod_lab.submit import envparity
 from hyperpod_lab.submit.client import Client
 from hyperpod_lab.submit.clusters import ClusterProfile
-from hyperpod_lab.errors import EnvironmentMismatch, SpecError
 from hyperpod_lab.submit.jobs import JobStore
-from hyperpod_lab.schedulers.remote import SSHRemote
-from hyperpod_lab.spec import JobSpec
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = os.path.join(HERE, "scripts", "steps.py")
@@ -253,7 +252,7 @@ def _env(python="3.11.7", torch=("2.13.0", None), hpl=("0.1.0", 1, None), mods=N
 
 
 def test_the_severity_rules():
-    sev = lambda local, remote: {d.item: d.severity for d in envparity.diff(local, remote)}
+    sev = lambda local, remote: {d.item: d.severity for d in envparity.diff(local, remote)}  # noqa: E731
     assert set(sev(_env(), _env()).values()) == {"ok"}
     assert sev(_env(), _env(python="3.11.9"))["python"] == "ok"  # micro versions may differ
     assert sev(_env(), _env(python="3.12.1"))["python"] == "warning"
@@ -343,8 +342,9 @@ def test_the_submit_form_shows_the_diff_and_blocks_an_incompatible_cluster(old_c
     interpreter matches and re-enables it; Export requirements shows the path and the command."""
     import shutil as _shutil
 
-    from benchmarks._lab import Lab, launch_chromium
     from playwright.sync_api import sync_playwright
+
+    from benchmarks._lab import Lab, launch_chromium
 
     artifacts = os.path.join(os.path.dirname(HERE), "test-artifacts", "env-parity")
     os.makedirs(artifacts, exist_ok=True)

@@ -71,7 +71,7 @@ def test_all_schema_kinds_listed():
 def test_summary_counts_from_events():
     from hyperpod_lab.submit.client import summarize
 
-    mk = lambda i, kind, t, **d: Event(kind, "j", t, "rank-0", i, d)
+    mk = lambda i, kind, t, **d: Event(kind, "j", t, "rank-0", i, d)  # noqa: E731
     evs = [mk(0, "submitted", 0.0), mk(1, "step", 1.0, step=0, loss=5.0), mk(2, "checkpoint.saved", 2.0, step=9),
            mk(3, "fault.detected", 3.0, rank=1), mk(4, "recovery.completed", 9.0, downtime_s=6.0),
            mk(5, "step", 10.0, step=12, loss=3.0), mk(6, "finished", 12.0, status="succeeded", steps=20, final_loss=2.9)]

@@ -24,10 +24,9 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
-
-import torch  # noqa: E402  (a hard dependency: missing torch fails, never skips)
-import numpy as np  # noqa: E402
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "examples", "train_lm.py")

@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from hyperpod_lab.submit.client import summarize
 from hyperpod_lab.events import Event, EventReader, EventWriter
 from hyperpod_lab.fold.facts import JobFacts, fold
 from hyperpod_lab.fold.progress import Progress
+from hyperpod_lab.submit.client import summarize
 
 
 def mk():

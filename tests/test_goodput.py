@@ -437,9 +437,9 @@ def test_measure_counts_hang_and_straggling_time(stalled, hang, detect):
 
 def test_the_notebook_monitor_shows_hang_and_straggling_time(tmp_path):
     """The notebook widget's goodput line (hyperpod_lab.notebook.widgets.goodput_html) names the new parts."""
+    from hyperpod_lab.notebook.widgets import JobMonitor
     from hyperpod_lab.submit.client import Client
     from hyperpod_lab.submit.jobs import JobRecord, JobStore
-    from hyperpod_lab.notebook.widgets import JobMonitor
 
     client = Client(JobStore(str(tmp_path / "store")))
     client.store.put(JobRecord(job_id="job-1", name="g", cluster="local", orchestrator="local", native_id="1",

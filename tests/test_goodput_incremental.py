@@ -11,13 +11,12 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_goodput import checkpointless_events, ev, job_events, jobs
 
 from hyperpod_lab import goodput as gp
 from hyperpod_lab.errors import GoodputInputError
 from hyperpod_lab.events import Event
 from hyperpod_lab.fold.facts import JobFacts
-
-from test_goodput import checkpointless_events, ev, job_events, jobs
 
 PROPS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

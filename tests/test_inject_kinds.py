@@ -22,13 +22,13 @@ import sys
 import time
 
 import pytest
+from slurm_jobs import Follow
 
 from hyperpod_lab import cli
 from hyperpod_lab.errors import HyperPodLabError, JobStateError, SpecError
 from hyperpod_lab.jobdir import JobPaths
-from hyperpod_lab.submit.jobs import JobStatus
 from hyperpod_lab.schedulers.slurm import scontrol_refused
-from slurm_jobs import Follow
+from hyperpod_lab.submit.jobs import JobStatus
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = os.path.join(REPO, "tests", "scripts", "steps.py")
@@ -73,12 +73,12 @@ def test_exception_kind_raises_in_the_rank_and_the_job_recovers(client):
 def test_the_step_hook_raises_once_looks_at_most_every_half_second_and_follows_no_link(tmp_path):
     """The request written by a real scheduler (the local backend's file access) into a job
     directory; a one-rank JobContext (no process group) steps over it."""
-    from hyperpod_lab.submit.clusters import ClusterProfile
-    from hyperpod_lab.submit.jobs import JobRecord
     from hyperpod_lab.runtime.context import FAULT_CHECK_INTERVAL_S, InjectedFault, JobContext
     from hyperpod_lab.schedulers.local import LocalScheduler
     from hyperpod_lab.schedulers.remote import LocalRemote
     from hyperpod_lab.spec import JobSpec
+    from hyperpod_lab.submit.clusters import ClusterProfile
+    from hyperpod_lab.submit.jobs import JobRecord
 
     paths = JobPaths.for_job(str(tmp_path), "hook-job")
     os.makedirs(paths.events)

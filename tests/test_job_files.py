@@ -14,13 +14,13 @@ import threading
 
 import pytest
 
-from hyperpod_lab.submit.clusters import ClusterProfile
 from hyperpod_lab.errors import HyperPodLabError
 from hyperpod_lab.events import EventReader, EventWriter
 from hyperpod_lab.jobdir import JobPaths
-from hyperpod_lab.submit.jobs import JobRecord, JobStatus
 from hyperpod_lab.schedulers.local import LocalScheduler
 from hyperpod_lab.schedulers.remote import LocalRemote
+from hyperpod_lab.submit.clusters import ClusterProfile
+from hyperpod_lab.submit.jobs import JobRecord, JobStatus
 
 
 def _job(tmp_path) -> JobPaths:

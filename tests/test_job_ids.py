@@ -21,9 +21,9 @@ import time
 import pytest
 
 from hyperpod_lab.errors import DuplicateJob
-from hyperpod_lab.submit.jobs import JobRecord, JobStore, new_job_id
 from hyperpod_lab.schedulers.eks.manifest import resource_name
 from hyperpod_lab.spec import JobSpec
+from hyperpod_lab.submit.jobs import JobRecord, JobStore, new_job_id
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # self-contained (the backends stage the script file alone)

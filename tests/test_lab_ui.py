@@ -20,9 +20,9 @@ import shutil
 import time
 
 import pytest
+from lab_browser import dark_theme, playwright_or_fail, screenshot
 
 from benchmarks._lab import Lab, launch_chromium, run_command
-from lab_browser import dark_theme, playwright_or_fail, screenshot
 
 ARTIFACTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "test-artifacts", "lab-ui")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -23,11 +23,11 @@ import time
 import pytest
 import tomli_w
 
-from hyperpod_lab.submit import envparity
 from hyperpod_lab.events import EventWriter
-from hyperpod_lab.submit.jobs import JobRecord
 from hyperpod_lab.schedulers.remote import MountedRemote, SSHRemote, connect, detect_local_mount
 from hyperpod_lab.spec import JobSpec
+from hyperpod_lab.submit import envparity
+from hyperpod_lab.submit.jobs import JobRecord
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = os.path.join(HERE, "scripts", "steps.py")

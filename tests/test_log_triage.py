@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import io
-import json
 import os
 import subprocess
 import sys
@@ -26,14 +25,13 @@ import time
 import urllib.parse
 
 import pytest
+from slurm_jobs import Follow
 
 from hyperpod_lab import cli
-
+from hyperpod_lab.errors import SpecError
 from hyperpod_lab.submit import logtriage as lt
 from hyperpod_lab.submit.client import Client
-from hyperpod_lab.errors import SpecError
 from hyperpod_lab.submit.jobs import JobStore
-from slurm_jobs import Follow
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "tests", "scripts", "triage_job.py")

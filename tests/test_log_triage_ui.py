@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import os
 
+from lab_browser import dark_theme, playwright_or_fail
+from slurm_jobs import Follow
+
 from benchmarks._lab import Lab, launch_chromium, open_lab, run_command
 from hyperpod_lab import cli
 from hyperpod_lab.submit.client import Client
-from hyperpod_lab.submit.jobs import JobStore, JobStatus
-from slurm_jobs import Follow
-from lab_browser import dark_theme, playwright_or_fail
+from hyperpod_lab.submit.jobs import JobStatus, JobStore
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "tests", "scripts", "triage_job.py")

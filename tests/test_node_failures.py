@@ -21,9 +21,9 @@ import subprocess
 import time
 
 import pytest
+from slurm_jobs import Follow, scontrol
 
 from hyperpod_lab import cli, devcluster
-from slurm_jobs import Follow, scontrol
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FT = os.path.join(REPO, "tests", "scripts", "ft_train.py")

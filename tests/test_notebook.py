@@ -2,8 +2,8 @@
 
 import os
 
-from hyperpod_lab.submit.client import Client
 from hyperpod_lab.cli.demo import execute_notebook
+from hyperpod_lab.submit.client import Client
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -18,13 +18,13 @@ import time
 import pytest
 
 from hyperpod_lab import procs
-from hyperpod_lab.submit.clusters import ClusterProfile
 from hyperpod_lab.errors import JobStateError
 from hyperpod_lab.jobdir import ENV_JOB_ID, JobPaths
-from hyperpod_lab.submit.jobs import JobRecord
 from hyperpod_lab.schedulers.local import LocalScheduler
 from hyperpod_lab.schedulers.remote import LocalRemote
 from hyperpod_lab.spec import JobSpec
+from hyperpod_lab.submit.clusters import ClusterProfile
+from hyperpod_lab.submit.jobs import JobRecord
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = "victim-20261123-000000-00000000000000aa"

@@ -7,10 +7,10 @@ import threading
 import time
 
 import pytest
+from ports import free_port
 
 from hyperpod_lab.errors import ClusterUnreachable, HostKeyError, RemoteCommandError
 from hyperpod_lab.schedulers.remote import LocalRemote, SSHRemote, quote_argv
-from ports import free_port
 
 NASTY = ["'; touch /tmp/hyperpod-x; '", "$(id)", "`id`", "a\nb", "*", "~", "&&", "x y", "", "\\", '"q"']
 
@@ -86,8 +86,8 @@ def test_unknown_and_changed_host_keys_are_refused(dev_cluster, tmp_path):
 
     other = paramiko.Ed25519Key.generate() if hasattr(paramiko.Ed25519Key, "generate") else None
     if other is None:
-        from cryptography.hazmat.primitives.asymmetric import ed25519
         from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ed25519
 
         raw = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
             serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()

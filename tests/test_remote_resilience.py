@@ -22,8 +22,8 @@ import time
 
 import pytest
 import tomli_w
-
 from hung_sftp import HungSSHServer, new_key_pair
+
 from hyperpod_lab.errors import ClusterUnreachable, RemoteCommandError
 from hyperpod_lab.events import EventKind, EventReader, EventWriter
 from hyperpod_lab.schedulers.remote import SSHRemote
@@ -343,8 +343,8 @@ def test_dead_link_found_by_keepalives_and_the_call_completes_over_a_new_connect
 
 
 def test_default_keepalive_is_15_s_and_0_turns_it_off(tmp_path):
-    from hyperpod_lab.submit.clusters import ClusterProfile
     from hyperpod_lab.schedulers.remote.route import resolve_route
+    from hyperpod_lab.submit.clusters import ClusterProfile
 
     cfg = tmp_path / "ssh_config"
     cfg.write_text("Host quiet\n  ServerAliveInterval 0\n")
@@ -355,8 +355,8 @@ def test_default_keepalive_is_15_s_and_0_turns_it_off(tmp_path):
 
 
 def test_op_timeout_is_validated():
-    from hyperpod_lab.submit.clusters import ClusterProfile
     from hyperpod_lab.errors import ConfigError
+    from hyperpod_lab.submit.clusters import ClusterProfile
 
     assert ClusterProfile(name="k", orchestrator="slurm", host="h", shared_root="/s").op_timeout_s == 30.0
     for bad in (0, -1, "30", True, 10_000):

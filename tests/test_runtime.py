@@ -26,12 +26,18 @@ import sys
 import time
 
 import pytest
-
-import torch  # noqa: E402  (a hard dependency: missing torch fails, never skips)
-
-from agents import (assert_same, complete_steps, is_our_worker, job_with_checkpoints_of, kinds,  # noqa: E402
-                    load_dump, read_events, stop_launchers, tail_logs)
-from ports import free_port  # noqa: E402
+from agents import (
+    assert_same,
+    complete_steps,
+    is_our_worker,
+    job_with_checkpoints_of,
+    kinds,
+    load_dump,
+    read_events,
+    stop_launchers,
+    tail_logs,
+)
+from ports import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "tiny_train.py")

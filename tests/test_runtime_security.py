@@ -23,7 +23,7 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from agents import kinds, read_events, tail_logs  # noqa: E402
+from agents import kinds, read_events
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.abspath(__file__)
@@ -276,8 +276,8 @@ def test_job_dir_under_shm_root_owned_by_another_user_is_refused(tmp_path, monke
 def test_default_job_dir_not_private_is_refused(tmp_path, monkeypatch, case):
     import tempfile
 
-    from hyperpod_lab.runtime.context import _default_job_dir
     from hyperpod_lab.private_dir import PrivateDirError
+    from hyperpod_lab.runtime.context import _default_job_dir
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.delenv("HYPERPOD_LAB_JOB_DIR", raising=False)

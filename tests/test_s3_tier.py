@@ -31,9 +31,8 @@ import sys
 import time
 
 import pytest
-
-from moto_server import CREDENTIALS, HoldingProxy, MotoServer, serving_bucket, without_aws_credentials
 from agents import kinds, read_events, stop_launchers, tail_logs
+from moto_server import CREDENTIALS, HoldingProxy, MotoServer, serving_bucket, without_aws_credentials
 from test_checkpoint_integrity import (
     ROOT,
     SCRIPT,

@@ -23,9 +23,9 @@ from hyperpod_lab.errors import SpecError
 from hyperpod_lab.events import EventReader
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fake_k8s import FakeKube  # noqa: E402
-from test_eks_render import sdk_validate  # noqa: E402
-from test_eks_scheduler import HP, eks_profile  # noqa: E402
+from fake_k8s import FakeKube
+from test_eks_render import sdk_validate
+from test_eks_scheduler import HP, eks_profile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROBE = os.path.join(HERE, "scripts", "secret_probe.py")

@@ -14,7 +14,6 @@ from collections import Counter
 
 import pytest
 import yaml
-
 from jupyter_server_proc import JupyterServer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -79,7 +78,7 @@ def no_gaps(events):
 
 # ---- auth and bad input ----------------------------------------------------------------
 def route_paths():
-    from hyperpod_lab.server.handlers.base import handlers
+    from hyperpod_lab.server.handlers import handlers
 
     return [(re.sub(r"\(\?P<(\w+)>[^)]*\)", lambda m: "{" + m.group(1) + "}", p), cls) for p, cls in handlers()]
 

@@ -21,9 +21,9 @@ import threading
 import time
 
 import pytest
+from jupyter_server_proc import JupyterServer
 
 from benchmarks._common import server_rss_mb, track_local_job, write_events
-from jupyter_server_proc import JupyterServer
 
 SETTINGS = {"send_queue_bytes": 256 * 1024, "stall_timeout_s": 3.0, "max_subscribers": 40}
 BIG_EVENTS = 150_000
@@ -62,10 +62,10 @@ def _status_latencies(srv, stop: threading.Event, out: list[float]) -> None:
 
 
 def test_events_limit_1_reads_one_page_not_the_whole_file(server, tmp_path):
-    from hyperpod_lab.submit.client import Client
     from hyperpod_lab.events import LocalFiles
-    from hyperpod_lab.server.handlers.base import read_events
+    from hyperpod_lab.server.handlers.jobs import read_events
     from hyperpod_lab.server.watch.watcher import decode_cursor
+    from hyperpod_lab.submit.client import Client
 
     rec = track_local_job(str(tmp_path), "bounds-limit")
     path = write_events(str(tmp_path), rec.job_id, 300_000, pad=100)  # ~60 MB
@@ -92,8 +92,8 @@ def test_events_limit_1_reads_one_page_not_the_whole_file(server, tmp_path):
 
 
 def test_logs_tail_by_default_and_byte_ranges(server, tmp_path):
-    from hyperpod_lab.submit.client import Client
     from hyperpod_lab.jobdir import JobPaths
+    from hyperpod_lab.submit.client import Client
 
     rec = track_local_job(str(tmp_path), "bounds-logs")
     os.makedirs(os.path.dirname(JobPaths(rec.job_dir).launcher_log), exist_ok=True)

@@ -9,11 +9,10 @@ import asyncio
 import time
 from dataclasses import replace
 
-
 from benchmarks._common import track_local_job, write_events
+from hyperpod_lab.events import EventWriter, LocalFiles
 from hyperpod_lab.fold.aggregate import JobAggregate
 from hyperpod_lab.submit.client import Client
-from hyperpod_lab.events import EventWriter, LocalFiles
 from hyperpod_lab.submit.jobs import JobStore
 
 N = 20_000

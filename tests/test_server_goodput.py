@@ -16,8 +16,8 @@ import pytest
 
 from benchmarks._common import track_local_job, write_events
 from hyperpod_lab import goodput as gp
+from hyperpod_lab.events import EventWriter, LocalFiles
 from hyperpod_lab.submit.client import Client
-from hyperpod_lab.events import EventReader, EventWriter, LocalFiles
 from hyperpod_lab.submit.jobs import JobStore
 
 N = 20_000

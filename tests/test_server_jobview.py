@@ -10,8 +10,8 @@ import json
 import time
 
 from benchmarks._common import track_local_job
-from hyperpod_lab.submit.client import Client
 from hyperpod_lab.events import EventWriter
+from hyperpod_lab.submit.client import Client
 from hyperpod_lab.submit.jobs import JobStore
 
 

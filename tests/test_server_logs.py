@@ -11,7 +11,6 @@ import urllib.error
 import urllib.request
 
 import pytest
-
 from jupyter_server_proc import JupyterServer
 
 TOKEN = "hyperpod-log-secret-0123456789"

@@ -15,7 +15,6 @@ import shutil
 
 import pytest
 import websocket
-
 from jupyter_server_proc import JupyterServer
 
 HERE = os.path.dirname(os.path.abspath(__file__))

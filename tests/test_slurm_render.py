@@ -6,13 +6,12 @@ import subprocess
 import time
 
 import pytest
+from goldens import assert_matches_golden
 
 from hyperpod_lab.errors import SpecError
-from hyperpod_lab.submit.jobs import JobStatus
-from hyperpod_lab.schedulers.slurm import (parse_exit_code, parse_sacct, parse_sbatch, parse_squeue,
-                                           render_sbatch, sbatch_argv)
+from hyperpod_lab.schedulers.slurm import parse_exit_code, parse_sacct, parse_sbatch, parse_squeue, render_sbatch, sbatch_argv
 from hyperpod_lab.spec import ElasticPolicy, JobSpec, ResiliencyPolicy
-from goldens import assert_matches_golden
+from hyperpod_lab.submit.jobs import JobStatus
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 
@@ -416,6 +415,7 @@ def test_every_rendered_option_is_in_the_man_pages_since_22_05():
     newest. ``--auto-resume`` is HyperPod's SPANK plugin option, rendered only on HyperPod
     nodes; ``--parsable``, ``--job-name`` and ``--chdir`` are sbatch's command line."""
     import re
+
     from hyperpod_lab.schedulers.slurm import sbatch_argv
 
     man = slurm_man()

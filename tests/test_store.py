@@ -136,7 +136,7 @@ def test_many_threads_each_with_its_connection_never_see_io_errors(tmp_path):
                     store.update_status(store.get(recs[i % 4].job_id), JobStatus.RUNNING)
                 store.get(recs[(i + n) % 4].job_id)
                 store.put_cursor(recs[i % 4].job_id, {"rank-0.jsonl": n})
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             errors.append(repr(e))
 
     threads = []

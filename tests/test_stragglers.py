@@ -23,14 +23,13 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
+from slurm_jobs import Follow
 
 from hyperpod_lab import cli
 from hyperpod_lab.node import straggler as st
 from hyperpod_lab.node.straggler import StragglerDetector, excluded_nodes
-from slurm_jobs import Follow
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HANG_TRAIN = os.path.join(REPO, "tests", "scripts", "hang_train.py")

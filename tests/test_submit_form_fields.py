@@ -17,8 +17,9 @@ import os
 import shutil
 import time
 
-from benchmarks._lab import Lab, launch_chromium
 from lab_browser import playwright_or_fail, screenshot
+
+from benchmarks._lab import Lab, launch_chromium
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARTIFACTS = os.path.join(REPO, "test-artifacts", "submit-form")

@@ -11,7 +11,6 @@ worker (a hung cluster's submit never holds another cluster's).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
 import stat
@@ -22,13 +21,12 @@ import pytest
 import tomli_w
 
 from hyperpod_lab import envexec
-
-from hyperpod_lab.submit import envparity
 from hyperpod_lab.errors import RemoteCommandError
 from hyperpod_lab.events import EventReader
 from hyperpod_lab.jobdir import CHECKPOINT_KEY_BYTES, JobPaths
 from hyperpod_lab.schedulers.remote import CommandOutcomeUnknown
 from hyperpod_lab.spec import JobSpec
+from hyperpod_lab.submit import envparity
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = os.path.join(HERE, "scripts", "steps.py")

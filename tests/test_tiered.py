@@ -35,14 +35,13 @@ import time
 import uuid
 
 import pytest
+import torch
+from agents import assert_same, kinds, read_events, stop_launchers
+from ports import free_port
 
-import torch  # noqa: E402  (a hard dependency: missing torch fails, never skips)
-
-from agents import assert_same, kinds, read_events, stop_launchers  # noqa: E402
-from ports import free_port  # noqa: E402
 from hyperpod_lab.runtime.checkpoint import memory as memory_tier
-from hyperpod_lab.runtime.checkpoint.memory import MemoryTier  # noqa: E402
-from hyperpod_lab.runtime.checkpoint.peer import partner_map, sources_of  # noqa: E402
+from hyperpod_lab.runtime.checkpoint.memory import MemoryTier
+from hyperpod_lab.runtime.checkpoint.peer import partner_map, sources_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "tiered_train.py")

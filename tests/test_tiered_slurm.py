@@ -6,8 +6,9 @@ import os
 import shutil
 import time
 
-from hyperpod_lab import cli
 from slurm_jobs import kill_node_processes, scontrol, wait_pending, wait_until_gone
+
+from hyperpod_lab import cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(REPO, "examples", "train_lm.py")

@@ -9,10 +9,10 @@ import asyncio
 import os
 import time
 
-from hyperpod_lab.submit.client import Client
 from hyperpod_lab.events import EventWriter
-from hyperpod_lab.submit.jobs import JobRecord, JobStore
 from hyperpod_lab.server.watch.watcher import Watcher, decode_cursor
+from hyperpod_lab.submit.client import Client
+from hyperpod_lab.submit.jobs import JobRecord, JobStore
 
 
 def test_one_batched_refresh_and_one_reader_per_job_for_many_tabs(tmp_path):

@@ -15,8 +15,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from hyperpod_lab.fold.aggregate import mark_label
 from hyperpod_lab.events import Event
+from hyperpod_lab.fold.aggregate import mark_label
 from hyperpod_lab.notebook.widgets import JobMonitor, timeline_html
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

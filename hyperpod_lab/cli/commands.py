@@ -271,7 +271,7 @@ def run(argv: list[str], out: TextIO | None = None, client=None) -> Any:
     Raises HyperPodLabError (and SpecError) for bad input; ``main`` turns them into exit 2.
     """
     out = out or sys.stdout
-    say: Callable[[str], None] = lambda s: (out.write(s + "\n"), out.flush())
+    say: Callable[[str], None] = lambda s: (out.write(s + "\n"), out.flush())  # noqa: E731
     script_args: list[str] = []
     if "--" in argv:
         i = argv.index("--")
@@ -477,9 +477,9 @@ def _goodput(a: argparse.Namespace, say, client) -> None:
 
 def _env(a: argparse.Namespace, say, client) -> int:
     """``env diff`` / ``env export`` (:mod:`hyperpod_lab.submit.envparity`); 1 when diff finds an error."""
+    from hyperpod_lab.schedulers import for_profile
     from hyperpod_lab.submit import envparity
     from hyperpod_lab.submit.clusters import get_profile
-    from hyperpod_lab.schedulers import for_profile
 
     profile = get_profile(a.cluster)
     # the cluster's backend (the diff probes itself);

@@ -22,8 +22,8 @@ import subprocess
 import sys
 from typing import Any
 
-from hyperpod_lab.submit.clusters import ClusterDefaults, ClusterProfile, save_profile
 from hyperpod_lab.errors import HyperPodLabError
+from hyperpod_lab.submit.clusters import ClusterDefaults, ClusterProfile, save_profile
 
 PROFILE_NAME = "local-slurm"
 DEFAULT_BASE_DIR = "/var/tmp/hyperpod-lab-dev"

@@ -46,6 +46,7 @@ interval for restart dumps", Future Generation Computer Systems 22(3):303-312, 2
 
 from __future__ import annotations
 
+from hyperpod_lab.goodput import band
 from hyperpod_lab.goodput.advice import (
     advise,
     figure_png,
@@ -53,7 +54,6 @@ from hyperpod_lab.goodput.advice import (
     plot_goodput_vs_interval,
     report_text,
 )
-from hyperpod_lab.goodput import band
 from hyperpod_lab.goodput.band import (
     BAND_FACTOR,
     PLAUSIBLE_MAX_RATE,

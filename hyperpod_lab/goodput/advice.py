@@ -13,9 +13,21 @@ from hyperpod_lab.errors import GoodputInputError
 from hyperpod_lab.goodput.band import BAND_FACTOR, rate_inputs, restart_band
 from hyperpod_lab.goodput.closed_form import daly_interval_s, expected_goodput, goodput_breakdown, training_days, young_interval_s
 from hyperpod_lab.goodput.scenario import (
-    _RATE_UNIT, CHECKPOINT_RESTART, CHECKPOINTLESS, DEFAULT_DETECT_S, DEFAULT_GPUS_PER_INSTANCE, DEFAULT_HEAL_S,
-    DEFAULT_MAX_INTERVAL_S, DEFAULT_RESTART_S, RECOVERY_MODES, SECONDS_PER_HOUR, Scenario, Tier,
-    _instances, _seconds, replicas_for
+    CHECKPOINT_RESTART,
+    CHECKPOINTLESS,
+    DEFAULT_DETECT_S,
+    DEFAULT_GPUS_PER_INSTANCE,
+    DEFAULT_HEAL_S,
+    DEFAULT_MAX_INTERVAL_S,
+    DEFAULT_RESTART_S,
+    RATE_UNIT,
+    RECOVERY_MODES,
+    SECONDS_PER_HOUR,
+    Scenario,
+    Tier,
+    checked_instances,
+    checked_seconds,
+    replicas_for,
 )
 
 
@@ -81,22 +93,22 @@ def advise(instances: int, failure_rate: Any, checkpoint_cost_s: float, step_tim
         GoodputInputError: an input out of range or in the wrong unit.
     """
     rates, rate_from, warnings = rate_inputs(instances, failure_rate, failure_rate_per_day, band_factor)
-    replicas, why = replicas_for(_instances(instances, "instances"), replicas)
+    replicas, why = replicas_for(checked_instances(instances, "instances"), replicas)
     warnings = warnings + ([why] if why else [])
     rate = rates[1]
     if rate == 0 or rates[0] == 0:
-        raise GoodputInputError("failure_rate", f"0 gives no finite MTBF to plan for; {_RATE_UNIT}")
+        raise GoodputInputError("failure_rate", f"0 gives no finite MTBF to plan for; {RATE_UNIT}")
     restarts, restart_from = restart_band(restart_s, (), DEFAULT_RESTART_S, band_factor)
-    cost = _seconds(checkpoint_cost_s, "checkpoint_cost_s")
+    cost = checked_seconds(checkpoint_cost_s, "checkpoint_cost_s")
     base = Scenario(instances=instances, failure_rate_per_instance_hour=rate, step_time_s=step_time_s,
                     tiers=[Tier("persistent", 1, cost, cost if restore_s is None else restore_s)],
                     detect_s=detect_s, restart_s=restarts[1], heal_s=heal_s, replicas=replicas,
                     fallback_probability=fallback_probability)
     points = {"low": (rates[2], restarts[2]), "mid": (rates[1], restarts[1]), "high": (rates[0], restarts[0])}
-    max_interval_s = _seconds(max_interval_s, "max_interval_s", positive=True)
+    max_interval_s = checked_seconds(max_interval_s, "max_interval_s", positive=True)
     if work_gpu_hours is not None:
-        _seconds(work_gpu_hours, "work_gpu_hours", positive=True, unit="GPU-h", what="useful GPU-hours")
-    gpus = base.instances * _instances(gpus_per_instance, "gpus_per_instance")
+        checked_seconds(work_gpu_hours, "work_gpu_hours", positive=True, unit="GPU-h", what="useful GPU-hours")
+    gpus = base.instances * checked_instances(gpus_per_instance, "gpus_per_instance")
     m = base.mtbf_s
     modes = {}
     for mode in RECOVERY_MODES:

@@ -27,7 +27,7 @@ import math
 from typing import Any, Sequence
 
 from hyperpod_lab.errors import GoodputInputError
-from hyperpod_lab.goodput.scenario import _RATE_UNIT, _instances, _seconds, parse_failure_rate
+from hyperpod_lab.goodput.scenario import RATE_UNIT, checked_instances, checked_seconds, parse_failure_rate
 
 BAND_FACTOR = 2.0
 """A single value ``x`` spans ``x / BAND_FACTOR`` to ``x * BAND_FACTOR`` (see the module doc)."""
@@ -78,10 +78,10 @@ def restart_band(given: Any = None, measured: Sequence[float] = (), default: flo
     ``default``, each single value spanning ``x / factor`` to ``x * factor``."""
     pair = _pair(given)
     if pair is not None:
-        lo, hi = (_seconds(float(v) if isinstance(v, str) else v, field) for v in pair)
+        lo, hi = (checked_seconds(float(v) if isinstance(v, str) else v, field) for v in pair)
         return _ordered(lo, hi, field), "given range"
     if given is not None:
-        x = _seconds(float(given) if isinstance(given, str) else given, field)
+        x = checked_seconds(float(given) if isinstance(given, str) else given, field)
         return (x / factor, x, x * factor), f"given, /{factor:g} to x{factor:g}"
     ms = sorted(float(m) for m in measured)
     if len(ms) >= 2:
@@ -112,7 +112,7 @@ def rate_warning(rate: Any, field: str = "--failure-rate") -> str | None:
             return (f"{field} {text}: {value:g} failures per instance-hour ({value * 100:.3g} %) is above the "
                     f"highest published rate, {PLAUSIBLE_MAX_RATE * 100:.3g} % per instance-hour (docs/goodput.md, "
                     f"'Failure rates'): did you mean '{text}%' (a percentage), or {text} failures a day for the "
-                    f"whole job (--failure-rate-per-day {text})? {_RATE_UNIT}")
+                    f"whole job (--failure-rate-per-day {text})? {RATE_UNIT}")
     return None
 
 
@@ -120,7 +120,7 @@ def rate_from_per_day(per_day: Any, instances: int, field: str = "failure_rate_p
     """A job's failures per day (all its ``instances``), as failures per instance-hour:
     ``per_day / (24 × instances)``; a range ``"lo:hi"`` or ``(lo, hi)`` gives a range. Llama 3's
     7.76 interruptions a day on 2,048 instances give 0.000158 (0.0158 %)."""
-    n = _instances(instances)
+    n = checked_instances(instances)
     pair = _pair(per_day)
 
     def one(x: Any) -> float:
@@ -146,7 +146,7 @@ def rate_inputs(instances: int, failure_rate: Any, per_day: Any, factor: float) 
                                 "'0.04%') or the job's failures a day (failure_rate_per_day), one of the two")
     if per_day is not None:
         rate = rate_from_per_day(per_day, instances)
-        given = f"{per_day} failures a day on {_instances(instances)} instances"
+        given = f"{per_day} failures a day on {checked_instances(instances)} instances"
         warnings = []
     else:
         rate, given = failure_rate, str(failure_rate)

@@ -9,10 +9,10 @@ from hyperpod_lab.errors import GoodputInputError
 from hyperpod_lab.goodput.scenario import (
     LOST_KINDS,
     Scenario,
-    _as_scenario,
-    _instances,
-    _probability,
-    _seconds,
+    as_scenario,
+    checked_instances,
+    checked_probability,
+    checked_seconds,
 )
 
 
@@ -21,7 +21,7 @@ def young_interval_s(checkpoint_cost_s: float, mtbf_s: float) -> float:
 
     ``sqrt(2 × C × MTBF)`` (Young 1974), with ``C`` the seconds a checkpoint blocks training.
     """
-    c, m = _seconds(checkpoint_cost_s, "checkpoint_cost_s"), _seconds(mtbf_s, "mtbf_s", positive=True)
+    c, m = checked_seconds(checkpoint_cost_s, "checkpoint_cost_s"), checked_seconds(mtbf_s, "mtbf_s", positive=True)
     return math.sqrt(2.0 * c * m)
 
 
@@ -32,7 +32,7 @@ def daly_interval_s(checkpoint_cost_s: float, mtbf_s: float) -> float:
     (Daly 2006, eq. 37): the optimum of the exact exponential model (:func:`exponential_goodput`)
     to higher order than Young's; ``C`` checkpoint cost s, ``M`` MTBF s.
     """
-    c, m = _seconds(checkpoint_cost_s, "checkpoint_cost_s"), _seconds(mtbf_s, "mtbf_s", positive=True)
+    c, m = checked_seconds(checkpoint_cost_s, "checkpoint_cost_s"), checked_seconds(mtbf_s, "mtbf_s", positive=True)
     if c >= 2.0 * m:
         return m
     x = c / (2.0 * m)
@@ -72,9 +72,9 @@ def exponential_goodput(interval_s: float, checkpoint_cost_s: float, downtime_s:
     Returns:
         Goodput, a fraction in [0, 1].
     """
-    tau = _seconds(interval_s, "interval_s", positive=True)
-    c, r = _seconds(checkpoint_cost_s, "checkpoint_cost_s"), _seconds(downtime_s, "downtime_s")
-    m = _seconds(mtbf_s, "mtbf_s", positive=True) if not math.isinf(mtbf_s) else math.inf
+    tau = checked_seconds(interval_s, "interval_s", positive=True)
+    c, r = checked_seconds(checkpoint_cost_s, "checkpoint_cost_s"), checked_seconds(downtime_s, "downtime_s")
+    m = checked_seconds(mtbf_s, "mtbf_s", positive=True) if not math.isinf(mtbf_s) else math.inf
     if math.isinf(m):
         return tau / (tau + c)
     if (tau + c) / m + r / m > 700:
@@ -88,9 +88,9 @@ def training_days(work_gpu_hours: float, gpus: int, goodput: float) -> float:
     ``work_gpu_hours / (gpus × goodput) / 24``; Llama 3's 6.5 M H100-hours on 2,048 GPUs at
     goodput 1 take 132.2 days. Returns ``inf`` at goodput 0.
     """
-    w = _seconds(work_gpu_hours, "work_gpu_hours", positive=True, unit="GPU-h", what="useful GPU-hours")
-    g = _instances(gpus, "gpus")
-    good = _probability(goodput, "goodput")
+    w = checked_seconds(work_gpu_hours, "work_gpu_hours", positive=True, unit="GPU-h", what="useful GPU-hours")
+    g = checked_instances(gpus, "gpus")
+    good = checked_probability(goodput, "goodput")
     return math.inf if good == 0 else w / (g * good) / 24.0
 
 
@@ -120,7 +120,7 @@ def goodput_breakdown(scenario: Scenario | None = None, **fields) -> dict:
         "lost": {kind: fraction of wall time}}`` with kinds checkpoint, detect, restart,
         restore, heal, recompute; goodput plus the lost fractions is 1.
     """
-    sc = _as_scenario(scenario, fields)
+    sc = as_scenario(scenario, fields)
     s = sc.step_time_s
     stall = sum(t.blocked_s / (t.interval_steps * s) for t in sc.tiers)  # s stalled per useful s
     p_use, remaining = [], 1.0

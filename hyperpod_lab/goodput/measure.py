@@ -24,13 +24,12 @@ from hyperpod_lab.goodput.scenario import (
     TIER_ORDER,
     Scenario,
     Tier,
-    _instances,
-    _probability,
+    checked_instances,
+    checked_probability,
     cluster_mtbf_hours,
     replicas_for,
     tier_survival,
 )
-
 
 _BREAKS = frozenset(k.value for k in (EventKind.STARTED, EventKind.FAULT_DETECTED, EventKind.RECOVERY_STARTED,
                                       EventKind.RECOVERY_COMPLETED, EventKind.HEALTH_CHECKED,
@@ -509,7 +508,7 @@ def project(measured: dict, instances: int, failure_rate: Any = None, *, heal_s:
     """
     if not measured.get("step_time_s"):
         raise GoodputInputError("measured", "no step time measured yet (needs two step events of one run)")
-    loss = _probability(node_loss_fraction, "node_loss_fraction")
+    loss = checked_probability(node_loss_fraction, "node_loss_fraction")
     tiers = []
     for name, t in sorted(measured.get("tiers", {}).items(),
                           key=lambda kv: (kv[1]["interval_steps"] or math.inf, _tier_rank(kv[0]))):
@@ -525,7 +524,7 @@ def project(measured: dict, instances: int, failure_rate: Any = None, *, heal_s:
                                 f"({', '.join(t.name for t in tiers)}: node-local memory is lost with its node); "
                                 "save a peer, persistent or s3 tier too (or give node_loss_fraction < 1)")
     rates, rate_from, warnings = rate_inputs(instances, failure_rate, failure_rate_per_day, band_factor)
-    replicas, why = replicas_for(_instances(instances), replicas)
+    replicas, why = replicas_for(checked_instances(instances), replicas)
     warnings = warnings + ([why] if why else [])
     recs = measured.get("recoveries", [])
     det = [r["detect_s"] for r in recs if r["detect_s"] is not None]

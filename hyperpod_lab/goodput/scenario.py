@@ -50,7 +50,7 @@ def replicas_for(instances: int, replicas: int | None = None) -> tuple[int, str 
     return chosen, why
 
 
-_RATE_UNIT = ("rates are fractions per instance-hour, e.g. 0.0004, or explicit percentages, "
+RATE_UNIT = ("rates are fractions per instance-hour, e.g. 0.0004, or explicit percentages, "
               "e.g. '0.04%'")
 LOST_KINDS = ("checkpoint", "detect", "restart", "restore", "heal", "recompute")
 NODE_LOCAL_TIERS = ("memory",)
@@ -82,27 +82,27 @@ def parse_failure_rate(rate: float | int | str, field: str = "failure_rate") -> 
             written without ``%``); the message says which unit is expected.
     """
     if isinstance(rate, bool) or not isinstance(rate, (int, float, str, np.integer, np.floating)):
-        raise GoodputInputError(field, f"{rate!r} is not a failure rate; {_RATE_UNIT}")
+        raise GoodputInputError(field, f"{rate!r} is not a failure rate; {RATE_UNIT}")
     percent = isinstance(rate, str) and rate.strip().endswith("%")
     text = rate.strip()[:-1].strip() if percent else rate
     try:
         value = float(text)
     except ValueError:
-        raise GoodputInputError(field, f"{rate!r} is not a number; {_RATE_UNIT}") from None
+        raise GoodputInputError(field, f"{rate!r} is not a number; {RATE_UNIT}") from None
     if not math.isfinite(value):
-        raise GoodputInputError(field, f"{rate!r} is not finite; {_RATE_UNIT}")
+        raise GoodputInputError(field, f"{rate!r} is not finite; {RATE_UNIT}")
     if value < 0:
-        raise GoodputInputError(field, f"{rate!r} is negative: a failure rate is at least 0; {_RATE_UNIT}")
+        raise GoodputInputError(field, f"{rate!r} is negative: a failure rate is at least 0; {RATE_UNIT}")
     if percent:
         if value > 100:
-            raise GoodputInputError(field, f"{rate!r} is above 100 %; {_RATE_UNIT}")
+            raise GoodputInputError(field, f"{rate!r} is above 100 %; {RATE_UNIT}")
         return value / 100.0
     if value > 1:
-        raise GoodputInputError(field, f"{rate!r} is above 1; {_RATE_UNIT} (did you mean '{text}%'?)")
+        raise GoodputInputError(field, f"{rate!r} is above 1; {RATE_UNIT} (did you mean '{text}%'?)")
     return value
 
 
-def _instances(n: Any, field: str = "instances") -> int:
+def checked_instances(n: Any, field: str = "instances") -> int:
     if isinstance(n, bool) or not isinstance(n, (int, float, np.integer, np.floating)) or n != int(n):
         raise GoodputInputError(field, f"{n!r} is not a whole number of instances (nodes), e.g. 512")
     if int(n) < 1:
@@ -110,7 +110,7 @@ def _instances(n: Any, field: str = "instances") -> int:
     return int(n)
 
 
-def _seconds(x: Any, field: str, positive: bool = False, unit: str = "s", what: str = "a finite duration in seconds") -> float:
+def checked_seconds(x: Any, field: str, positive: bool = False, unit: str = "s", what: str = "a finite duration in seconds") -> float:
     if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
         raise GoodputInputError(field, f"{x!r} is not a number; expected {what}")
     x = float(x)
@@ -120,7 +120,7 @@ def _seconds(x: Any, field: str, positive: bool = False, unit: str = "s", what: 
     return x
 
 
-def _probability(x: Any, field: str) -> float:
+def checked_probability(x: Any, field: str) -> float:
     if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)) \
             or not 0.0 <= float(x) <= 1.0:
         raise GoodputInputError(field, f"{x!r}: expected a probability, a fraction in [0, 1] (not a percentage)")
@@ -139,7 +139,7 @@ def cluster_mtbf_hours(instances: int, failure_rate_per_instance_hour: float | s
         ``1 / (instances × rate)`` hours (``inf`` for a rate of 0). 512 instances at 0.04 %
         give 4.88 h.
     """
-    n = _instances(instances)
+    n = checked_instances(instances)
     rate = parse_failure_rate(failure_rate_per_instance_hour)
     return math.inf if rate == 0 else 1.0 / (n * rate)
 
@@ -158,8 +158,8 @@ def failure_rate_from_counts(failures: float, instances: int, hours: float) -> f
     """
     if isinstance(failures, bool) or not isinstance(failures, (int, float)) or failures < 0:
         raise GoodputInputError("failures", f"{failures!r}: expected a count, 0 or more")
-    hours = _seconds(hours, "hours", positive=True, unit="h", what="a finite duration in hours")
-    return failures / (_instances(instances) * hours)
+    hours = checked_seconds(hours, "hours", positive=True, unit="h", what="a finite duration in hours")
+    return failures / (checked_instances(instances) * hours)
 
 
 # ---- the scenario -------------------------------------------------------------------------
@@ -188,9 +188,9 @@ class Tier:
         if isinstance(n, bool) or not isinstance(n, (int, float, np.integer, np.floating)) or n != int(n) or n < 1:
             raise GoodputInputError(f + ".interval_steps", f"{n!r}: expected a whole number of steps, at least 1")
         object.__setattr__(self, "interval_steps", int(n))
-        object.__setattr__(self, "blocked_s", _seconds(self.blocked_s, f + ".blocked_s"))
-        object.__setattr__(self, "restore_s", _seconds(self.restore_s, f + ".restore_s"))
-        object.__setattr__(self, "survives_failure", _probability(self.survives_failure, f + ".survives_failure"))
+        object.__setattr__(self, "blocked_s", checked_seconds(self.blocked_s, f + ".blocked_s"))
+        object.__setattr__(self, "restore_s", checked_seconds(self.restore_s, f + ".restore_s"))
+        object.__setattr__(self, "survives_failure", checked_probability(self.survives_failure, f + ".survives_failure"))
 
 
 @dataclass(frozen=True)
@@ -231,10 +231,10 @@ class Scenario:
 
     def __post_init__(self):
         put = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
-        put("instances", _instances(self.instances))
+        put("instances", checked_instances(self.instances))
         put("failure_rate_per_instance_hour", parse_failure_rate(self.failure_rate_per_instance_hour,
                                                                  "failure_rate_per_instance_hour"))
-        put("step_time_s", _seconds(self.step_time_s, "step_time_s", positive=True))
+        put("step_time_s", checked_seconds(self.step_time_s, "step_time_s", positive=True))
         tiers = tuple(t if isinstance(t, Tier) else Tier(**t) for t in (self.tiers or ()))
         if not tiers:
             raise GoodputInputError("tiers", "at least one checkpoint tier is needed, e.g. "
@@ -246,15 +246,15 @@ class Scenario:
         if self.mode not in RECOVERY_MODES:
             raise GoodputInputError("mode", f"{self.mode!r}: expected one of {', '.join(RECOVERY_MODES)}")
         for k in ("detect_s", "restart_s", "heal_s"):
-            put(k, _seconds(getattr(self, k), k))
+            put(k, checked_seconds(getattr(self, k), k))
         if self.heal_window_s is not None:
-            put("heal_window_s", _seconds(self.heal_window_s, "heal_window_s"))
+            put("heal_window_s", checked_seconds(self.heal_window_s, "heal_window_s"))
         r = self.replicas
         if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or r < 1:
             raise GoodputInputError("replicas", f"{r!r}: expected a whole number of replicas, at least 1")
         put("replicas", int(r))
         if self.fallback_probability is not None:
-            put("fallback_probability", _probability(self.fallback_probability, "fallback_probability"))
+            put("fallback_probability", checked_probability(self.fallback_probability, "fallback_probability"))
         elif self.mode == CHECKPOINTLESS and self.instances % self.replicas:
             raise GoodputInputError("replicas", f"{self.instances} instances do not split into groups of "
                                     f"{self.replicas} replicas; give a divisor of instances or fallback_probability")
@@ -290,7 +290,7 @@ class Scenario:
         return Scenario(**d)
 
 
-def _as_scenario(scenario: Scenario | None, fields: dict) -> Scenario:
+def as_scenario(scenario: Scenario | None, fields: dict) -> Scenario:
     if scenario is None:
         return Scenario(**fields)
     return scenario.with_(**fields) if fields else scenario

@@ -15,7 +15,7 @@ from hyperpod_lab.goodput.scenario import (
     LOST_KINDS,
     SECONDS_PER_HOUR,
     Scenario,
-    _as_scenario,
+    as_scenario,
 )
 
 
@@ -79,7 +79,7 @@ def simulate(scenario: Scenario | None = None, *, failures: int = 2000, seed: in
         ``{"goodput", "wall_s", "useful_s", "failures", "fallbacks", "restored_from": {tier: n},
         "lost": {kind: fraction of wall time}}`` (kinds as :func:`goodput_breakdown`).
     """
-    sc = _as_scenario(scenario, fields)
+    sc = as_scenario(scenario, fields)
     if math.isinf(sc.mtbf_s) and wall_s is None:
         raise GoodputInputError("wall_s", "at failure rate 0 give wall_s (seconds to simulate)")
     horizon = float(wall_s) if wall_s is not None else failures * sc.mtbf_s

@@ -227,17 +227,55 @@ def _safe(text: str, limit: int = 60) -> str:
 
 _torch_cache: dict[str, Any] = {}
 
+# what the ``gpu`` and ``versions`` checks need of torch, asked of a child interpreter so that this
+# node-side process never imports torch itself (``import torch`` is ~1.7 s on a 2-core node)
+_TORCH_PROBE = (
+    "import json\n"
+    "out = {}\n"
+    "try:\n"
+    "    import torch\n"
+    "    out['version'] = torch.__version__\n"
+    "    out['cuda'] = torch.version.cuda\n"
+    "    try:\n"
+    "        out['devices'] = int(torch.cuda.device_count())\n"
+    "    except Exception as e:\n"
+    "        out['devices_error'] = f'{type(e).__name__}: {e}'\n"
+    "except Exception as e:\n"
+    "    out['error'] = f'{type(e).__name__}: {e}'\n"
+    "print(json.dumps(out))\n"
+)
 
-def _import_torch() -> tuple[Any, str | None]:
-    """``(torch, None)``, or ``(None, why it does not import)``; imported once per process."""
-    if "torch" not in _torch_cache:
+
+@dataclass(frozen=True)
+class TorchFacts:
+    """torch as this node's Python sees it: ``version`` (``torch.__version__``), ``cuda`` (the
+    CUDA build, None for a CPU build), ``devices`` (``torch.cuda.device_count()``, None when it
+    raised: ``devices_error``)."""
+
+    version: str
+    cuda: str | None
+    devices: int | None
+    devices_error: str | None = None
+
+
+def _torch_facts(timeout_s: float = 120.0) -> tuple[TorchFacts | None, str | None]:
+    """``(facts, None)``, or ``(None, why torch does not import)``; probed once per process in a
+    child ``sys.executable`` (seconds: torch's import time)."""
+    if "facts" not in _torch_cache:
         try:
-            import torch  # noqa: PLC0415 (only inside the gpu and versions checks)
-
-            _torch_cache["torch"], _torch_cache["error"] = torch, None
-        except Exception as e:  # ImportError, OSError (a missing libcuda), ...
-            _torch_cache["torch"], _torch_cache["error"] = None, f"{type(e).__name__}: {e}"
-    return _torch_cache["torch"], _torch_cache["error"]
+            res = subprocess.run([sys.executable, "-c", _TORCH_PROBE], capture_output=True, text=True,
+                                 timeout=timeout_s)
+            got = json.loads(res.stdout.strip().splitlines()[-1]) if res.stdout.strip() else {
+                "error": f"the torch probe exited {res.returncode}: {res.stderr.strip()[-300:]}"}
+        except (OSError, subprocess.TimeoutExpired, ValueError) as e:
+            got = {"error": f"{type(e).__name__}: {e}"}
+        if "error" in got:
+            _torch_cache["facts"], _torch_cache["error"] = None, str(got["error"])
+        else:
+            _torch_cache["facts"] = TorchFacts(str(got["version"]), got.get("cuda"), got.get("devices"),
+                                               got.get("devices_error"))
+            _torch_cache["error"] = None
+    return _torch_cache["facts"], _torch_cache["error"]
 
 
 def _timed(fn, *args, **kwargs) -> CheckResult:
@@ -311,16 +349,15 @@ def _check_gpu(node: str, expect_gpus: int) -> CheckResult:
     if len(gpus) < expect_gpus:
         problems.insert(0, f"nvidia-smi lists {len(gpus)} GPU(s) but {want}: a GPU may have fallen off the bus "
                            "(check `dmesg | grep -i xid`); reboot the node, or exclude it")
-    torch, why = _import_torch()
+    torch, why = _torch_facts()
     if torch is not None:
-        try:
-            count = int(torch.cuda.device_count())
-        except Exception as e:  # a broken CUDA runtime
-            count, problems = 0, problems + [f"torch.cuda.device_count() raised {type(e).__name__}: {e}"]
+        count = torch.devices
+        if count is None:  # a broken CUDA runtime
+            count, problems = 0, problems + [f"torch.cuda.device_count() raised {torch.devices_error}"]
         extra["torch_devices"] = count
         if count < expect_gpus:
             cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
-            build = (f" (torch {torch.__version__} is a CPU-only build: install a CUDA build)" if not torch.version.cuda
+            build = (f" (torch {torch.version} is a CPU-only build: install a CUDA build)" if not torch.cuda
                      else "")
             problems.append(f"torch sees {count} CUDA device(s) but {want}{build}; "
                             f"CUDA_VISIBLE_DEVICES={cvd!r}: ask Slurm for the GPUs (--gpus-per-node) or fix the driver")
@@ -515,9 +552,9 @@ def _check_storage(job_dir: str, node: str) -> tuple[CheckResult, dict[str, floa
 def _check_versions(node: str, expect_version: str | None, expect_torch: str | None) -> CheckResult:
     from hyperpod_lab._version import __version__
 
-    torch, why = _import_torch()
-    versions = {"hyperpod_lab": __version__, "torch": getattr(torch, "__version__", None),
-                "torch_cuda": getattr(getattr(torch, "version", None), "cuda", None),
+    torch, why = _torch_facts()
+    versions = {"hyperpod_lab": __version__, "torch": torch.version if torch else None,
+                "torch_cuda": torch.cuda if torch else None,
                 "python": ".".join(map(str, sys.version_info[:3]))}
     versions = {k: (str(v) if v is not None else None) for k, v in versions.items()}
     extra = {"versions": versions, "expected": {"hyperpod_lab": expect_version, "torch": expect_torch}}

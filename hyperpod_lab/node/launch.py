@@ -85,7 +85,6 @@ import fcntl
 import logging
 import os
 import shutil
-import signal
 import sys
 import time
 from typing import Any, Callable
@@ -106,13 +105,14 @@ from hyperpod_lab.jobdir import (
     ENV_SPEC,
     SLURM_REPLICA_GROUP,
     JobPaths,
+    node_name,
+    safe_name,
 )
 from hyperpod_lab.node import storm
 from hyperpod_lab.node.failures import failure_reason, root_cause_key
-from hyperpod_lab.jobdir import node_name, safe_name
-from hyperpod_lab.private_dir import ensure_private_dir
 from hyperpod_lab.node.straggler import StragglerDetector
 from hyperpod_lab.node.watchdog import Watchdog, Worker, default_heartbeat_root
+from hyperpod_lab.private_dir import ensure_private_dir
 
 log = logging.getLogger(__name__)
 

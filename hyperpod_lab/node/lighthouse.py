@@ -44,8 +44,7 @@ import sys
 import time
 
 from hyperpod_lab.atomicfile import write_json_atomic
-from hyperpod_lab.jobdir import ENV_LIGHTHOUSE_HOST, JobPaths
-from hyperpod_lab.jobdir import node_name
+from hyperpod_lab.jobdir import ENV_LIGHTHOUSE_HOST, JobPaths, node_name
 
 LOOPBACK_HEARTBEAT_MS = 100  # heartbeat timeout when every group is on this host
 NETWORK_HEARTBEAT_MS = 300   # across nodes: > Linux's 200 ms minimum TCP retransmission timeout

@@ -79,6 +79,7 @@ from hyperpod_lab.atomicfile import write_json_atomic
 from hyperpod_lab.events import EventKind, EventReader, EventWriter
 from hyperpod_lab.jobdir import ENV_REPLICA_GROUP, ENV_REPLICA_GROUPS, JobPaths
 from hyperpod_lab.node import storm as _storm
+
 FAULTS_TO_EXCLUDE = 2
 """Faults on one node in one job after which the node is excluded from the job's placements."""
 

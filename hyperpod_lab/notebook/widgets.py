@@ -27,8 +27,8 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from hyperpod_lab.fold.aggregate import JobAggregate
 from hyperpod_lab.events import Event, EventKind
+from hyperpod_lab.fold.aggregate import JobAggregate
 from hyperpod_lab.fold.progress import Progress
 
 FINISH_GRACE_S = 30.0  # after 'finished', how long to wait for the scheduler's end state (s)

@@ -62,7 +62,8 @@ _EXPORTS = {
     "ElasticBatches": "hyperpod_lab.runtime.checkpointless.elastic",
     "StepPlan": "hyperpod_lab.runtime.checkpointless.elastic",
 }
-__all__ = list(_EXPORTS)
+__all__ = ["init", "JobContext", "Checkpointer", "COMMIT_MARKER", "TieredCheckpointer", "Checkpointless",
+           "ElasticBatches", "StepPlan"]
 
 if TYPE_CHECKING:
     from hyperpod_lab.runtime.checkpoint.persistent import COMMIT_MARKER, Checkpointer

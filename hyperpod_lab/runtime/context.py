@@ -37,7 +37,6 @@ import faulthandler
 import json
 import math
 import os
-import re
 import signal
 import socket
 import stat
@@ -51,7 +50,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from hyperpod_lab.jobdir import node_name, safe_name  # noqa: F401  (re-exported)
 from hyperpod_lab.atomicfile import write_json_atomic
 from hyperpod_lab.events import Event, EventKind, EventReader, EventSchemaError, EventWriter
 from hyperpod_lab.jobdir import (
@@ -64,12 +62,14 @@ from hyperpod_lab.jobdir import (
     ENV_SPEC,
     ENV_STEP_INTERVAL,
     JobPaths,
+    node_name,
+    safe_name,
 )
+from hyperpod_lab.node.watchdog import FAULTHANDLER_SIGNAL, HeartbeatWriter, heartbeat_file
+from hyperpod_lab.private_dir import ensure_private_dir
 from hyperpod_lab.procs import process_start
 from hyperpod_lab.runtime.checkpoint.auth import create_key, load_or_create_key, read_key
-from hyperpod_lab.private_dir import ensure_private_dir
 from hyperpod_lab.runtime.tensorboard import TensorBoardLog, log_dir
-from hyperpod_lab.node.watchdog import FAULTHANDLER_SIGNAL, HeartbeatWriter, heartbeat_file
 from hyperpod_lab.spec import JobSpec
 
 if TYPE_CHECKING:  # pragma: no cover

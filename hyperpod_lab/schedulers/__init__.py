@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from hyperpod_lab.submit.clusters import ClusterProfile
 from hyperpod_lab.errors import ConfigError
 from hyperpod_lab.schedulers.base import Scheduler
+from hyperpod_lab.submit.clusters import ClusterProfile
 
 
 def for_profile(profile: ClusterProfile) -> Scheduler:

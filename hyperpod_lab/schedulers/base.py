@@ -15,14 +15,13 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from hyperpod_lab.submit.clusters import ClusterProfile
 from hyperpod_lab.errors import HyperPodLabError, JobStateError, SpecError
-from hyperpod_lab.jobdir import CHECKPOINT_KEY_BYTES, JOBS_SUBDIR, JobPaths  # noqa: F401  (JOBS_SUBDIR: re-exported)
-from hyperpod_lab.submit.jobs import JobRecord, JobStatus
 from hyperpod_lab.events import Event
+from hyperpod_lab.jobdir import CHECKPOINT_KEY_BYTES, JOBS_SUBDIR, JobPaths  # noqa: F401  (JOBS_SUBDIR: re-exported)
 from hyperpod_lab.schedulers.remote import Remote, StagedFile, Staging
 from hyperpod_lab.spec import JobSpec
-
+from hyperpod_lab.submit.clusters import ClusterProfile
+from hyperpod_lab.submit.jobs import JobRecord, JobStatus
 
 DEFAULT_LOG_TAIL = 256 * 1024  # bytes of a log returned when no range is asked for (the tail)
 LOG_PAGE_BYTES = 4 * 1024 * 1024  # bytes per read when a whole log is read (``Scheduler.logs``)

@@ -17,10 +17,10 @@ import sys
 
 from hyperpod_lab.errors import JobStateError
 from hyperpod_lab.jobdir import JobPaths, effective_restarts, ft_local_argv, group_env, job_env, launcher_argv
-from hyperpod_lab.submit.jobs import JobStatus
 from hyperpod_lab.procs import is_running, process_start, signal_job_process
 from hyperpod_lab.schedulers.base import LogChunk, Scheduler, read_log_range
 from hyperpod_lab.spec import JobSpec
+from hyperpod_lab.submit.jobs import JobStatus
 
 
 def launch_argv(spec: JobSpec, job_dir: str, python: str, script: str) -> list[str]:

@@ -27,13 +27,24 @@ import shlex
 from hyperpod_lab import envexec
 from hyperpod_lab._version import __version__
 from hyperpod_lab.errors import HyperPodLabError, JobStateError, RemoteCommandError, SpecError
-from hyperpod_lab.jobdir import (ENV_JOB_DIR, ENV_JOB_ID, ENV_REPLICA_GROUP, ENV_REPLICA_GROUP_OFFSET,
-                                 ENV_REPLICA_GROUPS, ENV_SHARED_ROOT, ENV_SPEC, SLURM_REPLICA_GROUP, JobPaths,
-                                 effective_restarts, launcher_argv, lighthouse_argv)
-from hyperpod_lab.submit.jobs import JobStatus
+from hyperpod_lab.jobdir import (
+    ENV_JOB_DIR,
+    ENV_JOB_ID,
+    ENV_REPLICA_GROUP,
+    ENV_REPLICA_GROUP_OFFSET,
+    ENV_REPLICA_GROUPS,
+    ENV_SHARED_ROOT,
+    ENV_SPEC,
+    SLURM_REPLICA_GROUP,
+    JobPaths,
+    effective_restarts,
+    launcher_argv,
+    lighthouse_argv,
+)
 from hyperpod_lab.schedulers.base import LogChunk, Scheduler, read_log_range
 from hyperpod_lab.schedulers.remote import StagedFile
 from hyperpod_lab.spec import JobSpec
+from hyperpod_lab.submit.jobs import JobStatus
 
 HYPERPOD_MARKER = "/opt/sagemaker_cluster"
 RDZV_PORT_BASE = 29500  # + (SLURM_JOB_ID + RDZV_PORT_RUN_STRIDE * <run number>) % RDZV_PORT_SPAN, see _step_script

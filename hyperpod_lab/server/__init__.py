@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from jupyter_server.utils import url_path_join
 
-from hyperpod_lab.submit.client import Client
 from hyperpod_lab.server import redact
 from hyperpod_lab.server.watch.watcher import Watcher
+from hyperpod_lab.submit.client import Client
 
 
 @dataclass
@@ -48,7 +48,7 @@ def watcher_settings(server_app) -> dict:
 
 def setup(server_app) -> HyperPodApp:
     """Build the extension's objects and register its routes on ``server_app.web_app``."""
-    from hyperpod_lab.server.handlers.base import handlers
+    from hyperpod_lab.server.handlers import handlers
 
     web_app = server_app.web_app
     redact.install(server_app.log)  # before anything of ours logs

@@ -160,12 +160,12 @@ class _Link:
         :class:`~hyperpod_lab.schedulers.remote.SSHRemote` does)."""
         import paramiko
 
-        from hyperpod_lab.schedulers.remote import _answered_within
+        from hyperpod_lab.schedulers.remote import answered_within
 
         t = self.op_timeout_s
         chan = o.transport.open_session(timeout=t)
         chan.settimeout(t)  # every reply read, the version exchange's included
-        _answered_within(chan, t, lambda: chan.invoke_subsystem("sftp"), "starting the SFTP subsystem")
+        answered_within(chan, t, lambda: chan.invoke_subsystem("sftp"), "starting the SFTP subsystem")
         return paramiko.SFTPClient(chan)
 
     def drop(self, gen: int, why: str) -> None:
@@ -201,9 +201,9 @@ _LINKS_LOCK = threading.Lock()
 
 def _resolve(cluster: str):
     """(profile, route) of a slurm cluster profile. Raises StorageError."""
-    from hyperpod_lab.submit.clusters import get_profile
     from hyperpod_lab.errors import HyperPodLabError
     from hyperpod_lab.schedulers.remote.route import resolve_route
+    from hyperpod_lab.submit.clusters import get_profile
 
     try:
         profile = get_profile(cluster)
@@ -570,12 +570,12 @@ DRIVE_CHECKPOINTS_DIR = (r"/api/contents(?P<path>/[0-9a-f]{8}(?::|%3[aA])(?:[^/]
 
 
 def _drive_checkpoints_handler():
+    from jupyter_server.auth.decorator import authorized
     from jupyter_server.services.contents.handlers import (
         CheckpointsHandler,
         ContentsHandler,
         ModifyCheckpointsHandler,
     )
-    from jupyter_server.auth.decorator import authorized
     from jupyter_server.utils import ensure_async
     from tornado.web import HTTPError, authenticated
 

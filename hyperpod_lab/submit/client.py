@@ -11,16 +11,15 @@ import os
 import time
 from typing import Callable, Iterator
 
-from hyperpod_lab.submit.clusters import ClusterProfile, get_profile
-from hyperpod_lab.errors import (ClusterUnreachable, HostKeyError, HyperPodLabError, JobStateError,
-                                 RemoteCommandError, SpecError)
+from hyperpod_lab.errors import ClusterUnreachable, HostKeyError, HyperPodLabError, JobStateError, RemoteCommandError, SpecError
 from hyperpod_lab.events import Event, EventKind, EventReader, EventWriter
 from hyperpod_lab.jobdir import JobPaths
-from hyperpod_lab.submit.jobs import JobRecord, JobStatus, JobStore, new_job_id
 from hyperpod_lab.schedulers import Scheduler, for_profile
 from hyperpod_lab.schedulers.base import fault_kind, slow_factor
 from hyperpod_lab.schedulers.remote import CommandOutcomeUnknown
 from hyperpod_lab.spec import JobSpec, secret_values
+from hyperpod_lab.submit.clusters import ClusterProfile, get_profile
+from hyperpod_lab.submit.jobs import JobRecord, JobStatus, JobStore, new_job_id
 
 CLIENT_WRITER = "client"
 SUBMITTING = "submitting"  # the reason of a record whose scheduler id is not known yet

@@ -24,8 +24,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hyperpod_lab.submit.clusters import PLACEHOLDER, ClusterProfile, load_profiles, save_profile
 from hyperpod_lab.errors import ClusterUnreachable, ConfigError
+from hyperpod_lab.submit.clusters import PLACEHOLDER, ClusterProfile, load_profiles, save_profile
 
 DEFAULT_MAX_ATTEMPTS = 6
 _THROTTLING = {"Throttling", "ThrottlingException", "ThrottledException", "RequestThrottledException",

@@ -7,7 +7,7 @@ version, and the distributions of the packages a training script imports (found 
 the standard library skipped through ``sys.stdlib_module_names``, modules beside the script
 skipped: they are the script's own).
 
-Both sides are measured by the same standard-library program, :mod:`hyperpod_lab.submit._envprobe`:
+Both sides are measured by the same standard-library program, :mod:`hyperpod_lab.submit.envprobe`:
 in-process for the notebook (:func:`collect_local`), and for a cluster (:func:`probe_cluster`)
 as **one** command through the cluster's command seam (``schedulers/remote.py``: over the same
 SSH route as a submission, ~/.ssh/config, jump hosts, SSM), ``<profile.python> -I -c <probe
@@ -46,9 +46,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from hyperpod_lab.submit import _envprobe
-from hyperpod_lab.errors import (ClusterUnreachable, EnvironmentMismatch, HyperPodLabError, RemoteCommandError,
-                                 SpecError)
+from hyperpod_lab.errors import ClusterUnreachable, EnvironmentMismatch, HyperPodLabError, RemoteCommandError, SpecError
+from hyperpod_lab.submit import envprobe
 
 log = logging.getLogger("hyperpod_lab.submit.envparity")
 
@@ -138,10 +137,10 @@ def script_modules(script: str) -> list[str]:
 # ---- both sides --------------------------------------------------------------------------
 def collect_local(script: str | None = None) -> dict[str, Any]:
     """The notebook's environment (this interpreter: the Lab kernel's or the CLI's), with the
-    packages ``script`` imports. Returns :func:`hyperpod_lab.submit._envprobe.probe`'s dict plus
+    packages ``script`` imports. Returns :func:`hyperpod_lab.submit.envprobe.probe`'s dict plus
     ``"modules_asked"`` (the list looked up). Raises SpecError("script")."""
     modules = script_modules(script) if script else []
-    out = _envprobe.probe(modules)
+    out = envprobe.probe(modules)
     out["modules_asked"] = modules
     here = os.path.dirname(os.path.abspath(os.path.expanduser(script))) if script else ""
     for n in modules:  # the script's own modules: beside it, not on this interpreter's path
@@ -154,7 +153,7 @@ def collect_local(script: str | None = None) -> dict[str, Any]:
 def probe_argv(python: str, modules: list[str]) -> list[str]:
     """``[python, "-I", "-c", <probe source>, <modules JSON>]``: -I ignores PYTHON* variables,
     the user's site directory and the current directory (the answer is the interpreter's)."""
-    with open(_envprobe.__file__, encoding="utf-8") as f:
+    with open(envprobe.__file__, encoding="utf-8") as f:
         source = f.read()
     return [python, "-I", "-c", source, json.dumps(sorted(set(modules)))]
 
@@ -207,7 +206,7 @@ def probe_cluster(profile, modules: list[str] = (), remote=None, use_cache: bool
     :class:`~hyperpod_lab.schedulers.remote.Remote`, default ``remote.connect(profile)``).
 
     Returns:
-        :func:`hyperpod_lab.submit._envprobe.probe`'s dict as the cluster's interpreter answered it,
+        :func:`hyperpod_lab.submit.envprobe.probe`'s dict as the cluster's interpreter answered it,
         plus ``"modules_asked"``.
 
     Raises:
@@ -247,7 +246,7 @@ def probe_cluster(profile, modules: list[str] = (), remote=None, use_cache: bool
         raise EnvironmentMismatch(_no_python(profile))
     try:
         out = json.loads(res.stdout.strip().splitlines()[-1])
-        if not isinstance(out, dict) or out.get("probe") != _envprobe.PROBE_VERSION:
+        if not isinstance(out, dict) or out.get("probe") != envprobe.PROBE_VERSION:
             raise ValueError
     except (ValueError, IndexError):
         raise EnvironmentMismatch(
@@ -429,7 +428,7 @@ def check_submission(profile, remote=None) -> list[Difference]:
         log.warning("environment check of cluster '%s' skipped: its login node did not answer the probe "
                     "within the last %g s", profile.name, CACHE_TTL_S)
         return []
-    local = _envprobe.probe(())
+    local = envprobe.probe(())
     local["modules_asked"] = []
     try:
         remote_env = probe_cluster(profile, [], remote=remote)
@@ -480,7 +479,7 @@ def requirements_text() -> str:
         pins.append(f"{name}=={dist.version}")
     head = ["# written by `hyperpod-lab env export`: the notebook's installed distributions, exact pins",
             f"# notebook interpreter: {sys.executable} (Python {sys.version.split()[0]})"]
-    tv = _envprobe._dist_version("torch")
+    tv = envprobe._dist_version("torch")
     m = re.search(r"\+(cpu|cu\d+|rocm[\d.]+)$", tv or "")
     if m:
         head.append(f"--extra-index-url https://download.pytorch.org/whl/{m.group(1)}")

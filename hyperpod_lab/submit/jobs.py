@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
-from hyperpod_lab.submit.clusters import data_dir
 from hyperpod_lab.errors import DuplicateJob, JobStateError, UnknownJob
+from hyperpod_lab.submit.clusters import data_dir
 
 
 class JobStatus(str, Enum):

@@ -427,7 +427,7 @@ class RankLogs:
         info = self.info(rank) or {}
         return info.get("node") or info.get("host")
 
-    def _inside(self, path: str) -> bool:
+    def inside(self, path: str) -> bool:
         return posixpath.normpath(path).startswith(self.job_dir + "/")
 
     def sources(self, rank: int) -> list[Source]:
@@ -442,7 +442,7 @@ class RankLogs:
         info = self.info(rank) or {}
         log_file = info.get("log_file")
         remote = getattr(self.sched, "remote", None)
-        if (isinstance(log_file, str) and self._inside(log_file) and remote is not None
+        if (isinstance(log_file, str) and self.inside(log_file) and remote is not None
                 and posixpath.basename(log_file) == "stdout.log"):
             slot = posixpath.dirname(posixpath.normpath(log_file))
             local, run = posixpath.basename(slot), posixpath.dirname(posixpath.dirname(slot))

@@ -14,9 +14,9 @@ import os
 from typing import Any
 
 from hyperpod_lab.atomicfile import write_atomic
-from hyperpod_lab.submit.clusters import get_profile
 from hyperpod_lab.errors import SpecError
 from hyperpod_lab.spec import JobSpec
+from hyperpod_lab.submit.clusters import get_profile
 
 SCRIPTS_SUBDIR = os.path.join(".hyperpod", "notebooks")
 
@@ -48,7 +48,7 @@ def notebook_to_script(nb: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def _inside(root: str, rel: str, field: str) -> str:
+def inside(root: str, rel: str, field: str) -> str:
     if not isinstance(rel, str) or not rel.strip():
         raise SpecError(field, "give a path relative to the Jupyter root directory, e.g. examples/train_lm.py")
     if "\0" in rel:
@@ -98,7 +98,7 @@ def spec_from_request(body: Any, root_dir: str) -> JobSpec:
     spec = dict(body["spec"])
     notebook = body.get("notebook")
     if notebook is not None:
-        path = _inside(root_dir, notebook, "notebook")
+        path = inside(root_dir, notebook, "notebook")
         try:
             with open(path) as f:
                 nb = json.load(f)
@@ -115,7 +115,7 @@ def spec_from_request(body: Any, root_dir: str) -> JobSpec:
         return validated
     if "script" not in spec:
         raise SpecError("script", "is required (a path relative to the Jupyter root directory), or send 'notebook'")
-    spec["script"] = _inside(root_dir, spec["script"], "script")
+    spec["script"] = inside(root_dir, spec["script"], "script")
     spec.setdefault("name", os.path.splitext(os.path.basename(spec["script"]))[0] or "train")
     _with_profile_defaults(spec)
     return JobSpec.from_dict(spec)

@@ -40,12 +40,11 @@ import time
 
 import torch
 import torch.distributed as dist
+import toy_training as toy
 
 import hyperpod_lab.runtime as hp
 from hyperpod_lab.runtime.checkpoint import memory as memory_tier
 from hyperpod_lab.spec import CheckpointPolicy
-
-import toy_training as toy
 
 _saving_step = [-1]
 

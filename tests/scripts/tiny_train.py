@@ -18,10 +18,9 @@ import os
 import time
 
 import torch
+from toy_training import arg_parser, export, mlp, regression_step, setup
 
 import hyperpod_lab.runtime as hp
-
-from toy_training import arg_parser, export, mlp, regression_step, setup
 
 
 def main():

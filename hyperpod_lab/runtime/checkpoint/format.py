@@ -368,3 +368,17 @@ def set_aside(step_dir: str, committed: bool) -> None:
             shutil.rmtree(step_dir, ignore_errors=True)
     else:
         shutil.rmtree(step_dir, ignore_errors=True)
+
+
+def short_error(exc: BaseException, limit: int = 500) -> str:
+    """One line: ``Type: message``; for DCP's CheckpointException, the first failing rank's cause."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        rank = min(failures)
+        cause = failures[rank][0] if isinstance(failures[rank], tuple) else failures[rank]
+        first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+        text = f"{type(cause).__name__} on rank {rank}: {first}"
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

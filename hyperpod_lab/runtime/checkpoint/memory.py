@@ -131,7 +131,7 @@ class _Worker:
             try:
                 fn()
             finally:
-                fn = None  # noqa: F841 - drop the job (and what it references) now
+                fn = None
 
     def stop(self, timeout: float | None = 30.0) -> None:
         """Finish the queued jobs, then end the thread; wait up to ``timeout`` seconds for it."""
@@ -280,13 +280,13 @@ class MemoryTier:
             hs = snap._hook_start
             if hs is not None and snap.copy_end is not None and hs < snap.copy_end:
                 snap.hook_wait_s = snap.copy_end - hs
-        except BaseException as e:  # noqa: BLE001 - reported through snap.error
+        except BaseException as e:
             snap.error = e
         finally:
             if on_done is not None:
                 try:
                     on_done(snap)
-                except BaseException as e:  # noqa: BLE001
+                except BaseException as e:
                     if snap.error is None:
                         snap.error = e
             snap.done.set()

@@ -75,14 +75,15 @@ from hyperpod_lab.runtime.checkpoint.format import (
     read_marker,
     safe_relpath,
     set_aside,
+    short_error,
     step_dir_name,
     write_marker,
 )
 from hyperpod_lab.runtime.state import copy_into, to_dcp
 
 if TYPE_CHECKING:  # pragma: no cover
-    from hyperpod_lab.runtime.context import JobContext
     from hyperpod_lab.runtime.checkpoint.s3 import S3Tier
+    from hyperpod_lab.runtime.context import JobContext
 
 __all__ = [  # the format's public names stay importable from here
     "Checkpointer", "short_error", "COMMIT_MARKER", "METADATA_FILE", "CHECKSUM_ALGORITHM", "step_dir_name",
@@ -121,20 +122,6 @@ def thread_read_bytes() -> int | None:
     except (OSError, ValueError):
         return None
     return None
-
-
-def short_error(exc: BaseException, limit: int = 500) -> str:
-    """One line: ``Type: message``; for DCP's CheckpointException, the first failing rank's cause."""
-    failures = getattr(exc, "failures", None)
-    if isinstance(failures, dict) and failures:
-        rank = min(failures)
-        cause = failures[rank][0] if isinstance(failures[rank], tuple) else failures[rank]
-        first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
-        text = f"{type(cause).__name__} on rank {rank}: {first}"
-    else:
-        text = f"{type(exc).__name__}: {exc}"
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class Checkpointer:
@@ -448,7 +435,7 @@ class Checkpointer:
             error = self._commit(step, path, t0, blocked)
             if error is not None:
                 self._pending_error = RuntimeError(f"written but not committed: {error}")
-        except BaseException as e:  # noqa: BLE001 - CheckpointException is a BaseException
+        except BaseException as e:
             self._pending_error = e
             if self.ctx.rank == 0:
                 self.ctx.emit(EventKind.CHECKPOINT_FAILED, tier=TIER_PERSISTENT, step=step, reason=short_error(e),
@@ -504,7 +491,7 @@ class Checkpointer:
             if self.s3 is not None:
                 try:
                     self.s3.maybe_upload(step, path)
-                except Exception as e:  # noqa: BLE001 - the S3 tier must never break a commit
+                except Exception as e:
                     self.ctx.emit(EventKind.CHECKPOINT_FAILED, tier=TIER_S3, step=step, reason=short_error(e), attempt=0,
                                   will_retry=False, path=path)
             self._retain()

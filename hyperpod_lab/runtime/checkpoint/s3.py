@@ -55,24 +55,45 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hyperpod_lab.atomicfile import write_atomic
 from hyperpod_lab.events import EventKind
 from hyperpod_lab.jobdir import ENV_S3_ENDPOINT, TIER_S3
-from hyperpod_lab.runtime.checkpoint.persistent import short_error
 from hyperpod_lab.runtime.checkpoint.format import (
-    COMMIT_MARKER, METADATA_FILE, authenticate_marker, check_file, dir_bytes, file_checksum, parse_marker,
-    read_marker, safe_relpath, set_aside, step_dir_name
+    COMMIT_MARKER,
+    METADATA_FILE,
+    authenticate_marker,
+    check_file,
+    dir_bytes,
+    file_checksum,
+    parse_marker,
+    read_marker,
+    safe_relpath,
+    set_aside,
+    short_error,
+    step_dir_name,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from hyperpod_lab.runtime.checkpoint.persistent import Checkpointer
     from hyperpod_lab.runtime.context import JobContext
 
 MIN_PART_BYTES = 5 << 20  # S3's minimum multipart part size (all parts but the last)
 _URI = re.compile(r"^s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?:/(.*))?$")
 _STEP_KEY = re.compile(r"^step-(\d{8,})/(.+)$")
+
+
+
+class LocalCheckpoints(Protocol):
+    """What the S3 tier needs of the persistent tier it restores into
+    (:class:`~hyperpod_lab.runtime.checkpoint.persistent.Checkpointer`): its root directory, a
+    broadcast from rank 0 and a verified load of one step directory (None, or the error)."""
+
+    root: str
+
+    def broadcast(self, obj: Any) -> Any: ...
+
+    def load_dir(self, dcp_state: dict[str, Any], path: str) -> str | None: ...
 
 
 class S3TierError(RuntimeError):
@@ -319,7 +340,7 @@ class S3Tier:
                     self._cv.wait(max(0.01, timeout))
             try:
                 self._run(job)
-            except BaseException as e:  # noqa: BLE001 - the worker must survive anything
+            except BaseException as e:
                 print(f"hyperpod-lab: S3 upload worker error: {e!r}", file=sys.stderr, flush=True)
             finally:
                 with self._cv:
@@ -338,7 +359,7 @@ class S3Tier:
             job.attempts += 1
             try:
                 nbytes = self._upload_once(job)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 last = i == self.max_attempts - 1
                 delay = self.requeue_after_s if last else min(self.max_backoff_s, self.backoff_s * 2 ** i)
                 self._failed(job, self._describe(e), will_retry=not self._closed, retry_in_s=delay)
@@ -351,7 +372,7 @@ class S3Tier:
                           path=self.step_uri(job.step), attempts=job.attempts)
             try:
                 self._retain()
-            except Exception as e:  # noqa: BLE001 - retention is retried after the next upload
+            except Exception as e:
                 print(f"hyperpod-lab: S3 retention failed: {self._describe(e)}", file=sys.stderr, flush=True)
             return
         with self._cv:
@@ -422,7 +443,7 @@ class S3Tier:
             return []
         try:
             steps = self._list_steps()
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise S3TierError(f"cannot list s3://{self.bucket}/{self.base}: {self._describe(e)}") from e
         marker_of = {s: self._key(s, COMMIT_MARKER) for s in steps}
         return sorted((s for s, keys in steps.items() if marker_of[s] in keys), reverse=True)
@@ -450,14 +471,14 @@ class S3Tier:
                                   Delete={"Objects": [{"Key": k} for k in rest[i:i + 1000]], "Quiet": True})
         try:
             uploads = s3.list_multipart_uploads(Bucket=self.bucket, Prefix=self.base).get("Uploads", [])
-        except Exception:  # noqa: BLE001 - best effort
+        except Exception:
             uploads = []
         for up in uploads:
             m = _STEP_KEY.match(up["Key"][len(self.base):])
             if m and int(m.group(1)) < newest and int(m.group(1)) not in complete[:max(1, self.keep_last)]:
                 try:
                     s3.abort_multipart_upload(Bucket=self.bucket, Key=up["Key"], UploadId=up["UploadId"])
-                except Exception:  # noqa: BLE001
+                except Exception:
                     pass
 
     # ---- downloading --------------------------------------------------------------------------
@@ -492,7 +513,7 @@ class S3Tier:
         s3 = self._client()
         try:
             raw = s3.get_object(Bucket=self.bucket, Key=marker_key)["Body"].read()
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             if _is_not_found(e):
                 raise S3CheckpointCorrupt(marker_uri,
                                           "no commit marker (the upload of this step did not finish)") from e
@@ -525,14 +546,14 @@ class S3Tier:
                 for rel, fut in futures:
                     try:
                         fut.result()
-                    except Exception as e:  # noqa: BLE001
+                    except Exception as e:
                         if _is_not_found(e):
                             raise S3CheckpointCorrupt(f"s3://{self.bucket}/{keys[rel]}",
                                                       "missing (the commit marker lists it)") from e
                         raise
         except S3CheckpointCorrupt:
             raise
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise S3TierError(f"download of {self.step_uri(step)} failed: {self._describe(e)}") from e
         for rel in files:
             reason = check_file(dest_dir, rel, files[rel])
@@ -544,7 +565,7 @@ class S3Tier:
         return dest_dir
 
     # ---- restoring ----------------------------------------------------------------------------
-    def restore_into(self, checkpointer: "Checkpointer", dcp_state: dict[str, Any]) -> int | None:
+    def restore_into(self, checkpointer: LocalCheckpoints, dcp_state: dict[str, Any]) -> int | None:
         """The last link of the restore chain: load the newest complete S3 step that downloads,
         verifies and loads. Called by :meth:`Checkpointer.restore
         <hyperpod_lab.runtime.checkpoint.persistent.Checkpointer.restore>` when no local checkpoint loaded;
@@ -576,7 +597,7 @@ class S3Tier:
         if rank0:
             try:
                 steps = self.complete_steps()
-            except Exception as e:  # noqa: BLE001 - an unreachable S3 must not stop a restart
+            except Exception as e:
                 self.ctx.emit(EventKind.CHECKPOINT_FAILED, tier=TIER_S3, step=None, attempt=1, will_retry=False,
                               reason=f"cannot list the S3 checkpoints to restore from: {short_error(e)}",
                               path=self.uri)
@@ -613,7 +634,7 @@ class S3Tier:
             return None
         except S3CheckpointCorrupt as e:
             failure = ("corrupt", e.key, e.reason)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             failure = ("failed", self.step_uri(step), short_error(e))
         shutil.rmtree(path, ignore_errors=True)
         if failure[0] == "corrupt":

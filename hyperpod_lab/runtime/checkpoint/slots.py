@@ -50,11 +50,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 import xxhash
 
-from hyperpod_lab.jobdir import shm_root  # noqa: F401  (re-exported)
 from hyperpod_lab.atomicfile import write_atomic
-from hyperpod_lab.jobdir import ENV_SHM_DIR
-from hyperpod_lab.runtime.checkpoint.auth import process_key, sha256_hex, sign, verify
+from hyperpod_lab.jobdir import (
+    ENV_SHM_DIR,
+    shm_root,
+)
 from hyperpod_lab.private_dir import ensure_private_dir
+from hyperpod_lab.runtime.checkpoint.auth import process_key, sha256_hex, sign, verify
 from hyperpod_lab.runtime.state import FORMAT, tensor_view
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -89,9 +89,7 @@ import torch.distributed as dist
 
 from hyperpod_lab.events import EventKind
 from hyperpod_lab.jobdir import ENV_PEER_TIMEOUT, TIER_MEMORY, TIER_PEER, TIER_RANK
-from hyperpod_lab.runtime.checkpoint.persistent import Checkpointer
 from hyperpod_lab.runtime.checkpoint.format import list_checkpoints
-from hyperpod_lab.runtime.context import env_seconds, safe_name
 from hyperpod_lab.runtime.checkpoint.memory import MemoryTier, Snapshot
 from hyperpod_lab.runtime.checkpoint.peer import (
     GlooTransport,
@@ -102,7 +100,9 @@ from hyperpod_lab.runtime.checkpoint.peer import (
     partner_map,
     sources_of,
 )
+from hyperpod_lab.runtime.checkpoint.persistent import Checkpointer
 from hyperpod_lab.runtime.checkpoint.slots import Slot, SlotRing, own_dirname, parse_dirname, replica_dirname, shm_root
+from hyperpod_lab.runtime.context import env_seconds, safe_name
 from hyperpod_lab.runtime.state import KIND_OPTIMIZER, apply, classify, compatible, load_meta, unflatten
 from hyperpod_lab.spec import CheckpointPolicy
 
@@ -314,7 +314,7 @@ class TieredCheckpointer:
             received = exchange_snapshots(self._ctl, self._data, [(p, out) for p in self.partners],
                                           [(s, self._replica_ring(s)) for s in self.sources],
                                           timeout=self.timeout, job_id=self.ctx.job_id, expect_step=step)
-        except Exception as e:  # noqa: BLE001 - a dead/hung peer; the group's state is unknown now
+        except Exception as e:
             self._peer_broken = f"{type(e).__name__}: {e}"
             self.ctx.emit(EventKind.CHECKPOINT_FAILED, tier=TIER_PEER, step=step, reason=self._peer_broken[:500],
                           attempt=1, will_retry=False)
@@ -397,7 +397,7 @@ class TieredCheckpointer:
             error = None
             try:
                 apply(self.state, unflatten(load_meta(meta), slot.data(record["nbytes"])))
-            except Exception as e:  # noqa: BLE001 - agreed on below, then raised everywhere
+            except Exception as e:
                 error = f"{type(e).__name__}: {e}"
             errors = self._all_gather(error)
             if any(errors):

@@ -71,9 +71,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from hyperpod_lab.jobdir import job_finished  # noqa: F401  (re-exported)
 from hyperpod_lab.atomicfile import write_json_atomic
-from hyperpod_lab.events import EventKind, EventReader
+from hyperpod_lab.events import EventKind
 from hyperpod_lab.jobdir import (
     ENV_FT_QUORUM_TIMEOUT,
     ENV_FT_TIMEOUT,
@@ -81,9 +80,10 @@ from hyperpod_lab.jobdir import (
     ENV_REPLICA_GROUPS,
     TIER_REPLICA,
     JobPaths,
+    job_finished,
 )
-from hyperpod_lab.runtime.context import env_seconds
 from hyperpod_lab.runtime.checkpointless.elastic import ElasticBatches, StepPlan
+from hyperpod_lab.runtime.context import env_seconds
 
 if TYPE_CHECKING:
     from hyperpod_lab.runtime.context import JobContext

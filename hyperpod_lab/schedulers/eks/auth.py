@@ -16,8 +16,8 @@ import tempfile
 import time
 from typing import Any
 
-from hyperpod_lab.submit.clusters import ClusterProfile
 from hyperpod_lab.errors import ClusterUnreachable, ConfigError
+from hyperpod_lab.submit.clusters import ClusterProfile
 
 __all__ = ["TOKEN_PREFIX", "TOKEN_LIFETIME_S", "TOKEN_REFRESH_S", "eks_token", "kube_configuration"]
 
@@ -67,7 +67,8 @@ def kube_configuration(profile: ClusterProfile):
         ConfigError: the kubeconfig/context cannot be loaded, or no AWS credentials.
         ClusterUnreachable: ``eks.describe_cluster`` failed (wrong name or region, no network).
     """
-    from kubernetes import client as kclient, config as kconfig
+    from kubernetes import client as kclient
+    from kubernetes import config as kconfig
 
     cfg = kclient.Configuration()
     if profile.kube_context or profile.kubeconfig:

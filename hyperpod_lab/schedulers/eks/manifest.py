@@ -32,10 +32,10 @@ from typing import Any
 
 from hyperpod_lab import jobdir
 from hyperpod_lab._version import __version__
-from hyperpod_lab.jobdir import JobPaths
-from hyperpod_lab.submit.clusters import ClusterProfile
 from hyperpod_lab.errors import ConfigError, SpecError
+from hyperpod_lab.jobdir import JobPaths
 from hyperpod_lab.spec import JobSpec
+from hyperpod_lab.submit.clusters import ClusterProfile
 
 HYPERPOD_GROUP, HYPERPOD_VERSION, HYPERPOD_KIND, HYPERPOD_PLURAL = (
     "sagemaker.amazonaws.com", "v1", "HyperPodPyTorchJob", "hyperpodpytorchjobs")

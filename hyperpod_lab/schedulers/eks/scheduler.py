@@ -21,17 +21,17 @@ import threading
 import time
 from typing import Any, Iterator
 
-from hyperpod_lab.submit.clusters import ClusterProfile, data_dir
 from hyperpod_lab.errors import ClusterUnreachable, ConfigError, HyperPodLabError, JobStateError
 from hyperpod_lab.events import Event, EventWriter
 from hyperpod_lab.jobdir import JobPaths
-from hyperpod_lab.submit.jobs import JobRecord
-from hyperpod_lab.schedulers.eks import manifest as km
 from hyperpod_lab.schedulers.base import LogChunk, Scheduler, log_span
+from hyperpod_lab.schedulers.eks import manifest as km
 from hyperpod_lab.schedulers.eks.auth import TOKEN_PREFIX, eks_token, kube_configuration
 from hyperpod_lab.schedulers.eks.status import OPERATOR_WRITER, job_status, status_events
 from hyperpod_lab.schedulers.remote import LocalRemote
 from hyperpod_lab.spec import JobSpec
+from hyperpod_lab.submit.clusters import ClusterProfile, data_dir
+from hyperpod_lab.submit.jobs import JobRecord
 
 __all__ = ["EksScheduler", "STATE_FILE", "OPERATOR_WRITER", "TOKEN_PREFIX", "eks_token", "kube_configuration",
            "job_status", "status_events"]

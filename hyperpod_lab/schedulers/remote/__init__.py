@@ -29,11 +29,11 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+from hyperpod_lab import envexec
 from hyperpod_lab.atomicfile import write_atomic
-from hyperpod_lab.submit.clusters import ClusterProfile, config_path
 from hyperpod_lab.errors import ClusterUnreachable, HostKeyError, RemoteCommandError
 from hyperpod_lab.events import LocalFiles
-from hyperpod_lab import envexec
+from hyperpod_lab.submit.clusters import ClusterProfile, config_path
 
 log = logging.getLogger("hyperpod_lab.remote")
 
@@ -239,7 +239,7 @@ class _NoAnswer(Exception):
         self.what = what
 
 
-def _answered_within(chan, timeout_s: float, request, what: str) -> None:
+def answered_within(chan, timeout_s: float, request, what: str) -> None:
     """Run a channel request whose reply paramiko awaits without a timeout (``exec_command``,
     ``invoke_subsystem``); a timer closes the channel after ``timeout_s`` seconds, which ends the
     wait. Raises _NoAnswer then."""
@@ -434,7 +434,7 @@ class SSHRemote(Remote):
                 raise _NoAnswer("opening an SSH channel") from None
             raise
         chan.settimeout(t)  # every read of a reply, and every write that waits for window
-        _answered_within(chan, t, lambda: chan.invoke_subsystem("sftp"), "starting the SFTP subsystem")
+        answered_within(chan, t, lambda: chan.invoke_subsystem("sftp"), "starting the SFTP subsystem")
         try:
             sftp = paramiko.SFTPClient(chan)  # version exchange: reads under the channel timeout
         except (socket.timeout, TimeoutError):
@@ -551,7 +551,7 @@ class SSHRemote(Remote):
             try:
                 chan.settimeout(t_out)
                 attempt.sent = True  # from here the command may run
-                _answered_within(chan, self.op_timeout_s, lambda: chan.exec_command(line), "the exec request")
+                answered_within(chan, self.op_timeout_s, lambda: chan.exec_command(line), "the exec request")
                 try:
                     if input:
                         chan.sendall(input)

@@ -69,8 +69,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from hyperpod_lab.submit.clusters import ClusterProfile
 from hyperpod_lab.errors import ClusterUnreachable, ConfigError, HostKeyError
+from hyperpod_lab.submit.clusters import ClusterProfile
 
 DEFAULT_PORT = 22
 DEFAULT_CONNECT_TIMEOUT_S = 10.0

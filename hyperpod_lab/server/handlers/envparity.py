@@ -21,11 +21,11 @@ from __future__ import annotations
 import tornado.web
 from jupyter_server.auth.decorator import authorized
 
-from hyperpod_lab.submit import envparity
-from hyperpod_lab.submit.clusters import get_profile
 from hyperpod_lab.errors import SpecError
 from hyperpod_lab.server.handlers.base import HyperPodHandler, error_body
-from hyperpod_lab.submit.notebook_script import _inside
+from hyperpod_lab.submit import envparity
+from hyperpod_lab.submit.clusters import get_profile
+from hyperpod_lab.submit.notebook_script import inside
 
 
 def _diff(client, profile, script: str | None) -> dict:
@@ -38,7 +38,7 @@ class EnvDiffHandler(HyperPodHandler):
     async def get(self, name: str):
         profile = get_profile(name)
         rel = self.get_query_argument("script", None)
-        script = _inside(self.hp.root_dir, rel, "script") if rel else None
+        script = inside(self.hp.root_dir, rel, "script") if rel else None
         if profile.orchestrator == "eks":
             try:
                 envparity.probe_cluster(profile)

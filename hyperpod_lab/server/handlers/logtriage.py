@@ -24,9 +24,9 @@ import math
 import tornado.web
 from jupyter_server.auth.decorator import authorized
 
-from hyperpod_lab.submit import logtriage
 from hyperpod_lab.errors import SpecError
 from hyperpod_lab.server.handlers.base import HyperPodHandler
+from hyperpod_lab.submit import logtriage
 
 
 class LogTriageHandler(HyperPodHandler):

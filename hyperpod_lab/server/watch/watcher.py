@@ -69,13 +69,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any, Callable
 
-from hyperpod_lab.fold.aggregate import JobAggregate
-from hyperpod_lab.submit.client import Client
 from hyperpod_lab.errors import HyperPodLabError, SpecError
 from hyperpod_lab.events import Event, EventKind, EventReader
+from hyperpod_lab.fold.aggregate import JobAggregate
+from hyperpod_lab.fold.progress import Progress
+from hyperpod_lab.fold.progress import event_dict as _event_dict
 from hyperpod_lab.goodput.measure import GoodputMeter
+from hyperpod_lab.submit.client import Client
 from hyperpod_lab.submit.jobs import JobRecord
-from hyperpod_lab.fold.progress import Progress, event_dict as _event_dict
 
 log = logging.getLogger("hyperpod_lab.server")
 

@@ -1,0 +1,235 @@
+"""The clusters, jobs, events, logs, faults, goodput and discovery REST handlers under
+``<base_url>hyperpod/`` (contract: ``docs/openapi.yaml``). Thin: each parses its input, calls the
+core (``Client``) or the :class:`Watcher` and writes JSON; errors map to statuses in
+:class:`~hyperpod_lab.server.handlers.base.HyperPodHandler`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Any
+
+import tornado.web
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.utils import ensure_async
+
+from hyperpod_lab.errors import NotAllowed, SpecError
+from hyperpod_lab.schedulers.base import DEFAULT_LOG_TAIL, LogChunk, fault_kind, slow_factor
+from hyperpod_lab.server.handlers.base import (
+    EVENT_PAGE_BYTES_PER_EVENT,
+    EVENT_PAGE_MAX_BYTES,
+    MAX_EVENTS,
+    MAX_LOG_BYTES,
+    MAX_OFFSET,
+    HyperPodHandler,
+)
+from hyperpod_lab.server.watch.watcher import decode_cursor, encode_cursor
+from hyperpod_lab.spec import host_code_env
+from hyperpod_lab.submit.clusters import get_profile, load_profiles
+from hyperpod_lab.submit.notebook_script import skip_env_check, spec_from_request
+
+
+class ClustersHandler(HyperPodHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self):
+        profs = load_profiles()
+        self.reply({"clusters": [_profile(p) for p in profs.values()]})
+
+
+class ClusterHandler(HyperPodHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self, name: str):
+        prof = get_profile(name)
+        health = await self.hp.watcher.run_on(name, self.hp.client.cluster_health, name)
+        self.reply({"cluster": _profile(prof), **health})
+
+
+class JobsHandler(HyperPodHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self):
+        self.reply({"jobs": self.hp.watcher.jobs()})
+
+    @tornado.web.authenticated
+    @authorized
+    async def post(self):
+        body = self.json_body()
+        skip = skip_env_check(body)
+        spec = spec_from_request(body, self.hp.root_dir)
+        await self._check_host_code(spec)
+        # on the cluster's own worker: a hung cluster holds only its own submits
+        rec = await self.hp.watcher.run_on(spec.cluster, self.hp.client.submit, spec,
+                                           env_check=False if skip else None)
+        self.hp.watcher.track(rec)
+        self.reply({"job": self.hp.watcher.view(rec)}, status=201)
+
+
+    async def _check_host_code(self, spec) -> None:
+        """On the local backend the job runs on this host: variables that make its processes run
+        code besides the script (``spec.host_code_env``: LD_PRELOAD, PYTHON*, BROWSER, PATH ...)
+        are taken only from a user who may also run kernels (``execute`` on ``kernels``).
+        Raises NotAllowed."""
+        if get_profile(spec.cluster).orchestrator != "local":
+            return
+        risky = host_code_env([*spec.env, *spec.secret_env])
+        if risky and not await ensure_async(self.authorizer.is_authorized(self, self.current_user, "execute",
+                                                                          "kernels")):
+            raise NotAllowed(f"{', '.join(risky)} would run code on the Jupyter host (local backend); only a user "
+                             "who may run kernels may set it. Remove it, or submit to a cluster")
+
+
+class JobHandler(HyperPodHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self, job_id: str):
+        self.reply({"job": self.hp.watcher.view(self.hp.client.get(job_id))})
+
+
+class CancelHandler(HyperPodHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def post(self, job_id: str):
+        rec = await self.hp.watcher.run_for_job(job_id, self.hp.client.cancel, job_id)
+        self.hp.watcher.track(rec)
+        self.reply({"job": self.hp.watcher.view(rec)})
+
+
+class FaultsHandler(HyperPodHandler):
+    """``POST jobs/<id>/faults`` ``{"rank": R, "kind": "kill" | "node" | "exception" | "hang" |
+    "slow", "factor": F}`` (kind default ``kill``; ``factor`` for ``slow`` only, 1 to 100, default
+    2): :meth:`hyperpod_lab.submit.client.Client.inject_fault`. 400 for a bad rank, kind (the message
+    names the valid kinds) or factor, 403 when the scheduler refuses (a Slurm node needs an
+    operator), 409 when the job, rank or backend cannot take it."""
+
+    @tornado.web.authenticated
+    @authorized
+    async def post(self, job_id: str):
+        body = self.json_body()
+        rank = body.get("rank") if isinstance(body, dict) else None
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            raise SpecError("rank", f'send {{"rank": R}} with R a rank >= 0, got {rank!r}')
+        kind = fault_kind(body.get("kind", "kill"))
+        factor = slow_factor(kind, body.get("factor"))
+        info = await self.hp.watcher.run_for_job(job_id, self.hp.client.inject_fault, job_id, rank, kind, factor)
+        self.reply({"rank": rank, **info})
+
+
+class LogsHandler(HyperPodHandler):
+    """A byte range of the job's (or a rank's) log: ``offset`` (first byte; omitted: the tail)
+    and ``length`` (bytes, default :data:`~hyperpod_lab.schedulers.base.DEFAULT_LOG_TAIL`, at
+    most :data:`MAX_LOG_BYTES`). Answers ``{"text", "rank", "offset", "end", "size"}``: the
+    range served is ``[offset, end)`` of a ``size``-byte log; page on with ``offset=end``."""
+
+    @tornado.web.authenticated
+    @authorized
+    async def get(self, job_id: str):
+        rank = self.int_arg("rank")
+        offset = self.int_arg("offset", None, low=0, high=MAX_OFFSET)
+        length = self.int_arg("length", DEFAULT_LOG_TAIL, low=0, high=MAX_LOG_BYTES)
+        chunk = await self.hp.watcher.run_for_job(job_id, read_log, self.hp.client, job_id, rank, offset, length)
+        self.reply({**chunk.to_dict(), "rank": rank})
+
+
+class EventsHandler(HyperPodHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self, job_id: str):
+        cursor = decode_cursor(self.get_query_argument("cursor", None))
+        limit = self.int_arg("limit", MAX_EVENTS, low=1, high=MAX_EVENTS)
+        events, new_cursor, more = await self.hp.watcher.run_for_job(job_id, read_events, self.hp.client, job_id,
+                                                                     cursor, limit)
+        self.reply({"events": events, "cursor": encode_cursor(new_cursor), "more": more})
+
+
+class DiscoverHandler(HyperPodHandler):
+    """HyperPod clusters of a region through the SageMaker API (``hyperpod_lab.submit.discovery``): the
+    sidebar's refresh. GET lists them; POST ``{"region", "profile", "overwrite"}`` also writes a
+    cluster profile per cluster and returns what it wrote."""
+
+    def _args(self, body: dict) -> dict:
+        get = (lambda k: body.get(k)) if body else (lambda k: self.get_query_argument(k, None))
+        return {"region": get("region") or None, "profile": get("profile") or None}
+
+    @tornado.web.authenticated
+    @authorized("execute")  # it calls AWS with the server's credentials: not for a 'read' role
+    async def get(self):
+        from hyperpod_lab.submit.discovery import discover_clusters
+
+        found = await self.hp.watcher.run(discover_clusters, **self._args({}))
+        self.reply({"clusters": [c.to_dict() for c in found]})
+
+    @tornado.web.authenticated
+    @authorized
+    async def post(self):
+        from hyperpod_lab.submit.discovery import discover_clusters, write_profiles
+
+        body = self.json_body()
+        if not isinstance(body, dict):
+            raise SpecError("body", 'send {"region": "us-east-1"} (region and profile optional)')
+        found = await self.hp.watcher.run(discover_clusters, **self._args(body))
+        written = await self.hp.watcher.run(write_profiles, found, bool(body.get("overwrite")))
+        self.reply({"clusters": [c.to_dict() for c in found],
+                    "written": [{"name": n, "what": w} for n, w in written]})
+
+
+class GoodputAdviceHandler(HyperPodHandler):
+    """``hyperpod_lab.goodput.advise`` for the submit form: interval and projected goodput."""
+
+    @tornado.web.authenticated
+    @authorized
+    async def get(self):
+        from hyperpod_lab import goodput
+
+        instances = self.int_arg("instances", None, low=1)
+        args = {k: self.get_query_argument(k, None) for k in ("failure_rate", "checkpoint_cost_s", "step_time_s")}
+        if instances is None or None in args.values():
+            raise SpecError("query", "give instances, failure_rate, checkpoint_cost_s and step_time_s")
+        try:
+            cost, step = float(args["checkpoint_cost_s"]), float(args["step_time_s"])
+        except ValueError:
+            raise SpecError("query", "checkpoint_cost_s and step_time_s are seconds (numbers)") from None
+        self.reply({"advice": goodput.advise(instances, args["failure_rate"], cost, step)})
+
+
+class JobGoodputHandler(HyperPodHandler):
+    """A job's measured goodput and where the lost time went, ``{"measured": ...}`` (the dict
+    of ``hyperpod_lab.goodput.measure_from_events``: faults, recoveries and downtime from the job
+    facts fold, as in the JobView's ``progress``), from the job's incremental goodput fold
+    (``Watcher.goodput``): a tracked job's is read from its tailer's meter without reading any
+    event; another job's is brought up to date from its cursor (issue 13, finding 3)."""
+
+    @tornado.web.authenticated
+    @authorized
+    async def get(self, job_id: str):
+        self.reply({"measured": await self.hp.watcher.goodput(job_id)})
+
+
+def read_events(client, job_id: str, cursor: dict[str, int], limit: int) -> tuple[list[dict], dict[str, int], bool]:
+    """Up to ``limit`` events after ``cursor``, the cursor just past the last one returned, and
+    whether more may follow at once. Reads at most ``limit`` x :data:`EVENT_PAGE_BYTES_PER_EVENT`
+    bytes of each file from the cursor (at least 4 KiB, at most :data:`EVENT_PAGE_MAX_BYTES`),
+    never the whole file."""
+    reader = client.event_reader(job_id, cursor)
+    max_bytes = min(EVENT_PAGE_MAX_BYTES, max(4096, limit * EVENT_PAGE_BYTES_PER_EVENT))
+    located = reader.poll_located(max_bytes=max_bytes)
+    if len(located) <= limit:
+        return [json.loads(ev.to_json()) for ev, _, _ in located], reader.cursor, reader.more
+    out, cur = [], dict(cursor)
+    for ev, fname, end in located[:limit]:  # a prefix per file (poll_located keeps file order)
+        out.append(json.loads(ev.to_json()))
+        cur[fname] = end
+    return out, cur, True
+
+
+def read_log(client, job_id: str, rank: int | None, offset: int | None, length: int) -> LogChunk:
+    """A byte range of a job's log (see :class:`LogsHandler`); one bounded read."""
+    rec = client.get(job_id)
+    return client.scheduler(rec.cluster).log_range(rec, rank, offset, length)
+
+
+def _profile(p) -> dict[str, Any]:
+    d = asdict(p)
+    d["partition"] = p.defaults.partition
+    return d
