@@ -88,7 +88,7 @@ from typing import Any, Iterable
 
 from hyperpod_lab.events import Event, EventKind
 
-OPERATOR_WRITER = "operator"  # the EKS backend's writer (schedulers/eks.py): see docs/events.md
+OPERATOR_WRITER = "operator"  # the EKS backend's writer (schedulers/eks/scheduler.py): see docs/events.md
 NODE_DOWN = "node down"  # fault.detected.reason of the supervisor's report of a node Slurm marked DOWN
 
 _STEP = EventKind.STEP.value

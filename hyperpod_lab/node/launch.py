@@ -193,8 +193,8 @@ class AgentEvents:
 
 
 _EVENTS: AgentEvents | None = None
-_WATCHDOG: Watchdog | None = None  # hangs and stragglers: runtime/watchdog.py, runtime/straggler.py
-_STORM: storm.StormGuard | None = None  # restart storms: runtime/storm.py
+_WATCHDOG: Watchdog | None = None  # hangs and stragglers: node/watchdog.py, node/straggler.py
+_STORM: storm.StormGuard | None = None  # restart storms: node/storm.py
 
 
 class EventingElasticAgent(LocalElasticAgent):

@@ -359,7 +359,7 @@ class JobContext:
         now = time.monotonic()
         if self.local_rank == 0 and (self._last_print is None or now - self._last_print >= self.step_interval_s):
             # a heartbeat line per node (pod): what log-based hang detection watches (the HyperPod
-            # operator's logMonitoringConfiguration, see schedulers/k8s_manifest.py); one write,
+            # operator's logMonitoringConfiguration, see schedulers/eks/manifest.py); one write,
             # so it never splits another line of this process's stdout
             sys.stdout.write(f"hyperpod-lab: rank {self.global_rank} step {int(step)} loss {_json_safe(loss)}\n")
             sys.stdout.flush()

@@ -138,13 +138,13 @@ class ClusterProfile:
         op_timeout_s: (slurm) seconds any one remote operation may go without an answer (an SFTP
             read, write, list, stat, mkdir, rename; an SSH channel or command request) before it
             fails with ClusterUnreachable and the connection is dropped (default 30). A command's
-            own output timeout is the caller's ``timeout_s`` (see ``schedulers/remote.py``).
+            own output timeout is the caller's ``timeout_s`` (see ``schedulers/remote/__init__.py``).
         local_mount: (slurm) where *this* machine mounts the cluster's shared storage (the local
             path of ``shared_root``; e.g. a SageMaker Studio space with the cluster's FSx
             attached), or ``"auto"`` (found by a probe file written over SFTP and looked for
             here). Staging, event and log reading then use the local file system and SSH
             carries only scheduler commands; the server learns of new events from file-system
-            notifications (``schedulers/remote.py``'s ``MountedRemote``). The files are written
+            notifications (``schedulers/remote/__init__.py``'s ``MountedRemote``). The files are written
             as this machine's user, who must be the cluster user (same uid) there. Unset: SFTP.
         defaults: partition / nodes / procs_per_node defaults.
         kube_context, kubeconfig: (eks) a kubeconfig context, and the kubeconfig file

@@ -9,7 +9,7 @@ skipped: they are the script's own).
 
 Both sides are measured by the same standard-library program, :mod:`hyperpod_lab.submit.envprobe`:
 in-process for the notebook (:func:`collect_local`), and for a cluster (:func:`probe_cluster`)
-as **one** command through the cluster's command seam (``schedulers/remote.py``: over the same
+as **one** command through the cluster's command seam (``schedulers/remote/__init__.py``: over the same
 SSH route as a submission, ~/.ssh/config, jump hosts, SSM), ``<profile.python> -I -c <probe
 source> <modules as JSON>``, every word shell-quoted. On the local backend it is a subprocess.
 EKS is not supported: the interpreter lives in the job's container image, which only a running

@@ -30,7 +30,7 @@
   aggregate brought up to date page by page.
 
 * **Notifications** (issue 16, item 3): a job whose files this machine sees through its own
-  mount of the cluster's shared storage (``local_mount``, ``schedulers/remote.py``'s
+  mount of the cluster's shared storage (``local_mount``, ``schedulers/remote/__init__.py``'s
   ``MountedRemote``) has its ``events/`` directory watched with ``watchdog`` (inotify on Linux):
   an appended or new event file wakes the job's tailer at once, and the timed read becomes a
   fallback every ``notify_fallback_s``. Notifications are trusted only while they announce what
