@@ -1,5 +1,5 @@
 /** Text of numbers and events, shared by the models (notices) and the views. */
-import { IJobEvent } from './tokens';
+import { IJobEvent } from './api/events';
 
 /** Format a number with at most `digits` significant digits, or an em dash. */
 export function fmt(value: number | null | undefined, digits = 3): string {

@@ -1,3 +1,8 @@
+/**
+ * The plugin entry: builds the panel's state (`models/`), adds its views (`widgets/`) and the
+ * HyperPod commands, and exports the package's public API (the contract of `api/`, the model
+ * interfaces and the `IHyperPodModel` token).
+ */
 import {
   ILabShell,
   ILayoutRestorer,
@@ -8,17 +13,20 @@ import { ICommandPalette, InputDialog, MainAreaWidget, Notification, WidgetTrack
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
-import { HyperPodModel } from './model';
-import { DEFAULT_SLOW_FACTOR, FAULT_KINDS, type FaultKind } from './request';
-import { IHyperPodModel } from './tokens';
+import { DEFAULT_SLOW_FACTOR, FAULT_KINDS, type FaultKind } from './api/faults';
+import { HyperPodModel } from './models/hyperpod';
+import { IHyperPodModel } from './models/tokens';
 import { HyperPodSidebar, SIDEBAR_ID } from './widgets/sidebar';
 import { JobDashboard } from './widgets/dashboard/dashboard';
 
-export * from './tokens';
+export * from './api/events';
+export * from './api/rest';
+export * from './models/tokens';
+export { HyperPodAPIError } from './api/errors';
+export { FAULT_KINDS } from './api/faults';
+export type { FaultKind, IFaultInfo } from './api/faults';
 export { describeEvent } from './format';
-export { HyperPodModel } from './model';
-export { FAULT_KINDS, HyperPodAPIError } from './request';
-export type { FaultKind } from './request';
+export { HyperPodModel } from './models/hyperpod';
 export { HyperPodSidebar, SIDEBAR_ID } from './widgets/sidebar';
 export { JobDashboard } from './widgets/dashboard/dashboard';
 

@@ -1,8 +1,10 @@
 /** The goodput advice for the submit form's inputs. */
 import { ISignal, Signal } from '@lumino/signaling';
 
-import * as api from '../request';
-import { IAdviceModel, IAdviceQuery, IGoodputAdvice } from '../tokens';
+import { HyperPodAPIError } from '../api/errors';
+import * as api from '../api/network';
+import { IAdviceQuery, IGoodputAdvice } from '../api/rest';
+import { IAdviceModel } from './tokens';
 import { LatestRequest } from './latest';
 
 /** Quiet time after the last change of the form before the advice is asked for, ms. */
@@ -15,7 +17,7 @@ export class AdviceModel implements IAdviceModel {
     return this._advice;
   }
   /** Why the last advice could not be had (the server's error names the input), or null. */
-  get error(): api.HyperPodAPIError | null {
+  get error(): HyperPodAPIError | null {
     return this._error;
   }
   /** Whether an advice request is waiting or running. */
@@ -67,14 +69,14 @@ export class AdviceModel implements IAdviceModel {
     this._advice = outcome.ok ? outcome.value : null;
     this._error = outcome.ok
       ? null
-      : outcome.error instanceof api.HyperPodAPIError
+      : outcome.error instanceof HyperPodAPIError
         ? outcome.error
-        : new api.HyperPodAPIError(outcome.error.message, 0, 'Error');
+        : new HyperPodAPIError(outcome.error.message, 0, 'Error');
     this._changed.emit();
   }
 
   private _advice: IGoodputAdvice | null = null;
-  private _error: api.HyperPodAPIError | null = null;
+  private _error: HyperPodAPIError | null = null;
   private _timer: number | null = null;
   private _latest = new LatestRequest();
   private _disposed = false;

@@ -1,6 +1,7 @@
 /** The cluster profiles and each one's reachability and nodes. */
-import * as api from '../request';
-import { ICluster, IClusterDetail, IClustersModel } from '../tokens';
+import * as api from '../api/network';
+import { ICluster, IClusterDetail } from '../api/rest';
+import { IClustersModel } from './tokens';
 import { ServerStateModel } from './serverState';
 
 /**

@@ -1,13 +1,9 @@
 /** Discovery of the HyperPod clusters of an AWS region, and writing their profiles. */
 import { ISignal, Signal } from '@lumino/signaling';
 
-import * as api from '../request';
-import {
-  IClustersModel,
-  IDiscoveredCluster,
-  IDiscoverQuery,
-  IDiscoveryModel
-} from '../tokens';
+import * as api from '../api/network';
+import { IDiscoveredCluster, IDiscoverQuery } from '../api/rest';
+import { IClustersModel, IDiscoveryModel } from './tokens';
 import { LatestRequest } from './latest';
 
 /** `GET discover` / `POST discover` (the server calls the SageMaker API); the newest call wins. */

@@ -1,8 +1,9 @@
 /** The job list, kept fresh by one poll that the browser tabs of a server share. */
 import { ISignal, Signal } from '@lumino/signaling';
 
-import * as api from '../request';
-import { IJobsModel, IJobSpec, IJobView, ISubmitOptions } from '../tokens';
+import * as api from '../api/network';
+import { IJobSpec, IJobView, ISubmitOptions } from '../api/rest';
+import { IJobsModel } from './tokens';
 import { ServerStateModel } from './serverState';
 
 /**
@@ -97,7 +98,7 @@ export class JobsModel extends ServerStateModel implements IJobsModel {
 
   /**
    * Submit a job and put it first in the list.
-   * @throws {HyperPodAPIError} as `request.submitJob`
+   * @throws {HyperPodAPIError} as `network.submitJob`
    */
   async submit(
     spec: Partial<IJobSpec>,
@@ -112,7 +113,7 @@ export class JobsModel extends ServerStateModel implements IJobsModel {
 
   /**
    * Cancel a job and put its new view in the list.
-   * @throws {HyperPodAPIError} as `request.cancelJob`
+   * @throws {HyperPodAPIError} as `network.cancelJob`
    */
   async cancel(jobId: string): Promise<IJobView> {
     const job = await api.cancelJob(jobId);
@@ -121,7 +122,7 @@ export class JobsModel extends ServerStateModel implements IJobsModel {
   }
 
   /** Stop the poll and the channel, disconnect the listeners. */
-  dispose(): void {
+  override dispose(): void {
     this._disposed = true;
     if (this._timer !== null) {
       window.clearInterval(this._timer);

@@ -1,8 +1,9 @@
 /** The streamed job's measured goodput, read again as its events come in. */
 import { ISignal, Signal } from '@lumino/signaling';
 
-import * as api from '../request';
-import { IJobStreamModel, IMeasuredGoodput, IMeasuredGoodputModel } from '../tokens';
+import * as api from '../api/network';
+import { IMeasuredGoodput } from '../api/rest';
+import { IJobStreamModel, IMeasuredGoodputModel } from './tokens';
 import { LatestRequest } from './latest';
 
 /** Shortest time between two reads of the measured goodput, ms. */

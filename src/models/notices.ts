@@ -6,14 +6,9 @@
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { describeEvent, fmt, plural } from '../format';
-import {
-  IJobEvent,
-  IJobNotice,
-  IJobProgress,
-  IJobsModel,
-  IJobStreamModel,
-  INoticesModel
-} from '../tokens';
+import { IJobEvent } from '../api/events';
+import { IJobProgress } from '../api/rest';
+import { IJobNotice, IJobsModel, IJobStreamModel, INoticesModel } from './tokens';
 
 /** How long a fault notice of the streamed job waits for its `fault.detected` event, ms. */
 const FAULT_EVENT_WAIT_MS = 2000;

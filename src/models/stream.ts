@@ -1,8 +1,10 @@
 /** The event stream of one job: a WebSocket that reconnects from its last cursor. */
 import { ISignal, Signal } from '@lumino/signaling';
 
-import * as api from '../request';
-import { IJobEvent, IJobStreamModel, IJobView, StreamMessage } from '../tokens';
+import * as api from '../api/network';
+import { IJobEvent } from '../api/events';
+import { IJobView, StreamMessage } from '../api/rest';
+import { IJobStreamModel } from './tokens';
 
 /** Reconnect delays of the event stream, milliseconds (the last repeats). */
 const RECONNECT_MS = [500, 1000, 2000, 5000];

@@ -3,7 +3,8 @@
  * lists for them (orchestrator, status, instance groups, node health), and "Add profiles",
  * which writes a cluster profile per cluster and reloads the sidebar's cluster list.
  */
-import { IDiscoveredCluster, IDiscoveryModel } from '../tokens';
+import { IDiscoveredCluster } from '../api/rest';
+import { IDiscoveryModel } from '../models/tokens';
 import { button, errorBox, h, labelledList, liveBox, textInput, uid } from './dom';
 
 /** One word of a status for a CSS modifier: `InService` → `inservice`. */

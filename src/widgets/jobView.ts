@@ -1,8 +1,11 @@
 /** The selected job: state, controls, live timeline, loss chart and per-rank logs. */
+import { Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
 import { describeEvent, healthFailed, plural } from '../format';
-import { IHyperPodModel, IJobEvent, IJobProgress, IMeasuredGoodput, isTerminal } from '../tokens';
+import { IJobEvent } from '../api/events';
+import { IJobProgress, IMeasuredGoodput, isTerminal } from '../api/rest';
+import { IHyperPodModel } from '../models/tokens';
 import { button, captionedTable, clock, duration, fmt, h, labelledList, liveBox, percent, uid } from './dom';
 import { renderLossChart } from './lossChart';
 
@@ -235,14 +238,11 @@ export class JobView extends Widget {
     this._rebuild();
   }
 
-  dispose(): void {
+  override dispose(): void {
     if (this.isDisposed) {
       return;
     }
-    this._model.selectionChanged.disconnect(this._rebuild, this);
-    this._model.stream.eventsAdded.disconnect(this._onEvents, this);
-    this._model.jobs.changed.disconnect(this._renderHeader, this);
-    this._model.measured.changed.disconnect(this._renderGoodput, this);
+    Signal.disconnectReceiver(this); // the model's signals connected in the constructor
     super.dispose();
   }
 

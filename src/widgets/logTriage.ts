@@ -6,11 +6,12 @@
  */
 import { Widget } from '@lumino/widgets';
 
-import { requestAPI } from '../request';
-import { IJobEvent, ILogTriage, ITriageFailure, ITriageLine, ITriageMatch } from '../tokens';
+import { requestAPI } from '../api/network';
+import { IJobEvent } from '../api/events';
+import { ILogTriage, ITriageFailure, ITriageLine, ITriageMatch } from '../api/rest';
 import { h } from './dom';
 
-/** The API call the panel makes: `requestAPI` of src/request.ts (tests may pass another). */
+/** The API call the panel makes: `requestAPI` of src/api/network.ts (tests may pass another). */
 export type TriageRequest = <T>(path: string, init?: RequestInit) => Promise<T>;
 
 /** Most lines kept on screen; follow mode drops the oldest beyond it. */
@@ -47,7 +48,7 @@ export function rankBadge(ranks: number[]): string {
  */
 export class LogTriagePanel extends Widget {
   /**
-   * @param requests - what src/request.ts exports for API calls: `requestAPI` (or an object
+   * @param requests - what src/api/network.ts exports for API calls: `requestAPI` (or an object
    *   holding it, such as the module itself)
    * @param jobId - the hyperpod-lab job id
    */
@@ -224,7 +225,7 @@ export class LogTriagePanel extends Widget {
     }
   }
 
-  dispose(): void {
+  override dispose(): void {
     if (this._timer !== null) {
       window.clearInterval(this._timer);
       this._timer = null;
@@ -232,7 +233,7 @@ export class LogTriagePanel extends Widget {
     super.dispose();
   }
 
-  protected onAfterAttach(): void {
+  protected override onAfterAttach(): void {
     if (!this._loaded) {
       this._loaded = true;
       void this.refresh();

@@ -2,11 +2,13 @@
 import { Panel, Widget } from '@lumino/widgets';
 
 import { describeEvent } from '../format';
-import { IHyperPodModel, IJobView } from '../tokens';
+import { IJobView } from '../api/rest';
+import { IHyperPodModel } from '../models/tokens';
 import { DiscoverPanel } from './discoverPanel';
 import { button, errorBox, fmt, h, labelledList } from './dom';
 import { excludedSummary, faultSummary, JobView, stragglerSummary } from './jobView';
-import { ISubmitRequest, SubmitForm } from './submitForm';
+import { SubmitForm } from './submit/form';
+import { ISubmitRequest } from './submit/spec';
 
 /** The id of the left-sidebar panel. */
 export const SIDEBAR_ID = 'hyperpod-lab-sidebar';
@@ -137,7 +139,7 @@ export class HyperPodSidebar extends Panel {
     this.form.focusFirst();
   }
 
-  dispose(): void {
+  override dispose(): void {
     if (this.isDisposed) {
       return;
     }

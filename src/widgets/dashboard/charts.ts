@@ -6,7 +6,7 @@
  */
 import uPlot from 'uplot';
 
-import { IDashboardSeries } from '../../tokens';
+import { IDashboardSeries } from '../../api/rest';
 import { h } from '../dom';
 
 /** A CSS variable's value on the page (uPlot draws on a canvas: it needs the colour itself). */

@@ -7,8 +7,10 @@
 import { Widget } from '@lumino/widgets';
 import { Message } from '@lumino/messaging';
 
-import { getJobGoodput, requestAPI } from '../../request';
-import { EventKind, IDashboardMark, IDashboardTimelineEntry, IHyperPodModel, IJobDashboard, IJobEvent, isTerminal } from '../../tokens';
+import { getJobGoodput, requestAPI } from '../../api/network';
+import { EventKind, IJobEvent } from '../../api/events';
+import { IDashboardMark, IDashboardTimelineEntry, IJobDashboard, isTerminal } from '../../api/rest';
+import { IHyperPodModel } from '../../models/tokens';
 import { button, fmt, h, liveBox } from '../dom';
 import { renderGoodput } from '../jobView';
 import { StepCharts } from './charts';
@@ -159,7 +161,7 @@ export class JobDashboard extends Widget {
     void this.logs.openAtFault({ ...fault, data: { ...fault.data, rank } });
   }
 
-  dispose(): void {
+  override dispose(): void {
     if (this.isDisposed) {
       return;
     }
@@ -172,7 +174,7 @@ export class JobDashboard extends Widget {
     super.dispose();
   }
 
-  protected onAfterAttach(msg: Message): void {
+  protected override onAfterAttach(msg: Message): void {
     super.onAfterAttach(msg);
     if (!this.logs.isAttached) {
       Widget.attach(this.logs, this._logHost);

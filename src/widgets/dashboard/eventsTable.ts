@@ -5,8 +5,8 @@
  * log from it).
  */
 import { describeEvent } from '../../format';
-import { requestAPI } from '../../request';
-import { EVENT_KINDS, IJobEvent } from '../../tokens';
+import { requestAPI } from '../../api/network';
+import { EVENT_KINDS, IJobEvent } from '../../api/events';
 import { button, clock, h, uid } from '../dom';
 
 /** Events per page. */

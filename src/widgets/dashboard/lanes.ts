@@ -5,7 +5,7 @@
  * drag, buttons and keys (+/- zoom, arrows pan, 0 fits). Elements are built once per data set and
  * only repositioned (in one animation frame) when the view changes.
  */
-import { IDashboardMark, IDashboardSpan, IJobDashboard } from '../../tokens';
+import { IDashboardMark, IDashboardSpan, IJobDashboard } from '../../api/rest';
 import { button, fmt, h } from '../dom';
 
 /** Checkpoint tiers in display order (sub-bands of a lane, fastest first). */

@@ -6,6 +6,9 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
+import { HyperPodAPIError } from './errors';
+import { IJobEvent } from './events';
+import { FaultKind, IFaultInfo, IFaultRequest } from './faults';
 import {
   IAdviceQuery,
   ICluster,
@@ -16,36 +19,16 @@ import {
   IEnvDiff,
   IEnvExport,
   IErrorBody,
-  IFaultInfo,
   IGoodputAdvice,
-  IJobEvent,
   IJobSpec,
   IJobView,
   IMeasuredGoodput,
   ISubmitOptions,
   StreamMessage
-} from './tokens';
+} from './rest';
 
 /** The URL namespace of the server extension. */
 export const API_NAMESPACE = 'hyperpod';
-
-/**
- * An error answer of the hyperpod API (any non-2xx status).
- *
- * `type` is the server's error class (`SpecError`, `UnknownJob`, ...), `field` the JobSpec
- * field at fault for a SpecError, `status` the HTTP status (0 when the server was not reached).
- */
-export class HyperPodAPIError extends Error {
-  constructor(
-    message: string,
-    readonly status: number,
-    readonly type: string,
-    readonly field: string | null = null
-  ) {
-    super(message);
-    this.name = 'HyperPodAPIError';
-  }
-}
 
 /**
  * Call a route of the hyperpod API.
@@ -178,25 +161,6 @@ export async function cancelJob(jobId: string): Promise<IJobView> {
   });
   return res.job;
 }
-
-/**
- * What a fault injection does (the server's `FAULT_KINDS`): `kill` SIGKILLs the rank's
- * process, `node` fails the rank's node as the scheduler sees it (Slurm: set DOWN, needs an
- * operator; EKS: its pod deleted), `exception` has the rank raise `InjectedFault` in its next step,
- * `hang` stops the rank (SIGSTOP) until the launch agent's hang watchdog catches and restarts it,
- * `slow` makes the rank's steps take `factor` times longer (straggler detection flags it).
- */
-export type FaultKind = 'kill' | 'node' | 'exception' | 'hang' | 'slow';
-
-/** Every {@link FaultKind}, the default (`kill`) first. */
-export const FAULT_KINDS: readonly FaultKind[] = ['kill', 'node', 'exception', 'hang', 'slow'];
-
-/** The default slowdown of a `slow` injection (the server's `DEFAULT_SLOW_FACTOR`). */
-export const DEFAULT_SLOW_FACTOR = 2;
-
-/** The largest slowdown the server accepts (`MAX_SLOW_FACTOR`); 1 ends a slowdown. */
-export const MAX_SLOW_FACTOR = 100;
-
 /**
  * Inject a fault of `kind` (default `kill`) into one rank of a running job, to rehearse recovery.
  * `factor` (only for `slow`, 1 to {@link MAX_SLOW_FACTOR}; the server's default 2 when omitted):
@@ -211,7 +175,7 @@ export async function injectFault(
   kind: FaultKind = 'kill',
   factor?: number
 ): Promise<IFaultInfo> {
-  const body: { rank: number; kind: FaultKind; factor?: number } = { rank, kind };
+  const body: IFaultRequest = { rank, kind };
   if (factor !== undefined) {
     body.factor = factor;
   }

@@ -1,19 +1,22 @@
 /**
- * The state of the HyperPod panel: one model per concern (`models/`), composed here into the
- * `IHyperPodModel` the plugin provides. The models own all timers, requests (through
- * `request.ts`) and the event WebSocket; views listen to their signals and only render.
+ * The state of the HyperPod panel: one model per concern (the other modules of `models/`),
+ * composed here into the `IHyperPodModel` the plugin provides. The models own all timers,
+ * requests (through `api/network.ts`) and the event WebSocket; views listen to their signals
+ * and only render.
  */
 import { ISignal, Signal } from '@lumino/signaling';
 
-import * as api from './request';
-import { AdviceModel } from './models/advice';
-import { ClustersModel } from './models/clusters';
-import { DiscoveryModel } from './models/discovery';
-import { JobsModel } from './models/jobs';
-import { MeasuredGoodputModel } from './models/measured';
-import { NoticesModel } from './models/notices';
-import { JobStreamModel } from './models/stream';
-import { IFaultInfo, IHyperPodModel, IJobSpec, IJobView, ISubmitOptions } from './tokens';
+import { FaultKind, IFaultInfo } from '../api/faults';
+import * as api from '../api/network';
+import { IJobSpec, IJobView, ISubmitOptions } from '../api/rest';
+import { AdviceModel } from './advice';
+import { ClustersModel } from './clusters';
+import { DiscoveryModel } from './discovery';
+import { JobsModel } from './jobs';
+import { MeasuredGoodputModel } from './measured';
+import { NoticesModel } from './notices';
+import { JobStreamModel } from './stream';
+import { IHyperPodModel } from './tokens';
 
 /**
  * The composed model. Selecting a job streams its events (`stream`), whose `status` messages
@@ -86,7 +89,7 @@ export class HyperPodModel implements IHyperPodModel {
 
   /**
    * Submit a job and select it.
-   * @throws {HyperPodAPIError} as `request.submitJob`
+   * @throws {HyperPodAPIError} as `network.submitJob`
    */
   async submit(
     spec: Partial<IJobSpec>,
@@ -100,7 +103,7 @@ export class HyperPodModel implements IHyperPodModel {
 
   /**
    * Cancel the selected job.
-   * @throws {HyperPodAPIError} as `request.cancelJob`; Error when no job is selected
+   * @throws {HyperPodAPIError} as `network.cancelJob`; Error when no job is selected
    */
   async cancelSelected(): Promise<IJobView> {
     return this.jobs.cancel(this._requireSelected());
@@ -109,11 +112,11 @@ export class HyperPodModel implements IHyperPodModel {
   /**
    * Inject a fault of `kind` (default `kill`: SIGKILL) into `rank` of the selected job;
    * `factor`: the slowdown of `slow` (default the server's, 2).
-   * @throws {HyperPodAPIError} as `request.injectFault`; Error when no job is selected
+   * @throws {HyperPodAPIError} as `network.injectFault`; Error when no job is selected
    */
   async injectFailure(
     rank: number,
-    kind: api.FaultKind = 'kill',
+    kind: FaultKind = 'kill',
     factor?: number
   ): Promise<IFaultInfo> {
     return api.injectFault(this._requireSelected(), rank, kind, factor);
@@ -121,7 +124,7 @@ export class HyperPodModel implements IHyperPodModel {
 
   /**
    * Log text of the selected job for `rank` (null: the whole job output).
-   * @throws {HyperPodAPIError} as `request.getLogs`; Error when no job is selected
+   * @throws {HyperPodAPIError} as `network.getLogs`; Error when no job is selected
    */
   async logs(rank: number | null): Promise<string> {
     return api.getLogs(this._requireSelected(), rank);

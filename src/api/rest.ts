@@ -1,107 +1,8 @@
 /**
- * The contract of the extension: the job event stream types (schema version 1), the REST /
- * WebSocket types of the server extension, and the models' interfaces with the
- * `IHyperPodModel` token through which the plugin provides the panel state.
- *
- * The event types mirror the JSON records written by the Python side
- * (`hyperpod_lab.events`): one object per line, each carrying the
- * schema version, the event kind, the job it belongs to, a wall-clock
- * timestamp, the writer that produced it, a per-writer sequence number
- * and a kind-specific payload.
+ * The REST / WebSocket contract of the server extension (`hyperpod_lab.server`): the shapes
+ * of what the routes under `<base_url>hyperpod/` take and answer.
  */
-
-import { Token } from '@lumino/coreutils';
-import { ISignal } from '@lumino/signaling';
-
-import type { HyperPodAPIError } from './request';
-
-/** The event schema version these types describe. */
-export const EVENT_SCHEMA_VERSION = 1 as const;
-
-/** Every event kind defined by schema v1, in lifecycle order. */
-export const EVENT_KINDS = [
-  'submitted',
-  'started',
-  'step',
-  'checkpoint.saved',
-  'checkpoint.restored',
-  'checkpoint.corrupt',
-  'checkpoint.failed',
-  'fault.detected',
-  'recovery.started',
-  'recovery.completed',
-  'recovery.fallback',
-  'elastic.scaled',
-  'health.checked',
-  'health.failed',
-  'node.excluded',
-  'straggler.detected',
-  'job.failed',
-  'finished'
-] as const;
-
-/** One of the event kinds of schema v1. */
-export type EventKind = (typeof EVENT_KINDS)[number];
-
-/** A JSON value as it can appear in an event payload. */
-export type JSONValue =
-  | string
-  | number
-  | boolean
-  | null
-  | JSONValue[]
-  | { [key: string]: JSONValue };
-
-/** The kind-specific payload of an event. */
-export type EventData = { [key: string]: JSONValue };
-
-/** A single job event, schema v1. */
-export interface IJobEvent<K extends EventKind = EventKind> {
-  /** Schema version; always 1 for these types. */
-  v: typeof EVENT_SCHEMA_VERSION;
-  /** What happened. */
-  kind: K;
-  /** The job the event belongs to. */
-  job_id: string;
-  /** When it happened, in seconds since the Unix epoch (may be fractional). */
-  time: number;
-  /** Who wrote the event (for example the submitting client or a rank). */
-  writer: string;
-  /** Sequence number of the event within its writer's stream. */
-  seq: number;
-  /** Kind-specific payload. */
-  data: EventData;
-}
-
-/** Whether a string names an event kind of schema v1. */
-export function isEventKind(value: unknown): value is EventKind {
-  return (
-    typeof value === 'string' &&
-    (EVENT_KINDS as readonly string[]).includes(value)
-  );
-}
-
-/** Whether a parsed JSON value has the shape of a schema v1 event. */
-export function isJobEvent(value: unknown): value is IJobEvent {
-  if (typeof value !== 'object' || value === null || Array.isArray(value)) {
-    return false;
-  }
-  const record = value as { [key: string]: unknown };
-  return (
-    record.v === EVENT_SCHEMA_VERSION &&
-    isEventKind(record.kind) &&
-    typeof record.job_id === 'string' &&
-    typeof record.time === 'number' &&
-    typeof record.writer === 'string' &&
-    typeof record.seq === 'number' &&
-    Number.isInteger(record.seq) &&
-    typeof record.data === 'object' &&
-    record.data !== null &&
-    !Array.isArray(record.data)
-  );
-}
-
-/* ---- REST / WebSocket contract of the server extension (`hyperpod_lab.server`) ---- */
+import { EventKind, IJobEvent, JSONValue } from './events';
 
 /** A cluster profile as `GET hyperpod/clusters` lists it. */
 export interface ICluster {
@@ -307,6 +208,15 @@ export interface IJobSpec {
   version: number;
 }
 
+/** Options of a submission besides its JobSpec (`POST jobs`). */
+export interface ISubmitOptions {
+  /**
+   * Submit without comparing the notebook's environment with the cluster interpreter's
+   * (`skip_env_check`; the CLI's `--skip-env-check`). Default false.
+   */
+  skipEnvCheck?: boolean;
+}
+
 /** A message of the `hyperpod/jobs/{id}/stream` WebSocket. */
 export type StreamMessage =
   | { type: 'event'; event: IJobEvent; cursor: string }
@@ -316,14 +226,6 @@ export type StreamMessage =
 /** The JSON body of an error response: `{"error": {...}}`. */
 export interface IErrorBody {
   error: { type: string; message: string; field?: string };
-}
-
-/** What `POST jobs/{id}/faults` answers: the rank that was SIGKILLed. */
-export interface IFaultInfo {
-  rank: number;
-  node?: string;
-  pid?: number;
-  [key: string]: unknown;
 }
 
 /** One line of `GET jobs/{id}/logs/triage`: identical lines of several ranks collapsed. */
@@ -509,212 +411,6 @@ export interface IDiscoverQuery {
   profile: string;
 }
 
-/* ---- The models: state of the HyperPod panel, provided through `IHyperPodModel` ---- */
-
-/** A notice the extension shows (fault, recovery): the notices model emits, the plugin notifies. */
-export interface IJobNotice {
-  /** `fault` or `recovery`. */
-  kind: 'fault' | 'recovery';
-  /** The job. */
-  jobId: string;
-  /** One line for the user. */
-  message: string;
-}
-
-/** The cluster profiles and each one's reachability and nodes. */
-export interface IClustersModel {
-  /** Cluster profiles, as the server lists them. */
-  readonly clusters: ICluster[];
-  /** Health of each cluster by name (filled in by `refresh`). */
-  readonly details: ReadonlyMap<string, IClusterDetail>;
-  /** Why the last list could not be read, or null. */
-  readonly error: string | null;
-  /** The clusters or their health changed. */
-  readonly changed: ISignal<IClustersModel, void>;
-  /** `error` changed. */
-  readonly errorChanged: ISignal<IClustersModel, void>;
-  /** Reload the list and each cluster's health; never throws (see `error`). */
-  refresh(): Promise<void>;
-}
-
-/** The job list, kept fresh by one shared poll. */
-export interface IJobsModel {
-  /** Jobs, newest first. */
-  readonly jobs: IJobView[];
-  /** Why the last list could not be read, or null. */
-  readonly error: string | null;
-  /** The job list changed (a poll, a submit, a cancel, a streamed status). */
-  readonly changed: ISignal<IJobsModel, void>;
-  /** A job was submitted from this page (emitted before `changed`). */
-  readonly submitted: ISignal<IJobsModel, IJobView>;
-  /** `error` changed. */
-  readonly errorChanged: ISignal<IJobsModel, void>;
-  /** The job with this id, or null. */
-  get(jobId: string): IJobView | null;
-  /** Put a newer view of a job in the list (replacing the one with its id, or first). */
-  put(job: IJobView): void;
-  /** Reload the list now; never throws (see `error`). */
-  refresh(): Promise<void>;
-  /**
-   * Submit a job.
-   * @throws {HyperPodAPIError} as `request.submitJob`
-   */
-  submit(spec: Partial<IJobSpec>, notebook?: string | null, options?: ISubmitOptions): Promise<IJobView>;
-  /**
-   * Cancel a job.
-   * @throws {HyperPodAPIError} as `request.cancelJob`
-   */
-  cancel(jobId: string): Promise<IJobView>;
-}
-
-/** The event stream of one job (the selected one), resumed from its cursor after a drop. */
-export interface IJobStreamModel {
-  /** The streamed job's id, or null. */
-  readonly jobId: string | null;
-  /** Events of the streamed job, in arrival order, each once. */
-  readonly events: IJobEvent[];
-  /** The stream cursor after the last event received (opaque), or null. */
-  readonly cursor: string | null;
-  /** Whether the server said the job ended and sent all its events. */
-  readonly ended: boolean;
-  /** Another job (or none) is streamed; `events` was reset. */
-  readonly jobChanged: ISignal<IJobStreamModel, void>;
-  /** New events arrived (the new ones). */
-  readonly eventsAdded: ISignal<IJobStreamModel, IJobEvent[]>;
-  /** The server sent the streamed job's view (its status or its progress counts changed). */
-  readonly statusReceived: ISignal<IJobStreamModel, IJobView>;
-  /** The server sent every event of the ended job. */
-  readonly endReceived: ISignal<IJobStreamModel, void>;
-  /** Stream the events of `jobId` (null: none), from its first event. */
-  open(jobId: string | null): void;
-}
-
-/** Fault and recovery notices, from the increases of `progress.faults` / `progress.recoveries`. */
-export interface INoticesModel {
-  /** A job's fault or recovery count went up. */
-  readonly notice: ISignal<INoticesModel, IJobNotice>;
-}
-
-/** The goodput advice for the submit form's inputs (`GET goodput/advice`). */
-export interface IAdviceModel {
-  /** The advice for the last query, or null (none asked, or an error). */
-  readonly advice: IGoodputAdvice | null;
-  /** Why the last advice could not be had (the server's error names the input), or null. */
-  readonly error: HyperPodAPIError | null;
-  /** Whether an advice request is waiting or running. */
-  readonly loading: boolean;
-  /** The advice, its error or its loading state changed. */
-  readonly changed: ISignal<IAdviceModel, void>;
-  /**
-   * Ask for the advice for `query` after a quiet time without a newer call; answers of older
-   * queries are dropped. `null` cancels and clears the advice.
-   */
-  request(query: IAdviceQuery | null): void;
-}
-
-/** The streamed job's measured goodput (`GET jobs/{id}/goodput`), read again as events come. */
-export interface IMeasuredGoodputModel {
-  /** The measurement, or null. */
-  readonly measured: IMeasuredGoodput | null;
-  /** Why there is no measurement (e.g. no step events yet), or null. */
-  readonly error: string | null;
-  /** The measurement was read again (or reset for another job). */
-  readonly changed: ISignal<IMeasuredGoodputModel, void>;
-}
-
-/** Discovery of the HyperPod clusters of an AWS region, and writing their profiles. */
-export interface IDiscoveryModel {
-  /** The query and the clusters of the last discovery, or null before one (and after an error). */
-  readonly discovered: { query: IDiscoverQuery; clusters: IDiscoveredCluster[] } | null;
-  /** Why the last discovery or profile write failed (the server's message), or null. */
-  readonly error: string | null;
-  /** `listing` or `writing` while a request runs, else null. */
-  readonly busy: 'listing' | 'writing' | null;
-  /** The profiles the last "add profiles" wrote or kept, or null. */
-  readonly written: { name: string; what: string }[] | null;
-  /** The result, error, busy state or written profiles changed. */
-  readonly changed: ISignal<IDiscoveryModel, void>;
-  /** List the HyperPod clusters of `query`'s region; never throws (see `error`). */
-  discover(query: IDiscoverQuery): Promise<void>;
-  /** List the clusters of the last discovery's region again, if there was one and none runs. */
-  rediscover(): Promise<void>;
-  /**
-   * Write a profile for each cluster of the last discovery (existing ones are kept), then
-   * reload the clusters; never throws (see `error`).
-   */
-  addProfiles(): Promise<void>;
-}
-
-/**
- * The state of the HyperPod panel: one model per concern, composed, and the selection that
- * ties the job list to the event stream and the measured goodput.
- */
-export interface IHyperPodModel {
-  /** Cluster profiles and health. */
-  readonly clusters: IClustersModel;
-  /** The job list. */
-  readonly jobs: IJobsModel;
-  /** The selected job's event stream. */
-  readonly stream: IJobStreamModel;
-  /** Fault and recovery notices. */
-  readonly notices: INoticesModel;
-  /** The submit form's goodput advice. */
-  readonly advice: IAdviceModel;
-  /** The selected job's measured goodput. */
-  readonly measured: IMeasuredGoodputModel;
-  /** HyperPod cluster discovery. */
-  readonly discovery: IDiscoveryModel;
-  /** The selected job id, or null. */
-  readonly selectedId: string | null;
-  /** The selected job's view, or null. */
-  readonly selected: IJobView | null;
-  /** Another job (or none) was selected. */
-  readonly selectionChanged: ISignal<IHyperPodModel, void>;
-  /** The server error to show (of the cluster or the job list), or null. */
-  readonly error: string | null;
-  /** `error` changed. */
-  readonly errorChanged: ISignal<IHyperPodModel, void>;
-  /** Select a job (or none) and stream its events. */
-  select(jobId: string | null): void;
-  /**
-   * Submit a job and select it.
-   * @throws {HyperPodAPIError} as `request.submitJob`
-   */
-  submit(spec: Partial<IJobSpec>, notebook?: string | null, options?: ISubmitOptions): Promise<IJobView>;
-  /**
-   * Cancel the selected job.
-   * @throws {HyperPodAPIError} as `request.cancelJob`; Error when no job is selected
-   */
-  cancelSelected(): Promise<IJobView>;
-  /**
-   * Inject a fault into `rank` of the selected job: `kind` (default `kill`: SIGKILL; also `node`,
-   * `exception`, `hang`, `slow`) and, for `slow`, its `factor` (default 2).
-   * @throws {HyperPodAPIError} as `request.injectFault`; Error when no job is selected
-   */
-  injectFailure(
-    rank: number,
-    kind?: 'kill' | 'node' | 'exception' | 'hang' | 'slow',
-    factor?: number
-  ): Promise<IFaultInfo>;
-  /**
-   * Log text of the selected job for `rank` (null: the whole job output).
-   * @throws {HyperPodAPIError} as `request.getLogs`; Error when no job is selected
-   */
-  logs(rank: number | null): Promise<string>;
-  /** Reload clusters and jobs, and the last discovery's region. */
-  refresh(): Promise<void>;
-  /** Load clusters and jobs, then keep the jobs fresh. */
-  start(): void;
-  /** Stop timers and the stream. */
-  dispose(): void;
-}
-
-/** The token through which the plugin provides the HyperPod panel's state. */
-export const IHyperPodModel = new Token<IHyperPodModel>(
-  'hyperpod-lab:IHyperPodModel',
-  'The state of the HyperPod panel: clusters, jobs, the selected job stream, notices, goodput and discovery.'
-);
-
 // ---- job dashboard (issue 18; GET jobs/{id}/dashboard, hyperpod_lab/fold/aggregate.py) ----------
 
 /** A run on a lane: consecutive steps, or consecutive checkpoints of one tier. */
@@ -757,15 +453,6 @@ export interface IDashboardMark {
 }
 
 /** One entry of the compact timeline: a checkpoint span per tier, or a mark. */
-/** Options of a submission besides its JobSpec (`POST jobs`). */
-export interface ISubmitOptions {
-  /**
-   * Submit without comparing the notebook's environment with the cluster interpreter's
-   * (`skip_env_check`; the CLI's `--skip-env-check`). Default false.
-   */
-  skipEnvCheck?: boolean;
-}
-
 export interface IDashboardTimelineEntry {
   kind: string;
   cat: string;
