@@ -45,7 +45,7 @@ def kill_node_processes(slurm_job_id, node: str) -> None:
 def wait_until_gone(slurm_job_id, timeout_s: float = 60.0) -> None:
     """Wait until no process of the job's previous run is left on this host. Slurm delays a
     requeued job's start until the old run is gone; a test that releases it early
-    (``StartTime=now``) waits for that itself."""
+    (``StartTime=now``) waits for that itself, and for the next whole second."""
     deadline = time.monotonic() + timeout_s
     left = job_pids(slurm_job_id)
     while left:
@@ -53,6 +53,10 @@ def wait_until_gone(slurm_job_id, timeout_s: float = 60.0) -> None:
             raise AssertionError(f"processes of Slurm job {slurm_job_id} still alive after {timeout_s} s: {left}")
         time.sleep(0.2)
         left = job_pids(slurm_job_id)
+    # slurmd revoked the old run's credential (in whole seconds) before its processes ended, and
+    # refuses a credential created in that same second ("Job credential revoked": Slurm's
+    # src/common/slurm_cred.c, ``cred->ctime <= j->revoked``), so the release waits for the next one
+    time.sleep(1.05 - time.time() % 1.0)
 
 
 def wait_pending(client, job_id: str, timeout_s: float = 20.0) -> None:
