@@ -145,8 +145,10 @@ def test_healthy_node_exits_0_with_every_check_recorded(job_dir, roomy_shm):
     assert loaded.node == NODE and loaded.ok and loaded.run_id == "run-1"
     assert loaded.checks["storage"].extra["bytes"] == 1 * MiB
     assert os.listdir(os.path.join(job_dir, "health", NODE)) == []
-    # the checks themselves are quick (the process' start is torch's import)
-    assert data["seconds"] < 1.0, data["seconds"]
+    # the checks themselves are quick but for versions, which asks a child interpreter for torch's
+    # version and devices (torch's import time: the health process itself never imports torch)
+    assert data["seconds"] - checks["versions"]["seconds"] < 1.0, data
+    assert checks["versions"]["seconds"] < 30.0, checks["versions"]
     print(f"health CLI wall time {wall:.2f} s, checks {data['seconds']:.3f} s")
 
 
