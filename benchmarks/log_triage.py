@@ -115,7 +115,7 @@ def main() -> None:
         assert found and "illegal memory access" in found[0].exception
         t_tri, reply = timed(lambda: lt.triage(client, rec.job_id, tail=True), a.repeat)
         assert reply["first_failure"]["rank"] == failing, reply["first_failure"]
-        cursor = lt.decode_cursor(reply["cursor"])
+        cursor = lt.decode_log_cursor(reply["cursor"])
         t_fol, fol = timed(lambda: lt.triage(client, rec.job_id, cursor=cursor, failure=False), a.repeat)
         t_sea, sea = timed(lambda: lt.triage(client, rec.job_id, q="no such text", failure=False), a.repeat)
         result = {

@@ -9,11 +9,17 @@ lines to its own file ``<job_dir>/events/<writer>.jsonl``, so no two processes s
 A reader keeps a byte-offset cursor per file and only consumes complete lines, so a dropped
 connection or a restarted reader resumes with no loss and no duplicates.
 
-This module imports only the standard library (the runtime and the server both use it).
+Cursors travel to clients as one opaque string (:func:`encode_cursor`, :func:`decode_cursor`): the
+event stream's ``{file name: byte offset}`` and the log triage's ``{"R:source": byte offset}``.
+
+This module imports only the standard library and :mod:`hyperpod_lab.errors` (the runtime and the
+server both use it).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import heapq
 import json
 import os
@@ -23,6 +29,8 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Iterable, Iterator, Protocol
+
+from hyperpod_lab.errors import SpecError
 
 SCHEMA_VERSION = 1
 EVENTS_DIRNAME = "events"
@@ -49,6 +57,55 @@ class EventKind(str, Enum):
     STRAGGLER_DETECTED = "straggler.detected"
     JOB_FAILED = "job.failed"
     FINISHED = "finished"
+
+
+class FaultReason(str, Enum):
+    """The ``fault.detected`` reasons readers tell apart (the others are free text: a torchrun
+    failure's root cause, an operator's message). Mirrored in ``src/format.ts``."""
+
+    HANG = "hang"
+    """The launch agent's hang watchdog killed a rank that made no progress (``stalled_s``)."""
+    NODE_DOWN = "node down"
+    """The supervisor's report of a node the scheduler marked DOWN (``node``, ``rank``, ``slurm_state``)."""
+
+
+# ---- writer names: each writer appends to its own ``events/<writer>.jsonl`` ----------------------
+RANK_WRITER_PREFIX = "rank-"
+"""A rank's writer is ``rank-<global rank>`` (:func:`rank_writer`)."""
+AGENT_WRITER_PREFIX = "agent-"
+"""A node's launch agent's writer is ``agent-<node>`` (:func:`agent_writer`)."""
+HEALTH_WRITER_PREFIX = "health-"
+"""A node's pre-flight health check's writer is ``health-<node>`` (:func:`health_writer`)."""
+SUPERVISOR_WRITER = "supervisor"
+"""The allocation's supervisor (``hyperpod_lab.node.supervisor``)."""
+CLIENT_WRITER = "client"
+"""The submitting side (``submitted``, and ``finished`` for a job that ended without the runtime's)."""
+OPERATOR_WRITER = "operator"
+"""The EKS backend's report of the HyperPod training operator's status (see ``docs/events.md``)."""
+
+
+def rank_writer(rank: int) -> str:
+    """``rank-R``: the writer name of global rank ``rank``."""
+    return f"{RANK_WRITER_PREFIX}{int(rank)}"
+
+
+def agent_writer(node: str) -> str:
+    """``agent-<node>``: the writer name of ``node``'s launch agent (``node`` already a safe name)."""
+    return AGENT_WRITER_PREFIX + node
+
+
+def health_writer(node: str) -> str:
+    """``health-<node>``: the writer name of ``node``'s pre-flight health check."""
+    return HEALTH_WRITER_PREFIX + node
+
+
+def writer_node(writer: str, prefixes: tuple[str, ...] = (HEALTH_WRITER_PREFIX, AGENT_WRITER_PREFIX)) -> str | None:
+    """The node of a per-node writer name (``health-n1`` -> ``n1``) for the first of ``prefixes``
+    it starts with, else None."""
+    for prefix in prefixes:
+        if writer.startswith(prefix):
+            return writer[len(prefix):]
+    return None
 
 
 class EventSchemaError(ValueError):
@@ -461,3 +518,44 @@ def default_writer_name(prefix: str) -> str:
     """``prefix-hostname`` made safe for a writer name."""
     host = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())[:60]
     return f"{prefix}-{host}"
+
+
+# ---- cursors as clients see them ----------------------------------------------------------------
+EVENT_CURSOR_KEY = re.compile(r"[A-Za-z0-9_.-]+\.jsonl")
+"""A key of an event cursor: an event file's name (its value: the byte offset read up to)."""
+EVENT_CURSOR_ERROR = "is not a cursor this server issued; omit it to start from the first event"
+
+
+def encode_cursor(cursor: dict[str, int]) -> str:
+    """The opaque cursor clients see: base64url (unpadded) of the JSON ``{key: byte offset}``
+    (keys sorted); an :class:`EventReader`'s ``{file name: offset}``, or a log triage cursor."""
+    raw = json.dumps(cursor, sort_keys=True, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(text: str | None, *, field: str = "cursor", key: "re.Pattern[str]" = EVENT_CURSOR_KEY,
+                  error: str = EVENT_CURSOR_ERROR, max_chars: int | None = None,
+                  max_offset: int | None = None) -> dict[str, int]:
+    """Inverse of :func:`encode_cursor`; ``None``/``""`` is the start (``{}``).
+
+    Args:
+        field: the SpecError's field. key: what every key must match whole (default: an event
+            file's name). error: the SpecError's message. max_chars: longest ``text`` accepted.
+            max_offset: every offset must be below it (default: any offset >= 0).
+
+    Raises:
+        SpecError: (``field``, ``error``) not base64url JSON, not an object of ``key`` -> int >= 0.
+    """
+    if not text:
+        return {}
+    if max_chars is not None and len(text) > max_chars:
+        raise SpecError(field, error)
+    try:
+        cur = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+    except (binascii.Error, ValueError):
+        raise SpecError(field, error) from None
+    if not isinstance(cur, dict) or not all(
+            isinstance(k, str) and key.fullmatch(k) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+            and (max_offset is None or v < max_offset) for k, v in cur.items()):
+        raise SpecError(field, error)
+    return cur

@@ -8,7 +8,8 @@ torch or Jupyter.
 
 What it holds:
 
-* the ``HYPERPOD_LAB_*`` environment variable names (``ENV_*``);
+* every ``HYPERPOD_LAB_*`` environment variable name (``ENV_*``): the job's, and the submit
+  side's own (``ENV_CLUSTER``, ``ENV_CONFIG``, ``ENV_DATA_DIR``, the dev cluster's ``ENV_DEV_*``);
 * :class:`JobPaths`, the one object that knows a job directory's layout (the pattern of
   submitit's ``JobPaths``): the submitter builds it from the cluster's shared root and the job
   id, the runtime from ``$HYPERPOD_LAB_JOB_DIR``;
@@ -20,21 +21,30 @@ What it holds:
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import posixpath
 import re
 import socket
+from dataclasses import dataclass
+from enum import Enum
 from typing import Callable, Iterable, Mapping
 
+from hyperpod_lab.errors import SpecError
 from hyperpod_lab.events import EVENTS_DIRNAME, EventKind, EventReader
 
 __all__ = [
     "ENV_JOB_ID", "ENV_JOB_DIR", "ENV_SPEC", "ENV_SHARED_ROOT", "ENV_REPLICA_GROUP", "ENV_REPLICA_GROUPS",
     "ENV_REPLICA_GROUP_OFFSET", "ENV_COLLECTIVE_TIMEOUT", "ENV_CHECKPOINT_TIMEOUT", "ENV_STEP_INTERVAL",
     "ENV_PEER_TIMEOUT", "ENV_SHM_DIR", "ENV_FT_TIMEOUT", "ENV_FT_QUORUM_TIMEOUT", "ENV_LIGHTHOUSE_HOST",
-    "ENV_S3_ENDPOINT", "JOBS_SUBDIR", "JobPaths", "EventKind", "TIER_MEMORY", "TIER_PEER", "TIER_PERSISTENT",
+    "ENV_S3_ENDPOINT", "ENV_HEARTBEAT_DIR", "ENV_HEALTH_MIN_SHM_BYTES", "ENV_HEALTH_MAX_CLOCK_SKEW_S", "ENV_CLUSTER",
+    "ENV_CONFIG", "ENV_DATA_DIR", "ENV_DEV_DIR", "ENV_DEV_SSH_PORT", "ENV_DEV_BASTION_PORT", "ENV_DEV_NODES", "JOBS_SUBDIR", "JobPaths", "EventKind", "TIER_MEMORY", "TIER_PEER", "TIER_PERSISTENT",
     "TIER_S3", "TIER_REPLICA", "TIERS", "TIER_RANK", "effective_restarts", "job_env", "launcher_argv", "ft_local_argv",
     "lighthouse_argv", "group_env", "SLURM_REPLICA_GROUP", "CHECKPOINT_KEY_BYTES",
+    "FaultKind", "FAULT_KINDS", "DEFAULT_FAULT_KIND", "DEFAULT_SLOW_FACTOR", "MIN_SLOW_FACTOR", "MAX_SLOW_FACTOR",
+    "fault_kind", "slow_factor", "FaultRequest", "RECOVERY_RESTART", "RECOVERY_CHECKPOINTLESS", "RECOVERY_MODES",
+    "CHECKPOINTS_DIRNAME", "REQUEST_FILE_KINDS",
 ]
 
 # ---- environment variables (written by the schedulers, read by the runtime) ---------------
@@ -76,6 +86,26 @@ ENV_HEARTBEAT_DIR = "HYPERPOD_LAB_HEARTBEAT_DIR"
 """Set by the launch agent for its workers: the node-local (``/dev/shm``) private directory where
 each rank beats its heartbeat (``local-<L>.hb``) for the agent's hang watchdog
 (``hyperpod_lab.node.watchdog``); unset: no heartbeat."""
+ENV_HEALTH_MIN_SHM_BYTES = "HYPERPOD_LAB_HEALTH_MIN_SHM_BYTES"
+"""Pre-flight health check: floor of the measured shared-memory budget, bytes (``hyperpod_lab.node.health``)."""
+ENV_HEALTH_MAX_CLOCK_SKEW_S = "HYPERPOD_LAB_HEALTH_MAX_CLOCK_SKEW_S"
+"""Pre-flight health check: largest clock skew against the shared storage allowed, seconds."""
+
+# ---- variables of the submit side (the user's shell, the Jupyter server; never the job) -----
+ENV_CLUSTER = "HYPERPOD_LAB_CLUSTER"
+"""The CLI's default ``--cluster`` (else ``local``)."""
+ENV_CONFIG = "HYPERPOD_LAB_CONFIG"
+"""Path of the cluster profiles file (else ``$XDG_CONFIG_HOME/hyperpod-lab/clusters.toml``)."""
+ENV_DATA_DIR = "HYPERPOD_LAB_DATA_DIR"
+"""This user's hyperpod-lab state: job records, local jobs (else ``$XDG_DATA_HOME/hyperpod-lab``)."""
+ENV_DEV_DIR = "HYPERPOD_LAB_DEV_DIR"
+"""The local dev Slurm cluster's directory (``hyperpod_lab.devcluster``; ``devcluster.sh`` reads it too)."""
+ENV_DEV_SSH_PORT = "HYPERPOD_LAB_DEV_SSH_PORT"
+"""The dev cluster's login-node sshd port on 127.0.0.1 (default 2222)."""
+ENV_DEV_BASTION_PORT = "HYPERPOD_LAB_DEV_BASTION_PORT"
+"""The dev cluster's bastion (jump host) port (default 2223)."""
+ENV_DEV_NODES = "HYPERPOD_LAB_DEV_NODES"
+"""How many compute nodes ``devcluster.sh up`` starts."""
 
 CHECKPOINT_KEY_BYTES = 32
 """Size of :attr:`JobPaths.checkpoint_key`, bytes."""
@@ -86,6 +116,18 @@ SLURM_REPLICA_GROUP = "slurm"
 JOBS_SUBDIR = "hyperpod-lab/jobs"
 """Where job directories live below a cluster's shared root."""
 
+CHECKPOINTS_DIRNAME = "checkpoints"
+"""The persistent tier's folder in a job directory (:attr:`JobPaths.checkpoints`); the Lab's file
+browser never changes a path through a folder of this name."""
+
+# ---- recovery modes (``resiliency.recovery``; the supervisor's ``--mode``) ---------------------
+RECOVERY_RESTART = "restart"
+"""A fault restarts the workers, which restore the newest checkpoint."""
+RECOVERY_CHECKPOINTLESS = "checkpointless"
+"""Surviving data-parallel replica groups heal a replaced one (torchft)."""
+RECOVERY_MODES = (RECOVERY_RESTART, RECOVERY_CHECKPOINTLESS)
+"""Every recovery mode, the default first (the goodput model's names: ``goodput.MODEL_MODE``)."""
+
 # ---- checkpoint tiers, fastest first ----------------------------------------------------------
 TIER_MEMORY = "memory"          # this node's shared memory
 TIER_PEER = "peer"              # a copy in another node's memory
@@ -95,6 +137,153 @@ TIER_REPLICA = "replica"        # checkpointless: healed from a live replica gro
 TIERS = (TIER_REPLICA, TIER_MEMORY, TIER_PEER, TIER_PERSISTENT, TIER_S3)
 TIER_RANK = {t: i for i, t in enumerate(TIERS)}
 """Tier name -> 0-based position, fastest first (restore prefers the lowest)."""
+
+
+# ---- the fault-injection request (``inject-fault``; written by the submit side, read by a rank) ----
+class FaultKind(str, Enum):
+    """What ``inject-fault --kind`` does (``Scheduler.inject_fault``): ``kill`` SIGKILLs the rank's
+    process; ``node`` fails the rank's node the way the scheduler sees it (Slurm: the node set DOWN;
+    EKS: the rank's pod deleted); ``exception`` has the rank raise ``InjectedFault`` inside its
+    training step (a :class:`FaultRequest` file the runtime reads, :meth:`JobPaths.fault_request`);
+    ``hang`` stops the rank's process (SIGSTOP; EKS: the rank stops itself on a request file) for the
+    launch agent's hang watchdog to catch; ``slow`` makes the rank's steps take ``factor`` times
+    longer (a request file). Mirrored in ``src/api/faults.ts`` (``FAULT_KINDS``)."""
+
+    KILL = "kill"
+    NODE = "node"
+    EXCEPTION = "exception"
+    HANG = "hang"
+    SLOW = "slow"
+
+
+FAULT_KINDS = tuple(k.value for k in FaultKind)
+"""``("kill", "node", "exception", "hang", "slow")``, the default first."""
+DEFAULT_FAULT_KIND = FaultKind.KILL.value
+DEFAULT_SLOW_FACTOR = 2.0
+"""The slowdown of ``inject-fault --kind slow`` without ``--factor``."""
+MIN_SLOW_FACTOR = 1.0
+"""The smallest ``--factor``: normal speed (it ends a slowdown)."""
+MAX_SLOW_FACTOR = 100.0
+"""The largest ``--factor`` the submit side accepts and a rank obeys (larger ones are capped)."""
+
+
+def fault_kind(kind: object) -> str:
+    """``kind`` when it is one of :data:`FAULT_KINDS`. Raises SpecError (field ``kind``) naming them."""
+    if not isinstance(kind, str) or kind not in FAULT_KINDS:
+        raise SpecError("kind", f"must be one of {', '.join(FAULT_KINDS)}, got {kind!r}")
+    return kind
+
+
+def slow_factor(kind: str, factor: object) -> float | None:
+    """The slowdown factor of an injection of ``kind``: for ``slow``, ``factor`` (default
+    :data:`DEFAULT_SLOW_FACTOR`) as a float from :data:`MIN_SLOW_FACTOR` (back to normal speed)
+    to :data:`MAX_SLOW_FACTOR`; for other kinds None.
+
+    Raises:
+        SpecError: (field ``factor``) not such a number, or given with a kind other than ``slow``.
+    """
+    if kind != FaultKind.SLOW:
+        if factor is not None:
+            raise SpecError("factor", f"is only for --kind slow, not {kind}")
+        return None
+    if factor is None:
+        return DEFAULT_SLOW_FACTOR
+    if (isinstance(factor, bool) or not isinstance(factor, (int, float))
+            or not MIN_SLOW_FACTOR <= factor <= MAX_SLOW_FACTOR):
+        raise SpecError("factor", f"must be a number from 1 (normal speed) to {MAX_SLOW_FACTOR:g}, got "
+                                  f"{str(factor)[:40]}; e.g. --factor 2 doubles the rank's step time")
+    return float(factor)
+
+
+REQUEST_FILE_KINDS = (FaultKind.EXCEPTION.value, FaultKind.HANG.value, FaultKind.SLOW.value)
+"""The kinds a :class:`FaultRequest` file can ask of a rank (``kill`` and ``node`` act from outside)."""
+
+
+@dataclass(frozen=True)
+class FaultRequest:
+    """``faults/rank-R.json`` (:meth:`JobPaths.fault_request`): what the submit side asks a rank to do
+    at its next step (``inject-fault --kind exception | hang | slow``); written atomically, 0600.
+
+    Attributes:
+        kind: one of :data:`REQUEST_FILE_KINDS`.
+        message: the ``InjectedFault`` message (``exception``), or what the request does.
+        time: when it was written, epoch seconds.
+        nonce: a random token naming this request (echoed in the rank's output).
+        factor: ``slow`` only: the slowdown (:data:`MIN_SLOW_FACTOR` .. :data:`MAX_SLOW_FACTOR`).
+    """
+
+    kind: str
+    message: str
+    time: float
+    nonce: str | None
+    factor: float | None = None
+
+    def to_json(self) -> str:
+        """The file's text: ``{"kind", "message", "time", "nonce"[, "factor"]}``. Raises SpecError
+        when the request is not one :meth:`from_json` accepts."""
+        self._check()
+        d = {"kind": self.kind, "message": self.message, "time": self.time, "nonce": self.nonce}
+        if self.factor is not None:
+            d["factor"] = self.factor
+        return json.dumps(d)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "FaultRequest":
+        """The request in ``text``, validated.
+
+        Raises:
+            SpecError: (field ``fault_request``, or the offending field's) not a JSON object, an
+                unknown kind, a ``factor`` out of range or with a kind other than ``slow``.
+        """
+        try:
+            d = json.loads(text)
+        except ValueError as e:
+            raise SpecError("fault_request", f"is not JSON: {e}") from None
+        if not isinstance(d, dict):
+            raise SpecError("fault_request", f"must be a JSON object, got {type(d).__name__}")
+        req = cls(kind=d.get("kind"), message=d.get("message"), time=d.get("time"), nonce=d.get("nonce"),
+                  factor=d.get("factor"))
+        req._check()
+        return req
+
+    @classmethod
+    def obeyed(cls, raw: str | bytes) -> "FaultRequest":
+        """What a rank makes of a request file's bytes ``raw`` (it never refuses one): ``slow``
+        and ``hang`` as asked (a ``factor`` that is not a number: :data:`DEFAULT_SLOW_FACTOR`;
+        capped to :data:`MIN_SLOW_FACTOR` .. :data:`MAX_SLOW_FACTOR`; not finite: 1); anything
+        else (another kind, none, not JSON) an ``exception``, with ``message`` as written
+        (``""`` when none)."""
+        try:
+            d = json.loads(raw)
+        except ValueError:
+            d = {}
+        if not isinstance(d, dict):
+            d = {}
+        kind, nonce, factor = d.get("kind"), d.get("nonce"), None
+        nonce = None if nonce is None else str(nonce)
+        if kind == FaultKind.SLOW:
+            try:
+                factor = float(d.get("factor", DEFAULT_SLOW_FACTOR))
+            except (TypeError, ValueError):
+                factor = DEFAULT_SLOW_FACTOR
+            factor = min(MAX_SLOW_FACTOR, max(MIN_SLOW_FACTOR, factor)) if math.isfinite(factor) else MIN_SLOW_FACTOR
+        elif kind != FaultKind.HANG:
+            kind = FaultKind.EXCEPTION.value
+        t = d.get("time")
+        return cls(kind=str(kind), message=str(d.get("message") or ""), nonce=nonce, factor=factor,
+                   time=float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else 0.0)
+
+    def _check(self) -> None:
+        if self.kind not in REQUEST_FILE_KINDS:
+            raise SpecError("kind", f"a fault request must be one of {', '.join(REQUEST_FILE_KINDS)}, "
+                                    f"got {self.kind!r}")
+        if not isinstance(self.message, str):
+            raise SpecError("message", f"must be a string, got {type(self.message).__name__}")
+        if isinstance(self.time, bool) or not isinstance(self.time, (int, float)):
+            raise SpecError("time", f"must be epoch seconds, got {self.time!r}")
+        if self.nonce is not None and not isinstance(self.nonce, str):
+            raise SpecError("nonce", f"must be a string, got {type(self.nonce).__name__}")
+        slow_factor(self.kind, self.factor)  # a factor in range, and only with ``slow``
 
 
 class _At:
@@ -127,6 +316,16 @@ class JobPaths:
         <folder>/native_id              the scheduler's job id, written by the job when it starts
         <folder>/checkpoint.key         the job's key for authenticating its checkpoints (0600)
         <folder>/faults/rank-R.json     an injected-exception request for rank R (inject-fault --kind exception)
+        <folder>/agents/<writer>.lock   launch agents' claims on their writer names (flock)
+        <folder>/placement.json         the supervisor's faults per node and excluded nodes
+        <folder>/storm.json             a declared restart storm (its presence stops every later start)
+        <folder>/storm-supervisor.json  the supervisor's storm guard's counts
+        <folder>/stragglers/<writer>.json, stragglers/exclude/<node>.json   straggler summaries; exclusions
+        <folder>/health/<node>/, health/<run id>/<node>.json   health probes; pre-flight results
+        <folder>/tensorboard/[rank-R/]  TensorBoard event files
+        <folder>/replicas/group-G.json  checkpointless: replica group G's registration
+        <folder>/runs/<restart>.<step>/node-N   Slurm: each node's start counter of a step
+        <folder>/operator-state.json    EKS: the operator status of the last look
         <folder>/job.sbatch, join-N.sbatch, exit_code, cancelled   backend files
     """
 
@@ -162,7 +361,7 @@ class JobPaths:
     events = _At(EVENTS_DIRNAME)
     logs = _At("logs")
     ranks = _At("ranks")
-    checkpoints = _At("checkpoints")
+    checkpoints = _At(CHECKPOINTS_DIRNAME)
     script_dir = _At("script")
     joins = _At("joins.json")
     lighthouse = _At("lighthouse.json")
@@ -184,6 +383,23 @@ class JobPaths:
         "(epoch seconds), nonce}) written atomically by the submitter (0600, in a 0700 folder it creates on demand); "
         "rank R's runtime finds it at a step, deletes it and raises ``InjectedFault``. See :meth:`fault_request`."))
 
+    agents = _At("agents", doc="Launch agents' writer-name claims: ``<writer>.lock``, held (flock) for an agent's life.")
+    placement = _At("placement.json", doc=(
+        "The supervisor's record of faults per node and excluded nodes (``hyperpod_lab.node.supervisor``)."))
+    storm = _At("storm.json", doc=(
+        "A declared restart storm, created once (``O_EXCL``); its presence stops every later start "
+        "(``hyperpod_lab.node.storm``)."))
+    storm_supervisor = _At("storm-supervisor.json", doc="The supervisor's restart-storm guard's counts.")
+    stragglers = _At("stragglers", doc="Each node's straggler summary, ``<agent writer>.json``.")
+    stragglers_exclude = _At("stragglers", "exclude", doc=(
+        "Nodes a launch agent asked to exclude as stragglers: ``<node>.json``."))
+    health = _At("health", doc="Pre-flight health checks: ``<node>/`` probes, ``<run id>/<node>.json`` results.")
+    tensorboard = _At("tensorboard", doc="TensorBoard event files (rank 0's; ``rank-R/`` with all ranks).")
+    replicas = _At("replicas", doc="Checkpointless: ``group-G.json``, what each replica group registered.")
+    runs = _At("runs", doc="Slurm: ``<restart>.<step id>/node-N``, each node's start counter of a step.")
+    operator_state = _At("operator-state.json", doc="EKS: the operator status events of the last look (JSON).")
+    hyperpodrun_logs = _At("logs", "hyperpodrun", doc="EKS: ``hyperpodrun``'s ``--log-dir``.")
+
     def script(self, script: str) -> str:
         """Where the training script ``script`` (any path; its base name counts) is staged."""
         return self.path("script", posixpath.basename(script))
@@ -194,6 +410,42 @@ class JobPaths:
     def fault_request(self, rank: int) -> str:
         """``faults/rank-R.json``: the injected-exception request for global rank ``rank`` (see :attr:`faults`)."""
         return self.path("faults", f"rank-{int(rank)}.json")
+
+    def agent_lock(self, name: str) -> str:
+        """``agents/<name>.lock``: the lock a launch agent holds on its writer name ``name``."""
+        return self.path("agents", name + ".lock")
+
+    def straggler_summary(self, writer: str) -> str:
+        """``stragglers/<writer>.json``: one node's straggler summary."""
+        return self.path("stragglers", writer + ".json")
+
+    def straggler_exclusion(self, node: str) -> str:
+        """``stragglers/exclude/<node>.json``: a launch agent's request to exclude ``node``."""
+        return self.path("stragglers", "exclude", node + ".json")
+
+    def health_probe_dir(self, node: str) -> str:
+        """``health/<node>``: where ``node``'s storage probe writes (``node`` a safe name)."""
+        return self.path("health", node)
+
+    def health_results(self, run_id: str) -> str:
+        """``health/<run id>``: a pre-flight run's per-node result files."""
+        return self.path("health", run_id)
+
+    def health_result(self, run_id: str, node: str) -> str:
+        """``health/<run id>/<node>.json`` (``node`` a safe name)."""
+        return self.path("health", run_id, node + ".json")
+
+    def step_run(self, restart: str, step: str) -> str:
+        """``runs/<restart>.<step>``: the Slurm step's node start counters (shell text allowed)."""
+        return self.path("runs", f"{restart}.{step}")
+
+    def tensorboard_rank(self, rank: int) -> str:
+        """``tensorboard/rank-R``: rank R's TensorBoard folder when every rank writes."""
+        return self.path("tensorboard", f"rank-{int(rank)}")
+
+    def replica_group(self, group: int) -> str:
+        """``replicas/group-G.json``: what replica group ``group`` registered (node, pid)."""
+        return self.path("replicas", f"group-{int(group)}.json")
 
     def event_file(self, writer: str) -> str:
         return self.path(EVENTS_DIRNAME, writer + ".jsonl")

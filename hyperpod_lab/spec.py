@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from hyperpod_lab.errors import SpecError
+from hyperpod_lab.jobdir import RECOVERY_CHECKPOINTLESS, RECOVERY_MODES, RECOVERY_RESTART  # noqa: F401  (re-exported)
 
 SPEC_VERSION = 1
 LR_RULES = ("none", "linear", "sqrt")
@@ -43,11 +44,14 @@ def _no_nul(name: str, values) -> None:
             raise SpecError(name, "must not contain NUL bytes (\\0)")
 
 
-RECOVERY_MODES = ("restart", "checkpointless")
 MAX_SPARES = 64
 MAX_STORM_RESTARTS = 1000
 STRAGGLER_ACTIONS = ("report", "exclude")
-TENSORBOARD_MODES = ("off", "rank0", "all-ranks")  # = hyperpod_lab.runtime.tensorboard.MODES
+TENSORBOARD_OFF = "off"
+TENSORBOARD_RANK0 = "rank0"
+TENSORBOARD_ALL_RANKS = "all-ranks"
+TENSORBOARD_MODES = (TENSORBOARD_OFF, TENSORBOARD_RANK0, TENSORBOARD_ALL_RANKS)
+"""``tensorboard``: none, rank 0 only (``<job>/tensorboard``), every rank (``<job>/tensorboard/rank-R``)."""
 MAX_HANG_TIMEOUT_S = 7 * 24 * 3600.0  # a week: anything longer is no hang detection
 
 
@@ -294,7 +298,7 @@ class JobSpec:
     resiliency: ResiliencyPolicy = field(default_factory=ResiliencyPolicy)
     checkpoint: CheckpointPolicy = field(default_factory=CheckpointPolicy)
     elastic: ElasticPolicy = field(default_factory=ElasticPolicy)
-    tensorboard: str = "off"
+    tensorboard: str = TENSORBOARD_OFF
     version: int = SPEC_VERSION
 
     @property
@@ -356,11 +360,11 @@ class JobSpec:
     def _validate_tensorboard(self) -> None:
         tb = self.tensorboard
         if isinstance(tb, bool):
-            tb = self.tensorboard = "rank0" if tb else "off"
+            tb = self.tensorboard = TENSORBOARD_RANK0 if tb else TENSORBOARD_OFF
         if tb not in TENSORBOARD_MODES:
             raise SpecError("tensorboard", f"must be one of {', '.join(TENSORBOARD_MODES)} (or true/false), got "
                                            f"{str(tb)[:40]!r}; use --tensorboard or --tensorboard all-ranks")
-        if tb != "off" and importlib.util.find_spec("tensorboard") is None:
+        if tb != TENSORBOARD_OFF and importlib.util.find_spec("tensorboard") is None:
             raise SpecError("tensorboard", "needs the tensorboard package (torch's SummaryWriter writes through "
                                            "it), which is not installed in this Python environment; "
                                            "pip install tensorboard, or submit without --tensorboard")

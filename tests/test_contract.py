@@ -191,9 +191,11 @@ def test_imports_that_must_never_exist():
 
 
 def test_env_names_are_written_only_through_the_contract():
-    """No module but jobdir spells a ``HYPERPOD_LAB_*`` job variable as a string literal in code
-    (docstrings aside): every writer and reader uses jobdir's constants."""
-    job_vars = {v for k, v in vars(jobdir).items() if k.startswith("ENV_")}
+    """No module but jobdir spells a ``HYPERPOD_LAB_*`` variable (the job's, or the submit side's
+    and the dev cluster's) in a string literal in code (docstrings and comments aside, f-string
+    parts included): every writer and reader uses jobdir's ``ENV_*`` constants."""
+    env_vars = {v for k, v in vars(jobdir).items() if k.startswith("ENV_")}
+    assert all(v.startswith("HYPERPOD_LAB_") for v in env_vars), env_vars
     bad = []
     for rel, path in _modules():
         if rel == os.path.join("hyperpod_lab", "jobdir.py"):
@@ -204,9 +206,8 @@ def test_env_names_are_written_only_through_the_contract():
                       and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
-                hits = [v for v in job_vars if v in node.value]
-                if hits:
-                    bad.append(f"{rel}:{node.lineno} spells {hits}")
+                if "HYPERPOD_LAB_" in node.value:
+                    bad.append(f"{rel}:{node.lineno} spells {node.value[:80]!r}")
     assert not bad, "\n".join(bad)
 
 
@@ -242,8 +243,35 @@ def test_restart_count_and_launcher_argv_are_defined_once():
     assert (args.training_script, args.training_script_args) == ("s.py", ["--x", "a b"])
 
 
+def test_the_fault_request_is_defined_once_and_validated_on_both_ends():
+    """jobdir.FaultRequest is what the submit side writes (Scheduler._write_request) and what a
+    rank reads (JobContext.check_injected_fault): strict when built, never refused when obeyed."""
+    import pytest
+
+    from hyperpod_lab.errors import SpecError
+    from hyperpod_lab.jobdir import FAULT_KINDS, FaultKind, FaultRequest, fault_kind, slow_factor
+
+    assert FAULT_KINDS == ("kill", "node", "exception", "hang", "slow") and jobdir.DEFAULT_FAULT_KIND == "kill"
+    assert (jobdir.MIN_SLOW_FACTOR, jobdir.DEFAULT_SLOW_FACTOR, jobdir.MAX_SLOW_FACTOR) == (1.0, 2.0, 100.0)
+    req = FaultRequest(kind=FaultKind.SLOW.value, message="m", time=1.5, nonce="ab", factor=3.0)
+    assert json.loads(req.to_json()) == {"kind": "slow", "message": "m", "time": 1.5, "nonce": "ab", "factor": 3.0}
+    assert FaultRequest.from_json(req.to_json()) == req == FaultRequest.obeyed(req.to_json().encode())
+    with pytest.raises(SpecError, match="kind: must be one of kill, node, exception, hang, slow, got 'boom'"):
+        fault_kind("boom")
+    with pytest.raises(SpecError, match="factor: must be a number from 1 .normal speed. to 100"):
+        slow_factor("slow", 101)
+    with pytest.raises(SpecError, match="factor: is only for --kind slow, not hang"):
+        FaultRequest.from_json('{"kind": "hang", "message": "m", "time": 1, "nonce": "a", "factor": 2}')
+    with pytest.raises(SpecError, match="fault_request: must be a JSON object"):
+        FaultRequest.from_json("[]")
+    # a rank obeys what it can: a malformed request is an exception, a slow factor is capped
+    assert FaultRequest.obeyed(b"not json").kind == "exception"
+    assert FaultRequest.obeyed(b'{"kind": "slow", "factor": 500}').factor == 100.0
+    assert FaultRequest.obeyed(b'{"kind": "slow", "factor": "x"}').factor == 2.0
+
+
 def test_event_kinds_are_the_same_in_python_typescript_and_the_openapi_description():
-    """The schema is defined once (hyperpod_lab.events.EventKind) and mirrored in src/tokens.ts
+    """The schema is defined once (hyperpod_lab.events.EventKind) and mirrored in src/api/events.ts
     (EVENT_KINDS) and docs/openapi.yaml (Event.kind): a kind added to one is added to all."""
     import re
 
@@ -253,7 +281,7 @@ def test_event_kinds_are_the_same_in_python_typescript_and_the_openapi_descripti
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     kinds = [k.value for k in EventKind]
-    with open(os.path.join(root, "src", "tokens.ts")) as f:
+    with open(os.path.join(root, "src", "api", "events.ts")) as f:
         block = re.search(r"export const EVENT_KINDS = \[(.*?)\] as const", f.read(), re.S).group(1)
     assert re.findall(r"'([^']+)'", block) == kinds
     with open(os.path.join(root, "docs", "openapi.yaml")) as f:

@@ -140,7 +140,7 @@ def make_scenario(instances, rate, step, tiers, mode, detect, heal, extra_restar
 
 scenario_args = dict(
     instances=st.integers(1, 2048), rate=st.floats(0, 0.05), step=st.floats(0.01, 60), tiers=tiers_st,
-    mode=st.sampled_from(gp.RECOVERY_MODES), detect=st.floats(0, 600), heal=st.floats(0, 600),
+    mode=st.sampled_from(gp.MODEL_MODES), detect=st.floats(0, 600), heal=st.floats(0, 600),
     extra_restart=st.floats(0, 3600), replicas_exp=st.integers(0, 2), q=st.none() | st.floats(0, 1))
 
 
@@ -518,7 +518,7 @@ def test_projection_is_a_band_over_the_failure_rate_and_the_restart_time():
     assert b["high"]["failure_rate_per_instance_hour"] == pytest.approx(0.0000805)
     # one measured restart (2.6 s): half to twice it
     assert (b["high"]["restart_s"], b["mid"]["restart_s"], b["low"]["restart_s"]) == pytest.approx((1.3, 2.6, 5.2))
-    for mode in gp.RECOVERY_MODES:
+    for mode in gp.MODEL_MODES:
         g = p["modes"][mode]["goodput_band"]
         assert set(g) == {"low", "mid", "high"} and g["low"] < g["mid"] < g["high"], (mode, g)
         assert g["mid"] == p["modes"][mode]["goodput"]
@@ -539,7 +539,7 @@ def test_projection_is_a_band_over_the_failure_rate_and_the_restart_time():
         gp.project(m, 2048, "0.04%:0.01%")
     # the advice carries the band too
     a = gp.advise(512, "0.04%", 30, 2.0)
-    for mode in gp.RECOVERY_MODES:
+    for mode in gp.MODEL_MODES:
         g = a["modes"][mode]["goodput_band"]
         assert g["low"] < g["mid"] == a["modes"][mode]["goodput"] < g["high"]
     assert a["band"]["low"]["restart_s"] == 1800 and a["band"]["high"]["restart_s"] == 450
@@ -800,8 +800,8 @@ def test_cli_measures_a_job(client, tmp_path):
     d = json.loads(out.getvalue())
     assert d["measured"]["step_time_s"] == pytest.approx(0.5) and d["advice"]["step_time_s"] == pytest.approx(0.5)
     assert d["advice"]["checkpoint_cost_s"] == pytest.approx(0.2)  # the slowest tier's
-    assert set(d["projection"]["modes"]) == set(gp.RECOVERY_MODES)
-    for mode in gp.RECOVERY_MODES:
+    assert set(d["projection"]["modes"]) == set(gp.MODEL_MODES)
+    for mode in gp.MODEL_MODES:
         assert set(d["projection"]["modes"][mode]["goodput_band"]) == {"low", "mid", "high"}
 
 

@@ -238,15 +238,15 @@ def test_rest_reads_are_bounded_on_a_50_mb_log(server, store_client, failed_job)
     assert body["read"]["0"] <= n_sources * length and body["bytes_read"] <= n_sources * length
     assert body["more"] is True
     # paging on with the cursor reads the next range of that file, still bounded
-    cur = lt.decode_cursor(body["cursor"])
+    cur = lt.decode_log_cursor(body["cursor"])
     at = cur[big.key]
     assert 0 < at <= length
     status, nxt = _get(server, failed_job, ranks="0", length=length, failure=0, cursor=body["cursor"])
-    assert nxt["read"]["0"] <= length and lt.decode_cursor(nxt["cursor"])[big.key] > at
+    assert nxt["read"]["0"] <= length and lt.decode_log_cursor(nxt["cursor"])[big.key] > at
     # the tail: the last bytes only
     status, tail = _get(server, failed_job, ranks="0", length=length, failure=0, tail=1)
     assert tail["read"]["0"] <= n_sources * length
-    assert lt.decode_cursor(tail["cursor"])[big.key] == size
+    assert lt.decode_log_cursor(tail["cursor"])[big.key] == size
     # a search scans at most `scan` bytes per request and says where to go on
     status, s = _get(server, failed_job, ranks="0", q="no such text", scan=1 << 20)
     assert status == 200 and s["scanned"] <= 1 << 20 and s["done"] is False and s["matches"] == []

@@ -62,9 +62,8 @@ def _status_latencies(srv, stop: threading.Event, out: list[float]) -> None:
 
 
 def test_events_limit_1_reads_one_page_not_the_whole_file(server, tmp_path):
-    from hyperpod_lab.events import LocalFiles
+    from hyperpod_lab.events import LocalFiles, decode_cursor
     from hyperpod_lab.server.handlers.jobs import read_events
-    from hyperpod_lab.server.watch.watcher import decode_cursor
     from hyperpod_lab.submit.client import Client
 
     rec = track_local_job(str(tmp_path), "bounds-limit")

@@ -9,8 +9,8 @@ import asyncio
 import os
 import time
 
-from hyperpod_lab.events import EventWriter
-from hyperpod_lab.server.watch.watcher import Watcher, decode_cursor
+from hyperpod_lab.events import EventWriter, decode_cursor
+from hyperpod_lab.server.watch.watcher import Watcher
 from hyperpod_lab.submit.client import Client
 from hyperpod_lab.submit.jobs import JobRecord, JobStore
 

@@ -13,7 +13,25 @@ import time
 from typing import Any, Callable, TextIO
 
 from hyperpod_lab.errors import HyperPodLabError, SpecError
-from hyperpod_lab.spec import CheckpointPolicy, ElasticPolicy, JobSpec, ResiliencyPolicy, parse_elastic
+from hyperpod_lab.jobdir import (
+    DEFAULT_FAULT_KIND,
+    DEFAULT_SLOW_FACTOR,
+    ENV_CLUSTER,
+    FAULT_KINDS,
+    MAX_SLOW_FACTOR,
+    MIN_SLOW_FACTOR,
+    FaultKind,
+)
+from hyperpod_lab.spec import (
+    TENSORBOARD_ALL_RANKS,
+    TENSORBOARD_OFF,
+    TENSORBOARD_RANK0,
+    CheckpointPolicy,
+    ElasticPolicy,
+    JobSpec,
+    ResiliencyPolicy,
+    parse_elastic,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -60,8 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("submit", help="submit a training script: submit SCRIPT [options] [-- ARGS]")
     s.add_argument("script")
-    s.add_argument("--cluster", default=os.environ.get("HYPERPOD_LAB_CLUSTER", "local"),
-                   help="cluster profile (default: $HYPERPOD_LAB_CLUSTER or 'local')")
+    s.add_argument("--cluster", default=os.environ.get(ENV_CLUSTER, "local"),
+                   help=f"cluster profile (default: ${ENV_CLUSTER} or 'local')")
     s.add_argument("--nodes", type=_int, help="nodes (default: the cluster's default)")
     s.add_argument("--procs-per-node", type=_int, help="ranks per node (default: the cluster's default)")
     s.add_argument("--name", help="job name (default: the script's file name)")
@@ -104,10 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--elastic", metavar="MIN:MAX", help="elastic node range")
     s.add_argument("--global-batch-size", type=_int)
     s.add_argument("--lr-rule", choices=["none", "linear", "sqrt"], default=ElasticPolicy.lr_rule)
-    s.add_argument("--tensorboard", action="store_const", const="rank0", default="off",
+    s.add_argument("--tensorboard", action="store_const", const=TENSORBOARD_RANK0, default=TENSORBOARD_OFF,
                    help="rank 0 writes the step metrics to TensorBoard event files in <job_dir>/tensorboard "
                         "(needs 'pip install tensorboard'; docs/tensorboard.md)")
-    s.add_argument("--tensorboard-all-ranks", action="store_const", const="all-ranks", dest="tensorboard",
+    s.add_argument("--tensorboard-all-ranks", action="store_const", const=TENSORBOARD_ALL_RANKS, dest="tensorboard",
                    help="as --tensorboard, every rank into <job_dir>/tensorboard/rank-N")
     s.add_argument("--dry-run", action="store_true", help="print the rendered submission; submit nothing")
     s.add_argument("--json", action="store_true", help="print the whole job record")
@@ -127,8 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--name", default="notebook", help="the environment's name (default 'notebook'): "
                     "<shared_root>/hyperpod-lab/envs/NAME/requirements.txt")
     for e in (ed, ex):
-        e.add_argument("--cluster", default=os.environ.get("HYPERPOD_LAB_CLUSTER", "local"),
-                       help="cluster profile (default: $HYPERPOD_LAB_CLUSTER or 'local')")
+        e.add_argument("--cluster", default=os.environ.get(ENV_CLUSTER, "local"),
+                       help=f"cluster profile (default: ${ENV_CLUSTER} or 'local')")
         e.add_argument("--json", action="store_true")
 
     j = sub.add_parser("jobs", help="list jobs")
@@ -165,21 +183,21 @@ def build_parser() -> argparse.ArgumentParser:
     sc = sub.add_parser("scale", help="add nodes to a running checkpointless job (elastic scale-up)")
     sc.add_argument("job_id")
     sc.add_argument("--add-nodes", type=_int, default=1)
-    from hyperpod_lab.schedulers.base import FAULT_KINDS
 
     fi = sub.add_parser("inject-fault", help="fail one rank, to rehearse recovery: SIGKILL its process (--kind kill), "
                         "fail its node (--kind node), make it raise in its training step (--kind exception), "
                         "stop it (--kind hang) or slow it down (--kind slow --factor F)")
     fi.add_argument("job")
     fi.add_argument("--rank", type=_int, required=True)
-    fi.add_argument("--kind", choices=FAULT_KINDS, default="kill",
+    fi.add_argument("--kind", choices=FAULT_KINDS, default=DEFAULT_FAULT_KIND,
                     help="kill: SIGKILL the rank's process (default); node: the scheduler loses the rank's node "
                     "(Slurm: scontrol sets it DOWN, needs operator rights; EKS: its pod is deleted); exception: "
                     "the rank raises InjectedFault inside its next training step; hang: SIGSTOP the rank's process "
                     "(the launch agent's watchdog detects the hang and recovers it); slow: the rank's steps take "
                     "--factor times longer (straggler detection flags it)")
     fi.add_argument("--factor", type=float, default=None, metavar="F",
-                    help="--kind slow: the rank's step time is multiplied by F, 1 to 100 (default 2; 1 ends it)")
+                    help=f"--kind slow: the rank's step time is multiplied by F, {MIN_SLOW_FACTOR:g} to {MAX_SLOW_FACTOR:g} "
+                    f"(default {DEFAULT_SLOW_FACTOR:g}; {MIN_SLOW_FACTOR:g} ends it)")
     fi.add_argument("--after-checkpoint", action="store_true",
                     help="wait for the first checkpoint.saved event before injecting the fault")
     fi.add_argument("--timeout", type=float, default=300.0)
@@ -410,14 +428,14 @@ def run(argv: list[str], out: TextIO | None = None, client=None) -> Any:
                     raise HyperPodLabError(f"no checkpoint.saved event within {a.timeout} s")
                 time.sleep(0.5)
         info = client.inject_fault(a.job, a.rank, kind=a.kind, factor=a.factor)
-        if a.kind == "hang":
+        if a.kind == FaultKind.HANG:
             say(f"stopped rank {a.rank} of {a.job} ({info.get('how')}); the launch agent's watchdog declares it "
                 "hung when it has made no progress for its hang timeout")
-        elif a.kind == "slow":
+        elif a.kind == FaultKind.SLOW:
             say(f"rank {a.rank} of {a.job} runs {info['factor']:g}x slower from its next step (request {info['path']})")
-        elif a.kind == "node":
+        elif a.kind == FaultKind.NODE:
             say(f"failed node {info['node']} of rank {a.rank} of {a.job}: {info['how']}")
-        elif a.kind == "exception":
+        elif a.kind == FaultKind.EXCEPTION:
             say(f"rank {a.rank} of {a.job} raises InjectedFault at its next step (request {info['path']})")
         elif "pod" in info:
             say(f"deleted pod {info['pod']} of rank {a.rank} (node {info.get('node')}) of {a.job}")

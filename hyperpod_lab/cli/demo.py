@@ -25,6 +25,7 @@ from typing import Callable
 
 from hyperpod_lab.errors import HyperPodLabError, JobStateError
 from hyperpod_lab.events import Event
+from hyperpod_lab.jobdir import DEFAULT_FAULT_KIND
 
 #: the flagship's jobs: same script, steps, nodes and fault; only ``--recovery`` differs
 FLAGSHIP_STEPS = 200  # long enough for the node loss and the join to happen well before the end
@@ -71,7 +72,7 @@ def wait_for(client, job_id: str, pred: Callable[[list[Event]], object], what: s
         time.sleep(interval_s)
 
 
-def inject_at_step(client, job_id: str, rank: int = 1, step: int = FAULT_STEP, kind: str = "kill",
+def inject_at_step(client, job_id: str, rank: int = 1, step: int = FAULT_STEP, kind: str = DEFAULT_FAULT_KIND,
                    timeout_s: float = 600.0) -> dict:
     """Wait until the job reported ``step`` done (a ``step`` event with ``step >= step``; the
     wait includes the queue), then inject the fault (:meth:`Client.inject_fault`). Returns the

@@ -23,6 +23,7 @@ import sys
 from typing import Any
 
 from hyperpod_lab.errors import HyperPodLabError
+from hyperpod_lab.jobdir import ENV_DEV_BASTION_PORT, ENV_DEV_DIR, ENV_DEV_NODES, ENV_DEV_SSH_PORT
 from hyperpod_lab.submit.clusters import ClusterDefaults, ClusterProfile, save_profile
 
 PROFILE_NAME = "local-slurm"
@@ -41,16 +42,16 @@ __all__ = ["up", "down", "status", "bastion", "base_dir", "node_pid", "PROFILE_N
 
 def base_dir(base: str | None = None) -> str:
     """The dev cluster's directory: ``base``, else ``$HYPERPOD_LAB_DEV_DIR``, else the default."""
-    return os.path.abspath(os.path.expanduser(base or os.environ.get("HYPERPOD_LAB_DEV_DIR") or DEFAULT_BASE_DIR))
+    return os.path.abspath(os.path.expanduser(base or os.environ.get(ENV_DEV_DIR) or DEFAULT_BASE_DIR))
 
 
 def _ssh_port(port: int | None) -> int:
     if port is None:
-        env = os.environ.get("HYPERPOD_LAB_DEV_SSH_PORT")
+        env = os.environ.get(ENV_DEV_SSH_PORT)
         try:
             port = int(env) if env else DEFAULT_SSH_PORT
         except ValueError:
-            raise HyperPodLabError(f"HYPERPOD_LAB_DEV_SSH_PORT must be a port number, got {env!r}") from None
+            raise HyperPodLabError(f"{ENV_DEV_SSH_PORT} must be a port number, got {env!r}") from None
     if not isinstance(port, int) or not 0 < port < 65536:
         raise HyperPodLabError(f"ssh_port must be 1-65535, got {port!r}")
     return port
@@ -58,13 +59,13 @@ def _ssh_port(port: int | None) -> int:
 
 def bastion_port() -> int:
     """The bastion's port: ``$HYPERPOD_LAB_DEV_BASTION_PORT`` or 2223."""
-    env = os.environ.get("HYPERPOD_LAB_DEV_BASTION_PORT")
+    env = os.environ.get(ENV_DEV_BASTION_PORT)
     try:
         port = int(env) if env else DEFAULT_BASTION_PORT
     except ValueError:
-        raise HyperPodLabError(f"HYPERPOD_LAB_DEV_BASTION_PORT must be a port number, got {env!r}") from None
+        raise HyperPodLabError(f"{ENV_DEV_BASTION_PORT} must be a port number, got {env!r}") from None
     if not 0 < port < 65536:
-        raise HyperPodLabError(f"HYPERPOD_LAB_DEV_BASTION_PORT must be 1-65535, got {port}")
+        raise HyperPodLabError(f"{ENV_DEV_BASTION_PORT} must be 1-65535, got {port}")
     return port
 
 
@@ -84,9 +85,9 @@ def bastion(base: str | None = None) -> dict[str, Any]:
 
 def _env(base: str, ssh_port: int | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    env["HYPERPOD_LAB_DEV_DIR"] = base
+    env[ENV_DEV_DIR] = base
     if ssh_port is not None:
-        env["HYPERPOD_LAB_DEV_SSH_PORT"] = str(ssh_port)
+        env[ENV_DEV_SSH_PORT] = str(ssh_port)
     env.setdefault("LC_ALL", "C")
     return env
 
@@ -164,7 +165,7 @@ def up(base_dir: str | None = None, ssh_port: int | None = None, python: str | N
     if isinstance(nodes, bool) or not isinstance(nodes, int) or not 2 <= nodes <= 8:
         raise HyperPodLabError(f"nodes must be 2 to 8, got {nodes!r}")
     env = _env(base, port)
-    env["HYPERPOD_LAB_DEV_NODES"] = str(nodes)
+    env[ENV_DEV_NODES] = str(nodes)
     _run_script("up", env, quiet)
     profile = profile_for(base, port, python)
     for path in (profile.key_file, profile.known_hosts, bastion(base)["known_hosts"]):

@@ -29,7 +29,7 @@ import bisect
 import math
 from typing import Any
 
-from hyperpod_lab.events import Event, EventKind
+from hyperpod_lab.events import RANK_WRITER_PREFIX, Event, EventKind, FaultReason, writer_node
 
 __all__ = ["JobAggregate", "mark_label", "MARK_CATEGORIES"]
 
@@ -127,21 +127,18 @@ def _node_of(ev: Event) -> str | None:
     node = ev.data.get("node")
     if node:
         return str(node)
-    for prefix in ("health-", "agent-"):
-        if ev.writer.startswith(prefix):
-            return ev.writer[len(prefix):]
-    return None
+    return writer_node(ev.writer)
 
 
 def mark_label(ev: Event) -> str:
     """One human line for a mark or timeline entry: what happened, where (rank, node), how long."""
     d, k = ev.data, ev.kind
     if k == EventKind.FAULT_DETECTED.value:
-        if d.get("reason") == "node down":
+        if d.get("reason") == FaultReason.NODE_DOWN:
             ranks = d.get("rank") if isinstance(d.get("rank"), list) else [d.get("rank")]
             which = f"rank{'s' if len(ranks) != 1 else ''} {', '.join(map(str, ranks))}"
             return f"fault: node {d.get('node')} down (Slurm: {d.get('slurm_state') or 'DOWN'}), {which}"
-        if d.get("reason") == "hang":
+        if d.get("reason") == FaultReason.HANG:
             section = f" in section {d.get('section')}" if d.get("section") else ""
             return f"hang: rank {d.get('rank')} on {d.get('node')} made no progress for {_secs(d.get('stalled_s'))}{section}"
         return f"fault: rank {d.get('rank')} on {d.get('node')} ({d.get('signal') or d.get('reason')})"
@@ -201,9 +198,9 @@ def mark_label(ev: Event) -> str:
 
 
 def _writer_rank(writer: str) -> int | None:
-    if writer.startswith("rank-"):
+    if writer.startswith(RANK_WRITER_PREFIX):
         try:
-            return int(writer[5:])
+            return int(writer[len(RANK_WRITER_PREFIX):])
         except ValueError:
             return None
     return None
@@ -354,7 +351,7 @@ class JobAggregate:
             return
         d = ev.data
         cat = MARK_CATEGORIES[ev.kind]
-        if ev.kind == EventKind.FAULT_DETECTED.value and d.get("reason") == "hang":
+        if ev.kind == EventKind.FAULT_DETECTED.value and d.get("reason") == FaultReason.HANG:
             cat = "hang"
         m: dict[str, Any] = {"kind": ev.kind, "cat": cat, "t": ev.time, "rank": None if lane == "job" else int(lane),
                              "label": mark_label(ev), "writer": ev.writer, "seq": ev.seq}

@@ -86,10 +86,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable
 
-from hyperpod_lab.events import Event, EventKind
-
-OPERATOR_WRITER = "operator"  # the EKS backend's writer (schedulers/eks/scheduler.py): see docs/events.md
-NODE_DOWN = "node down"  # fault.detected.reason of the supervisor's report of a node Slurm marked DOWN
+from hyperpod_lab.events import HEALTH_WRITER_PREFIX, OPERATOR_WRITER, Event, EventKind, FaultReason, writer_node
 
 _STEP = EventKind.STEP.value
 _STARTED = EventKind.STARTED.value
@@ -103,8 +100,6 @@ _HEALTH_FAILED = EventKind.HEALTH_FAILED.value
 _NODE_EXCLUDED = EventKind.NODE_EXCLUDED.value
 _STRAGGLER = EventKind.STRAGGLER_DETECTED.value
 _JOB_FAILED = EventKind.JOB_FAILED.value
-HANG = "hang"  # fault.detected.reason of the launch agent's watchdog's report of a hung rank
-_HEALTH_WRITER = "health-"  # a node's health-check writer is health-<node>
 
 #: characters of a health check's ``detail`` kept in the facts (the JobView carries them)
 MAX_DETAIL = 300
@@ -331,7 +326,7 @@ class JobFacts:
         at = _num(ev.data.get("detected_at"))
         at = t if at is None else at
         inc = self.open_incident
-        late = inc is None and ev.data.get("reason") == NODE_DOWN
+        late = inc is None and ev.data.get("reason") == FaultReason.NODE_DOWN
         excluded = self._excluded_entry(ev.data.get("node")) if late else None
         if excluded is not None:  # Slurm's late word on a node the job left: no new incident
             k = excluded.get("incident")
@@ -349,7 +344,7 @@ class JobFacts:
                 self._end(inc, inc["end_at"], again=True)
         inc["fault_events"] += 1
         stalled = _num(ev.data.get("stalled_s"))
-        if ev.data.get("reason") == HANG and stalled is not None and stalled > 0:
+        if ev.data.get("reason") == FaultReason.HANG and stalled is not None and stalled > 0:
             inc["hang_s"] = max(inc.get("hang_s") or 0.0, stalled)
         rc = _int(ev.data.get("restart_count"))
         if rc is not None and inc["restart_count"] is None:
@@ -386,7 +381,7 @@ class JobFacts:
         node = ev.data.get("node")
         if isinstance(node, str) and node:
             return node
-        return ev.writer[len(_HEALTH_WRITER):] if ev.writer.startswith(_HEALTH_WRITER) else None
+        return writer_node(ev.writer, (HEALTH_WRITER_PREFIX,))
 
     def _on_health(self, ev: Event, t: float) -> None:
         """A node's pre-flight result (``health.checked``) or one failed check (``health.failed``):

@@ -20,8 +20,8 @@ from hyperpod_lab.goodput.scenario import (
     DEFAULT_HEAL_S,
     DEFAULT_MAX_INTERVAL_S,
     DEFAULT_RESTART_S,
+    MODEL_MODES,
     RATE_UNIT,
-    RECOVERY_MODES,
     SECONDS_PER_HOUR,
     Scenario,
     Tier,
@@ -111,7 +111,7 @@ def advise(instances: int, failure_rate: Any, checkpoint_cost_s: float, step_tim
     gpus = base.instances * checked_instances(gpus_per_instance, "gpus_per_instance")
     m = base.mtbf_s
     modes = {}
-    for mode in RECOVERY_MODES:
+    for mode in MODEL_MODES:
         sc = base.with_(mode=mode)
         q = sc.peer_loss_probability
         m_need = m / q if q > 0 else math.inf
@@ -149,7 +149,7 @@ def goodput_curve(advice: dict, intervals_s: Iterable[float]) -> dict:
     """
     xs = [float(x) for x in intervals_s]
     out: dict[str, list] = {"interval_s": xs}
-    for mode in RECOVERY_MODES:
+    for mode in MODEL_MODES:
         fp = advice["modes"][mode]["fallback_probability"]
         sc = Scenario(instances=advice["instances"], failure_rate_per_instance_hour=advice["failure_rate_per_instance_hour"],
                       step_time_s=advice["step_time_s"], tiers=[Tier("persistent", 1, advice["checkpoint_cost_s"],
@@ -174,7 +174,7 @@ def plot_goodput_vs_interval(advice: dict):
     curve = goodput_curve(advice, xs)
     fig = Figure(figsize=(7, 4), dpi=100)
     ax = fig.add_subplot()
-    for mode, color in zip(RECOVERY_MODES, ("tab:red", "tab:blue")):
+    for mode, color in zip(MODEL_MODES, ("tab:red", "tab:blue")):
         ax.plot(xs / 60.0, np.asarray(curve[mode]) * 100.0, color=color, label=mode)
         m = advice["modes"][mode]
         if lo <= m["interval_s"] <= xs[-1]:

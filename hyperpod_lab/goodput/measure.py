@@ -19,7 +19,7 @@ from hyperpod_lab.goodput.scenario import (
     DEFAULT_DETECT_S,
     DEFAULT_HEAL_S,
     DEFAULT_RESTART_S,
-    RECOVERY_MODES,
+    MODEL_MODES,
     SECONDS_PER_HOUR,
     TIER_ORDER,
     Scenario,
@@ -536,7 +536,7 @@ def project(measured: dict, instances: int, failure_rate: Any = None, *, heal_s:
                     heal_s=heal_s, replicas=replicas, fallback_probability=fallback_probability)
     points = {"low": (rates[2], restarts[2]), "mid": (rates[1], restarts[1]), "high": (rates[0], restarts[0])}
     modes = {}
-    for mode in RECOVERY_MODES:
+    for mode in MODEL_MODES:
         at = {k: goodput_breakdown(base.with_(mode=mode, failure_rate_per_instance_hour=r, restart_s=x))
               for k, (r, x) in points.items()}
         b = at["mid"]

@@ -10,12 +10,19 @@ from typing import Any, Sequence
 import numpy as np
 
 from hyperpod_lab.errors import GoodputInputError
+from hyperpod_lab.jobdir import RECOVERY_CHECKPOINTLESS, RECOVERY_MODES, RECOVERY_RESTART, TIER_MEMORY, TIER_REPLICA, TIERS
 
 SECONDS_PER_HOUR = 3600.0
-CHECKPOINT_RESTART = "checkpoint-restart"
-CHECKPOINTLESS = "checkpointless"
-RECOVERY_MODES = (CHECKPOINT_RESTART, CHECKPOINTLESS)
-TIER_ORDER = ("memory", "peer", "persistent", "s3")
+MODEL_MODE = {RECOVERY_RESTART: "checkpoint-restart", RECOVERY_CHECKPOINTLESS: RECOVERY_CHECKPOINTLESS}
+"""The model's name of each recovery mode of a spec (:data:`hyperpod_lab.spec.RECOVERY_MODES`): a
+restart is modelled as ``checkpoint-restart`` (the whole job restarts and restores a checkpoint)."""
+CHECKPOINT_RESTART = MODEL_MODE[RECOVERY_RESTART]
+CHECKPOINTLESS = MODEL_MODE[RECOVERY_CHECKPOINTLESS]
+MODEL_MODES = tuple(MODEL_MODE[m] for m in RECOVERY_MODES)
+"""Every mode the model evaluates, in :data:`hyperpod_lab.spec.RECOVERY_MODES`'s order."""
+TIER_ORDER = tuple(t for t in TIERS if t != TIER_REPLICA)
+"""The checkpoint tiers the model knows, fastest first: :data:`hyperpod_lab.jobdir.TIERS` but the
+checkpointless ``replica`` (healing is the ``checkpointless`` mode's ``heal_s``, not a tier)."""
 
 # Defaults, each from a public figure (../shared/FACTS.md, cited in docs/goodput.md):
 DEFAULT_DETECT_S = 30.0     # s from a failure to its detection (assumed; heartbeats of ~1-30 s)
@@ -53,7 +60,7 @@ def replicas_for(instances: int, replicas: int | None = None) -> tuple[int, str 
 RATE_UNIT = ("rates are fractions per instance-hour, e.g. 0.0004, or explicit percentages, "
               "e.g. '0.04%'")
 LOST_KINDS = ("checkpoint", "detect", "restart", "restore", "heal", "recompute")
-NODE_LOCAL_TIERS = ("memory",)
+NODE_LOCAL_TIERS = (TIER_MEMORY,)
 """Tiers kept on the node itself (its /dev/shm): lost with the node. ``peer`` is another node's
 memory, ``persistent`` and ``s3`` are off the node."""
 
@@ -243,8 +250,8 @@ class Scenario:
             raise GoodputInputError("tiers", f"the last tier ({tiers[-1].name}) must survive every failure "
                                     "(survives_failure=1.0): add a persistent or s3 tier")
         put("tiers", tiers)
-        if self.mode not in RECOVERY_MODES:
-            raise GoodputInputError("mode", f"{self.mode!r}: expected one of {', '.join(RECOVERY_MODES)}")
+        if self.mode not in MODEL_MODES:
+            raise GoodputInputError("mode", f"{self.mode!r}: expected one of {', '.join(MODEL_MODES)}")
         for k in ("detect_s", "restart_s", "heal_s"):
             put(k, checked_seconds(getattr(self, k), k))
         if self.heal_window_s is not None:

@@ -85,8 +85,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from hyperpod_lab.events import EventKind, EventReader, EventWriter
-from hyperpod_lab.jobdir import ENV_JOB_DIR, ENV_JOB_ID, ENV_SHM_DIR, ENV_SPEC, TIER_MEMORY, JobPaths
+from hyperpod_lab.events import EventKind, EventReader, EventWriter, health_writer
+from hyperpod_lab.jobdir import (
+    ENV_HEALTH_MAX_CLOCK_SKEW_S,
+    ENV_HEALTH_MIN_SHM_BYTES,
+    ENV_JOB_DIR,
+    ENV_JOB_ID,
+    ENV_SHM_DIR,
+    ENV_SPEC,
+    RECOVERY_CHECKPOINTLESS,
+    TIER_MEMORY,
+    JobPaths,
+)
 
 __all__ = ["CheckResult", "NodeHealth", "check_node", "summarize", "load_results", "results_dir", "result_path",
            "measured_shm_bytes",
@@ -97,13 +107,8 @@ PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 CHECKS = ("gpu", "shm", "storage", "versions", "clock")
 """The checks, in the order they run."""
 
-ENV_HEALTH_MIN_SHM_BYTES = "HYPERPOD_LAB_HEALTH_MIN_SHM_BYTES"
-"""Floor of the measured shared-memory budget, bytes (default :data:`DEFAULT_MIN_SHM_BYTES`)."""
-ENV_HEALTH_MAX_CLOCK_SKEW_S = "HYPERPOD_LAB_HEALTH_MAX_CLOCK_SKEW_S"
-"""Largest clock skew against the shared storage allowed, seconds (default 2.0)."""
 DEFAULT_MIN_SHM_BYTES = 64 * 2**20
 DEFAULT_MAX_CLOCK_SKEW_S = 2.0
-HEALTH_DIRNAME = "health"
 PROBE_BYTES = 2**20
 NVIDIA_SMI_TIMEOUT_S = 30.0
 GPU_FIELDS = ("index", "name", "uuid", "pci.bus_id", "memory.total", "ecc.errors.uncorrected.volatile.total",
@@ -442,7 +447,7 @@ def _held_bytes(directory: str) -> int:
 def _check_shm(job_dir: str, job_id: str, node: str, shm_bytes: int | None, shm_root: str,
                spec_path: str) -> CheckResult:
     spec, spec_error = _load_spec(spec_path)
-    if spec is not None and spec.checkpoint.memory_every_steps is None and spec.resiliency.recovery != "checkpointless":
+    if spec is not None and spec.checkpoint.memory_every_steps is None and spec.resiliency.recovery != RECOVERY_CHECKPOINTLESS:
         return CheckResult("shm", SKIPPED, "the job has no memory tier (checkpoint.memory_every_steps is unset and "
                                            "recovery is not checkpointless)")
     extra: dict[str, Any] = {}
@@ -495,7 +500,7 @@ _STORAGE_FIX = {
 
 
 def _check_storage(job_dir: str, node: str) -> tuple[CheckResult, dict[str, float] | None]:
-    d = os.path.join(job_dir, HEALTH_DIRNAME, _safe(node))
+    d = JobPaths(job_dir).health_probe_dir(_safe(node))
     path = os.path.join(d, f"probe-{os.getpid()}-{os.urandom(4).hex()}")
     data = os.urandom(PROBE_BYTES)
     step, target, created = "create the directory", d, False
@@ -650,12 +655,12 @@ def check_node(job_dir: str, job_id: str, node: str, *, expect_gpus: int = 0, sh
 # ---- results across nodes ---------------------------------------------------------------------
 def results_dir(job_dir: str, run_id: str) -> str:
     """``<job_dir>/health/<run_id>``: where a run's per-node result files go."""
-    return os.path.join(job_dir, HEALTH_DIRNAME, run_id)
+    return JobPaths(job_dir).health_results(run_id)
 
 
 def result_path(job_dir: str, run_id: str, node: str) -> str:
     """``<job_dir>/health/<run_id>/<node>.json``."""
-    return os.path.join(results_dir(job_dir, run_id), _safe(node) + ".json")
+    return JobPaths(job_dir).health_result(run_id, _safe(node))
 
 
 def load_results(job_dir: str, run_id: str) -> list[NodeHealth]:
@@ -795,7 +800,7 @@ def main(argv: list[str] | None = None) -> int:
     rc = 0 if health.ok else 1
     record = health.to_dict()
     try:
-        writer = EventWriter(job_dir, _safe(f"health-{node}", 100), job_id)
+        writer = EventWriter(job_dir, _safe(health_writer(node), 100), job_id)
         writer.emit(EventKind.HEALTH_CHECKED, node=node, run_id=args.node_run_id, ok=health.ok,
                     checks=record["checks"], seconds=record["seconds"])
         for c in health.failed:

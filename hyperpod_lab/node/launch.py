@@ -95,7 +95,7 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, W
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 
-from hyperpod_lab.events import EventKind, EventWriter
+from hyperpod_lab.events import EventKind, EventWriter, agent_writer
 from hyperpod_lab.jobdir import (
     ENV_HEARTBEAT_DIR,
     ENV_JOB_DIR,
@@ -132,17 +132,17 @@ class AgentEvents:
         self.node = node or node_name()
         self.job_dir, self.job_id = job_dir, job_id
         self._lock_fd: int | None = None
-        self.writer = EventWriter(job_dir, self._claim_name(f"agent-{safe_name(self.node)}"), job_id)
+        self.writer = EventWriter(job_dir, self._claim_name(agent_writer(safe_name(self.node))), job_id)
         # pid -> why the hang watchdog killed it (None: it did not); set by install_watchdog
         self.killed_reason: Callable[[int | None], str | None] = lambda pid: None
 
     def _claim_name(self, base: str) -> str:
         """``base``, or ``base-2``, ``base-3``... if a live agent on this file system holds it."""
-        lock_dir = os.path.join(self.job_dir, "agents")
-        os.makedirs(lock_dir, exist_ok=True)
+        paths = JobPaths(self.job_dir)
+        os.makedirs(paths.agents, exist_ok=True)
         for i in range(1, 65):
             name = base if i == 1 else f"{base}-{i}"
-            fd = os.open(os.path.join(lock_dir, name + ".lock"), os.O_CREAT | os.O_RDWR, 0o644)
+            fd = os.open(paths.agent_lock(name), os.O_CREAT | os.O_RDWR, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:

@@ -62,8 +62,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from hyperpod_lab.atomicfile import write_json_atomic
-from hyperpod_lab.events import EventKind, EventReader, EventWriter
-from hyperpod_lab.jobdir import ENV_SPEC, JobPaths
+from hyperpod_lab.events import RANK_WRITER_PREFIX, EventKind, EventReader, EventWriter
+from hyperpod_lab.jobdir import ENV_SPEC, RECOVERY_CHECKPOINTLESS, JobPaths
 from hyperpod_lab.node.failures import failure_reason, root_cause_key
 
 STORM_EXIT = 3
@@ -72,8 +72,6 @@ STORM_EXIT = 3
 DEFAULT_STORM_RESTARTS = 3
 """K when the job's spec cannot be read (``resiliency.storm_restarts``' default)."""
 
-MARKER = "storm.json"
-"""``<job_dir>/storm.json``: the storm's record, created once (``O_EXCL``); its presence stops every later start."""
 
 _STEP = EventKind.STEP.value
 _SAVED = EventKind.CHECKPOINT_SAVED.value
@@ -193,7 +191,7 @@ class ProgressProbe:
         except OSError:
             return self
         for ev in events:
-            if not ev.writer.startswith("rank-"):
+            if not ev.writer.startswith(RANK_WRITER_PREFIX):
                 continue
             s = ev.data.get("step")
             if not isinstance(s, int) or isinstance(s, bool):
@@ -206,7 +204,9 @@ class ProgressProbe:
 
 
 def marker_path(job_dir: str) -> str:
-    return JobPaths(job_dir).path(MARKER)
+    """``<job_dir>/storm.json`` (:attr:`JobPaths.storm`): the storm's record, created once (``O_EXCL``);
+    its presence stops every later start."""
+    return JobPaths(job_dir).storm
 
 
 def declared(job_dir: str) -> dict | None:
@@ -261,7 +261,7 @@ def storm_restarts_from_env(default: int = DEFAULT_STORM_RESTARTS) -> int:
 def checkpointless_from_env() -> bool:
     """Whether the job's spec says ``resiliency.recovery: checkpointless`` (its steps are durable
     in the surviving replicas)."""
-    return _resiliency_from_env().get("recovery") == "checkpointless"
+    return _resiliency_from_env().get("recovery") == RECOVERY_CHECKPOINTLESS
 
 
 class StormGuard:

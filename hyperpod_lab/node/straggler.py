@@ -44,6 +44,7 @@ from collections import deque
 from typing import Any, Callable
 
 from hyperpod_lab.atomicfile import write_json_atomic
+from hyperpod_lab.jobdir import JobPaths
 
 WINDOW = 16
 """Steps per rank in the score's window."""
@@ -57,8 +58,6 @@ PUBLISH_S = 1.0
 """Seconds between two summaries of a node's ranks (and two judgements)."""
 STALE_S = 30.0
 """A summary older than this (s, wall clock) is ignored."""
-DIRNAME = "stragglers"
-EXCLUDE_DIRNAME = "exclude"
 
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 
@@ -82,11 +81,6 @@ def window_median(values) -> float:
     if not xs:
         raise ValueError("no values")
     return xs[(len(xs) - 1) // 2]
-
-
-def stragglers_dir(job_dir: str) -> str:
-    """``<job_dir>/stragglers``: the nodes' summaries."""
-    return os.path.join(job_dir, DIRNAME)
 
 
 def _write_json(path: str, obj: Any) -> None:
@@ -158,17 +152,17 @@ class StragglerDetector:
             return []
         self._last = now
         mine = self.summary()
-        folder = stragglers_dir(self.job_dir)
+        paths = JobPaths(self.job_dir)
         try:
-            os.makedirs(folder, exist_ok=True)
-            _write_json(os.path.join(folder, f"{self.writer}.json"), {"node": self.node, "time": now, "ranks": mine})
+            os.makedirs(paths.stragglers, exist_ok=True)
+            _write_json(paths.straggler_summary(self.writer), {"node": self.node, "time": now, "ranks": mine})
         except OSError:
             pass  # a storage hiccup: judge with what is there
         return self.judge(mine, self.read_others(now))
 
     def read_others(self, now: float) -> dict[int, dict[str, Any]]:
         """Other agents' fresh summaries: ``{rank: summary}``."""
-        folder = stragglers_dir(self.job_dir)
+        folder = JobPaths(self.job_dir).stragglers
         try:
             names = os.listdir(folder)
         except OSError:
@@ -221,12 +215,12 @@ class StragglerDetector:
         return out
 
     def _exclude(self, data: dict[str, Any]) -> None:
-        folder = os.path.join(stragglers_dir(self.job_dir), EXCLUDE_DIRNAME)
+        paths = JobPaths(self.job_dir)
         if not _NAME.fullmatch(self.node):
             return
         try:
-            os.makedirs(folder, exist_ok=True)
-            _write_json(os.path.join(folder, f"{self.node}.json"), {**data, "time": self.clock()})
+            os.makedirs(paths.stragglers_exclude, exist_ok=True)
+            _write_json(paths.straggler_exclusion(self.node), {**data, "time": self.clock()})
         except OSError:
             pass
 
@@ -235,7 +229,7 @@ def excluded_nodes(job_dir: str) -> dict[str, str]:
     """Nodes a launch agent asked to exclude as stragglers (``on_straggler = "exclude"``):
     ``{node: reason}`` from ``<job_dir>/stragglers/exclude/<node>.json`` (regular files, no links;
     unreadable ones skipped)."""
-    folder = os.path.join(stragglers_dir(job_dir), EXCLUDE_DIRNAME)
+    folder = JobPaths(job_dir).stragglers_exclude
     try:
         names = os.listdir(folder)
     except OSError:

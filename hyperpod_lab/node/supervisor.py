@@ -76,8 +76,22 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from hyperpod_lab.atomicfile import write_json_atomic
-from hyperpod_lab.events import EventKind, EventReader, EventWriter
-from hyperpod_lab.jobdir import ENV_REPLICA_GROUP, ENV_REPLICA_GROUPS, JobPaths
+from hyperpod_lab.events import (
+    AGENT_WRITER_PREFIX,
+    RANK_WRITER_PREFIX,
+    SUPERVISOR_WRITER,
+    EventKind,
+    EventReader,
+    EventWriter,
+    FaultReason,
+)
+from hyperpod_lab.jobdir import (
+    ENV_REPLICA_GROUP,
+    ENV_REPLICA_GROUPS,
+    RECOVERY_CHECKPOINTLESS,
+    RECOVERY_RESTART,
+    JobPaths,
+)
 from hyperpod_lab.node import storm as _storm
 
 FAULTS_TO_EXCLUDE = 2
@@ -171,7 +185,7 @@ class Placement:
 
     @classmethod
     def load(cls, job_dir: str) -> "Placement":
-        path = JobPaths(job_dir).path("placement.json")
+        path = JobPaths(job_dir).placement
         try:
             with open(path) as f:
                 data = json.load(f)
@@ -226,7 +240,7 @@ class Supervisor:
         self.health, self.health_args, self.may_requeue, self.python = health, health_args, requeue, python
         self.slurm_job_id, self.restart = slurm_job_id, restart
         self.placement = Placement.load(job_dir)
-        self.events = EventWriter(job_dir, "supervisor", job_id)
+        self.events = EventWriter(job_dir, SUPERVISOR_WRITER, job_id)
         self.reader = EventReader(job_dir)
         self.steps: list[Step] = []
         self.next_group = nodes
@@ -275,9 +289,9 @@ class Supervisor:
         """
         for ev in self.reader.poll():
             d = ev.data
-            if ev.kind == EventKind.FINISHED.value and ev.writer.startswith("rank-"):
+            if ev.kind == EventKind.FINISHED.value and ev.writer.startswith(RANK_WRITER_PREFIX):
                 self._finished = True
-            if (ev.kind != EventKind.FAULT_DETECTED.value or not ev.writer.startswith("agent-") or not d.get("node")
+            if (ev.kind != EventKind.FAULT_DETECTED.value or not ev.writer.startswith(AGENT_WRITER_PREFIX) or not d.get("node")
                     or d.get("root_cause") is False or d.get("signal") in (None, "SIGTERM", "SIGINT")):
                 continue
             node = str(d["node"])
@@ -373,9 +387,9 @@ class Supervisor:
     def report_lost(self, node: str, state: str | None, group: int | None) -> None:
         ranks = self.group_ranks(group) if group is not None else self.ranks_on(node)
         say(f"node {node} lost (Slurm state {state or 'removed from the job'})")
-        data: dict[str, Any] = {"reason": "node down", "node": node, "rank": ranks,
+        data: dict[str, Any] = {"reason": FaultReason.NODE_DOWN.value, "node": node, "rank": ranks,
                                 "slurm_state": (state or "removed from the job").upper(),
-                                "slurm_reason": node_reason(node), "detected_by": "supervisor"}
+                                "slurm_reason": node_reason(node), "detected_by": SUPERVISOR_WRITER}
         if group is not None:
             data["replica_group"] = group
         self.events.emit(EventKind.FAULT_DETECTED, **data)
@@ -424,8 +438,8 @@ class Supervisor:
     def storm(self) -> _storm.StormGuard:
         """The storm guard of this supervisor's relaunches (its counts survive requeues)."""
         return _storm.StormGuard(self.job_dir, self.events, _storm.storm_restarts_from_env(),
-                                 JobPaths(self.job_dir).path("storm-supervisor.json"),
-                                 steps_are_durable=self.mode == "checkpointless")
+                                 JobPaths(self.job_dir).storm_supervisor,
+                                 steps_are_durable=self.mode == RECOVERY_CHECKPOINTLESS)
 
     def relaunch_allowed(self, fault: _storm.Fault) -> bool:
         """A run ended with ``fault`` and would be relaunched (or requeued): False when that is a
@@ -486,7 +500,7 @@ class Supervisor:
         active, spares = usable[:self.nodes], usable[self.nodes:]
         if spares:
             say(f"spare nodes: {','.join(spares)}")
-        if self.mode == "checkpointless":
+        if self.mode == RECOVERY_CHECKPOINTLESS:
             rc = self.run_checkpointless(active)
             return _storm.STORM_EXIT if self.storm_stopped else rc
         return self.run_restart(active)
@@ -590,7 +604,7 @@ class Supervisor:
                 return rc  # 0, or the launch agents gave up (max_retries): the job ends with their status
             for node, state in lost.items():
                 self.report_lost(node, state, None)
-            if not self.relaunch_allowed(_storm.Fault(None, ",".join(sorted(lost)), "node down")):
+            if not self.relaunch_allowed(_storm.Fault(None, ",".join(sorted(lost)), FaultReason.NODE_DOWN.value)):
                 return self.stop_storm()
             usable = self.usable()
             if len(usable) < self.nodes:
@@ -607,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--job-id", required=True)
     p.add_argument("--nodes", type=int, required=True)
     p.add_argument("--spares", type=int, default=0)
-    p.add_argument("--mode", choices=["checkpointless", "restart"], required=True)
+    p.add_argument("--mode", choices=[RECOVERY_CHECKPOINTLESS, RECOVERY_RESTART], required=True)
     p.add_argument("--procs-per-node", type=int, default=1)
     p.add_argument("--health-checks", action="store_true")
     p.add_argument("--health-arg", action="append", default=[], help="an argument for the health check")
@@ -622,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
     slurm_job_id = os.environ.get("SLURM_JOB_ID", "")
     if not slurm_job_id:
         p.error("SLURM_JOB_ID is not set: the supervisor runs inside a Slurm batch script")
-    if a.mode == "checkpointless":
+    if a.mode == RECOVERY_CHECKPOINTLESS:
         os.environ.setdefault(ENV_REPLICA_GROUPS, str(a.nodes))
     sup = Supervisor(a.job_dir, a.job_id, nodes=a.nodes, spares=a.spares, mode=a.mode, launch=launch,
                      srun_opts=a.srun_opt, procs_per_node=a.procs_per_node, health=a.health_checks,

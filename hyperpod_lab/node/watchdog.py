@@ -61,6 +61,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from hyperpod_lab.events import FaultReason
+
 HANG_FLOOR_S = 30.0
 """Smallest derived hang timeout T, seconds."""
 HANG_FACTOR = 10.0
@@ -474,7 +476,7 @@ class Watchdog:
         method = "py-spy" if text is not None else None
         if text is None:
             method = self._faulthandler(pid, stopped, how)
-        data = {"reason": "hang", "rank": rank, "local_rank": w.worker.local_rank, "node": self.node,
+        data = {"reason": FaultReason.HANG.value, "rank": rank, "local_rank": w.worker.local_rank, "node": self.node,
                 "stalled_s": round(stalled, 3), "section": beat.section, "step": beat.step if beat.step >= 0 else None,
                 "hang_timeout_s": round(t, 3), "timeout_source": source, "process_state": _state_word(state),
                 "stacks": method, "log_file": w.worker.log_file, "pid": pid, "exitcode": None, "signal": None,

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
-import json
 import math
 import os
 import signal
@@ -51,7 +50,7 @@ import torch
 import torch.distributed as dist
 
 from hyperpod_lab.atomicfile import write_json_atomic
-from hyperpod_lab.events import Event, EventKind, EventReader, EventSchemaError, EventWriter
+from hyperpod_lab.events import Event, EventKind, EventReader, EventSchemaError, EventWriter, rank_writer
 from hyperpod_lab.jobdir import (
     ENV_CHECKPOINT_TIMEOUT,
     ENV_COLLECTIVE_TIMEOUT,
@@ -61,6 +60,8 @@ from hyperpod_lab.jobdir import (
     ENV_REPLICA_GROUP,
     ENV_SPEC,
     ENV_STEP_INTERVAL,
+    FaultKind,
+    FaultRequest,
     JobPaths,
     node_name,
     safe_name,
@@ -144,10 +145,6 @@ class InjectedFault(RuntimeError):
     It crashes the worker like any exception (``fault.detected`` names it, torchrun restarts)."""
 
 
-MAX_SLOW_FACTOR = 100.0
-"""Largest ``inject-fault --kind slow --factor`` a rank obeys (larger ones are capped)."""
-
-
 class JobContext:
     """This process's place in the job: rank, device, job directory, spec and event writer.
 
@@ -208,7 +205,7 @@ class JobContext:
         self.restart_count, self.is_restart = restart_count, is_restart
         self.cpu_group = cpu_group
         self.step_interval_s = step_interval_s
-        self.writer = EventWriter(job_dir, f"rank-{self.global_rank}", job_id)
+        self.writer = EventWriter(job_dir, rank_writer(self.global_rank), job_id)
         self._emit_lock = threading.Lock()
         self._owns_default_group = owns_default_group
         self._checkpointers: list["Closable"] = []  # see register_checkpointer
@@ -508,7 +505,7 @@ class JobContext:
         * ``exception`` (or none): raise :class:`InjectedFault`;
         * ``slow``: from the next :meth:`step` on, sleep ``(factor - 1) x`` each step's own
           compute time (:attr:`slow_factor`; ``factor`` 1 ends it; capped at
-          :data:`MAX_SLOW_FACTOR`); lasts until this process ends;
+          :data:`~hyperpod_lab.jobdir.MAX_SLOW_FACTOR`); lasts until this process ends;
         * ``hang``: stop this process (SIGSTOP to itself; the backends that cannot signal the
           process, EKS, ask for it this way) until the launch agent's watchdog kills it.
 
@@ -535,31 +532,21 @@ class JobContext:
             os.unlink(path)
         except FileNotFoundError:
             pass
-        try:
-            req = json.loads(raw)
-        except ValueError:
-            req = {}
-        if not isinstance(req, dict):
-            req = {}
-        kind = req.get("kind")
-        if kind == "slow":
-            try:
-                factor = float(req.get("factor", 2.0))
-            except (TypeError, ValueError):
-                factor = 2.0
-            self.slow_factor = min(MAX_SLOW_FACTOR, max(1.0, factor)) if math.isfinite(factor) else 1.0
+        req = FaultRequest.obeyed(raw)  # never refused: a malformed request is an exception
+        if req.kind == FaultKind.SLOW:
+            self.slow_factor = req.factor
             sys.stdout.write(f"hyperpod-lab: rank {self.global_rank} runs {self.slow_factor:g}x slower "
-                             f"(inject-fault --kind slow, nonce {req.get('nonce')})\n")
+                             f"(inject-fault --kind slow, nonce {req.nonce})\n")
             sys.stdout.flush()
             return
-        if kind == "hang":
+        if req.kind == FaultKind.HANG:
             sys.stdout.write(f"hyperpod-lab: rank {self.global_rank} stops itself (inject-fault --kind hang, "
-                             f"nonce {req.get('nonce')})\n")
+                             f"nonce {req.nonce})\n")
             sys.stdout.flush()
             os.kill(os.getpid(), signal.SIGSTOP)
             return
-        message = " ".join(str(req.get("message") or "hyperpod-lab inject-fault").split())[:1000]  # one line
-        raise InjectedFault(f"{message} (node {self.node}, nonce {req.get('nonce')})")
+        message = " ".join((req.message or "hyperpod-lab inject-fault").split())[:1000]  # one line
+        raise InjectedFault(f"{message} (node {self.node}, nonce {req.nonce})")
 
     def _emit_recovery_completed(self) -> None:
         downtime = None
@@ -806,7 +793,7 @@ def init() -> JobContext:
     env_restarts = int(env.get("TORCHELASTIC_RESTART_COUNT", 0) or 0) if in_torchrun else 0
     replica_group = _replica_group(env)
     global_rank = rank if replica_group is None else replica_group * local_world_size + rank
-    started_before = global_rank == 0 and _has_event(job_dir, "rank-0", EventKind.STARTED.value)
+    started_before = global_rank == 0 and _has_event(job_dir, rank_writer(0), EventKind.STARTED.value)
     agreed = torch.tensor([env_restarts, int(started_before)], dtype=torch.int64)
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=cpu_group)
     restart_count, started_before = int(agreed[0]), bool(agreed[1])

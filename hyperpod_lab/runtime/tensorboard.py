@@ -35,7 +35,11 @@ import sys
 import threading
 from typing import Any
 
-MODES = ("off", "rank0", "all-ranks")
+from hyperpod_lab.jobdir import JobPaths
+from hyperpod_lab.spec import TENSORBOARD_ALL_RANKS, TENSORBOARD_MODES, TENSORBOARD_RANK0
+
+MODES = TENSORBOARD_MODES
+"""``spec.tensorboard``'s values (:data:`hyperpod_lab.spec.TENSORBOARD_MODES`)."""
 MAX_QUEUE = 1000  # SummaryWriter's pending events before add_scalar blocks (its default is 10)
 FLUSH_SECS = 30  # the background thread's own flush period (seconds)
 INSTALL_HINT = "pip install tensorboard"
@@ -51,10 +55,10 @@ def log_dir(job_dir: str, mode: str, rank: int) -> str | None:
     Args:
         job_dir: the job directory. mode: one of :data:`MODES`. rank: the global rank.
     """
-    if mode == "all-ranks":
-        return os.path.join(job_dir, "tensorboard", f"rank-{rank}")
-    if mode == "rank0" and rank == 0:
-        return os.path.join(job_dir, "tensorboard")
+    if mode == TENSORBOARD_ALL_RANKS:
+        return JobPaths(job_dir, join=os.path.join).tensorboard_rank(rank)
+    if mode == TENSORBOARD_RANK0 and rank == 0:
+        return JobPaths(job_dir, join=os.path.join).tensorboard
     return None
 
 

@@ -17,7 +17,16 @@ from dataclasses import dataclass
 
 from hyperpod_lab.errors import HyperPodLabError, JobStateError, SpecError
 from hyperpod_lab.events import Event
-from hyperpod_lab.jobdir import CHECKPOINT_KEY_BYTES, JOBS_SUBDIR, JobPaths  # noqa: F401  (JOBS_SUBDIR: re-exported)
+from hyperpod_lab.jobdir import (  # noqa: F401  (JOBS_SUBDIR: re-exported)
+    CHECKPOINT_KEY_BYTES,
+    DEFAULT_FAULT_KIND,
+    JOBS_SUBDIR,
+    FaultKind,
+    FaultRequest,
+    JobPaths,
+    fault_kind,
+    slow_factor,
+)
 from hyperpod_lab.schedulers.remote import Remote, StagedFile, Staging
 from hyperpod_lab.spec import JobSpec
 from hyperpod_lab.submit.clusters import ClusterProfile
@@ -25,45 +34,6 @@ from hyperpod_lab.submit.jobs import JobRecord, JobStatus
 
 DEFAULT_LOG_TAIL = 256 * 1024  # bytes of a log returned when no range is asked for (the tail)
 LOG_PAGE_BYTES = 4 * 1024 * 1024  # bytes per read when a whole log is read (``Scheduler.logs``)
-
-FAULT_KINDS = ("kill", "node", "exception", "hang", "slow")
-"""What ``inject-fault --kind`` does (:meth:`Scheduler.inject_fault`): ``kill`` SIGKILLs the rank's
-process; ``node`` fails the rank's node the way the scheduler sees it (Slurm: the node set DOWN;
-EKS: the rank's pod deleted); ``exception`` has the rank raise ``InjectedFault`` inside its
-training step (a request file the runtime reads, ``JobPaths.fault_request``); ``hang`` stops the
-rank's process (SIGSTOP; EKS: the rank stops itself on a request file) for the launch agent's hang
-watchdog to catch; ``slow`` makes the rank's steps take ``factor`` times longer (a request file)."""
-
-DEFAULT_SLOW_FACTOR = 2.0
-MAX_SLOW_FACTOR = 100.0
-
-
-def fault_kind(kind: object) -> str:
-    """``kind`` when it is one of :data:`FAULT_KINDS`. Raises SpecError (field ``kind``) naming them."""
-    if not isinstance(kind, str) or kind not in FAULT_KINDS:
-        raise SpecError("kind", f"must be one of {', '.join(FAULT_KINDS)}, got {kind!r}")
-    return kind
-
-
-def slow_factor(kind: str, factor: object) -> float | None:
-    """The slowdown factor of an injection of ``kind``: for ``slow``, ``factor`` (default
-    :data:`DEFAULT_SLOW_FACTOR`) as a float from 1 (back to normal speed) to
-    :data:`MAX_SLOW_FACTOR`; for other kinds None.
-
-    Raises:
-        SpecError: (field ``factor``) not such a number, or given with a kind other than ``slow``.
-    """
-    if kind != "slow":
-        if factor is not None:
-            raise SpecError("factor", f"is only for --kind slow, not {kind}")
-        return None
-    if factor is None:
-        return DEFAULT_SLOW_FACTOR
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 1.0 <= factor <= MAX_SLOW_FACTOR:
-        raise SpecError("factor", f"must be a number from 1 (normal speed) to {MAX_SLOW_FACTOR:g}, got "
-                                  f"{str(factor)[:40]}; e.g. --factor 2 doubles the rank's step time")
-    return float(factor)
-
 
 @dataclass
 class LogChunk:
@@ -311,9 +281,9 @@ class Scheduler(ABC):
         override this."""
         raise JobStateError(f"the {type(self).__name__} backend cannot add nodes to a running job")
 
-    def inject_fault(self, rec: JobRecord, rank: int, kind: str = "kill", factor: float | None = None) -> dict:
-        """Inject a fault of ``kind`` (:data:`FAULT_KINDS`) into rank ``rank`` of a running job, to
-        rehearse recovery.
+    def inject_fault(self, rec: JobRecord, rank: int, kind: str = DEFAULT_FAULT_KIND, factor: float | None = None) -> dict:
+        """Inject a fault of ``kind`` (:data:`~hyperpod_lab.jobdir.FAULT_KINDS`) into rank ``rank`` of a
+        running job, to rehearse recovery.
 
         * ``kill``: SIGKILL the rank's process (:meth:`_kill_rank`); returns its rank info
           (``node``, ``pid``, ...).
@@ -335,12 +305,12 @@ class Scheduler(ABC):
         Every answer also holds ``kind`` and ``rank``.
 
         Args:
-            factor: ``slow`` only: from 1 to :data:`MAX_SLOW_FACTOR` (default
-                :data:`DEFAULT_SLOW_FACTOR`).
+            factor: ``slow`` only: from 1 to :data:`~hyperpod_lab.jobdir.MAX_SLOW_FACTOR` (default
+                :data:`~hyperpod_lab.jobdir.DEFAULT_SLOW_FACTOR`).
 
         Raises:
-            SpecError: ``kind`` is not one of :data:`FAULT_KINDS`; ``factor`` is out of range or
-                given with another kind; (exception, slow) ``rank`` is outside the job's world.
+            SpecError: ``kind`` is not one of :data:`~hyperpod_lab.jobdir.FAULT_KINDS`; ``factor`` is out of
+                range or given with another kind; (exception, slow) ``rank`` is outside the job's world.
             JobStateError: the rank has not started or is not running (kill, node, hang), the
                 backend cannot do ``kind`` (e.g. ``node`` on the local backend).
             NotAllowed: (node) the scheduler refused: failing a node needs operator rights.
@@ -350,13 +320,13 @@ class Scheduler(ABC):
         factor = slow_factor(kind, factor)
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
             raise SpecError("rank", f"must be a rank >= 0, got {rank!r}")
-        if kind == "exception":
+        if kind == FaultKind.EXCEPTION:
             info = self._request_exception(rec, rank)
-        elif kind == "slow":
+        elif kind == FaultKind.SLOW:
             info = self._request_slow(rec, rank, factor)
-        elif kind == "hang":
+        elif kind == FaultKind.HANG:
             info = self._stop_rank(rec, rank)
-        elif kind == "node":
+        elif kind == FaultKind.NODE:
             info = self._fail_node(rec, rank)
         else:
             info = self._kill_rank(rec, rank)
@@ -381,7 +351,7 @@ class Scheduler(ABC):
         Raises:
             SpecError: ``rank`` is outside :meth:`world_size_bound`.
         """
-        info = self._write_request(rec, rank, "hang", f"hyperpod-lab inject-fault: rank {rank} of job "
+        info = self._write_request(rec, rank, FaultKind.HANG, f"hyperpod-lab inject-fault: rank {rank} of job "
                                                       f"{rec.job_id} stops (SIGSTOP to itself)")
         return {**info, "how": "the rank stops itself (SIGSTOP) at its next step"}
 
@@ -402,7 +372,7 @@ class Scheduler(ABC):
         Raises:
             SpecError: ``rank`` is outside :meth:`world_size_bound`.
         """
-        return self._write_request(rec, rank, "exception",
+        return self._write_request(rec, rank, FaultKind.EXCEPTION,
                                    f"hyperpod-lab inject-fault: exception injected into rank {rank} of job {rec.job_id}")
 
     def _request_slow(self, rec: JobRecord, rank: int, factor: float) -> dict:
@@ -413,13 +383,14 @@ class Scheduler(ABC):
         Raises:
             SpecError: ``rank`` is outside :meth:`world_size_bound`.
         """
-        info = self._write_request(rec, rank, "slow", f"hyperpod-lab inject-fault: rank {rank} of job {rec.job_id} "
+        info = self._write_request(rec, rank, FaultKind.SLOW, f"hyperpod-lab inject-fault: rank {rank} of job {rec.job_id} "
                                                       f"runs {factor:g}x slower", factor=factor)
         return {**info, "factor": factor}
 
-    def _write_request(self, rec: JobRecord, rank: int, kind: str, message: str, **extra) -> dict:
-        """Write the fault request ``faults/rank-R.json`` ({kind, message, time (epoch s), nonce,
-        **extra}; 0600, written atomically) that rank ``rank``'s runtime reads at its steps (one
+    def _write_request(self, rec: JobRecord, rank: int, kind: FaultKind, message: str,
+                       factor: float | None = None) -> dict:
+        """Write the fault request ``faults/rank-R.json`` (a :class:`~hyperpod_lab.jobdir.FaultRequest`:
+        {kind, message, time (epoch s), nonce[, factor]}; 0600, written atomically) that rank ``rank``'s runtime reads at its steps (one
         look per 0.5 s at most). Returns ``{"path", "nonce", "message"}`` plus the rank's
         ``node``/``pid`` when it has started.
 
@@ -430,11 +401,12 @@ class Scheduler(ABC):
         if rank >= world:
             raise SpecError("rank", f"job {rec.job_id} has ranks 0..{world - 1}; got {rank}")
         paths = JobPaths(rec.job_dir)
-        req = {"kind": kind, "message": message, "time": time.time(), "nonce": secrets.token_hex(8), **extra}
+        req = FaultRequest(kind=FaultKind(kind).value, message=message, time=time.time(),
+                           nonce=secrets.token_hex(8), factor=factor)
         self.remote.makedirs(paths.faults)
         path = paths.fault_request(rank)
-        self.remote.write_bytes(path, json.dumps(req).encode(), mode=0o600)
-        info = {"path": path, "nonce": req["nonce"], "message": message}
+        self.remote.write_bytes(path, req.to_json().encode(), mode=0o600)
+        info = {"path": path, "nonce": req.nonce, "message": message}
         try:
             ri = self.rank_info(rec, rank)
             info.update(node=ri.get("node"), pid=ri.get("pid"))

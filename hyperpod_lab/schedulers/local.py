@@ -19,7 +19,7 @@ from hyperpod_lab.errors import JobStateError
 from hyperpod_lab.jobdir import JobPaths, effective_restarts, ft_local_argv, group_env, job_env, launcher_argv
 from hyperpod_lab.procs import is_running, process_start, signal_job_process
 from hyperpod_lab.schedulers.base import LogChunk, Scheduler, read_log_range
-from hyperpod_lab.spec import JobSpec
+from hyperpod_lab.spec import RECOVERY_CHECKPOINTLESS, JobSpec
 from hyperpod_lab.submit.jobs import JobStatus
 
 
@@ -28,7 +28,7 @@ def launch_argv(spec: JobSpec, job_dir: str, python: str, script: str) -> list[s
     spec runs one replica group per node under a Lighthouse (``python -m
     hyperpod_lab.node.ft_local``, started as a process: the submit side never imports torch)."""
     restarts = effective_restarts(spec.resiliency)
-    if spec.resiliency.recovery == "checkpointless":
+    if spec.resiliency.recovery == RECOVERY_CHECKPOINTLESS:
         return ft_local_argv(python, script, spec.args, groups=spec.nodes, nproc_per_node=spec.procs_per_node,
                              max_restarts=restarts,
                              min_replicas=spec.elastic.min_nodes if spec.elastic.enabled else 1)

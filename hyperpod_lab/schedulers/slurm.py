@@ -43,7 +43,7 @@ from hyperpod_lab.jobdir import (
 )
 from hyperpod_lab.schedulers.base import LogChunk, Scheduler, read_log_range
 from hyperpod_lab.schedulers.remote import StagedFile
-from hyperpod_lab.spec import JobSpec
+from hyperpod_lab.spec import RECOVERY_CHECKPOINTLESS, JobSpec
 from hyperpod_lab.submit.jobs import JobStatus
 
 HYPERPOD_MARKER = "/opt/sagemaker_cluster"
@@ -145,7 +145,7 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
     el = spec.elastic
     nnodes = f"{el.min_nodes}:{el.max_nodes}" if el.enabled else str(spec.nodes)
     joining = join_offset is not None
-    if joining and spec.resiliency.recovery != "checkpointless":
+    if joining and spec.resiliency.recovery != RECOVERY_CHECKPOINTLESS:
         raise SpecError("resiliency.recovery", "only a checkpointless job can take new nodes while it runs; "
                         "submit it with --recovery checkpointless")
     gpus = int(gpus_per_node or 0)
@@ -178,7 +178,7 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
     # finds the job (and the allocations scale adds) in squeue: a submitter that died before
     # recording the Slurm id, a cancel that checks joins.json
     lines.append(f"#SBATCH --comment={sbatch_quote(COMMENT_PREFIX + job_id)}")
-    if not joining or spec.resiliency.recovery == "checkpointless":
+    if not joining or spec.resiliency.recovery == RECOVERY_CHECKPOINTLESS:
         # a lost node does not end the allocation: the supervisor places the steps again
         # (checkpointless: the other groups go on; restart: survivors and a spare, or a requeue)
         lines.append("#SBATCH --no-kill")
@@ -226,7 +226,7 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
         srun.append("$auto_resume")
     launch_opts = dict(nproc_per_node=spec.procs_per_node, max_restarts=effective_restarts(spec.resiliency),
                        log_dir=f'"{sh.torchrun_logs}"', quote=_q)
-    checkpointless = spec.resiliency.recovery == "checkpointless"
+    checkpointless = spec.resiliency.recovery == RECOVERY_CHECKPOINTLESS
     if checkpointless:
         # one data-parallel replica group per node (its own torchrun), one torchft Lighthouse per job
         min_replicas = el.min_nodes if el.enabled else 1
@@ -294,7 +294,7 @@ def _step_script(launch: list[str]) -> str:
     from an earlier run (a node marked DOWN that still runs) can then neither join the new
     rendezvous nor hold its port.
     """
-    runs = JobPaths("$JOB_DIR").path("runs", "$restart.$step")
+    runs = JobPaths("$JOB_DIR").step_run("$restart", "$step")
     return "\n".join([
         f'JOB_DIR="${ENV_JOB_DIR}" head_addr=$1 restart=$2 step=${{SLURM_STEP_ID:-0}}',
         f'mkdir -p "{runs}"',

@@ -41,13 +41,15 @@ from urllib.parse import urlsplit
 from fsspec.implementations.sftp import SFTPFileSystem
 from fsspec.spec import AbstractFileSystem
 
+from hyperpod_lab.jobdir import CHECKPOINTS_DIRNAME
+
 log = logging.getLogger("hyperpod_lab.server.storage")
 
 PROTOCOL = "hyperpod"
 #: cluster names that can be the host part of a ``hyperpod://`` URL (others get no resource)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 #: a path with this component is a job's checkpoint tree: never written, renamed or deleted here
-PROTECTED_DIR = "checkpoints"
+PROTECTED_DIR = CHECKPOINTS_DIRNAME
 
 
 #: seconds a cluster whose connection failed is not tried again (jupyter-fs re-creates a failed

@@ -12,16 +12,14 @@ import time
 from typing import Callable, Iterator
 
 from hyperpod_lab.errors import ClusterUnreachable, HostKeyError, HyperPodLabError, JobStateError, RemoteCommandError, SpecError
-from hyperpod_lab.events import Event, EventKind, EventReader, EventWriter
-from hyperpod_lab.jobdir import JobPaths
+from hyperpod_lab.events import CLIENT_WRITER, Event, EventKind, EventReader, EventWriter
+from hyperpod_lab.jobdir import DEFAULT_FAULT_KIND, JobPaths, fault_kind, slow_factor
 from hyperpod_lab.schedulers import Scheduler, for_profile
-from hyperpod_lab.schedulers.base import fault_kind, slow_factor
 from hyperpod_lab.schedulers.remote import CommandOutcomeUnknown
-from hyperpod_lab.spec import JobSpec, secret_values
+from hyperpod_lab.spec import RECOVERY_CHECKPOINTLESS, JobSpec, secret_values
 from hyperpod_lab.submit.clusters import ClusterProfile, get_profile
 from hyperpod_lab.submit.jobs import JobRecord, JobStatus, JobStore, new_job_id
 
-CLIENT_WRITER = "client"
 SUBMITTING = "submitting"  # the reason of a record whose scheduler id is not known yet
 
 
@@ -280,13 +278,13 @@ class Client:
         rec = self.status(job_id)
         if rec.state != JobStatus.RUNNING:
             raise JobStateError(f"job {job_id} is {rec.status}; nodes can only join a running job")
-        if (rec.spec.get("resiliency") or {}).get("recovery") != "checkpointless":
+        if (rec.spec.get("resiliency") or {}).get("recovery") != RECOVERY_CHECKPOINTLESS:
             raise SpecError("resiliency.recovery", f"job {job_id} was not submitted with --recovery checkpointless; "
                                                    "only such a job takes new nodes while it runs")
         secrets = secret_values(list(rec.spec.get("secret_env") or []))  # the joining nodes need them too
         return self.scheduler(rec.cluster).scale(rec, add_nodes, secrets=secrets)
 
-    def inject_fault(self, job_id: str, rank: int, kind: str = "kill", factor: float | None = None) -> dict:
+    def inject_fault(self, job_id: str, rank: int, kind: str = DEFAULT_FAULT_KIND, factor: float | None = None) -> dict:
         """Inject a fault into rank ``rank`` of a running job, to rehearse recovery.
 
         Args:

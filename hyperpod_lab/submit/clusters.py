@@ -75,6 +75,7 @@ from typing import Any
 
 from hyperpod_lab.atomicfile import write_atomic
 from hyperpod_lab.errors import ConfigError, UnknownCluster
+from hyperpod_lab.jobdir import ENV_CONFIG, ENV_DATA_DIR
 
 ORCHESTRATORS = ("slurm", "eks", "local")
 OPERATORS = ("hyperpod", "kubeflow")
@@ -89,7 +90,7 @@ _AWS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+=@,-]{0,127}")
 
 def config_path() -> str:
     """Path of the cluster config file (it may not exist yet)."""
-    env = os.environ.get("HYPERPOD_LAB_CONFIG")
+    env = os.environ.get(ENV_CONFIG)
     if env:
         return os.path.abspath(os.path.expanduser(env))
     base = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
@@ -98,7 +99,7 @@ def config_path() -> str:
 
 def data_dir() -> str:
     """Directory of this user's hyperpod-lab state (job records, local jobs)."""
-    env = os.environ.get("HYPERPOD_LAB_DATA_DIR")
+    env = os.environ.get(ENV_DATA_DIR)
     if env:
         return os.path.abspath(os.path.expanduser(env))
     base = os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share")

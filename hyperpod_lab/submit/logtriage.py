@@ -15,7 +15,8 @@ Where a rank's output is
 Everything by byte range
     Every read is one :func:`~hyperpod_lab.schedulers.base.read_log_range` (or ``log_range``)
     of at most the requested length: never the whole file. A *cursor* is ``{"R:source": byte
-    offset}`` per rank and source; :func:`encode_cursor` makes the opaque string clients send back.
+    offset}`` per rank and source; :func:`~hyperpod_lab.events.encode_cursor` makes the opaque
+    string clients send back (:func:`decode_log_cursor` reads it).
 
 Terms: rank (global rank of the worker), node (host it ran on), attempt (torchrun's restart
 count, 0 first), source (one log file of a rank), offset (bytes from the start of a source).
@@ -23,8 +24,6 @@ count, 0 first), source (one log file of a rank), offset (bytes from the start o
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import posixpath
 import re
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from hyperpod_lab.errors import HyperPodLabError, SpecError
+from hyperpod_lab.events import decode_cursor, encode_cursor
 from hyperpod_lab.schedulers.base import LogChunk, read_log_range
 
 DEFAULT_LENGTH = 64 << 10  #: bytes read per source per request by default
@@ -57,30 +57,17 @@ _SECONDARY = re.compile(r"Connection closed by peer|Connection reset by peer|Chi
 
 
 # ---------------------------------------------------------------------------- cursors
-def encode_cursor(cursor: dict[str, int]) -> str:
-    """The opaque cursor clients see: base64url of the JSON ``{"R:source": byte offset}``."""
-    raw = json.dumps(cursor, sort_keys=True, separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+LOG_CURSOR_KEY = re.compile(r"\d{1,7}:[^\x00-\x1f]{1,1000}")
+"""A key of a log cursor: ``"R:source"`` (rank, then the source's name)."""
 
 
-def decode_cursor(text: str | None, name: str = "cursor") -> dict[str, int]:
-    """Inverse of :func:`encode_cursor`; None or "" is no cursor. Its keys only select offsets
-    of the sources a request lists itself (a key naming no source is ignored, never opened).
-    Raises SpecError(``name``)."""
-    if not text:
-        return {}
-    bad = SpecError(name, "is not a log cursor this server issued; omit it to start again")
-    if len(text) > 65536:
-        raise bad
-    try:
-        cur = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
-    except (binascii.Error, ValueError):
-        raise bad from None
-    if not isinstance(cur, dict) or not all(
-            isinstance(k, str) and re.fullmatch(r"\d{1,7}:[^\x00-\x1f]{1,1000}", k)
-            and isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 62 for k, v in cur.items()):
-        raise bad
-    return cur
+def decode_log_cursor(text: str | None, name: str = "cursor") -> dict[str, int]:
+    """A log cursor (``{"R:source": byte offset}``, made by :func:`~hyperpod_lab.events.encode_cursor`)
+    read back by :func:`~hyperpod_lab.events.decode_cursor`; None or "" is no cursor. Its keys only
+    select offsets of the sources a request lists itself (a key naming no source is ignored, never
+    opened). Raises SpecError(``name``)."""
+    return decode_cursor(text, field=name, key=LOG_CURSOR_KEY, max_chars=65536, max_offset=1 << 62,
+                         error="is not a log cursor this server issued; omit it to start again")
 
 
 def parse_ranks(text: str | None, known: list[int] | None = None) -> list[int] | None:
@@ -834,13 +821,13 @@ def read_fault_events(files, job_dir: str, max_bytes: int = FAULT_EVENT_BYTES) -
     most ``max_bytes`` bytes of each event file. The ranks' own files (``rank-*.jsonl``: mostly
     steps) are read only while under :data:`SMALL_EVENT_FILE` bytes: the launch agents' and the
     supervisor's files carry the faults."""
-    from hyperpod_lab.events import EventReader, events_dir
+    from hyperpod_lab.events import RANK_WRITER_PREFIX, EventReader, events_dir
 
     try:
         listing = files.list_files(events_dir(job_dir))
     except (OSError, HyperPodLabError):
         return []
-    skip = {n: s for n, s in listing.items() if n.startswith("rank-") and s > SMALL_EVENT_FILE}
+    skip = {n: s for n, s in listing.items() if n.startswith(RANK_WRITER_PREFIX) and s > SMALL_EVENT_FILE}
     try:
         evs = EventReader(job_dir, files, skip).poll(max_bytes=max_bytes)
     except (OSError, HyperPodLabError):

@@ -78,6 +78,7 @@ from hyperpod_lab.jobdir import (
     ENV_FT_TIMEOUT,
     ENV_REPLICA_GROUP,
     ENV_REPLICA_GROUPS,
+    RECOVERY_CHECKPOINTLESS,
     TIER_REPLICA,
     JobPaths,
     job_finished,
@@ -94,7 +95,6 @@ DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_QUORUM_TIMEOUT_S = 60.0
 DEFAULT_HEARTBEAT_MS = 100  # a Lighthouse that published no timeout: heartbeat every 20 ms
 MAX_REPLICA_GROUPS = 1024
-REPLICAS_DIRNAME = "replicas"  # <job_dir>/replicas/group-<G>.json: the replica-group registry
 
 
 def heal_host(lighthouse_address: str) -> str:
@@ -182,7 +182,7 @@ def manager_heartbeat_interval_ms(job_dir: str) -> int:
 
 def replica_file(paths: JobPaths, group: int) -> str:
     """``<job_dir>/replicas/group-<G>.json``: what replica group ``group`` registered (node, pid)."""
-    return paths.path(REPLICAS_DIRNAME, f"group-{int(group)}.json")
+    return paths.replica_group(group)
 
 
 class Checkpointless:
@@ -412,7 +412,7 @@ class Checkpointless:
 
             first = fold(EventReader(self.ctx.job_dir).poll()).incident_detected_at
             detected = outage["detected"] if first is None else min(first, outage["detected"])
-            self.ctx.emit(EventKind.RECOVERY_COMPLETED, mode="checkpointless", restored_step=None,
+            self.ctx.emit(EventKind.RECOVERY_COMPLETED, mode=RECOVERY_CHECKPOINTLESS, restored_step=None,
                           restored_from="none", resumed_step=self.plan.step,
                           downtime_s=round(max(0.0, now - detected), 3), replicas=len(members),
                           lost_replica_groups=lost, restart_count=self.ctx.restart_count)
@@ -460,7 +460,7 @@ class Checkpointless:
         expected = int(os.environ.get(ENV_REPLICA_GROUPS, "0") or 0)
         if self.ctx.replica_group >= expected:
             return  # a group that joins later
-        rdir = self.ctx.paths.path(REPLICAS_DIRNAME)
+        rdir = self.ctx.paths.replicas
         deadline = time.monotonic() + env_seconds(ENV_FT_QUORUM_TIMEOUT, DEFAULT_QUORUM_TIMEOUT_S)
         while time.monotonic() < deadline:
             have = {n for n in os.listdir(rdir) if n.startswith("group-")} if os.path.isdir(rdir) else set()

@@ -34,7 +34,7 @@ from hyperpod_lab import jobdir
 from hyperpod_lab._version import __version__
 from hyperpod_lab.errors import ConfigError, SpecError
 from hyperpod_lab.jobdir import JobPaths
-from hyperpod_lab.spec import JobSpec
+from hyperpod_lab.spec import RECOVERY_RESTART, JobSpec
 from hyperpod_lab.submit.clusters import ClusterProfile
 
 HYPERPOD_GROUP, HYPERPOD_VERSION, HYPERPOD_KIND, HYPERPOD_PLURAL = (
@@ -221,7 +221,7 @@ def _pod_template(spec: JobSpec, job_id: str, profile: ClusterProfile, command: 
 
 
 def _check_supported(spec: JobSpec) -> None:
-    if getattr(spec.resiliency, "recovery", "restart") != "restart":
+    if getattr(spec.resiliency, "recovery", RECOVERY_RESTART) != RECOVERY_RESTART:
         raise SpecError("resiliency.recovery", f"{spec.resiliency.recovery!r} recovery is not available on EKS yet "
                                                f"(only 'restart'); submit with --recovery restart, or to a Slurm cluster")
 
@@ -271,7 +271,7 @@ def render_hyperpod_pytorch_job(spec: JobSpec, job_id: str, profile: ClusterProf
     # the runtime resumes from its newest checkpoint tier.
     command = ["hyperpodrun", f"--nnodes={el.min_nodes}:{el.max_nodes}" if el.enabled else f"--nnodes={spec.nodes}",
                f"--nproc-per-node={spec.procs_per_node}", "--rdzv-backend=hyperpod", "--tee=3",
-               f"--log-dir={JobPaths(pod_job_dir(job_id, mount)).path('logs', 'hyperpodrun')}"]
+               f"--log-dir={JobPaths(pod_job_dir(job_id, mount)).hyperpodrun_logs}"]
     command += [k8s_literal(_script_path(spec)), *map(k8s_literal, spec.args)]
     replica: dict[str, Any] = {
         "name": "workers", "replicas": spec.nodes,

@@ -22,22 +22,19 @@ import time
 from typing import Any, Iterator
 
 from hyperpod_lab.errors import ClusterUnreachable, ConfigError, HyperPodLabError, JobStateError
-from hyperpod_lab.events import Event, EventWriter
+from hyperpod_lab.events import OPERATOR_WRITER, Event, EventWriter
 from hyperpod_lab.jobdir import JobPaths
 from hyperpod_lab.schedulers.base import LogChunk, Scheduler, log_span
 from hyperpod_lab.schedulers.eks import manifest as km
 from hyperpod_lab.schedulers.eks.auth import TOKEN_PREFIX, eks_token, kube_configuration
-from hyperpod_lab.schedulers.eks.status import OPERATOR_WRITER, job_status, status_events
+from hyperpod_lab.schedulers.eks.status import job_status, status_events
 from hyperpod_lab.schedulers.remote import LocalRemote
 from hyperpod_lab.spec import JobSpec
 from hyperpod_lab.submit.clusters import ClusterProfile, data_dir
 from hyperpod_lab.submit.jobs import JobRecord
 
-__all__ = ["EksScheduler", "STATE_FILE", "OPERATOR_WRITER", "TOKEN_PREFIX", "eks_token", "kube_configuration",
+__all__ = ["EksScheduler", "OPERATOR_WRITER", "TOKEN_PREFIX", "eks_token", "kube_configuration",
            "job_status", "status_events"]
-
-STATE_FILE = "operator-state.json"
-"""In the job directory: the :func:`status_events` state of the last look (JSON)."""
 
 
 # ---- the scheduler ---------------------------------------------------------------------------
@@ -230,7 +227,7 @@ class EksScheduler(Scheduler):
     def record_events(self, rec: JobRecord, obj: dict[str, Any] | None, cancelled: bool = False) -> list[Event]:
         """Append the events implied by ``obj``'s status since the last call to the job's
         ``operator`` event file; return them. The diff state lives in ``<job_dir>/operator-state.json``."""
-        path = JobPaths(rec.job_dir).path(STATE_FILE)
+        path = JobPaths(rec.job_dir).operator_state
         try:
             prev = json.loads(self.remote.read_from(path))
         except (FileNotFoundError, ValueError):
@@ -349,7 +346,7 @@ class EksScheduler(Scheduler):
         ns, _ = self._split(rec)
         return {**info, "how": f"delete pod {ns}/{info['pod']} (grace period 0)"}
 
-    def _write_request(self, rec, rank, kind, message, **extra):
+    def _write_request(self, rec, rank, kind, message, factor=None):
         """``inject-fault --kind exception|slow|hang`` (a pod's process cannot be signalled from
         here: ``hang`` is the rank stopping itself): the request file must be where the pods read
         the job directory, the profile's ``shared_root`` (FSx mounted here and in the pods).
@@ -357,4 +354,4 @@ class EksScheduler(Scheduler):
         if not self.profile.shared_root:
             raise JobStateError(f"cluster profile {self.profile.name!r} sets no shared_root, so the job's pods cannot "
                                 "read a fault request written here; set shared_root to the FSx mount, or use --kind kill")
-        return super()._write_request(rec, rank, kind, message, **extra)
+        return super()._write_request(rec, rank, kind, message, factor)

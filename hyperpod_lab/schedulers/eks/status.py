@@ -3,9 +3,9 @@
 The HyperPod (or Kubeflow) operator reports a job in its custom resource's ``status``:
 ``conditions``, ``restartCount``, ``latestFaultyPodInstanceList``, ``elasticScalingStatus``.
 :func:`job_status` maps it to a :class:`~hyperpod_lab.submit.jobs.JobStatus`; :func:`status_events`
-turns the change since the last look into events of the writer :data:`OPERATOR_WRITER`, so the
-sidebar, widgets and ``EventReader`` show the faults and recoveries the operator saw like those
-the runtime writes. Nothing here talks to Kubernetes.
+turns the change since the last look into events of the writer
+:data:`~hyperpod_lab.events.OPERATOR_WRITER`, so the sidebar, widgets and ``EventReader`` show the
+faults and recoveries the operator saw like those the runtime writes. Nothing here talks to Kubernetes.
 """
 
 from __future__ import annotations
@@ -15,10 +15,7 @@ from typing import Any
 from hyperpod_lab.events import EventKind
 from hyperpod_lab.submit.jobs import JobStatus
 
-__all__ = ["OPERATOR_WRITER", "job_status", "status_events"]
-
-OPERATOR_WRITER = "operator"
-"""Writer name of the events :func:`status_events` implies (``events/operator.jsonl``)."""
+__all__ = ["job_status", "status_events"]
 
 _COMPLETED = ("Completed", "Succeeded")
 _FAILED = ("Failed",)

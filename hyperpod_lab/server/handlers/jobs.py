@@ -14,7 +14,9 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.utils import ensure_async
 
 from hyperpod_lab.errors import NotAllowed, SpecError
-from hyperpod_lab.schedulers.base import DEFAULT_LOG_TAIL, LogChunk, fault_kind, slow_factor
+from hyperpod_lab.events import decode_cursor, encode_cursor
+from hyperpod_lab.jobdir import DEFAULT_FAULT_KIND, fault_kind, slow_factor
+from hyperpod_lab.schedulers.base import DEFAULT_LOG_TAIL, LogChunk
 from hyperpod_lab.server.handlers.base import (
     EVENT_PAGE_BYTES_PER_EVENT,
     EVENT_PAGE_MAX_BYTES,
@@ -23,7 +25,6 @@ from hyperpod_lab.server.handlers.base import (
     MAX_OFFSET,
     HyperPodHandler,
 )
-from hyperpod_lab.server.watch.watcher import decode_cursor, encode_cursor
 from hyperpod_lab.spec import host_code_env
 from hyperpod_lab.submit.clusters import get_profile, load_profiles
 from hyperpod_lab.submit.notebook_script import skip_env_check, spec_from_request
@@ -110,7 +111,7 @@ class FaultsHandler(HyperPodHandler):
         rank = body.get("rank") if isinstance(body, dict) else None
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
             raise SpecError("rank", f'send {{"rank": R}} with R a rank >= 0, got {rank!r}')
-        kind = fault_kind(body.get("kind", "kill"))
+        kind = fault_kind(body.get("kind", DEFAULT_FAULT_KIND))
         factor = slow_factor(kind, body.get("factor"))
         info = await self.hp.watcher.run_for_job(job_id, self.hp.client.inject_fault, job_id, rank, kind, factor)
         self.reply({"rank": rank, **info})

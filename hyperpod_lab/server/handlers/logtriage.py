@@ -46,7 +46,7 @@ class LogTriageHandler(HyperPodHandler):
     @authorized
     async def get(self, job_id: str):
         ranks = logtriage.parse_ranks(self.get_query_argument("ranks", None))
-        cursor = logtriage.decode_cursor(self.get_query_argument("cursor", None))
+        cursor = logtriage.decode_log_cursor(self.get_query_argument("cursor", None))
         length = self.int_arg("length", logtriage.DEFAULT_LENGTH, low=1, high=logtriage.MAX_LENGTH)
         scan = self.int_arg("scan", logtriage.DEFAULT_SCAN, low=1, high=logtriage.MAX_SCAN)
         limit = self.int_arg("limit", 200, low=1, high=logtriage.MAX_MATCHES)

@@ -38,8 +38,9 @@ from jupyter_server.base.websocket import WebSocketMixin
 from tornado import web, websocket
 
 from hyperpod_lab.errors import HyperPodLabError
+from hyperpod_lab.events import decode_cursor
 from hyperpod_lab.server.handlers.base import AUTH_RESOURCE, error_body, status_of
-from hyperpod_lab.server.watch.watcher import TooManySubscribers, decode_cursor
+from hyperpod_lab.server.watch.watcher import TooManySubscribers
 
 CLOSE_SLOW = 4008  # closed: stayed over the send queue's cap (reconnect with the last cursor)
 CLOSE_TOO_MANY = 1013  # "try again later": the job has the most subscribers the server takes

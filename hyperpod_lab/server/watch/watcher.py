@@ -58,9 +58,6 @@ of that, then catches up from its cursor the same way; one that stays over it fo
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import json
 import logging
 import re
 import time
@@ -69,8 +66,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any, Callable
 
-from hyperpod_lab.errors import HyperPodLabError, SpecError
-from hyperpod_lab.events import Event, EventKind, EventReader
+from hyperpod_lab.errors import HyperPodLabError
+from hyperpod_lab.events import Event, EventKind, EventReader, encode_cursor
 from hyperpod_lab.fold.aggregate import JobAggregate
 from hyperpod_lab.fold.progress import Progress
 from hyperpod_lab.fold.progress import event_dict as _event_dict
@@ -81,29 +78,6 @@ from hyperpod_lab.submit.jobs import JobRecord
 log = logging.getLogger("hyperpod_lab.server")
 
 Message = dict[str, Any]
-
-
-# ---- cursors -----------------------------------------------------------------------------
-def encode_cursor(cursor: dict[str, int]) -> str:
-    """The opaque cursor clients see: base64url of the JSON ``{file name: byte offset}``."""
-    raw = json.dumps(cursor, sort_keys=True, separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def decode_cursor(text: str | None) -> dict[str, int]:
-    """Inverse of :func:`encode_cursor`; ``None``/``""`` is the start. Raises SpecError("cursor")."""
-    if not text:
-        return {}
-    try:
-        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-        cur = json.loads(raw)
-    except (binascii.Error, ValueError):
-        raise SpecError("cursor", "is not a cursor this server issued; omit it to start from the first event") from None
-    if not isinstance(cur, dict) or not all(
-            isinstance(k, str) and re.fullmatch(r"[A-Za-z0-9_.-]+\.jsonl", k) and isinstance(v, int)
-            and not isinstance(v, bool) and v >= 0 for k, v in cur.items()):
-        raise SpecError("cursor", "is not a cursor this server issued; omit it to start from the first event")
-    return cur
 
 
 def _notable(p: Progress) -> tuple:
