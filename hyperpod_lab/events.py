@@ -61,7 +61,7 @@ class EventKind(str, Enum):
 
 class FaultReason(str, Enum):
     """The ``fault.detected`` reasons readers tell apart (the others are free text: a torchrun
-    failure's root cause, an operator's message). Mirrored in ``src/format.ts``."""
+    failure's root cause, an operator's message). Mirrored in ``src/api/events.ts`` (FAULT_REASONS)."""
 
     HANG = "hang"
     """The launch agent's hang watchdog killed a rank that made no progress (``stalled_s``)."""

@@ -1,5 +1,5 @@
 /** Text of numbers and events, shared by the models (notices) and the views. */
-import { IJobEvent } from './api/events';
+import { FAULT_REASONS, HEALTH_WRITER_PREFIX, IJobEvent } from './api/events';
 
 /** Format a number with at most `digits` significant digits, or an em dash. */
 export function fmt(value: number | null | undefined, digits = 3): string {
@@ -19,7 +19,7 @@ export function nodeOf(ev: IJobEvent): string {
   if (typeof ev.data.node === 'string' && ev.data.node) {
     return ev.data.node;
   }
-  return ev.writer.startsWith('health-') ? ev.writer.slice('health-'.length) : '?';
+  return ev.writer.startsWith(HEALTH_WRITER_PREFIX) ? ev.writer.slice(HEALTH_WRITER_PREFIX.length) : '?';
 }
 
 /** Whether a `health.checked` event reports a failed check. */
@@ -54,13 +54,13 @@ export function describeEvent(ev: IJobEvent): string {
     case 'checkpoint.failed':
       return `${d.tier} checkpoint step ${d.step} failed: ${d.reason}`;
     case 'fault.detected':
-      if (d.reason === 'node down') {
+      if (d.reason === FAULT_REASONS.nodeDown) {
         const ranks = Array.isArray(d.rank)
           ? ` (${d.rank.length === 1 ? 'rank' : 'ranks'} ${d.rank.join(', ')})`
           : rank;
         return `fault: node ${d.node} down (Slurm: ${d.slurm_state ?? 'DOWN'})${ranks}`;
       }
-      if (d.reason === 'hang') {
+      if (d.reason === FAULT_REASONS.hang) {
         const section = d.section ? ` in section ${d.section}` : '';
         return `hang: rank ${d.rank} on ${d.node} made no progress for ${num(d.stalled_s)} s${section}`;
       }

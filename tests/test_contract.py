@@ -290,3 +290,28 @@ def test_event_kinds_are_the_same_in_python_typescript_and_the_openapi_descripti
     with open(os.path.join(root, "docs", "events.md")) as f:
         doc = f.read()
     assert all(f"| `{k}` |" in doc for k in kinds), [k for k in kinds if f"| `{k}` |" not in doc]
+
+
+def test_the_typescript_mirrors_of_the_fault_request_and_fault_reasons_equal_the_python_ones():
+    """The fault-injection request is defined once in Python (``jobdir``: kinds, default kind and
+    slow-factor limits) and the fault reasons and health writer prefix once in ``events``; the
+    Lab's ``src/api/faults.ts`` and ``src/api/events.ts`` mirror them and must say the same."""
+    import re
+
+    from hyperpod_lab import events
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "src", "api", "faults.ts")) as f:
+        faults = f.read()
+    kinds = re.search(r"export const FAULT_KINDS: readonly FaultKind\[\] = \[(.*?)\];", faults, re.S).group(1)
+    assert tuple(re.findall(r"'([^']+)'", kinds)) == jobdir.FAULT_KINDS
+    kind_type = re.search(r"export type FaultKind = (.*?);", faults, re.S).group(1)
+    assert tuple(re.findall(r"'([^']+)'", kind_type)) == jobdir.FAULT_KINDS
+    for name in ("DEFAULT_SLOW_FACTOR", "MIN_SLOW_FACTOR", "MAX_SLOW_FACTOR"):
+        ts = float(re.search(rf"export const {name} = ([0-9.]+);", faults).group(1))
+        assert ts == getattr(jobdir, name), name
+    with open(os.path.join(root, "src", "api", "events.ts")) as f:
+        ev = f.read()
+    assert re.search(r"export const HEALTH_WRITER_PREFIX = '([^']+)';", ev).group(1) == events.HEALTH_WRITER_PREFIX
+    block = re.search(r"export const FAULT_REASONS = \{(.*?)\} as const;", ev, re.S).group(1)
+    assert sorted(re.findall(r"'([^']+)'", block)) == sorted(r.value for r in events.FaultReason)

@@ -90,3 +90,12 @@ export function isJobEvent(value: unknown): value is IJobEvent {
     !Array.isArray(record.data)
   );
 }
+
+/** A health checker's event writer is `health-<node>` (Python: `hyperpod_lab.events.HEALTH_WRITER_PREFIX`). */
+export const HEALTH_WRITER_PREFIX = 'health-';
+
+/** The `reason` of a `fault.detected` event that names a cause, not a message (Python: `hyperpod_lab.events.FaultReason`). */
+export const FAULT_REASONS = {
+  hang: 'hang',
+  nodeDown: 'node down'
+} as const;
