@@ -278,7 +278,7 @@ def test_health_checks_are_capped_and_kept_in_the_state():
 def test_state_of_the_previous_version_is_refused_so_the_job_is_folded_again():
     """A state saved before the health checks were kept (v1) cannot give the timeline: from_state
     raises ValueError, which the server's watcher (_load_aggregate) takes as "fold again"."""
-    from hyperpod_lab.server.watch.watcher import _load_aggregate
+    from hyperpod_lab.server.watch.tailer import load_aggregate as _load_aggregate
 
     agg = JobAggregate()
     for e in _job_with_fault():

@@ -142,7 +142,7 @@ def test_status_is_sent_when_faults_or_recoveries_change(tmp_path):
 
 
 def test_a_summary_saved_before_the_facts_fold_is_rebuilt_from_the_events():
-    from hyperpod_lab.server.watch.watcher import Tailer
+    from hyperpod_lab.server.watch.tailer import Tailer
 
     rec = JobRecord(job_id="o-1", name="o", cluster="local", orchestrator="local", native_id="1",
                     job_dir="/nonexistent", spec={})

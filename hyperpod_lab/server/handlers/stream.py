@@ -13,7 +13,7 @@ The server pushes JSON text messages:
   no duplicates;
 * ``{"type": "end"}`` once the job is terminal and every event was sent; then the server closes.
 
-All tabs share the job's one :class:`~hyperpod_lab.server.watch.watcher.Tailer`; a socket only holds
+All tabs share the job's one :class:`~hyperpod_lab.server.watch.tailer.Tailer`; a socket only holds
 its own cursor and its send queue. History is replayed in pages, each written only after the
 queue drained below half its cap (``Watcher.send_queue_bytes``); messages are written one at a
 time, each after tornado flushed the one before (its write future), so a client that does not
@@ -40,7 +40,7 @@ from tornado import web, websocket
 from hyperpod_lab.errors import HyperPodLabError
 from hyperpod_lab.events import decode_cursor
 from hyperpod_lab.server.handlers.base import AUTH_RESOURCE, error_body, status_of
-from hyperpod_lab.server.watch.watcher import TooManySubscribers
+from hyperpod_lab.server.watch.tailer import TooManySubscribers
 
 CLOSE_SLOW = 4008  # closed: stayed over the send queue's cap (reconnect with the last cursor)
 CLOSE_TOO_MANY = 1013  # "try again later": the job has the most subscribers the server takes

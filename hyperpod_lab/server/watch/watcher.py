@@ -61,257 +61,29 @@ import asyncio
 import logging
 import re
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any, Callable
 
 from hyperpod_lab.errors import HyperPodLabError
-from hyperpod_lab.events import Event, EventKind, EventReader, encode_cursor
-from hyperpod_lab.fold.aggregate import JobAggregate
+from hyperpod_lab.events import Event, EventKind, EventReader
 from hyperpod_lab.fold.progress import Progress
-from hyperpod_lab.fold.progress import event_dict as _event_dict
 from hyperpod_lab.goodput.measure import GoodputMeter
+from hyperpod_lab.server.watch.notifier import DirNotifier
+from hyperpod_lab.server.watch.tailer import (
+    Message,
+    Subscription,
+    Tailer,
+    TooManySubscribers,
+    load_aggregate,
+    new_aggregate,
+    notable,
+)
 from hyperpod_lab.submit.client import Client
 from hyperpod_lab.submit.jobs import JobRecord
 
 log = logging.getLogger("hyperpod_lab.server")
-
-Message = dict[str, Any]
-
-
-def _notable(p: Progress) -> tuple:
-    """What a ``status`` message is sent on when it changes: faults, recoveries, excluded nodes,
-    nodes that failed a pre-flight health check (a count per run, so cheap per event) and the
-    ranks flagged as stragglers now."""
-    return (p.faults, p.recoveries, len(p.excluded_nodes), sum(r.get("failed", 0) for r in p.preflight_runs),
-            tuple(sorted(x.get("rank", -1) for x in p.stragglers)))
-
-
-# ---- tailers and subscribers -------------------------------------------------------------
-class TooManySubscribers(HyperPodLabError):
-    """A job already has the most subscribers a server takes (``Watcher.max_subscribers``)."""
-
-
-class Subscription:
-    """One subscriber (a WebSocket) of one job: its own cursor and a ``send(message)`` callback
-    called on the IOLoop thread. ``send`` returning False (socket gone) unsubscribes it.
-
-    Args:
-        pending: bytes sent but not yet written out by the transport (its send queue), or None
-            for a transport without one (then nothing is held back).
-        close: closes the transport with a reason (a subscriber stalled over the cap).
-
-    Attributes:
-        live: True once the history is sent: events then come from the tailer as read; False
-            while the subscriber replays (or catches up after falling behind) from its cursor.
-    """
-
-    def __init__(self, job_id: str, cursor: dict[str, int], send: Callable[[Message], bool],
-                 pending: Callable[[], int] | None = None, close: Callable[[str], None] | None = None):
-        self.job_id, self.cursor, self.send = job_id, dict(cursor), send
-        self.pending, self.close = pending, close
-        self.ended = False
-        self.live = False
-        self.gone = False
-        self.task: asyncio.Task | None = None
-        self.reader: EventReader | None = None  # its replay's reader (Watcher._read_page)
-
-    def over(self, cap: int) -> bool:
-        """Whether the transport holds ``cap`` bytes or more not yet written out."""
-        return self.pending is not None and self.pending() >= cap
-
-    def deliver(self, ev: Event, fname: str, end: int) -> bool:
-        if end <= self.cursor.get(fname, 0):
-            return True  # already seen by this subscriber
-        self.cursor[fname] = end
-        return self.send({"type": "event", "event": _event_dict(ev), "cursor": encode_cursor(self.cursor)})
-
-
-class Tailer:
-    """Reads one job's events for all its subscribers.
-
-    ``items`` holds the events read since ``base`` (a cursor): at most ``window`` of the newest,
-    and none while nobody subscribes (``base`` then follows ``cursor``). A subscriber whose
-    cursor is behind ``base`` replays from the files up to it (:meth:`Watcher._catch_up`).
-    """
-
-    def __init__(self, rec: JobRecord, base: dict[str, int] | None = None, progress: dict | None = None,
-                 window: int = 1024):
-        self.job_id, self.cluster = rec.job_id, rec.cluster
-        if progress is not None and "incidents" not in progress:
-            base, progress = None, None  # saved before the job facts fold: read every event again
-        self.base = dict(base or {})
-        self.cursor = dict(self.base)
-        self.window = window
-        self.items: deque[tuple[Event, str, int]] = deque()
-        self.more = False               # the last read stopped at read_bytes: read again at once
-        self.reader: EventReader | None = None  # kept from read to read (Watcher._reader)
-        self.progress = Progress(rec.spec, progress if base else None)
-        # the goodput measurement over the same facts (it folds each event into them); a summary
-        # saved before the meter existed resumes without one (goodput then reads on its own)
-        saved_meter = (progress or {}).get("goodput") if self.base else None
-        self.meter: GoodputMeter | None = (GoodputMeter(saved_meter, self.progress)
-                                           if saved_meter is not None or not self.base else None)
-        # the dashboard's aggregate (hyperpod_lab.fold.aggregate), saved like the meter
-        saved_agg = (progress or {}).get("aggregate") if self.base else None
-        self.agg: JobAggregate | None = _load_aggregate(saved_agg) if self.base else new_aggregate()
-        self.subs: list[Subscription] = []
-        self.generation = 0
-        self.complete = False           # job terminal and every event read
-        self.terminal_seen_at: float | None = None
-        self.next_poll = 0.0
-        self.idle_interval = 1.0
-        self.dirty = False              # cursor/progress not yet saved
-        self.polled = False             # read at least once since created or reset
-        self.finished_seen = False      # a 'finished' event was read
-        # notifications (local-mount mode): see DirNotifier and Watcher._poll_batch
-        self.local_events: str | None = None  # its events directory here ("" : none / no watch)
-        self.watched_fs = False         # notifications come for it
-        self.notify_ok = True           # and are trusted (no timed read found events they missed)
-        self.notify_armed = False       # a read completed since the watch began
-        self.notify_seq = 0             # notifications received
-        self.read_seq = self.last_read_seq = 0  # notify_seq when this read / the previous one began
-
-    def covers(self, cursor: dict[str, int]) -> bool:
-        return all(cursor.get(f, 0) >= off for f, off in self.base.items())
-
-    def keep(self, item: tuple[Event, str, int]) -> None:
-        """Add a read event to the window, dropping the oldest beyond it (``base`` follows)."""
-        self.items.append(item)
-        while len(self.items) > self.window:
-            _, fname, end = self.items.popleft()
-            self.base[fname] = end
-
-    def fold(self, ev: Event) -> None:
-        """Fold one read event into the progress (and the goodput meter, which feeds it)."""
-        (self.meter if self.meter is not None else self.progress).update(ev)
-        if self.agg is not None:
-            self.agg.fold(ev)
-
-    def saved(self) -> dict:
-        """What the store keeps beside the cursor: the progress, and the goodput meter's state
-        (without the facts, which are the progress) under ``"goodput"``."""
-        d = self.progress.to_dict()
-        if self.meter is not None:
-            d["goodput"] = self.meter.to_dict(facts=False)
-        if self.agg is not None:
-            d["aggregate"] = self.agg.to_state()
-        return d
-
-    def reset(self, rec: JobRecord) -> None:
-        self.base, self.cursor, self.items = {}, {}, deque()
-        self.reader = None
-        self.progress = Progress(rec.spec)
-        self.meter = GoodputMeter(None, self.progress)
-        self.agg = new_aggregate()
-        self.generation += 1
-        self.complete = self.polled = self.finished_seen = False
-
-
-#: buckets of a server-side aggregate's step series (each gives at most 2 points: 1024 points)
-AGGREGATE_BUCKETS = 512
-
-
-def new_aggregate() -> JobAggregate:
-    """A fresh :class:`JobAggregate` with the server's bounds."""
-    return JobAggregate(max_buckets=AGGREGATE_BUCKETS)
-
-
-def _load_aggregate(state: dict | None) -> JobAggregate | None:
-    """The saved aggregate, or None (saved by an older server or unreadable: the dashboard then
-    reads the job on its own)."""
-    if state is None:
-        return None
-    try:
-        return JobAggregate.from_state(state)
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
-class DirNotifier:
-    """Wakes tailers when their event files change: one ``watchdog`` observer (inotify on Linux,
-    its own thread) watching each job's ``events/`` directory, not recursively. A change (a file
-    created, written, closed after writing, moved in) calls ``on_change(job_id)`` on the IOLoop;
-    reads of the files (opened, closed without writing) do not.
-
-    Args:
-        loop: the IOLoop's asyncio loop.
-        on_change: called there with the job id.
-
-    Attributes:
-        available: watchdog is installed and its observer runs.
-    """
-
-    _KINDS = ("created", "modified", "moved", "closed")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, on_change: Callable[[str], None]):
-        self.loop, self.on_change = loop, on_change
-        self.watches: dict[str, Any] = {}
-        self.observer = None
-        try:
-            from watchdog.observers import Observer
-        except ImportError:
-            log.info("hyperpod_lab: watchdog is not installed: event files are read on a timer only")
-            return
-        try:
-            obs = Observer()
-            obs.daemon = True
-            obs.start()
-        except Exception as e:  # e.g. no inotify instance left
-            log.warning("hyperpod_lab: file-system notifications unavailable (%s): event files are read on a "
-                        "timer only", e)
-            return
-        self.observer = obs
-
-    @property
-    def available(self) -> bool:
-        return self.observer is not None
-
-    def watch(self, job_id: str, path: str) -> bool:
-        """Watch ``path`` (a job's events directory, on this machine) for ``job_id``. Returns
-        whether notifications now come for it (False: unavailable, or the watch failed)."""
-        if self.observer is None:
-            return False
-        if job_id in self.watches:
-            return True
-        from watchdog.events import FileSystemEventHandler
-
-        notify = self._notify
-        kinds = self._KINDS
-
-        class _Handler(FileSystemEventHandler):
-            def on_any_event(self, event):
-                if not event.is_directory and event.event_type in kinds:
-                    notify(job_id)
-
-        try:
-            self.watches[job_id] = self.observer.schedule(_Handler(), path, recursive=False)
-            return True
-        except Exception as e:  # missing directory, inotify watch limit (OSError), ...
-            log.warning("hyperpod_lab: no notifications for %s's events (%s): read on a timer", job_id, e)
-            return False
-
-    def _notify(self, job_id: str) -> None:  # the observer's thread
-        try:
-            self.loop.call_soon_threadsafe(self.on_change, job_id)
-        except RuntimeError:  # the loop is closed: the server is stopping
-            pass
-
-    def unwatch(self, job_id: str) -> None:
-        w = self.watches.pop(job_id, None)
-        if w is not None and self.observer is not None:
-            try:
-                self.observer.unschedule(w)
-            except Exception:
-                pass
-
-    def stop(self) -> None:
-        if self.observer is not None:
-            self.observer.stop()
-            self.observer.join(timeout=2)
-            self.observer = None
-        self.watches.clear()
 
 
 class Watcher:
@@ -605,7 +377,7 @@ class Watcher:
             if entry is None:
                 saved = await self.run(self.store.get_cursor, job_id)
                 cursor, prog = saved if saved is not None else ({}, None)
-                agg = _load_aggregate((prog or {}).get("aggregate")) if cursor else None
+                agg = load_aggregate((prog or {}).get("aggregate")) if cursor else None
                 entry = {"agg": agg, "cursor": dict(cursor)} if agg is not None else {"agg": new_aggregate(), "cursor": {}}
             self._cache_dashboard(job_id, entry)
             deadline = time.monotonic() + read_budget_s
@@ -906,7 +678,7 @@ class Watcher:
         for ev, fname, end in located:
             if t.subs:
                 t.keep((ev, fname, end))
-            counts = _notable(t.progress)
+            counts = notable(t.progress)
             t.fold(ev)
             t.finished_seen |= ev.kind == EventKind.FINISHED.value
             for sub in list(t.subs):
@@ -916,7 +688,7 @@ class Watcher:
                     self._fall_behind(t, sub)
                 elif sub.deliver(ev, fname, end) is False:
                     self.unsubscribe(sub)
-            if t.subs and _notable(t.progress) != counts:
+            if t.subs and notable(t.progress) != counts:
                 # a fault opened or recovered (the sidebar notifies from it), a node was excluded
                 # or failed its health checks (the sidebar lists them)
                 self._send_status(t)
@@ -1046,4 +818,3 @@ class Watcher:
                 await asyncio.wait_for(self._wake_events.wait(), timeout=timeout)
             except asyncio.TimeoutError:
                 pass
-
