@@ -142,13 +142,14 @@ def test_no_private_name_is_imported_across_modules():
 
 
 def test_the_architecture_table_lists_every_module():
-    """docs/architecture.md's module table names each module of hyperpod_lab/ by its path."""
+    """docs/architecture.md's module table names each module of hyperpod_lab/ by its path (a package's
+    ``__init__.py`` too when it holds code, not only a docstring and re-exports)."""
     with open(os.path.join(ROOT, "docs", "architecture.md")) as f:
         doc = f.read()
     missing = []
     for dirpath, _dirs, files in os.walk(os.path.join(ROOT, "hyperpod_lab")):
         for f in files:
-            if f.endswith((".py", ".sh")) and f not in ("__init__.py", "__main__.py"):
+            if f.endswith((".py", ".sh")) and f != "__main__.py" and (f != "__init__.py" or os.path.getsize(os.path.join(dirpath, f)) > 2000):  # a package with code
                 rel = os.path.relpath(os.path.join(dirpath, f), os.path.join(ROOT, "hyperpod_lab"))
                 if f"`{rel}`" not in doc:
                     missing.append(rel)

@@ -25,40 +25,34 @@ count, 0 first), source (one log file of a rank), offset (bytes from the start o
 from __future__ import annotations
 
 import json
-import posixpath
 import re
-from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from hyperpod_lab.errors import HyperPodLabError, SpecError
 from hyperpod_lab.events import decode_cursor, encode_cursor
-from hyperpod_lab.schedulers.base import LogChunk, read_log_range
+from hyperpod_lab.schedulers.base import LogChunk
+from hyperpod_lab.submit.logtriage.parse import (
+    DEFAULT_LENGTH,
+    DEFAULT_SCAN,
+    LOG_CURSOR_KEY,
+    MAX_LENGTH,
+    MAX_MATCHES,
+    MAX_PATTERN,
+    MAX_RANKS,
+    MAX_SCAN,
+    MAX_SOURCES,
+    NESTED_REPEAT,
+    SECONDARY,
+    Line,
+    Traceback,
+    collapse,
+    find_tracebacks,
+    split_lines,
+    strip_prefix,
+)
+from hyperpod_lab.submit.logtriage.sources import RankLogs, Source, raw_bytes
 
-DEFAULT_LENGTH = 64 << 10  #: bytes read per source per request by default
-MAX_LENGTH = 1 << 20  #: most bytes read per source per request
-DEFAULT_SCAN = 8 << 20  #: bytes a search scans per request by default (all sources together)
-MAX_SCAN = 64 << 20  #: most bytes a search scans per request
-MAX_MATCHES = 1000  #: most search matches per reply
-MAX_PATTERN = 200  #: longest search pattern, characters
-MAX_LINE = 4096  #: characters of one line kept (and searched); longer lines are cut
-MAX_RANKS = 256  #: most ranks one request may name
-MAX_SOURCES = 512  #: most sources one request reads
-ALIGN_WINDOW = 32  #: lines looked ahead per rank when aligning identical lines across ranks
-TRACEBACK = "Traceback (most recent call last):"
-FATAL = "Fatal Python error:"
-
-_PREFIX = re.compile(r"^(?:\[[^\]\n]{1,40}\]:\s?)*")  # "[rank1]: " (torch), "[default1]:" (torchrun --tee)
-_ATTEMPT = re.compile(r"^attempt_(\d+)$")
-# a group holding a repetition, itself repeated: (a+)+, (a|aa)*, (x*y?)* ... (catastrophic backtracking)
-_NESTED_REPEAT = re.compile(r"\((?:[^()\\]|\\.)*(?:[+*}]|\|)(?:[^()\\]|\\.)*\)\s*(?:[+*{]|\?\?)")
-_SECONDARY = re.compile(r"Connection closed by peer|Connection reset by peer|ChildFailedError|SIGTERM|"
-                        r"SignalException|ProcessGroupGloo|NCCL.*(?:abort|timeout)|Broken pipe|"
-                        r"DistNetworkError|DistStoreError|Socket Timeout|TCPStore", re.I)
-
-
-# ---------------------------------------------------------------------------- cursors
-LOG_CURSOR_KEY = re.compile(r"\d{1,7}:[^\x00-\x1f]{1,1000}")
-"""A key of a log cursor: ``"R:source"`` (rank, then the source's name)."""
+__all__ = ["DEFAULT_LENGTH", "DEFAULT_SCAN", "MAX_LENGTH", "MAX_MATCHES", "MAX_SCAN", "JOB_LOG", "Line", "RankLogs", "Source", "Traceback", "collapse", "find_tracebacks", "split_lines", "strip_prefix", "around", "compile_query", "decode_log_cursor", "first_failure", "format_matches", "format_view", "parse_ranks", "rank_set_label", "read_fault_events", "read_view", "search", "triage"]
 
 
 def decode_log_cursor(text: str | None, name: str = "cursor") -> dict[str, int]:
@@ -100,405 +94,6 @@ def rank_set_label(ranks: Iterable[int]) -> str:
     return ",".join(parts)
 
 
-# ---------------------------------------------------------------------------- lines
-@dataclass
-class Line:
-    """One line of one source: ``text`` (no newline, cut at :data:`MAX_LINE` characters), the
-    byte ``offset`` of its first byte and ``end`` one past its newline."""
-
-    text: str
-    offset: int
-    end: int
-
-
-def split_lines(data: bytes, base: int, at_eof: bool, full: bool) -> tuple[list[Line], int]:
-    """The complete lines of ``data`` (bytes read from byte ``base``) and the offset where the
-    next read starts. A last line without its newline is held back (it may still be being
-    written) unless the source ended there and ``at_eof`` (the job is over), or ``full`` (the
-    read was the whole length asked for and held no newline at all: one over-long line)."""
-    lines, pos = [], 0
-    while True:
-        nl = data.find(b"\n", pos)
-        if nl < 0:
-            break
-        lines.append(Line(data[pos:nl].rstrip(b"\r").decode(errors="replace")[:MAX_LINE], base + pos, base + nl + 1))
-        pos = nl + 1
-    if pos < len(data) and (at_eof or (full and not lines)):
-        lines.append(Line(data[pos:].decode(errors="replace")[:MAX_LINE], base + pos, base + len(data)))
-        pos = len(data)
-    return lines, base + pos
-
-
-def strip_prefix(text: str) -> tuple[str, int]:
-    """``text`` without the per-rank prefixes torch adds (``[rank1]: ``, ``[default1]:``), and
-    the number of characters removed."""
-    m = _PREFIX.match(text)
-    n = m.end() if m else 0
-    return text[n:], n
-
-
-# ---------------------------------------------------------------------------- collapse
-def collapse(per_rank: dict[int, list[Line]], window: int = ALIGN_WINDOW) -> list[dict]:
-    """Merge the ranks' lines into one list, identical lines (same text) of several ranks
-    collapsed into one entry, each rank's order kept.
-
-    Aligns by content within ``window`` lines: at each step the line that heads the most ranks
-    goes next (ties: the lowest rank's); a rank whose head differs but which has that line within
-    its next ``window`` lines is *behind* and its head goes first. Each rank keeps a count of the
-    texts in its look-ahead window, updated as it advances: cost O(lines x ranks). Measured on
-    this 2-core machine: 64 ranks x 1000 lines, 90 % of them shared, 0.3 s; all distinct, 2.4 s.
-
-    Returns ``[{"text", "ranks": [R...], "offsets": {R: byte offset of the line in rank R's
-    source}}]`` (ranks as ints; JSON turns the offsets' keys into strings).
-    """
-    ptr = {r: 0 for r, ls in sorted(per_rank.items()) if ls}
-    ahead: dict[int, dict[str, int]] = {}  # rank -> text -> count in lines[ptr+1 : ptr+1+window]
-    for r in ptr:
-        c: dict[str, int] = {}
-        for ln in per_rank[r][1:1 + window]:
-            c[ln.text] = c.get(ln.text, 0) + 1
-        ahead[r] = c
-
-    def advance(r: int) -> None:
-        ls, i, c = per_rank[r], ptr[r], ahead[r]
-        if i + 1 < len(ls):  # the next head leaves the window, one more line enters it
-            t = ls[i + 1].text
-            if c[t] == 1:
-                del c[t]
-            else:
-                c[t] -= 1
-            if i + 1 + window < len(ls):
-                t = ls[i + 1 + window].text
-                c[t] = c.get(t, 0) + 1
-        ptr[r] = i + 1
-        if ptr[r] >= len(ls):
-            del ptr[r]
-
-    out: list[dict] = []
-    while ptr:
-        heads = {r: per_rank[r][i].text for r, i in ptr.items()}  # ptr stays in rank order
-        count: dict[str, int] = {}
-        for t in heads.values():
-            count[t] = count.get(t, 0) + 1
-        best = max(count, key=lambda t: count[t])  # dicts keep insertion order: ties -> lowest rank's
-        behind = [r for r, t in heads.items() if t != best and best in ahead[r]]
-        take = behind if behind else [r for r, t in heads.items() if t == best]
-        groups: dict[str, list[int]] = {}
-        for r in take:
-            groups.setdefault(heads[r], []).append(r)
-        for text, rs in groups.items():
-            out.append({"text": text, "ranks": rs, "offsets": {r: per_rank[r][ptr[r]].offset for r in rs}})
-            for r in rs:
-                advance(r)
-    return out
-
-
-# ---------------------------------------------------------------------------- tracebacks
-@dataclass
-class Traceback:
-    """A failure found in a log.
-
-    Attributes:
-        kind: ``python`` (a ``Traceback (most recent call last):`` block), ``fatal`` (``Fatal
-            Python error:``) or ``childfailed`` (torch.distributed.elastic's ``ChildFailedError``
-            report; ``rank``/``host`` from its "Root Cause (first observed failure)" block).
-        offset: byte offset of the ``Traceback``/``Fatal``/``ChildFailedError`` text itself
-            (after any ``[rank1]:`` prefix) in its source.
-        end: byte offset one past the block's last line.
-        text: the block, prefixes removed, one line per line.
-        exception: the final exception line (``RuntimeError: ...``), or the fatal error's line.
-        exception_offset: byte offset of ``exception`` in the source.
-        rank, host: from a ChildFailedError root cause, else None.
-    """
-
-    kind: str
-    offset: int
-    end: int
-    text: str
-    exception: str
-    exception_offset: int
-    rank: int | None = None
-    host: str | None = None
-
-    @property
-    def secondary(self) -> bool:
-        """Whether it looks like a consequence of another rank's failure (a peer closed the
-        connection, the agent's SIGTERM, a store timeout) rather than a root cause."""
-        return bool(_SECONDARY.search(self.exception))
-
-
-def _byte_offset(line: Line, chars: int) -> int:
-    """Byte offset of character ``chars`` of ``line``."""
-    return line.offset + len(line.text[:chars].encode())
-
-
-def _child_failed_report(lines: list[Line], j: int) -> tuple[int, list[str], int | None, str | None, str]:
-    """torchelastic's ``ChildFailedError`` report from line ``j`` on (its ``=====`` rules, the
-    failures and the "Root Cause (first observed failure)"): the index after it, its lines, the
-    root cause's rank and host, and a one-line summary (``ChildFailedError: rank 1 (local_rank:
-    1) on n2: exitcode -9 (SIGKILL): Signal 9 (SIGKILL) received by PID 123``)."""
-    texts: list[str] = []
-    rank = host = None
-    fields: dict[str, str] = {}
-    seen_root, rules, start = False, 0, j
-    while j < len(lines) and j - start < 80:
-        b = strip_prefix(lines[j].text)[0]
-        if rules == 0 and not b.startswith("=====") and b.strip():
-            break  # no report follows
-        texts.append(b)
-        if b.startswith("Root Cause"):
-            seen_root = True
-        m = re.match(r"\s*(time|host|rank|exitcode|traceback)\s*:\s*(.*)$", b)
-        if seen_root and m and m.group(1) not in fields:
-            fields[m.group(1)] = m.group(2).strip()
-        if b.startswith("====="):
-            rules += 1
-            if rules >= 2:
-                j += 1
-                break
-        j += 1
-    m = re.match(r"(\d+)", fields.get("rank", ""))
-    rank = int(m.group(1)) if m else None
-    host = fields.get("host") or None
-    exc = "ChildFailedError"
-    if "rank" in fields:
-        exc += f": rank {fields['rank']}" + (f" on {host}" if host else "")
-    if "exitcode" in fields:
-        exc += f": exitcode {re.sub(r' [(]pid: [0-9]+[)]', '', fields['exitcode'])}"
-    if fields.get("traceback"):
-        exc += f": {fields['traceback']}"
-    return j, texts, rank, host, re.sub(r"\s+", " ", exc)
-
-
-def find_tracebacks(lines: list[Line]) -> list[Traceback]:
-    """Python tracebacks (chained ones as one block, ending at the last exception line),
-    ``Fatal Python error`` blocks and torchelastic ``ChildFailedError`` root-cause reports in
-    ``lines``, in order. A block cut off by the end of ``lines`` ends there (its exception is
-    the last line seen)."""
-    out: list[Traceback] = []
-    i, n = 0, len(lines)
-    while i < n:
-        body, cut = strip_prefix(lines[i].text)
-        if body.startswith(TRACEBACK):
-            start, texts, j, exc_line = i, [body], i + 1, None
-            while j < n:
-                b, c = strip_prefix(lines[j].text)
-                if b.startswith((" ", "\t")) or b.startswith(TRACEBACK):
-                    texts.append(b)
-                elif not b.strip():
-                    texts.append(b)
-                elif b.startswith(("During handling of the above exception", "The above exception was the direct")):
-                    texts.append(b)
-                else:
-                    texts.append(b)
-                    exc_line = (j, b, c)
-                    # a chained traceback follows after a blank line and the "During handling" line
-                    k = j + 1
-                    while k < n and not strip_prefix(lines[k].text)[0].strip():
-                        k += 1
-                    if k < n and strip_prefix(lines[k].text)[0].startswith(
-                            ("During handling of the above exception", "The above exception was the direct")):
-                        texts.extend(strip_prefix(lines[m].text)[0] for m in range(j + 1, k))
-                        j = k
-                        continue
-                    break
-                j += 1
-            if exc_line is None:  # cut off: the last line read stands for it
-                j = min(j, n) - 1
-                exc_line = (j, strip_prefix(lines[j].text)[0], strip_prefix(lines[j].text)[1])
-            while texts and not texts[-1].strip():
-                texts.pop()
-            ej, etext, ecut = exc_line
-            pos = etext.find("ChildFailedError")
-            if pos >= 0 and "errors" in etext[:pos]:
-                # the launch agent's own traceback ending in torchelastic's report of the ranks
-                k, report, rank, host, exc = _child_failed_report(lines, ej + 1)
-                out.append(Traceback("childfailed", _byte_offset(lines[ej], ecut + pos), lines[k - 1].end,
-                                     "\n".join([*texts, *report]), exc, _byte_offset(lines[ej], ecut + pos), rank, host))
-                i = k
-                continue
-            out.append(Traceback("python", _byte_offset(lines[start], cut), lines[ej].end, "\n".join(texts),
-                                 etext.strip(), _byte_offset(lines[ej], ecut)))
-            i = ej + 1
-            continue
-        if body.startswith(FATAL):
-            texts, j = [body], i + 1
-            while j < n and j - i < 60:
-                b = strip_prefix(lines[j].text)[0]
-                if not b.strip() and not (j + 1 < n and strip_prefix(lines[j + 1].text)[0].startswith(
-                        ("Thread ", "Current thread", "Extension modules", "  File", "Python runtime"))):
-                    break
-                texts.append(b)
-                j += 1
-            out.append(Traceback("fatal", _byte_offset(lines[i], cut), lines[j - 1].end, "\n".join(texts),
-                                 body.strip(), _byte_offset(lines[i], cut)))
-            i = j
-            continue
-        pos = body.find("ChildFailedError")
-        if pos >= 0 and "errors" in body[:pos]:
-            j, texts, rank, host, exc = _child_failed_report(lines, i + 1)
-            out.append(Traceback("childfailed", _byte_offset(lines[i], cut + pos), lines[j - 1].end,
-                                 "\n".join([body, *texts]), exc, _byte_offset(lines[i], cut + pos), rank, host))
-            i = j
-            continue
-        i += 1
-    return out
-
-
-# ---------------------------------------------------------------------------- sources
-@dataclass
-class Source:
-    """One log file of a rank.
-
-    Attributes:
-        rank: the global rank.
-        name: its path relative to the job directory (``logs/torchrun/.../attempt_0/1/stderr.log``),
-            or ``log`` for the backend's own rank log (read through ``Scheduler.log_range``).
-        attempt: torchrun's attempt (restart) number, None for ``log``.
-        stream: ``stdout``, ``stderr`` or ``log``.
-        path: absolute path on the cluster's storage (None for ``log``).
-        size: bytes, from the directory listing (None where unknown).
-    """
-
-    rank: int
-    name: str
-    attempt: int | None
-    stream: str
-    path: str | None
-    size: int | None = None
-
-    @property
-    def key(self) -> str:
-        return f"{self.rank}:{self.name}"
-
-    def to_dict(self) -> dict:
-        return {"rank": self.rank, "name": self.name, "attempt": self.attempt, "stream": self.stream,
-                "size": self.size}
-
-
-class RankLogs:
-    """The ranks' log sources of one job, read by byte range through its scheduler.
-
-    Args:
-        scheduler: the job's :class:`~hyperpod_lab.schedulers.base.Scheduler`.
-        rec: the job's :class:`~hyperpod_lab.submit.jobs.JobRecord`.
-
-    Counts what it reads in :attr:`bytes_read` (bytes, all reads together).
-    """
-
-    def __init__(self, scheduler, rec):
-        self.sched, self.rec = scheduler, rec
-        self.job_dir = rec.job_dir.rstrip("/")
-        self.bytes_read = 0
-        self._info: dict[int, dict | None] = {}
-        self._runs: dict[str, list[str]] = {}  # torchrun run folder -> its listing
-        self._sources: dict[int, list[Source]] = {}
-
-    def ranks(self) -> list[int]:
-        """Ranks that have started (have ``ranks/rank-R.json``), ascending."""
-        try:
-            return self.sched._known_ranks(self.rec)
-        except Exception:  # a backend without rank files
-            return []
-
-    def info(self, rank: int) -> dict | None:
-        """The rank's ``ranks/rank-R.json`` (None when absent)."""
-        if rank not in self._info:
-            try:
-                self._info[rank] = self.sched.rank_info(self.rec, rank)
-            except HyperPodLabError:
-                self._info[rank] = None
-        return self._info[rank]
-
-    def node(self, rank: int) -> str | None:
-        info = self.info(rank) or {}
-        return info.get("node") or info.get("host")
-
-    def inside(self, path: str) -> bool:
-        return posixpath.normpath(path).startswith(self.job_dir + "/")
-
-    def sources(self, rank: int) -> list[Source]:
-        """The rank's sources, oldest attempt first, ``stdout`` before ``stderr`` in each; one
-        ``log`` source where the rank's log file is not in torchrun's layout or unknown. Listed
-        once per :class:`RankLogs` (one request)."""
-        if rank not in self._sources:
-            self._sources[rank] = self._list_sources(rank)
-        return self._sources[rank]
-
-    def _list_sources(self, rank: int) -> list[Source]:
-        info = self.info(rank) or {}
-        log_file = info.get("log_file")
-        remote = getattr(self.sched, "remote", None)
-        if (isinstance(log_file, str) and self.inside(log_file) and remote is not None
-                and posixpath.basename(log_file) == "stdout.log"):
-            slot = posixpath.dirname(posixpath.normpath(log_file))
-            local, run = posixpath.basename(slot), posixpath.dirname(posixpath.dirname(slot))
-            if _ATTEMPT.match(posixpath.basename(posixpath.dirname(slot))) and local.isdigit():
-                try:
-                    if run not in self._runs:  # ranks of one node share it: one listing per request
-                        self._runs[run] = remote.listdir(run)
-                    attempts = sorted((int(m.group(1)), d) for d in self._runs[run] if (m := _ATTEMPT.match(d)))
-                    out = []
-                    for k, d in attempts:
-                        folder = posixpath.join(run, d, local)
-                        files = remote.list_files(folder)
-                        for stream in ("stdout", "stderr"):
-                            if f"{stream}.log" in files:
-                                path = posixpath.join(folder, f"{stream}.log")
-                                out.append(Source(rank, posixpath.relpath(path, self.job_dir), k, stream, path,
-                                                  files[f"{stream}.log"]))
-                    if out:
-                        return out
-                except (OSError, HyperPodLabError):
-                    pass
-        return [Source(rank, "log", None, "log", None, None)]
-
-    def read(self, src: Source, offset: int | None, length: int) -> LogChunk:
-        """At most ``length`` bytes of ``src`` from ``offset`` (None: its tail): one bounded read."""
-        if src.path is None:
-            chunk = self.sched.log_range(self.rec, src.rank, offset, length)
-        else:
-            try:
-                chunk = read_log_range(self.sched.remote, src.path, offset, length)
-            except FileNotFoundError:
-                chunk = LogChunk("", 0, 0, 0)
-        self.bytes_read += chunk.end - chunk.offset
-        if chunk.size is not None:
-            src.size = chunk.size
-        return chunk
-
-    def read_job_log(self, offset: int | None, length: int) -> LogChunk:
-        """At most ``length`` bytes of the whole job's log (the launcher's or Slurm's output,
-        where torchelastic prints its ``ChildFailedError`` report) from ``offset`` (None: its tail)."""
-        chunk = self.sched.log_range(self.rec, None, offset, length)
-        self.bytes_read += chunk.end - chunk.offset
-        return chunk
-
-    def error_time(self, src: Source) -> float | None:
-        """The failure time torchrun recorded for ``src``'s worker and attempt (``error.json``
-        next to the log: ``message.extraInfo.timestamp``, seconds since the epoch), or None.
-        Reads at most 64 KiB."""
-        if src.path is None:
-            return None
-        path = posixpath.join(posixpath.dirname(src.path), "error.json")
-        try:
-            data = read_log_range(self.sched.remote, path, 0, 64 << 10)
-        except (OSError, HyperPodLabError):
-            return None
-        self.bytes_read += data.end - data.offset
-        try:
-            doc = json.loads(data.text)
-            ts = doc["message"]["extraInfo"]["timestamp"]
-            return float(ts)
-        except (ValueError, KeyError, TypeError):
-            return None
-
-
-# ---------------------------------------------------------------------------- views
-def _raw(chunk: LogChunk) -> bytes:
-    return chunk.raw if chunk.raw is not None else chunk.text.encode()
-
-
 def read_view(logs: RankLogs, ranks: list[int], cursor: dict[str, int], length: int, tail: bool,
               at_eof: bool) -> dict:
     """The collapsed view of ``ranks``' logs from ``cursor`` (or, for a source the cursor does
@@ -534,7 +129,7 @@ def read_view(logs: RankLogs, ranks: list[int], cursor: dict[str, int], length: 
                 read.setdefault(r, 0)
                 continue
             chunk = logs.read(src, start, length)
-            data = _raw(chunk)
+            data = raw_bytes(chunk)
             read[r] = read.get(r, 0) + len(data)
             sizes.setdefault(r, {})[src.name] = chunk.size
             eof = chunk.size is not None and chunk.end >= chunk.size
@@ -593,7 +188,7 @@ def first_failure(logs: RankLogs, ranks: list[int], faults: list[dict] | None = 
         d = e.get("data") or {}
         # each node's agent names its own root cause: a peer's "connection closed" is a consequence
         # (the agent's root_cause is its own guess by error-file age; seen wrong within a second)
-        return (bool(_SECONDARY.search(str(d.get("reason") or ""))), not d.get("root_cause"),
+        return (bool(SECONDARY.search(str(d.get("reason") or ""))), not d.get("root_cause"),
                 d.get("detected_at") or e.get("time") or 0)
 
     for ev in sorted(faults or [], key=order):
@@ -607,7 +202,7 @@ def first_failure(logs: RankLogs, ranks: list[int], faults: list[dict] | None = 
         srcs = logs.sources(r)
         for src in [s for s in srcs if s.stream == "stderr"] or srcs:
             chunk = logs.read(src, None, length)
-            lines, _ = split_lines(_raw(chunk), chunk.offset, True, True)
+            lines, _ = split_lines(raw_bytes(chunk), chunk.offset, True, True)
             tbs = find_tracebacks(lines)
             if tbs:
                 t = logs.error_time(src)
@@ -671,7 +266,7 @@ def _job_log_failure(logs: RankLogs, wanted: set[int], length: int) -> dict | No
         chunk = logs.read_job_log(None, length)
     except (OSError, HyperPodLabError):
         return None
-    lines, _ = split_lines(_raw(chunk), chunk.offset, True, True)
+    lines, _ = split_lines(raw_bytes(chunk), chunk.offset, True, True)
     reports = [tb for tb in find_tracebacks(lines) if tb.kind == "childfailed" and tb.rank in wanted]
     if not reports:
         return None
@@ -696,9 +291,9 @@ def around(logs: RankLogs, failure: dict, length: int) -> dict:
         return {"lines": [], "cursor": {}, "sizes": {}, "read": {r: 0}, "more": False}
     start = max(0, failure["offset"] - length // 4)
     chunk = read(start, length)
-    data = _raw(chunk)
+    data = raw_bytes(chunk)
     lines, nxt = split_lines(data, chunk.offset, True, len(data) >= length)
-    if start > 0 and lines and _raw(read(start - 1, 1)) != b"\n":
+    if start > 0 and lines and raw_bytes(read(start - 1, 1)) != b"\n":
         lines = lines[1:]  # the read started inside a line
     return {"lines": [{"text": ln.text, "ranks": [r], "offsets": {r: ln.offset}, "attempt": src.attempt,
                        "stream": src.stream, "sources": {r: src.name}} for ln in lines],
@@ -718,7 +313,7 @@ def compile_query(q: str, regex: bool) -> Callable[[str], re.Match | int | None]
     if len(q) > MAX_PATTERN:
         raise SpecError("q", f"is {len(q)} characters; at most {MAX_PATTERN}")
     if regex:
-        if _NESTED_REPEAT.search(q) or re.search(r"\\\d", q):
+        if NESTED_REPEAT.search(q) or re.search(r"\\\d", q):
             raise SpecError("q", "repeats a repeated group (like (a+)+) or uses a backreference, which can take "
                                  "exponential time on a long line; simplify it (e.g. a+)")
         try:
@@ -755,7 +350,7 @@ def search(logs: RankLogs, ranks: list[int], q: str, regex: bool = False, cursor
                     break
                 want = min(chunk_bytes, scan - scanned)
                 chunk = logs.read(src, pos, want)
-                data = _raw(chunk)
+                data = raw_bytes(chunk)
                 scanned += len(data)
                 eof = chunk.size is None or chunk.end >= chunk.size
                 lines, nxt = split_lines(data, chunk.offset, eof, len(data) >= want)
