@@ -20,6 +20,37 @@ if REPO not in sys.path:  # helpers shared with the benchmarks: ``from benchmark
     sys.path.insert(0, REPO)
 
 
+# a test shares the one dev cluster (its 3 nodes, which tests mark DOWN; its 'local-slurm' profile in
+# the session's config) when its function or one of its fixtures names one of these
+_DEV_CLUSTER_WORDS = ("dev_cluster", "devcluster", "local-slurm", "scontrol")
+_NAMES_THE_CLUSTER: dict[object, bool] = {}
+
+
+def _names_the_cluster(func) -> bool:
+    if func not in _NAMES_THE_CLUSTER:
+        import inspect
+
+        try:
+            text = inspect.getsource(func)
+        except (OSError, TypeError):
+            text = ""
+        _NAMES_THE_CLUSTER[func] = any(w in text for w in _DEV_CLUSTER_WORDS)
+    return _NAMES_THE_CLUSTER[func]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``-n 2 --dist loadgroup``, as scripts/test.sh runs it): every test that
+    uses the one dev cluster runs on one worker, in collection order, as in a serial run; the other
+    tests of a module share a worker (its module-scoped fixtures start once per worker). Without
+    xdist the marker is inert."""
+    for item in items:
+        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {}) or {}
+        funcs = [getattr(item, "function", None)] + [d.func for ds in defs.values() for d in ds]
+        shared = "dev_cluster" in getattr(item, "fixturenames", ()) or any(
+            f is not None and _names_the_cluster(f) for f in funcs)
+        item.add_marker(pytest.mark.xdist_group("dev-cluster" if shared else str(item.path)))
+
+
 def require(tool: str, how: str) -> str:
     """Path of ``tool``; fail (never skip) with how to install it when missing."""
     path = shutil.which(tool)
@@ -38,6 +69,19 @@ def dev_cluster():
         pytest.fail("the dev-cluster tests need root (they install and start Slurm); run them as root "
                     "or via 'bash scripts/test.sh'", pytrace=False)
     return devcluster.up(quiet=True)
+
+
+@pytest.fixture
+def ipython(tmp_path, monkeypatch):
+    """The process's one IPython shell (IPython's test shell: one per process, so every test that
+    needs a shell takes this one, never a second kind) with ``%load_ext hyperpod_lab``, working in
+    ``tmp_path``."""
+    from IPython.testing.globalipapp import get_ipython, start_ipython
+
+    monkeypatch.chdir(tmp_path)
+    ip = start_ipython() or get_ipython()
+    ip.run_line_magic("load_ext", "hyperpod_lab")
+    return ip
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """The deterministic toy training the runtime test scripts share (gloo on CPU).
 
 Used by ``tests/scripts/tiny_train.py``, ``tests/scripts/tiered_train.py`` and the training half
-of ``tests/test_checkpoint_integrity.py``. The scripts run standalone under torchrun, with this
+of ``tests/runtime/test_checkpoint_integrity.py``. The scripts run standalone under torchrun, with this
 folder as ``sys.path[0]``; ``test_checkpoint_integrity.py`` adds it before importing.
 
 Each step's batch is a pure function of (step, rank), so a run that is killed and resumed from a

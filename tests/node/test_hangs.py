@@ -1,0 +1,326 @@
+"""Hang detection (issue 15, items 1, 2 and 4), with real parts:
+
+* the heartbeat: a real mapped file written by one process and read by another (seqlock, ring);
+* the hang timeout T: no T before enough step times, the floor, 10 x p99, warm-up after a restart;
+* the watchdog on a real process that beats and then stops (SIGSTOP): its stacks by py-spy
+  (``--nonblocking``), ``fault.detected`` {reason: "hang"}, the process killed, the stacks in its
+  log; without py-spy the rank's own faulthandler writes them; a rank waiting in a collective
+  gets twice T;
+* the local backend: a 2-rank DDP job (``tests/scripts/hang_train.py``) whose rank 1 is stopped
+  with ``inject-fault --kind hang`` is detected within T + 5 s with its stack in the job's log,
+  torchrun restarts it from its checkpoint and the job completes;
+* the dev cluster (real Slurm, 2 nodes, checkpointless): rank 1 stopped with SIGSTOP is detected
+  as hung within the derived T + 5 s (T = max(30 s, 10 x p99) after warm-up) with its stack in
+  the log, the group is restarted, heals from its peer and the job completes; a fault-free run of
+  500 steps raises no hang.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from slurm_jobs import Follow
+
+from hyperpod_lab import cli
+from hyperpod_lab.errors import SpecError
+from hyperpod_lab.node import watchdog as wd
+from hyperpod_lab.node.watchdog import (
+    HeartbeatWriter,
+    Watchdog,
+    Worker,
+    derived_hang_timeout,
+    heartbeat_file,
+    read_heartbeat,
+)
+from hyperpod_lab.spec import JobSpec, ResiliencyPolicy
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HANG_TRAIN = os.path.join(REPO, "tests", "scripts", "hang_train.py")
+FT = os.path.join(REPO, "tests", "scripts", "ft_train.py")
+
+
+# --------------------------------------------------------------------------- the heartbeat
+def test_heartbeat_is_read_by_another_process_with_its_ring(tmp_path):
+    hb = HeartbeatWriter(heartbeat_file(str(tmp_path), 1), global_rank=5, local_rank=1)
+    for s in range(300):
+        hb.step(s, 0.1 + s * 1e-4, 0.08, 0.02 + s * 1e-4, now=1000.0 + s)
+    hb.section("forward", wait=False, timeout_s=None, now=2000.0)
+    code = textwrap.dedent(f"""
+        from hyperpod_lab.node.watchdog import read_heartbeat, RING
+        b = read_heartbeat({heartbeat_file(str(tmp_path), 1)!r}, since=10)
+        print(b.pid, b.global_rank, b.local_rank, b.steps, b.step, b.section, b.last_progress, b.last_step_time,
+              len(b.entries), b.entries[0][0], b.entries[-1][0], RING)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    pid, grank, lrank, steps, step, section, progress, last_step, n, first, last, ring = out.stdout.split()
+    assert (int(pid), int(grank), int(lrank), int(steps), int(step)) == (os.getpid(), 5, 1, 300, 299)
+    assert section == "forward" and float(progress) == 2000.0 and float(last_step) == 1299.0
+    # 290 entries written after the first 10, the ring keeps the newest 256
+    assert (int(n), int(first), int(last)) == (int(ring), 300 - int(ring), 299)
+    beat = read_heartbeat(heartbeat_file(str(tmp_path), 1), since=299)
+    assert [e[0] for e in beat.entries] == [299] and beat.entries[0][3] == pytest.approx(0.02 + 299e-4)
+    hb.section(None, now=2001.0)
+    assert read_heartbeat(heartbeat_file(str(tmp_path), 1)).section is None
+    hb.close()
+    os.symlink(heartbeat_file(str(tmp_path), 1), heartbeat_file(str(tmp_path), 2))
+    assert read_heartbeat(heartbeat_file(str(tmp_path), 2)) is None  # a link is never followed
+    assert read_heartbeat(str(tmp_path / "none.hb")) is None
+
+
+def test_hang_timeout_needs_samples_and_has_a_floor():
+    assert derived_hang_timeout([0.1] * (wd.MIN_SAMPLES - 1)) is None  # no T before enough samples
+    assert derived_hang_timeout([0.1] * wd.MIN_SAMPLES) == wd.HANG_FLOOR_S == 30.0
+    slow = [4.0] * 200 + [90.0] * 2  # p99 of 202 samples: the 200th smallest; two outliers do not count
+    assert derived_hang_timeout(slow) == pytest.approx(wd.HANG_FACTOR * 4.0)
+    assert derived_hang_timeout([2.0] * 100 + [5.0] * 5) == pytest.approx(50.0)  # 10 x p99 (5 s) above the floor
+
+
+def test_spec_and_flags_for_hang_timeout_and_on_straggler(client):
+    assert ResiliencyPolicy().hang_timeout_s is None and ResiliencyPolicy().on_straggler == "report"
+    for bad in (0.5, -1, float("nan"), True, "60", 8 * 24 * 3600):
+        with pytest.raises(SpecError, match="resiliency.hang_timeout_s"):
+            JobSpec(script="t.py", resiliency=ResiliencyPolicy(hang_timeout_s=bad)).validate()
+    with pytest.raises(SpecError, match="resiliency.on_straggler: must be one of report, exclude"):
+        JobSpec(script="t.py", resiliency=ResiliencyPolicy(on_straggler="drop")).validate()
+    spec = JobSpec.from_json(JobSpec(script="t.py", resiliency=ResiliencyPolicy(hang_timeout_s=90,
+                                                                                 on_straggler="exclude")).to_json())
+    assert spec.resiliency.hang_timeout_s == 90 and spec.resiliency.on_straggler == "exclude"
+    a = cli.build_parser().parse_args(["submit", HANG_TRAIN, "--cluster", "local", "--hang-timeout", "45.5",
+                                       "--on-straggler", "exclude"])
+    res = cli.spec_from_args(a, []).resiliency
+    assert res.hang_timeout_s == 45.5 and res.on_straggler == "exclude"
+    res = cli.spec_from_args(cli.build_parser().parse_args(["submit", HANG_TRAIN, "--cluster", "local"]), []).resiliency
+    assert res.hang_timeout_s is None and res.on_straggler == "report"
+    with pytest.raises(SpecError, match="resiliency.hang_timeout_s"):
+        cli.run(["submit", HANG_TRAIN, "--cluster", "local", "--hang-timeout", "0", "--dry-run"], client=client)
+    with pytest.raises(SpecError, match="invalid choice: 'drop'"):
+        cli.run(["submit", HANG_TRAIN, "--cluster", "local", "--on-straggler", "drop", "--dry-run"], client=client)
+
+
+# --------------------------------------------------------------------------- the watchdog, one process
+BEATER = textwrap.dedent("""
+    import faulthandler, os, signal, sys, time
+    from hyperpod_lab.node.watchdog import HeartbeatWriter, FAULTHANDLER_SIGNAL
+    faulthandler.register(FAULTHANDLER_SIGNAL, file=sys.stdout, all_threads=True, chain=False)
+    hb = HeartbeatWriter(sys.argv[1], int(sys.argv[4]), int(sys.argv[5]))
+    mode = sys.argv[3]
+    def stuck_here():
+        if mode == "wait":
+            hb.section("allreduce", wait=True)
+        if mode in ("wait", "sleep"):
+            time.sleep(3600)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(3600)
+    t = time.monotonic()
+    for s in range(int(sys.argv[2])):
+        time.sleep(0.01)
+        now = time.monotonic()
+        hb.step(s, now - t, now - t, 0.0)
+        t = now
+    print("beaten", flush=True)
+    stuck_here()
+""")
+
+
+def start_beater(tmp_path, steps: int, mode: str = "stop", local_rank: int = 0, rank: int = 3):
+    log = tmp_path / f"rank-{rank}.log"
+    out = open(log, "w")
+    path = heartbeat_file(str(tmp_path), local_rank)
+    proc = subprocess.Popen([sys.executable, "-c", BEATER, path, str(steps), mode, str(rank), str(local_rank)],
+                            stdout=out, stderr=subprocess.STDOUT)
+    out.close()
+    deadline = time.monotonic() + 60
+    while "beaten" not in log.read_text():
+        assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
+        time.sleep(0.05)
+    return proc, log
+
+
+def watch(tmp_path, proc, log, **kw) -> tuple[Watchdog, list]:
+    events = []
+    dog = Watchdog(str(tmp_path), "nodeA", lambda kind, **d: events.append((kind, d)), out=open(os.devnull, "w"), **kw)
+    dog.workers_started([Worker(local_rank=0, global_rank=3, pid=proc.pid, log_file=str(log))])
+    return dog, events
+
+
+def run_until(dog: Watchdog, timeout: float) -> tuple[list, float]:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        hangs = dog.check()
+        if hangs:
+            return hangs, time.monotonic() - t0
+        time.sleep(0.05)
+    return [], time.monotonic() - t0
+
+
+def test_a_stopped_rank_is_dumped_reported_and_killed(tmp_path):
+    proc, log = start_beater(tmp_path, 40)
+    try:
+        dog, events = watch(tmp_path, proc, log, hang_timeout_s=1.5)
+        hangs, waited = run_until(dog, 20)
+        assert len(hangs) == 1 and waited < 1.5 + 2, (hangs, waited)
+        hang = hangs[0]
+        assert events == [("fault.detected", hang)]
+        assert hang["reason"] == "hang" and hang["rank"] == 3 and hang["node"] == "nodeA" and hang["root_cause"]
+        assert hang["process_state"] == "stopped" and hang["stacks"] == "py-spy" and hang["timeout_source"] == "spec"
+        assert hang["hang_timeout_s"] == 1.5 and 1.5 <= hang["stalled_s"] < 4 and hang["step"] == 39
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+        text = log.read_text()
+        assert "py-spy dump --pid" in text and "--nonblocking" in text and "stuck_here" in text, text
+        assert "made no progress for" in text
+        assert dog.killed_reason(proc.pid).startswith("killed by the hang watchdog")
+        assert dog.check() == []  # once
+    finally:
+        proc.kill()
+
+
+def test_without_py_spy_the_rank_writes_its_own_stacks(tmp_path, monkeypatch):
+    monkeypatch.setattr(wd, "find_py_spy", lambda: None)
+    proc, log = start_beater(tmp_path, 40)
+    try:
+        dog, events = watch(tmp_path, proc, log, hang_timeout_s=1.0)
+        hangs, _ = run_until(dog, 20)
+        assert hangs and hangs[0]["stacks"] == "faulthandler", hangs
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+        text = log.read_text()
+        assert 'in stuck_here' in text and "faulthandler" in text and "py-spy not found" in text, text
+    finally:
+        proc.kill()
+
+
+def test_no_hang_before_enough_step_times_then_the_derived_timeout(tmp_path, monkeypatch):
+    monkeypatch.setattr(wd, "HANG_FLOOR_S", 1.0)
+    # 3 steps: within the warm-up, no T: a stopped rank is not declared hung
+    proc, log = start_beater(tmp_path, 3)
+    try:
+        dog, events = watch(tmp_path, proc, log)
+        assert run_until(dog, 3.0)[0] == [] and dog.timeout() == (None, "warm-up")
+    finally:
+        proc.kill()
+        proc.wait()
+    # 60 steps: 55 samples after the warm-up: T = max(1 s, 10 x p99 of ~10 ms steps) = 1 s
+    proc, log = start_beater(tmp_path, 60)
+    try:
+        dog, events = watch(tmp_path, proc, log)
+        hangs, waited = run_until(dog, 20)
+        assert hangs and hangs[0]["timeout_source"] == "derived" and hangs[0]["hang_timeout_s"] == 1.0
+        assert len(dog.samples) == 60 - wd.WARMUP_STEPS
+    finally:
+        proc.kill()
+
+
+def test_a_rank_waiting_in_a_collective_gets_twice_the_timeout(tmp_path):
+    proc, log = start_beater(tmp_path, 40, mode="wait")
+    try:
+        dog, events = watch(tmp_path, proc, log, hang_timeout_s=1.0)
+        hangs, waited = run_until(dog, 20)
+        assert hangs and hangs[0]["section"] == "allreduce" and hangs[0]["stalled_s"] >= 2.0, hangs
+        assert hangs[0]["process_state"] == "sleeping"
+        assert "Thread" in log.read_text() and "stuck_here" in log.read_text()  # py-spy on a live process
+    finally:
+        proc.kill()
+
+
+def test_a_stopped_rank_is_handled_alone_before_its_waiting_local_peer(tmp_path):
+    """Both local ranks stalled past T (one stopped, one blocked behind it, e.g. in DDP's
+    all-reduce): only the stopped one is reported and killed; torchrun then restarts the other."""
+    blocked, blocked_log = start_beater(tmp_path, 30, mode="sleep", local_rank=0, rank=4)
+    stopped, stopped_log = start_beater(tmp_path, 30, mode="stop", local_rank=1, rank=5)
+    try:
+        events = []
+        dog = Watchdog(str(tmp_path), "nodeA", lambda kind, **d: events.append(d), out=open(os.devnull, "w"),
+                       hang_timeout_s=1.0)
+        dog.workers_started([Worker(0, 4, blocked.pid, str(blocked_log)), Worker(1, 5, stopped.pid, str(stopped_log))])
+        time.sleep(1.5)  # both stalled past T by the first check
+        hangs = dog.check()
+        assert [h["rank"] for h in hangs] == [5] and hangs[0]["process_state"] == "stopped", hangs
+        assert stopped.wait(timeout=10) == -signal.SIGKILL and blocked.poll() is None
+    finally:
+        blocked.kill()
+        stopped.kill()
+
+
+# --------------------------------------------------------------------------- real jobs
+def test_local_ddp_rank_stopped_is_detected_restarted_and_the_job_completes(client):
+    """A 2-rank DDP job, T = 5 s (--hang-timeout): rank 1 SIGSTOPped by inject-fault --kind hang is
+    reported hung within T + 5 s with its stack (the script's line) in the job's log; torchrun
+    restarts the workers, which resume from the checkpoint, and the job completes."""
+    steps = 200
+    job_id = cli.run(["submit", HANG_TRAIN, "--cluster", "local", "--procs-per-node", "2", "--name", "hang-local",
+                      "--hang-timeout", "5", "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001",
+                      "--", "--steps", str(steps), "--sleep", "0.05", "--every", "10"], client=client)
+    job = Follow(client, job_id)
+    job.until(lambda: job.step() >= 30, "step 30")
+    t_hang = time.time()
+    info = client.inject_fault(job_id, 1, kind="hang")
+    assert info["kind"] == "hang" and info["how"] == f"SIGSTOP to pid {info['pid']}"
+    job.until(lambda: job.kinds("fault.detected", reason="hang"), "the hang", timeout=60)
+    hang = job.kinds("fault.detected", reason="hang")[0]
+    assert hang.data["rank"] == 1 and hang.data["hang_timeout_s"] == 5.0 and hang.data["timeout_source"] == "spec"
+    assert hang.data["process_state"] == "stopped" and hang.data["stacks"] == "py-spy"
+    assert hang.time - t_hang <= 5.0 + 5.0, f"detected {hang.time - t_hang:.1f} s after the SIGSTOP"
+    job.until(lambda: job.kinds("finished"), "finished", timeout=300)
+    assert client.wait(job_id, timeout_s=60).status == "completed"
+    killed = [e for e in job.kinds("fault.detected") if e.data.get("pid") == info["pid"] and e.data.get("signal")]
+    assert killed and killed[0].data["reason"].startswith("killed by the hang watchdog") and not killed[0].data["root_cause"]
+    rec = job.kinds("recovery.completed")
+    assert rec and rec[0].data["restored_from"] == "persistent" and rec[0].data["downtime_s"] < 60
+    assert job.kinds("finished")[0].data["steps"] == steps
+    log = client.logs(job_id)
+    assert "hyperpod-lab: watchdog: rank 1" in log and "py-spy dump --pid" in log and "(hang_train.py:" in log, log[-3000:]
+    assert len(job.kinds("fault.detected", reason="hang")) == 1
+
+
+# --------------------------------------------------------------------------- the dev cluster
+def test_dev_cluster_stopped_rank_is_caught_within_t_plus_5_s_and_a_fair_run_never_hangs(dev_cluster, client):
+    """Must show, on real Slurm (2 nodes, checkpointless, the derived T): a rank stopped with
+    SIGSTOP (inject-fault --kind hang) is detected as hung within T + 5 s with its stack in the
+    log; its group is restarted, heals from the live peer and the job completes. Then a fault-free
+    run of 500 steps raises no hang."""
+
+
+    steps = 300
+    job_id = cli.run(["submit", FT, "--cluster", "local-slurm", "--procs-per-node", "1", "--nodes", "2",
+                      "--recovery", "checkpointless", "--name", "hang-ft",
+                      "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001", "--env", "RUST_LOG=warn",
+                      "--", "--steps", str(steps), "--step-sleep", "0.1"], client=client)
+    job = Follow(client, job_id)
+    job.until(lambda: job.step() >= 40, "step 40", timeout=600)
+    t_hang = time.time()
+    info = client.inject_fault(job_id, 1, kind="hang")
+    assert info["node"] == "n2" and info["how"].startswith("SIGSTOP to pid")
+    job.until(lambda: job.kinds("fault.detected", reason="hang"), "the hang", timeout=120)
+    hang = job.kinds("fault.detected", reason="hang")[0].data
+    detected = job.kinds("fault.detected", reason="hang")[0].time - t_hang
+    assert hang["rank"] == 1 and hang["node"] == "n2" and hang["process_state"] == "stopped", hang
+    assert hang["timeout_source"] == "derived" and hang["hang_timeout_s"] == 30.0, hang  # the floor: steps ~0.1 s
+    assert hang["stacks"] == "py-spy"
+    assert detected <= hang["hang_timeout_s"] + 5.0, f"detected {detected:.1f} s after the SIGSTOP (T {hang['hang_timeout_s']})"
+    # the survivor never stopped: n1's group went on alone (the stopped group left the quorum)
+    job.until(lambda: job.kinds("checkpoint.restored", tier="replica", replica_group=1), "rank 1 healing", timeout=120)
+    job.until(lambda: job.kinds("finished"), "finished", timeout=600)
+    rec = client.wait(job_id, timeout_s=120)
+    assert rec.status == "completed", client.logs(job_id)[-3000:]
+    assert job.kinds("finished")[-1].data["steps"] == steps
+    log = client.logs(job_id)
+    assert "hyperpod-lab: watchdog: rank 1" in log and "(ft_train.py:" in log, log[-4000:]
+    assert len(job.kinds("fault.detected", reason="hang")) == 1  # only the stopped rank
+
+    # a fault-free run of 500 steps: no hang, no straggler
+    fair = cli.run(["submit", FT, "--cluster", "local-slurm", "--procs-per-node", "1", "--nodes", "2",
+                    "--recovery", "checkpointless", "--name", "fair-ft",
+                    "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001", "--env", "RUST_LOG=warn",
+                    "--", "--steps", "500", "--step-sleep", "0.05"], client=client)
+    job = Follow(client, fair)
+    job.until(lambda: job.kinds("finished"), "finished", timeout=900)
+    assert client.wait(fair, timeout_s=120).status == "completed"
+    assert job.kinds("finished")[-1].data["steps"] == 500
+    assert not job.kinds("fault.detected"), [e.data for e in job.kinds("fault.detected")]
+    assert not job.kinds("straggler.detected"), [e.data for e in job.kinds("straggler.detected")]
