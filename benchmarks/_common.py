@@ -25,7 +25,7 @@ def stop_procs(procs: list[subprocess.Popen], timeout_s: float = 20.0) -> None:
             p.wait()
 
 
-# ---- the server-load benchmark and tests/test_server_bounds.py ------------------------------
+# ---- the server-load benchmark and tests/server/test_server_bounds.py ------------------------------
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port on ``host`` that was free a moment ago."""
     import socket

@@ -1,7 +1,7 @@
 """A real ``jupyter lab`` subprocess on loopback with a token, and Debian's Chromium driven by
 Python Playwright (never a downloaded browser), for the UI benchmark and tests.
 
-Used by benchmarks/event_latency.py and tests/test_lab_ui.py (benchmarks never import tests/;
+Used by benchmarks/event_latency.py and tests/lab/test_lab_ui.py (benchmarks never import tests/;
 the tests import this from here).
 """
 

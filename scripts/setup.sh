@@ -28,7 +28,7 @@ if [ ! -f "$stamp" ] || [ -n "$(find pyproject.toml package.json yarn.lock src s
   PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 .venv/bin/python -m pip install -q -e ".[test]"
   touch "$stamp"
 fi
-# The sagemaker-hyperpod SDK (test-only: tests/test_eks_render.py validates rendered HyperPodPyTorchJobs
+# The sagemaker-hyperpod SDK (test-only: tests/schedulers/test_eks_render.py validates rendered HyperPodPyTorchJobs
 # against its model) pins its own versions and brings pytest plugins, so it lives in its own venv.
 if [ ! -f .venv-sdk/.installed ]; then
   echo "setup: creating .venv-sdk with sagemaker-hyperpod==3.12.0 (~2 min, ~600 MB)"

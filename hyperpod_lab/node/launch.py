@@ -43,7 +43,7 @@ recovers with ``1``.
 
 Verified invocation (two agents started concurrently on one host, one worker each, gloo; a
 worker SIGKILLed after the first checkpoint; both agents restart their workers, which resume
-from the newest complete checkpoint; tests/test_runtime.py runs it without ``--rdzv-conf``)::
+from the newest complete checkpoint; tests/runtime/test_runtime.py runs it without ``--rdzv-conf``)::
 
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 HYPERPOD_LAB_JOB_ID=J HYPERPOD_LAB_JOB_DIR=/shared/jobs/J \
     python -m hyperpod_lab.node.launch --nnodes 2 --nproc-per-node 1 \

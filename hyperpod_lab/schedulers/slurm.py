@@ -99,7 +99,7 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
                   gpus_per_node: int | None = None, efa: bool = False) -> str:
     """Render the batch script of ``spec`` (pure; golden-file tested).
 
-    What it sets, and the source of each rule (tests/test_slurm_render.py checks each one):
+    What it sets, and the source of each rule (tests/schedulers/test_slurm_render.py checks each one):
 
     * ``--cpus-per-task`` on ``#SBATCH`` *and* on ``srun``: Slurm 22.05 to 23.02 ``srun`` does
       not read ``SLURM_CPUS_PER_TASK`` (RELEASE_NOTES 22.05; 23.11 went back, and reads
