@@ -120,3 +120,15 @@ def start_jupyter_server(root_dir: str, work_dir: str, env: dict, settings: dict
             time.sleep(0.2)
     proc.kill()
     raise RuntimeError(f"jupyter server did not start: {open(log_path).read()[-3000:]}")
+
+
+def write_results(path: str, data: dict, indent: int = 2, said: str = "written") -> None:
+    """Write a benchmark's results as JSON to ``path`` (its folder made as needed) and say where:
+    prints ``<said> <path>``."""
+    import json
+    import os
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(data, f, indent=indent)
+    print(f"{said} {path}")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import shutil
 import statistics
@@ -30,6 +29,9 @@ import warnings
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from benchmarks._common import write_results  # noqa: E402
 
 
 def load_example():
@@ -139,9 +141,6 @@ def main() -> int:
     }
     tier.close(remove=True)
     shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(result, f, indent=2)
     print(f"example model state {nbytes / 1e6:.1f} MB, plain step {1000 * base / a.steps:.1f} ms")
     for m, v in med.items():
         ratio = f"{v / med['memcpy']:.2f}x memcpy" if conclusive else "no ratio: noise"
@@ -151,7 +150,7 @@ def main() -> int:
     print(f"  target overlap <= 0.25x memcpy: {verdict[result['target_overlap_le_0.25x_memcpy']]}")
     print("  restore: " + ", ".join(f"{k} {1000 * v:.1f} ms" for k, v in restore.items()))
     print(f"  memory tier bytes (one rank, keep_last 2): {result['memory_tier_bytes_one_rank']}")
-    print(f"wrote {a.out}")
+    write_results(a.out, result, said="wrote")
     return 0
 
 

@@ -34,6 +34,10 @@ from typing import Callable
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks._common import write_results
+
 MB = 1 << 20
 
 
@@ -269,11 +273,8 @@ def main() -> int:
             if v["torch_save_over_this"]:
                 extra += f"  torch.save/this {v['torch_save_over_this']:.1f}x"
             print(f"   {m:<28} {v['added_ms']:9.1f} ms{extra}")
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump({"benchmark": "checkpoint_stall", "threads": 1, "compute_ms": a.compute_ms,
-                   "rows": rows, "table": {str(k): v for k, v in table.items()}}, f, indent=2)
-    print(f"wrote {a.out}")
+    write_results(a.out, {"benchmark": "checkpoint_stall", "threads": 1, "compute_ms": a.compute_ms,
+                          "rows": rows, "table": {str(k): v for k, v in table.items()}}, said="wrote")
     return 0
 
 

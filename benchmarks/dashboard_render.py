@@ -50,7 +50,7 @@ os.environ["HYPERPOD_LAB_DATA_DIR"] = os.path.join(_TMP, "data")
 
 from dataclasses import replace  # noqa: E402
 
-from benchmarks._common import track_local_job  # noqa: E402
+from benchmarks._common import track_local_job, write_results  # noqa: E402
 from benchmarks._lab import Lab, launch_chromium  # noqa: E402
 from hyperpod_lab.events import Event, EventReader  # noqa: E402
 from hyperpod_lab.fold.aggregate import JobAggregate  # noqa: E402
@@ -265,12 +265,9 @@ def cold_fold_only(jobs: dict) -> None:
                "server_cold_fold_s": round(g["server"]["cold_fold_s"] / max(1e-9, b["server"]["cold_fold_s"]), 2)},
            "machine": {"cpus": os.cpu_count(), "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()]}}
     path = os.path.join(os.path.dirname(RESULTS), "dashboard_cold_fold.json")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(out, f, indent=1)
     print(json.dumps({"cold_fold_s": g["server"]["cold_fold_s"], "local_fold": g["local_fold"],
                       "loadavg": out["machine"]["loadavg_1_5_15"]}, indent=1))
-    print(f"wrote {path}")
+    write_results(path, out, indent=1, said="wrote")
 
 
 def main() -> None:
@@ -342,11 +339,8 @@ def main() -> None:
         },
         "machine": {"cpus": os.cpu_count()},
     }
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    with open(RESULTS, "w") as f:
-        json.dump(out, f, indent=1)
     print(json.dumps({"ratios": out["ratios_big_over_baseline"], "met": out["met"]}, indent=1))
-    print(f"wrote {RESULTS}")
+    write_results(RESULTS, out, indent=1, said="wrote")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ Usage: .venv/bin/python benchmarks/env_probe.py [--reps 7] [--out PATH]   (root;
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -27,6 +26,9 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from benchmarks._common import write_results  # noqa: E402
 
 
 def _median_ms(xs: list[float]) -> float:
@@ -105,10 +107,7 @@ def main() -> int:
     for k, v in out["ratios"].items():
         print(f"{k}: {v}x")
     print("execs per submit:", {k: sorted({o.get('exec', 0) for o in v}) for k, v in ops.items()})
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(out, f, indent=2)
-    print(f"written {a.out}")
+    write_results(a.out, out)
     return 0
 
 

@@ -39,7 +39,6 @@ Writes ``benchmarks/results/event_latency.json`` (``{"sftp": {...}, "local_mount
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import shutil
@@ -55,6 +54,7 @@ _TMP = tempfile.mkdtemp(prefix="hyperpod-lab-bench-latency-")
 os.environ["HYPERPOD_LAB_CONFIG"] = os.path.join(_TMP, "clusters.toml")
 os.environ["HYPERPOD_LAB_DATA_DIR"] = os.path.join(_TMP, "data")
 
+from benchmarks._common import write_results  # noqa: E402
 from benchmarks._lab import Lab, launch_chromium, open_lab  # noqa: E402
 from hyperpod_lab import devcluster  # noqa: E402
 from hyperpod_lab.events import EventReader, EventWriter  # noqa: E402
@@ -261,9 +261,6 @@ def main(argv=None) -> int:
     finally:
         shutil.rmtree(_TMP, ignore_errors=True)
 
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=2)
     for key in ("sftp", "local_mount"):
         r = out.get(key)
         if not r:
@@ -278,7 +275,7 @@ def main(argv=None) -> int:
               f"{args.tabs} tabs + jobs {r['server_cpu_tabs_jobs']['percent_of_core']} % of a core")
     print(f"baseline append -> EventReader.poll: local p50 {base['local']['p50_ms']} ms, "
           f"over SSH p50 {base['ssh']['p50_ms']} ms")
-    print(f"wrote {args.out}")
+    write_results(args.out, out, said="wrote")
     return 0
 
 

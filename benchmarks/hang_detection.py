@@ -49,6 +49,8 @@ SCRIPT = os.path.join(ROOT, "tests", "scripts", "hang_train.py")
 A_WEEK_S = 7 * 24 * 3600
 NCCL_DEFAULT_S = 600.0  # torch's documented NCCL default (init_process_group), when this torch has no NCCL
 
+from benchmarks._common import write_results  # noqa: E402
+
 
 def run_once(client, name: str, hang_timeout: float | None, steps: int, sleep: float, hang_at: int,
              collective_timeout: float, timeout_s: float) -> dict:
@@ -165,10 +167,7 @@ def main() -> None:
     else:
         res = measure(a)
     report(res)
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(res, f, indent=2)
-    print(f"results: {a.out}")
+    write_results(a.out, res, said="results:")
 
 
 def measure(a: argparse.Namespace) -> dict:

@@ -33,6 +33,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from benchmarks._common import write_results  # noqa: E402
 
 TRACEBACK = """[rank{r}]: Traceback (most recent call last):
 [rank{r}]:   File "/shared/train.py", line 31, in <module>
@@ -135,10 +136,7 @@ def main() -> None:
               f"{result['ratio_bytes_baseline_over_triage']:.0f}x fewer bytes")
         print(f"follow poll (nothing new):               {t_fol:.4f} s, {fol['bytes_read']} bytes read")
         print(f"search (8 MiB scan bound):               {t_sea:.3f} s, {sea['scanned'] / 1e6:.1f} MB scanned")
-        os.makedirs(os.path.dirname(a.out), exist_ok=True)
-        with open(a.out, "w") as f:
-            json.dump(result, f, indent=2)
-        print(f"wrote {a.out}")
+        write_results(a.out, result, said="wrote")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -13,13 +13,15 @@ Prints the median and best wall time of each (seconds) and the ratio of each nod
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from benchmarks._common import write_results  # noqa: E402
 
 CASES = {
     "python -c pass": "pass",
@@ -53,10 +55,8 @@ def main() -> int:
                               "ratio_to_import_torch": round(med / torch_median, 4)}
         print(f"{name:40s} median {med * 1000:8.1f} ms  best {ts[0] * 1000:8.1f} ms  "
               f"{med / torch_median:6.3f}x import torch")
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(out, f, indent=2)
-    print(f"load average {out['load_avg'][0]:.2f}; wrote {a.out}")
+    print(f"load average {out['load_avg'][0]:.2f}")
+    write_results(a.out, out)
     return 0
 
 

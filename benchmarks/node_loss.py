@@ -21,7 +21,6 @@ Prints the ratio requeue / spare and writes ``benchmarks/results/node_loss.json`
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 EXAMPLE = os.path.join(ROOT, "examples", "train_lm.py")
+from benchmarks._common import write_results  # noqa: E402
 
 
 def _scontrol(*args: str) -> None:
@@ -97,10 +97,7 @@ def main() -> None:
           f"(baseline): {ratio:.1f}x less" if ratio else "ratio: n/a")
     res = {"benchmark": "node_loss", "time": time.time(), "steps": a.steps, "step_sleep_s": a.step_sleep,
            "baseline": "requeue", "spare": spare, "requeue": requeue, "requeue_over_spare": ratio}
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(res, f, indent=2)
-    print(f"results: {a.out}")
+    write_results(a.out, res, said="results:")
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ FT = os.path.join(ROOT, "tests", "scripts", "ft_train.py")
 AFTER = 3  # downtime is read at the commit of step R + AFTER (R: the last step before the kill)
 TARGET_REDUCTION = 0.95
 
-from benchmarks._common import stop_procs  # noqa: E402
+from benchmarks._common import stop_procs, write_results  # noqa: E402
 
 
 def _events(job_dir: str) -> list:
@@ -303,10 +303,7 @@ def main() -> None:
         res["goodput"] = goodput_run(tmp, a.goodput_s, a.mtbf, a.step_sleep)
         g = res["goodput"]
         print(f"goodput: {g['goodput']:.1%} over {g['duration_s']} s with {g['faults']} faults (target >= 90 %)")
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(res, f, indent=2)
-    print(f"wrote {a.out}")
+    write_results(a.out, res, said="wrote")
 
 
 if __name__ == "__main__":

@@ -39,7 +39,13 @@ sys.path.insert(0, REPO)
 _TMP = tempfile.mkdtemp(prefix="hyperpod-lab-bench-load-")
 os.environ["HYPERPOD_LAB_CONFIG"] = os.path.join(_TMP, "clusters.toml")
 
-from benchmarks._common import server_rss_mb, start_jupyter_server, track_local_job, write_events  # noqa: E402
+from benchmarks._common import (  # noqa: E402
+    server_rss_mb,
+    start_jupyter_server,
+    track_local_job,
+    write_events,
+    write_results,
+)
 
 BOUNDS = {"rss_mb": 400.0, "status_p99_s": 0.5, "event_p99_s": 1.5}
 
@@ -221,12 +227,8 @@ def main(argv: list[str] | None = None) -> dict:
     for k, ok in met.items():
         got = load["rss_mb_peak"] if k == "rss_mb" else load[k]
         print(f"bound {k} < {BOUNDS[k]}: {'met' if ok else 'MISSED'} ({got})")
-    res_dir = os.path.join(REPO, "benchmarks", "results")
-    os.makedirs(res_dir, exist_ok=True)
-    path = os.path.join(res_dir, "server_load_quick.json" if a.quick else "server_load.json")
-    with open(path, "w") as f:
-        json.dump(out, f, indent=2)
-    print(f"wrote {path}")
+    write_results(os.path.join(REPO, "benchmarks", "results", "server_load_quick.json" if a.quick else "server_load.json"),
+                  out, said="wrote")
     return out
 
 

@@ -16,13 +16,17 @@ Needs the dev cluster (it runs ``dev-cluster up``) and root.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from benchmarks._common import write_results  # noqa: E402
 
 TARGET_OVERHEAD_S = 0.3
 
@@ -101,16 +105,13 @@ def main() -> int:
         "target_overhead_s": TARGET_OVERHEAD_S,
         "target_met": (mo - mb) <= TARGET_OVERHEAD_S,
     }
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(result, f, indent=2)
     print(f"baseline (sbatch -> squeue, on the login node): median {mb*1000:.0f} ms")
     print(f"ours (notebook submit -> squeue, SSH reused):   median {mo*1000:.0f} ms; first (with connect) {cold*1000:.0f} ms")
     print(f"Client.submit alone: median {1000*statistics.median(submit_only):.0f} ms; round trips per warm submit: "
           f"{round_trips[0] if round_trips else None}")
     print(f"overhead {1000*(mo-mb):.0f} ms (target <= {TARGET_OVERHEAD_S*1000:.0f} ms; was 542 ms): "
           f"{'MET' if result['target_met'] else 'MISSED'}; ratio ours/baseline {result['ratio_ours_over_baseline']:.2f}x")
-    print(f"wrote {a.out}")
+    write_results(a.out, result, said="wrote")
     return 0
 
 

@@ -20,7 +20,6 @@ Usage: .venv/bin/python benchmarks/tensorboard_overhead.py [--blocks 10] [--bare
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -30,6 +29,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from benchmarks._common import write_results  # noqa: E402
 
 
 def main() -> None:
@@ -122,10 +122,7 @@ def main() -> None:
            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__},
            "compute_ms_target": a.compute_ms, "matmuls_per_train_step": mms, "loss_scalars_written": written,
            "results": results}
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(out, f, indent=2)
-    print(f"{written} loss scalars read back with EventAccumulator; JSON: {a.out}")
+    write_results(a.out, out, said=f"{written} loss scalars read back with EventAccumulator; JSON:")
 
 
 if __name__ == "__main__":

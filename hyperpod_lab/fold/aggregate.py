@@ -130,6 +130,29 @@ def _node_of(ev: Event) -> str | None:
     return writer_node(ev.writer)
 
 
+class _Fields(dict):
+    """An event's data for ``str.format_map``: a missing field reads ``None``, as ``d.get`` does."""
+
+    def __missing__(self, key: str) -> None:
+        return None
+
+
+#: the labels that only name the event's fields (the others are composed in :func:`mark_label`)
+_LABELS = {
+    EventKind.RECOVERY_FALLBACK.value: "fallback: replica group {replica_group} restored {tier} step {step}",
+    EventKind.CHECKPOINT_RESTORED.value: "restored {tier} step {step}",
+    EventKind.CHECKPOINT_CORRUPT.value: "corrupt {tier} checkpoint step {step}: {reason}",
+    EventKind.CHECKPOINT_FAILED.value: "{tier} checkpoint step {step} failed: {reason}",
+    EventKind.CHECKPOINT_SAVED.value: "checkpoint {tier} step {step}",
+    EventKind.ELASTIC_SCALED.value: ("scaled {old_world_size} -> {new_world_size} ranks at step {step}"
+                                     " (accumulation {old_accumulation_steps} -> {accumulation_steps})"),
+    EventKind.JOB_FAILED.value: "job failed: {reason} ({restarts} restarts; no requeue)",
+    EventKind.FINISHED.value: "finished: {status}",
+    EventKind.STARTED.value: "started ({world_size} ranks)",
+    EventKind.SUBMITTED.value: "submitted to {cluster}",
+}
+
+
 def mark_label(ev: Event) -> str:
     """One human line for a mark or timeline entry: what happened, where (rank, node), how long."""
     d, k = ev.data, ev.kind
@@ -155,22 +178,12 @@ def mark_label(ev: Event) -> str:
         if d.get("restored_from") in (None, "none"):
             return f"recovered{took} from step 0 (no checkpoint yet)"
         return f"recovered{took} from {d.get('restored_from')}{at}"
-    if k == EventKind.RECOVERY_FALLBACK.value:
-        return f"fallback: replica group {d.get('replica_group')} restored {d.get('tier')} step {d.get('step')}"
-    if k == EventKind.CHECKPOINT_RESTORED.value:
-        return f"restored {d.get('tier')} step {d.get('step')}"
-    if k == EventKind.CHECKPOINT_CORRUPT.value:
-        return f"corrupt {d.get('tier')} checkpoint step {d.get('step')}: {d.get('reason')}"
-    if k == EventKind.CHECKPOINT_FAILED.value:
-        return f"{d.get('tier')} checkpoint step {d.get('step')} failed: {d.get('reason')}"
     if k == EventKind.HEALTH_CHECKED.value:
         checks = d.get("checks") if isinstance(d.get("checks"), dict) else {}
         if not _health_ok(d):
             failed = [n for n, c in checks.items() if isinstance(c, dict) and c.get("status") == "failed"]
             return f"health checks failed on {_node_of(ev) or '?'}: {', '.join(failed) or '?'} ({_secs(d.get('seconds'))})"
         return f"health checks passed on {_node_of(ev) or '?'} ({len(checks)} checks, {_secs(d.get('seconds'))})"
-    if k == EventKind.CHECKPOINT_SAVED.value:
-        return f"checkpoint {d.get('tier')} step {d.get('step')}"
     if k == EventKind.HEALTH_FAILED.value:
         detail = f" — {d.get('detail')}" if d.get("detail") else ""
         return f"health check failed on {_node_of(ev) or '?'}: {d.get('check')}{detail}"
@@ -183,18 +196,8 @@ def mark_label(ev: Event) -> str:
         times = f"{score:.2g}x" if score is not None else "?x"
         return (f"straggler: rank {d.get('rank')} on {d.get('node')} is {times} slower "
                 f"({_secs(d.get('step_s'))} a step vs {_secs(d.get('median_step_s'))}; {d.get('action') or 'report'})")
-    if k == EventKind.ELASTIC_SCALED.value:
-        return (f"scaled {d.get('old_world_size')} -> {d.get('new_world_size')} ranks at step {d.get('step')}"
-                f" (accumulation {d.get('old_accumulation_steps')} -> {d.get('accumulation_steps')})")
-    if k == EventKind.JOB_FAILED.value:
-        return f"job failed: {d.get('reason')} ({d.get('restarts')} restarts; no requeue)"
-    if k == EventKind.FINISHED.value:
-        return f"finished: {d.get('status')}"
-    if k == EventKind.STARTED.value:
-        return f"started ({d.get('world_size')} ranks)"
-    if k == EventKind.SUBMITTED.value:
-        return f"submitted to {d.get('cluster')}"
-    return k
+    template = _LABELS.get(k)
+    return template.format_map(_Fields(d)) if template else k
 
 
 def _writer_rank(writer: str) -> int | None:

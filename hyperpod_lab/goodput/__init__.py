@@ -46,55 +46,22 @@ interval for restart dumps", Future Generation Computer Systems 22(3):303-312, 2
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from hyperpod_lab.goodput import band
-from hyperpod_lab.goodput.advice import (
-    advise,
-    figure_png,
-    goodput_curve,
-    plot_goodput_vs_interval,
-    report_text,
-)
-from hyperpod_lab.goodput.band import (
-    BAND_FACTOR,
-    PLAUSIBLE_MAX_RATE,
-    rate_band,
-    rate_from_per_day,
-    rate_warning,
-    restart_band,
-)
-from hyperpod_lab.goodput.closed_form import (
-    daly_interval_s,
-    expected_goodput,
-    exponential_goodput,
-    goodput_breakdown,
-    training_days,
-    young_daly_interval,
-    young_interval_s,
-)
-from hyperpod_lab.goodput.figures import LLAMA3_ASSUMPTIONS, figures_table_markdown, main, public_figures
-from hyperpod_lab.goodput.measure import GoodputMeter, measure_from_events, project
-from hyperpod_lab.goodput.scenario import (
-    CHECKPOINT_RESTART,
-    CHECKPOINTLESS,
-    DEFAULT_DETECT_S,
-    DEFAULT_GPUS_PER_INSTANCE,
-    DEFAULT_HEAL_S,
-    DEFAULT_MAX_INTERVAL_S,
-    DEFAULT_REPLICAS,
-    DEFAULT_RESTART_S,
-    LOST_KINDS,
-    MODEL_MODES,
-    NODE_LOCAL_TIERS,
-    SECONDS_PER_HOUR,
-    TIER_ORDER,
-    Scenario,
-    Tier,
-    cluster_mtbf_hours,
-    failure_rate_from_counts,
-    parse_failure_rate,
-    tier_survival,
-)
-from hyperpod_lab.goodput.simulation import simulate
+
+#: public name -> the module of this package that defines it, imported on first use (PEP 562): one
+#: table instead of a re-export list per module
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(['advise', 'figure_png', 'goodput_curve', 'plot_goodput_vs_interval', 'report_text'], "advice"),
+    **dict.fromkeys(['BAND_FACTOR', 'PLAUSIBLE_MAX_RATE', 'rate_band', 'rate_from_per_day', 'rate_warning', 'restart_band'], "band"),
+    **dict.fromkeys(['daly_interval_s', 'expected_goodput', 'exponential_goodput', 'goodput_breakdown', 'training_days', 'young_daly_interval', 'young_interval_s'], "closed_form"),
+    **dict.fromkeys(['LLAMA3_ASSUMPTIONS', 'figures_table_markdown', 'main', 'public_figures'], "figures"),
+    **dict.fromkeys(['GoodputMeter', 'measure_from_events', 'project'], "measure"),
+    **dict.fromkeys(['CHECKPOINTLESS', 'CHECKPOINT_RESTART', 'DEFAULT_DETECT_S', 'DEFAULT_GPUS_PER_INSTANCE', 'DEFAULT_HEAL_S', 'DEFAULT_MAX_INTERVAL_S', 'DEFAULT_REPLICAS', 'DEFAULT_RESTART_S', 'LOST_KINDS', 'MODEL_MODES', 'NODE_LOCAL_TIERS', 'SECONDS_PER_HOUR', 'Scenario', 'TIER_ORDER', 'Tier', 'cluster_mtbf_hours', 'failure_rate_from_counts', 'parse_failure_rate', 'tier_survival'], "scenario"),
+    **dict.fromkeys(['simulate'], "simulation"),
+}
 
 __all__ = [
     "BAND_FACTOR", "NODE_LOCAL_TIERS", "PLAUSIBLE_MAX_RATE", "band", "rate_band", "rate_from_per_day",
@@ -108,3 +75,16 @@ __all__ = [
     "parse_failure_rate", "plot_goodput_vs_interval", "project", "public_figures", "report_text", "simulate",
     "training_days", "young_daly_interval", "young_interval_s",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hyperpod_lab.goodput' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"hyperpod_lab.goodput.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -56,7 +56,7 @@ _EXPORTS = {
     "init": "hyperpod_lab.runtime.context",
     "JobContext": "hyperpod_lab.runtime.context",
     "Checkpointer": "hyperpod_lab.runtime.checkpoint.persistent",
-    "COMMIT_MARKER": "hyperpod_lab.runtime.checkpoint.persistent",
+    "COMMIT_MARKER": "hyperpod_lab.runtime.checkpoint.format",
     "TieredCheckpointer": "hyperpod_lab.runtime.checkpoint.tiered",
     "Checkpointless": "hyperpod_lab.runtime.checkpointless.ft",
     "ElasticBatches": "hyperpod_lab.runtime.checkpointless.elastic",
@@ -66,7 +66,8 @@ __all__ = ["init", "JobContext", "Checkpointer", "COMMIT_MARKER", "TieredCheckpo
            "ElasticBatches", "StepPlan"]
 
 if TYPE_CHECKING:
-    from hyperpod_lab.runtime.checkpoint.persistent import COMMIT_MARKER, Checkpointer
+    from hyperpod_lab.runtime.checkpoint.format import COMMIT_MARKER
+    from hyperpod_lab.runtime.checkpoint.persistent import Checkpointer
     from hyperpod_lab.runtime.checkpoint.tiered import TieredCheckpointer
     from hyperpod_lab.runtime.checkpointless.elastic import ElasticBatches, StepPlan
     from hyperpod_lab.runtime.checkpointless.ft import Checkpointless

@@ -233,7 +233,7 @@ def test_kill_during_write_resumes_from_newest_complete(killed_write):
 
 
 def test_commit_marker_lists_every_file_with_crc32(killed_write):
-    from hyperpod_lab.runtime.checkpoint.persistent import file_checksum
+    from hyperpod_lab.runtime.checkpoint.format import file_checksum
 
     step_dir = os.path.join(killed_write["job_dir"], "checkpoints", "step-00000019")
     with open(os.path.join(step_dir, "COMMITTED")) as f:

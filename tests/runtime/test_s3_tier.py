@@ -71,7 +71,7 @@ def _ctx(job_dir: str, job_id: str):
 
 def _committed_dir(path: str, step: int, files: dict[str, bytes]) -> str:
     """A directory with ``files`` and a commit marker listing them, as the persistent tier writes."""
-    from hyperpod_lab.runtime.checkpoint.persistent import file_checksum
+    from hyperpod_lab.runtime.checkpoint.format import file_checksum
 
     os.makedirs(path, exist_ok=True)
     table = {}

@@ -60,20 +60,16 @@ import torch.distributed as dist
 from hyperpod_lab.events import EventKind
 from hyperpod_lab.jobdir import TIER_PERSISTENT, TIER_S3
 from hyperpod_lab.runtime.checkpoint.format import (
-    CHECKSUM_ALGORITHM,
     COMMIT_MARKER,
     METADATA_FILE,
     authenticate_marker,
     check_file,
     dir_bytes,
-    file_checksum,
     hash_rank_files,
     hash_remaining,
     list_checkpoints,
-    parse_marker,
     partition_files,
     read_marker,
-    safe_relpath,
     set_aside,
     short_error,
     step_dir_name,
@@ -85,11 +81,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hyperpod_lab.runtime.checkpoint.s3 import S3Tier
     from hyperpod_lab.runtime.context import JobContext
 
-__all__ = [  # the format's public names stay importable from here
-    "Checkpointer", "short_error", "COMMIT_MARKER", "METADATA_FILE", "CHECKSUM_ALGORITHM", "step_dir_name",
-    "list_checkpoints", "dir_bytes", "file_checksum", "safe_relpath", "parse_marker", "read_marker", "check_file",
-    "partition_files", "hash_rank_files", "hash_remaining", "write_marker", "set_aside",
-]
+__all__ = ["Checkpointer"]
 
 
 def _empty_like_tree(obj: Any) -> Any:

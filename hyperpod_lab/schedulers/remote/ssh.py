@@ -78,6 +78,19 @@ def answered_within(chan, timeout_s: float, request, what: str) -> None:
         raise _NoAnswer(what)
 
 
+
+def _unless_missing(op, sftp, path: str, missing=None):
+    """``op(sftp)``; an SFTP "no such file" (``ENOENT``) becomes ``missing()`` where given, else
+    FileNotFoundError(path). Other errors propagate."""
+    try:
+        return op(sftp)
+    except IOError as e:
+        if getattr(e, "errno", None) != errno.ENOENT:
+            raise
+        if missing is None:
+            raise FileNotFoundError(path) from None
+        return missing()
+
 class SSHRemote(Remote):
     """A cluster's login node over SSH (paramiko) with SFTP on the same transport.
 
@@ -414,60 +427,35 @@ class SSHRemote(Remote):
         """At most ``length`` bytes of ``path`` from ``offset`` (see :meth:`Remote.read_from`);
         retried at the same offset after a reconnect. Raises FileNotFoundError, ClusterUnreachable."""
 
-        def once(sftp, attempt):
-            try:
-                with self._file(sftp, path, "rb") as f:
-                    if offset:
-                        f.seek(offset)
-                    left = max(0, f.stat().st_size - offset)  # to the end as of now
-                    n = left if length is None else min(max(0, length), left)
-                    if n <= 0:
-                        return b""
-                    if n > _ONE_REQUEST:  # pipelined reads of the range asked for, never the rest
-                        f.prefetch(offset + n)
-                    return f.read(n)
-            except IOError as e:
-                if getattr(e, "errno", None) == errno.ENOENT:
-                    raise FileNotFoundError(path) from None
-                raise
+        def read(sftp):
+            with self._file(sftp, path, "rb") as f:
+                if offset:
+                    f.seek(offset)
+                left = max(0, f.stat().st_size - offset)  # to the end as of now
+                n = left if length is None else min(max(0, length), left)
+                if n <= 0:
+                    return b""
+                if n > _ONE_REQUEST:  # pipelined reads of the range asked for, never the rest
+                    f.prefetch(offset + n)
+                return f.read(n)
 
-        return self._call("read", path, once)
+        return self._call("read", path, lambda sftp, attempt: _unless_missing(read, sftp, path))
 
     def listdir(self, path):
-        def once(sftp, attempt):
-            try:
-                return sftp.listdir(path)
-            except IOError as e:
-                if getattr(e, "errno", None) == errno.ENOENT:
-                    return []
-                raise
-
-        return self._call("list", path, once)
+        return self._call("list", path, lambda sftp, attempt: _unless_missing(
+            lambda s: s.listdir(path), sftp, path, missing=list))
 
     def list_files(self, path):
         """Regular files and sizes (SFTP's readdir attributes are lstat's: links are not files)."""
-        def once(sftp, attempt):
-            try:
-                return {a.filename: a.st_size or 0 for a in sftp.listdir_attr(path) if stat.S_ISREG(a.st_mode or 0)}
-            except IOError as e:
-                if getattr(e, "errno", None) == errno.ENOENT:
-                    return {}
-                raise
+        def files(sftp):
+            return {a.filename: a.st_size or 0 for a in sftp.listdir_attr(path) if stat.S_ISREG(a.st_mode or 0)}
 
-        return self._call("list", path, once)
+        return self._call("list", path, lambda sftp, attempt: _unless_missing(files, sftp, path, missing=dict))
 
     def stat(self, path):
         """The SFTP attributes of ``path`` (``st_size``, ``st_mode``, ``st_mtime``). Raises
         FileNotFoundError, ClusterUnreachable."""
-        def once(sftp, attempt):
-            try:
-                return sftp.stat(path)
-            except IOError as e:
-                if getattr(e, "errno", None) == errno.ENOENT:
-                    raise FileNotFoundError(path) from None
-                raise
-
-        return self._call("stat", path, once)
+        return self._call("stat", path, lambda sftp, attempt: _unless_missing(lambda s: s.stat(path), sftp, path))
 
     def write_bytes(self, path, data, mode=0o600):
         """Atomic (temporary name, then rename): retried whole after a reconnect."""
