@@ -35,6 +35,15 @@ def screenshot(page, artifacts: str, name: str) -> str:
     return path
 
 
+def open_hyperpod_tab(page, lab):
+    """Load ``lab`` in ``page`` (60 s default timeout for its waits) and click the HyperPod tab in
+    the left sidebar, by its title; returns the sidebar's locator."""
+    page.set_default_timeout(60000)
+    page.goto(lab.lab_url(), wait_until="domcontentloaded")
+    page.locator('.jp-SideBar [data-id="hyperpod-lab-sidebar"]').click()
+    return page.locator("[data-testid=hp-sidebar]")
+
+
 def dark_theme(page, timeout_ms: int = 30000) -> None:
     """Switch the Lab to "JupyterLab Dark" and wait until it is applied and the Lab's theme-change
     splash (``#jupyterlab-splash``, drawn over the page while the theme's CSS loads) is gone, so a

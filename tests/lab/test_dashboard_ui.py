@@ -19,7 +19,7 @@ import os
 import shutil
 import time
 
-from lab_browser import dark_theme, playwright_or_fail, screenshot
+from lab_browser import dark_theme, open_hyperpod_tab, playwright_or_fail, screenshot
 from slurm_jobs import Follow
 
 from benchmarks._lab import Lab, launch_chromium
@@ -86,10 +86,7 @@ def test_dashboard_lanes_zoom_filter_log_and_themes(tmp_path):
             browser = launch_chromium(p)
             page = browser.new_page(viewport={"width": 1500, "height": 1000})
             try:
-                page.set_default_timeout(60000)
-                page.goto(lab.lab_url(), wait_until="domcontentloaded")
-                page.locator('.jp-SideBar [data-id="hyperpod-lab-sidebar"]').click()
-                sidebar = page.locator("[data-testid=hp-sidebar]")
+                sidebar = open_hyperpod_tab(page, lab)
                 row = sidebar.locator(f'[data-testid=hp-job][data-job-id="{job_id}"]')
                 row.wait_for()
                 assert page.evaluate("() => window.jupyterapp.commands.hasCommand('hyperpod:open-dashboard')")

@@ -20,7 +20,7 @@ import shutil
 import time
 
 import pytest
-from lab_browser import dark_theme, playwright_or_fail, screenshot
+from lab_browser import dark_theme, open_hyperpod_tab, playwright_or_fail, screenshot
 
 from benchmarks._lab import Lab, launch_chromium, run_command
 
@@ -78,12 +78,7 @@ def test_sidebar_streams_a_fault_and_its_recovery(dev_cluster, lab_root):
         with sync_playwright() as p:
             browser = launch_chromium(p)
             page = browser.new_page(viewport={"width": 1400, "height": 950})
-            page.set_default_timeout(60000)
-            page.goto(lab.lab_url(), wait_until="domcontentloaded")
-            # the HyperPod tab in the left sidebar, by its title
-            tab = page.locator('.jp-SideBar [data-id="hyperpod-lab-sidebar"]')
-            tab.click()
-            sidebar = page.locator("[data-testid=hp-sidebar]")
+            sidebar = open_hyperpod_tab(page, lab)
             sidebar.wait_for(state="visible")
 
             # 1. the cluster is listed, reachable, with its Slurm nodes

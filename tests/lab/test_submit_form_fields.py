@@ -17,7 +17,7 @@ import os
 import shutil
 import time
 
-from lab_browser import playwright_or_fail, screenshot
+from lab_browser import open_hyperpod_tab, playwright_or_fail, screenshot
 
 from benchmarks._lab import Lab, launch_chromium
 
@@ -43,12 +43,9 @@ def test_storm_guard_and_tensorboard_fields_reach_the_job(tmp_path):
         with sync_playwright() as p:
             browser = launch_chromium(p)
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.set_default_timeout(60000)
             posts: list[str] = []
             page.on("request", lambda r: posts.append(r.url) if _is_submit(r) else None)
-            page.goto(lab.lab_url(), wait_until="domcontentloaded")
-            page.locator('.jp-SideBar [data-id="hyperpod-lab-sidebar"]').click()
-            sidebar = page.locator("[data-testid=hp-sidebar]")
+            sidebar = open_hyperpod_tab(page, lab)
             sidebar.locator('[data-testid=hp-cluster][data-cluster="local"]').wait_for()
             sidebar.locator("[data-testid=hp-submit-toggle]").click()
             form = sidebar.locator("[data-testid=hp-submit-form]")

@@ -75,6 +75,15 @@ def submit(client, script: str, *opts: str, steps: int, sleep: float) -> str:
                    client=client)
 
 
+def running_ft_job(client, name: str, *opts: str, steps: int, at_step: int = 15) -> Follow:
+    """ft_train.py on 2 nodes with checkpointless recovery (``opts`` added after ``--nodes 2``),
+    ``steps`` steps 0.2 s apart, named ``name``; followed until it reached step ``at_step``."""
+    job = Follow(client, submit(client, FT, "--nodes", "2", *opts, "--recovery", "checkpointless", "--name", name,
+                                steps=steps, sleep=0.2))
+    job.until(lambda: job.step() >= at_step, f"step {at_step}", timeout=600)
+    return job
+
+
 def finish(client, job: Follow, steps: int) -> None:
     job.until(lambda: job.kinds("finished"), "finished", timeout=300)
     rec = client.wait(job.job_id, timeout_s=120)
@@ -90,10 +99,8 @@ def test_checkpointless_survivors_go_on_when_slurm_marks_a_node_down(cluster3, c
     """Must show: a checkpointless 2-node job whose n2 Slurm marks DOWN keeps making steps on n1
     within 5 s and ends COMPLETED."""
     steps = 150
-    job_id = submit(client, FT, "--nodes", "2", "--recovery", "checkpointless", "--name", "down-ft",
-                    "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001", steps=steps, sleep=0.2)
-    job = Follow(client, job_id)
-    job.until(lambda: job.step() >= 15, "step 15", timeout=600)
+    job = running_ft_job(client, "down-ft", "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001", steps=steps)
+    job_id = job.job_id
     t_down = mark_down("n2")
     job.until(lambda: [e for e in job.kinds("fault.detected", reason="node down") if e.data["node"] == "n2"],
               "the supervisor's node-down report")
@@ -113,10 +120,8 @@ def test_a_spare_node_takes_over_a_lost_replica_group(cluster3, client, n2_back)
     """Must show: the same job with --spares 1 on the 3-node dev cluster is back to 2 replica
     groups without a requeue: the spare n3 joins as a new group and heals from n1's live state."""
     steps = 150
-    job_id = submit(client, FT, "--nodes", "2", "--spares", "1", "--recovery", "checkpointless",
-                    "--name", "spare-ft", steps=steps, sleep=0.2)
-    job = Follow(client, job_id)
-    job.until(lambda: job.step() >= 15, "step 15", timeout=600)
+    job = running_ft_job(client, "spare-ft", "--spares", "1", steps=steps)
+    job_id = job.job_id
     t_down = mark_down("n2")
     job.until(lambda: [e for e in job.kinds("checkpoint.restored", tier="replica") if e.time > t_down],
               "the spare healing from a live peer")
@@ -231,10 +236,8 @@ def test_a_node_that_faults_twice_is_excluded_and_replaced(cluster3, client):
     placement avoids it: rank 1's process on n2 is killed twice; the second time n2 is excluded,
     its group is stopped and the spare n3 takes its place."""
     steps = 200
-    job_id = submit(client, FT, "--nodes", "2", "--spares", "1", "--recovery", "checkpointless",
-                    "--name", "twice", steps=steps, sleep=0.2)
-    job = Follow(client, job_id)
-    job.until(lambda: job.step() >= 10, "step 10", timeout=600)
+    job = running_ft_job(client, "twice", "--spares", "1", steps=steps, at_step=10)
+    job_id = job.job_id
     for n in (1, 2):
         t = time.time()
         info = client.inject_fault(job_id, 1)

@@ -342,6 +342,7 @@ def test_the_submit_form_shows_the_diff_and_blocks_an_incompatible_cluster(old_c
     interpreter matches and re-enables it; Export requirements shows the path and the command."""
     import shutil as _shutil
 
+    from lab_browser import open_hyperpod_tab
     from playwright.sync_api import sync_playwright
 
     from benchmarks._lab import Lab, launch_chromium
@@ -356,10 +357,7 @@ def test_the_submit_form_shows_the_diff_and_blocks_an_incompatible_cluster(old_c
         with sync_playwright() as p:
             browser = launch_chromium(p)
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.set_default_timeout(60000)
-            page.goto(lab.lab_url(), wait_until="domcontentloaded")
-            page.locator('.jp-SideBar [data-id="hyperpod-lab-sidebar"]').click()
-            sidebar = page.locator("[data-testid=hp-sidebar]")
+            sidebar = open_hyperpod_tab(page, lab)
             sidebar.locator("[data-testid=hp-submit-toggle]").click()
             form = sidebar.locator("[data-testid=hp-submit-form]")
             form.get_by_label("Script path", exact=True).fill("train.py")
