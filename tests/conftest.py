@@ -38,6 +38,7 @@ def _names_the_cluster(func) -> bool:
     return _NAMES_THE_CLUSTER[func]
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marker into the group
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (``-n 2 --dist loadgroup``, as scripts/test.sh runs it): every test that
     uses the one dev cluster runs on one worker, in collection order, as in a serial run; the other
@@ -48,7 +49,7 @@ def pytest_collection_modifyitems(config, items):
         funcs = [getattr(item, "function", None)] + [d.func for ds in defs.values() for d in ds]
         shared = "dev_cluster" in getattr(item, "fixturenames", ()) or any(
             f is not None and _names_the_cluster(f) for f in funcs)
-        item.add_marker(pytest.mark.xdist_group("dev-cluster" if shared else str(item.path)))
+        item.add_marker(pytest.mark.xdist_group("dev-cluster" if shared else item.nodeid.split("::")[0]))
 
 
 def require(tool: str, how: str) -> str:

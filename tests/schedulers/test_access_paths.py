@@ -294,7 +294,7 @@ def _stand_in_aws(bindir, expect_argv: list[str], port: int, plugin: bool = True
 # STAND-IN for the AWS CLI + Session Manager plugin, for tests only (tests/schedulers/test_access_paths.py):
 # checks the exact argv, then relays the SSH bytes to the dev cluster's sshd.
 import json, os, socket, sys, threading
-here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+here = os.path.dirname(os.path.abspath(__file__))
 spec = json.load(open(os.path.join(here, "expect.json")))
 with open(os.path.join(here, "calls.jsonl"), "a") as f:
     f.write(json.dumps(sys.argv[1:]) + "\\n")
