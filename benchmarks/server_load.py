@@ -39,13 +39,7 @@ sys.path.insert(0, REPO)
 _TMP = tempfile.mkdtemp(prefix="hyperpod-lab-bench-load-")
 os.environ["HYPERPOD_LAB_CONFIG"] = os.path.join(_TMP, "clusters.toml")
 
-from benchmarks._common import (  # noqa: E402
-    server_rss_mb,
-    start_jupyter_server,
-    track_local_job,
-    write_events,
-    write_results,
-)
+from benchmarks._common import server_rss_mb, start_jupyter_server, track_local_job, write_events, write_results  # noqa: E402
 
 BOUNDS = {"rss_mb": 400.0, "status_p99_s": 0.5, "event_p99_s": 1.5}
 

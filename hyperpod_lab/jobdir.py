@@ -218,15 +218,6 @@ class FaultRequest:
     nonce: str | None
     factor: float | None = None
 
-    def to_json(self) -> str:
-        """The file's text: ``{"kind", "message", "time", "nonce"[, "factor"]}``. Raises SpecError
-        when the request is not one :meth:`from_json` accepts."""
-        self._check()
-        d = {"kind": self.kind, "message": self.message, "time": self.time, "nonce": self.nonce}
-        if self.factor is not None:
-            d["factor"] = self.factor
-        return json.dumps(d)
-
     @classmethod
     def from_json(cls, text: str | bytes) -> "FaultRequest":
         """The request in ``text``, validated.
@@ -245,6 +236,15 @@ class FaultRequest:
                   factor=d.get("factor"))
         req._check()
         return req
+
+    def to_json(self) -> str:
+        """The file's text: ``{"kind", "message", "time", "nonce"[, "factor"]}``. Raises SpecError
+        when the request is not one :meth:`from_json` accepts."""
+        self._check()
+        d = {"kind": self.kind, "message": self.message, "time": self.time, "nonce": self.nonce}
+        if self.factor is not None:
+            d["factor"] = self.factor
+        return json.dumps(d)
 
     @classmethod
     def obeyed(cls, raw: str | bytes) -> "FaultRequest":

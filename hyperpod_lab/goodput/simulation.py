@@ -9,14 +9,7 @@ from collections import Counter
 import numpy as np
 
 from hyperpod_lab.errors import GoodputInputError
-from hyperpod_lab.goodput.scenario import (
-    CHECKPOINT_RESTART,
-    CHECKPOINTLESS,
-    LOST_KINDS,
-    SECONDS_PER_HOUR,
-    Scenario,
-    as_scenario,
-)
+from hyperpod_lab.goodput.scenario import CHECKPOINT_RESTART, CHECKPOINTLESS, LOST_KINDS, SECONDS_PER_HOUR, Scenario, as_scenario
 
 
 def _advance(p: int, budget_s: float, s: float, ns: list[int], cs: list[float], last: list[int]) -> int:

@@ -85,13 +85,7 @@ from hyperpod_lab.events import (
     EventWriter,
     FaultReason,
 )
-from hyperpod_lab.jobdir import (
-    ENV_REPLICA_GROUP,
-    ENV_REPLICA_GROUPS,
-    RECOVERY_CHECKPOINTLESS,
-    RECOVERY_RESTART,
-    JobPaths,
-)
+from hyperpod_lab.jobdir import ENV_REPLICA_GROUP, ENV_REPLICA_GROUPS, RECOVERY_CHECKPOINTLESS, RECOVERY_RESTART, JobPaths
 from hyperpod_lab.node import storm as _storm
 
 FAULTS_TO_EXCLUDE = 2

@@ -573,11 +573,7 @@ DRIVE_CHECKPOINTS_DIR = (r"/api/contents(?P<path>/[0-9a-f]{8}(?::|%3[aA])(?:[^/]
 
 def _drive_checkpoints_handler():
     from jupyter_server.auth.decorator import authorized
-    from jupyter_server.services.contents.handlers import (
-        CheckpointsHandler,
-        ContentsHandler,
-        ModifyCheckpointsHandler,
-    )
+    from jupyter_server.services.contents.handlers import CheckpointsHandler, ContentsHandler, ModifyCheckpointsHandler
     from jupyter_server.utils import ensure_async
     from tornado.web import HTTPError, authenticated
 

@@ -30,14 +30,7 @@ from slurm_jobs import Follow
 from hyperpod_lab import cli
 from hyperpod_lab.errors import SpecError
 from hyperpod_lab.node import watchdog as wd
-from hyperpod_lab.node.watchdog import (
-    HeartbeatWriter,
-    Watchdog,
-    Worker,
-    derived_hang_timeout,
-    heartbeat_file,
-    read_heartbeat,
-)
+from hyperpod_lab.node.watchdog import HeartbeatWriter, Watchdog, Worker, derived_hang_timeout, heartbeat_file, read_heartbeat
 from hyperpod_lab.spec import JobSpec, ResiliencyPolicy
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -33,13 +33,7 @@ import time
 import pytest
 from agents import kinds, read_events, stop_launchers, tail_logs
 from moto_server import CREDENTIALS, HoldingProxy, MotoServer, serving_bucket, without_aws_credentials
-from test_checkpoint_integrity import (
-    ROOT,
-    SCRIPT,
-    assert_restored_exactly,
-    launch,
-    launch_env,
-)
+from test_checkpoint_integrity import ROOT, SCRIPT, assert_restored_exactly, launch, launch_env
 
 BUCKET = "ckpt"
 URI = f"s3://{BUCKET}/runs"

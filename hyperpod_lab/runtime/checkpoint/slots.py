@@ -51,10 +51,7 @@ import torch
 import xxhash
 
 from hyperpod_lab.atomicfile import write_atomic
-from hyperpod_lab.jobdir import (
-    ENV_SHM_DIR,
-    shm_root,
-)
+from hyperpod_lab.jobdir import ENV_SHM_DIR, shm_root
 from hyperpod_lab.private_dir import ensure_private_dir
 from hyperpod_lab.runtime.checkpoint.auth import process_key, sha256_hex, sign, verify
 from hyperpod_lab.runtime.state import FORMAT, tensor_view
