@@ -122,9 +122,10 @@ def start_jupyter_server(root_dir: str, work_dir: str, env: dict, settings: dict
     raise RuntimeError(f"jupyter server did not start: {open(log_path).read()[-3000:]}")
 
 
-def write_results(path: str, data: dict, indent: int = 2, said: str = "written") -> None:
+def write_results(path: str, data: dict, indent: int = 2, said: str = "written") -> int:
     """Write a benchmark's results as JSON to ``path`` (its folder made as needed) and say where:
-    prints ``<said> <path>``."""
+    prints ``<said> <path>``. Returns 0, the exit status of a benchmark that got this far, so a
+    ``main`` ends with ``return write_results(...)``."""
     import json
     import os
 
@@ -132,3 +133,4 @@ def write_results(path: str, data: dict, indent: int = 2, said: str = "written")
     with open(path, "w") as f:
         json.dump(data, f, indent=indent)
     print(f"{said} {path}")
+    return 0

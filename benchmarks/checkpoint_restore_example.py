@@ -150,8 +150,7 @@ def main() -> int:
     print(f"  target overlap <= 0.25x memcpy: {verdict[result['target_overlap_le_0.25x_memcpy']]}")
     print("  restore: " + ", ".join(f"{k} {1000 * v:.1f} ms" for k, v in restore.items()))
     print(f"  memory tier bytes (one rank, keep_last 2): {result['memory_tier_bytes_one_rank']}")
-    write_results(a.out, result, said="wrote")
-    return 0
+    return write_results(a.out, result, said="wrote")
 
 
 if __name__ == "__main__":

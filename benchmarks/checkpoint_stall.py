@@ -273,9 +273,8 @@ def main() -> int:
             if v["torch_save_over_this"]:
                 extra += f"  torch.save/this {v['torch_save_over_this']:.1f}x"
             print(f"   {m:<28} {v['added_ms']:9.1f} ms{extra}")
-    write_results(a.out, {"benchmark": "checkpoint_stall", "threads": 1, "compute_ms": a.compute_ms,
-                          "rows": rows, "table": {str(k): v for k, v in table.items()}}, said="wrote")
-    return 0
+    return write_results(a.out, {"benchmark": "checkpoint_stall", "threads": 1, "compute_ms": a.compute_ms,
+                                 "rows": rows, "table": {str(k): v for k, v in table.items()}}, said="wrote")
 
 
 if __name__ == "__main__":

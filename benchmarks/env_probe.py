@@ -107,8 +107,7 @@ def main() -> int:
     for k, v in out["ratios"].items():
         print(f"{k}: {v}x")
     print("execs per submit:", {k: sorted({o.get('exec', 0) for o in v}) for k, v in ops.items()})
-    write_results(a.out, out)
-    return 0
+    return write_results(a.out, out)
 
 
 if __name__ == "__main__":

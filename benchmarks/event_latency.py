@@ -261,6 +261,8 @@ def main(argv=None) -> int:
     finally:
         shutil.rmtree(_TMP, ignore_errors=True)
 
+    print(f"baseline append -> EventReader.poll: local p50 {base['local']['p50_ms']} ms, "
+          f"over SSH p50 {base['ssh']['p50_ms']} ms")
     for key in ("sftp", "local_mount"):
         r = out.get(key)
         if not r:
@@ -273,10 +275,7 @@ def main(argv=None) -> int:
         print(f"[{key}] server CPU: idle {r['server_cpu_idle_no_tabs']['percent_of_core']} %, "
               f"{r['jobs_non_terminal']} jobs no tabs {r['server_cpu_jobs_no_tabs']['percent_of_core']} %, "
               f"{args.tabs} tabs + jobs {r['server_cpu_tabs_jobs']['percent_of_core']} % of a core")
-    print(f"baseline append -> EventReader.poll: local p50 {base['local']['p50_ms']} ms, "
-          f"over SSH p50 {base['ssh']['p50_ms']} ms")
-    write_results(args.out, out, said="wrote")
-    return 0
+    return write_results(args.out, out, said="wrote")
 
 
 if __name__ == "__main__":

@@ -56,8 +56,7 @@ def main() -> int:
         print(f"{name:40s} median {med * 1000:8.1f} ms  best {ts[0] * 1000:8.1f} ms  "
               f"{med / torch_median:6.3f}x import torch")
     print(f"load average {out['load_avg'][0]:.2f}")
-    write_results(a.out, out)
-    return 0
+    return write_results(a.out, out)
 
 
 if __name__ == "__main__":

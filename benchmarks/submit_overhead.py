@@ -111,8 +111,7 @@ def main() -> int:
           f"{round_trips[0] if round_trips else None}")
     print(f"overhead {1000*(mo-mb):.0f} ms (target <= {TARGET_OVERHEAD_S*1000:.0f} ms; was 542 ms): "
           f"{'MET' if result['target_met'] else 'MISSED'}; ratio ours/baseline {result['ratio_ours_over_baseline']:.2f}x")
-    write_results(a.out, result, said="wrote")
-    return 0
+    return write_results(a.out, result, said="wrote")
 
 
 if __name__ == "__main__":

@@ -10,4 +10,4 @@ echo "test.sh: ruff check"
 echo "test.sh: tsc --noEmit (strict)"
 [ -x node_modules/.bin/tsc ] || PATH="$PWD/.venv/bin:$PATH" jlpm install
 node_modules/.bin/tsc --noEmit -p .
-exec .venv/bin/python -m pytest -ra --durations=40 "$@"
+exec .venv/bin/python -m pytest -ra --durations=40 -n 2 --dist loadgroup "$@"

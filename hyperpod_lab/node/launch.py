@@ -84,11 +84,14 @@ import errno
 import fcntl
 import logging
 import os
+import random
 import shutil
+import socket
 import sys
 import time
 from typing import Any, Callable
 
+import torch.distributed.elastic.rendezvous.api as _rdzv_api
 import torch.distributed.launcher.api as _launcher_api
 import torch.distributed.run as _torchrun
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
@@ -304,6 +307,39 @@ def install_watchdog(job_dir: str, events: AgentEvents) -> Watchdog | None:
     return _WATCHDOG
 
 
+#: workers' MASTER_PORT band: below the Slurm backend's rendezvous ports (29500-32699,
+#: schedulers/slurm.py) and below Linux's default ephemeral range (32768-60999)
+MASTER_PORT_BAND = (20000, 29499)
+
+
+def free_master_port(band: tuple[int, int] = MASTER_PORT_BAND) -> int:
+    """A TCP port in ``band`` (inclusive) that nothing listens on now, for the workers' process
+    group store (``MASTER_PORT``; rank 0 binds it when it starts, seconds later).
+
+    torch's own choice (``torch.distributed.elastic.utils.distributed.get_free_port``, used by
+    ``RendezvousStoreInfo.build`` when the rendezvous store is not shared, as here) binds port 0,
+    so the kernel hands out a port from the ephemeral range, which any outgoing connection on
+    the node may take before rank 0 binds it: rank 0 then fails with EADDRINUSE (seen on a
+    loaded 2-core machine, port 33351). A port below that range is only ever taken by a
+    deliberate listener, and the probe skips those.
+
+    Raises:
+        OSError: no port in ``band`` could be bound (errno EADDRINUSE).
+    """
+    lo, hi = band
+    span = hi - lo + 1
+    start = random.SystemRandom().randrange(span)
+    for i in range(span):
+        port = lo + (start + i) % span
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise OSError(errno.EADDRINUSE, f"no free TCP port in {lo}-{hi} for the workers' MASTER_PORT")
+
+
 @record
 def main(argv: list[str] | None = None) -> None:
     """Parse torchrun's arguments and run it, with events when ``$HYPERPOD_LAB_JOB_DIR`` is set.
@@ -321,6 +357,7 @@ def main(argv: list[str] | None = None) -> None:
     # reads the previous attempt's keys (gloo: "connectFullMesh failed ... Connection refused";
     # NCCL: stale unique id), see pytorch/pytorch#135712. Restarts are this launcher's purpose.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    _rdzv_api.get_free_port = free_master_port  # MASTER_PORT outside the ephemeral range, see there
     if os.environ.get(ENV_REPLICA_GROUP) == SLURM_REPLICA_GROUP:  # checkpointless: one replica group per node
         os.environ[ENV_REPLICA_GROUP] = str(int(os.environ.get("SLURM_NODEID", "0"))
                                             + int(os.environ.get(ENV_REPLICA_GROUP_OFFSET, "0") or 0))

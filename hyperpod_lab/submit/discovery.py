@@ -39,7 +39,8 @@ class DiscoveredCluster:
     Attributes:
         name, arn, status: ``ClusterName``, ``ClusterArn``, ``ClusterStatus`` (InService, ...).
         region: the AWS region it lives in.
-        orchestrator: ``eks`` or ``slurm``; eks_cluster_arn: ``Orchestrator.Eks.ClusterArn``.
+        orchestrator: ``eks`` or ``slurm`` (the API names an ``Orchestrator`` only for EKS
+            clusters, so ``slurm`` is the default); eks_cluster_arn: ``Orchestrator.Eks.ClusterArn``.
         node_recovery: ``NodeRecovery`` (Automatic / None), or None when not reported.
         instance_groups: [{name, instance_type, current_count, target_count}].
         nodes: [{instance_id, group, instance_type, status, hostname}] (``list_cluster_nodes``).
@@ -54,7 +55,7 @@ class DiscoveredCluster:
     arn: str
     status: str
     region: str
-    orchestrator: str
+    orchestrator: str = "slurm"
     eks_cluster_arn: str | None = None
     node_recovery: str | None = None
     instance_groups: list[dict[str, Any]] = field(default_factory=list)
