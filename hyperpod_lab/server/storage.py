@@ -6,9 +6,12 @@ Three small pieces; listing, reading, writing and the file browser are the libra
   ``hyperpod://<cluster>/<absolute path>``, that replaces only how the SSH connection is made:
   the cluster profile's route (:mod:`hyperpod_lab.schedulers.remote.route`: ``~/.ssh/config``,
   ProxyJump jump hosts, ProxyCommand, SSM sessions, host keys verified with ``RejectPolicy``),
-  the profile's ``op_timeout_s`` on every SFTP reply, reconnect after a dropped link. Read-only
-  unless ``writable=True``; even then nothing below a ``checkpoints`` directory can be written,
-  renamed or deleted. Registered with fsspec (``fsspec.specs`` entry point and
+  the profile's ``op_timeout_s`` on every SFTP reply, reconnect after a dropped link. With
+  ``root`` (the Lab's trees pass ``shared_root``) every call is confined to that directory, by
+  its normalised path and by the cluster's realpath (symbolic links that lead out are refused).
+  Read-only unless ``writable=True``; even then nothing below a ``checkpoints`` directory (also
+  reached through a link) can be written, renamed or deleted, nor any directory that holds one,
+  and a delete is checked whole before anything is deleted. Registered with fsspec (``fsspec.specs`` entry point and
   :func:`register`), so ``fsspec.open("hyperpod://local-slurm/fsx/...")`` works in a notebook too.
 * :func:`jupyterfs_resources`: one jupyter-fs resource per Slurm cluster profile, rooted at its
   ``shared_root`` (job directories ``<shared_root>/hyperpod-lab/jobs/<job id>``, their
@@ -50,6 +53,12 @@ PROTOCOL = "hyperpod"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 #: a path with this component is a job's checkpoint tree: never written, renamed or deleted here
 PROTECTED_DIR = CHECKPOINTS_DIRNAME
+#: a directory is renamed or deleted from the Lab only after every entry below it was checked for
+#: a ``checkpoints`` directory; one with more entries than this is refused (do it with ssh)
+MAX_CHECKED_ENTRIES = 50_000
+#: seconds a listing's plain (non-link) entries count as resolved inside root (jupyter-fs asks
+#: ``info`` of every entry right after listing; this saves one realpath round trip per entry)
+LISTED_TTL_S = 5.0
 
 
 #: seconds a cluster whose connection failed is not tried again (jupyter-fs re-creates a failed
@@ -258,7 +267,13 @@ class HyperPodFileSystem(SFTPFileSystem):
     Args:
         host: the cluster profile's name (a slurm profile of ``clusters.toml``).
         writable: allow writes, renames and deletes (default False: read-only). Paths with a
-            ``checkpoints`` component stay read-only either way.
+            ``checkpoints`` component stay read-only either way, also when reached through a
+            symbolic link, and so does any directory that holds one (no rename, no delete).
+        root: confine every call to this absolute directory on the cluster (jupyter-fs's
+            resources pass the profile's ``shared_root``; default None: the whole file system,
+            as the SSH login sees it). A path is first normalised (``..`` removed) and must be
+            ``root`` or below ``root + "/"``; then the cluster's own ``realpath`` of it (SFTP
+            ``normalize``, symbolic links followed) must be below ``realpath(root)`` too.
 
     Attributes:
         cluster: the profile name; profile: the :class:`~hyperpod_lab.submit.clusters.ClusterProfile`.
@@ -273,18 +288,27 @@ class HyperPodFileSystem(SFTPFileSystem):
             reached (unknown host key, refused key, no answer within ``connect_timeout_s``, SFTP
             not started within ``op_timeout_s``); for :data:`RETRY_AFTER_S` after such a
             failure, the same error at once.
-        PermissionError: a write, rename or delete on a read-only tree.
+        PermissionError: a write, rename or delete on a read-only tree; a path outside ``root``
+            (by ``..``, by a sibling directory whose name starts with root's, or through a
+            symbolic link that leads out); a change to a job's checkpoints. The message names the
+            path, the rule and the fix; the contents API answers it with 403.
         TimeoutError: an SFTP request got no reply within ``op_timeout_s`` (connection dropped).
     """
 
     protocol = (PROTOCOL,)
 
-    def __init__(self, host, writable: bool = False, **kwargs):
+    def __init__(self, host, writable: bool = False, root: str | None = None, **kwargs):
         if self._cached:
             return
         AbstractFileSystem.__init__(self, **kwargs)
         self.cluster = str(host)
         self.writable = bool(writable)
+        if root is not None and not str(root).startswith("/"):
+            raise ValueError(f"cluster '{self.cluster}': root must be an absolute path on the cluster "
+                             f"(its shared_root), got {root!r}")
+        self.confine_root = None if root is None else "/" + posixpath.normpath(str(root)).lstrip("/")
+        self._root_real: str | None = None
+        self._listed: tuple[str, frozenset, float] = ("", frozenset(), 0.0)
         self.temppath = kwargs.pop("temppath", "/tmp")
         self.host = self.cluster
         self.ssh_kwargs = {}
@@ -328,61 +352,256 @@ class HyperPodFileSystem(SFTPFileSystem):
                 out[key] = out[key].timestamp()
         return out
 
-    def ls(self, path, detail=False, **kwargs):
-        """fsspec's listing; ``kwargs`` (such as jupyter-fs's ``refresh=True``) are accepted as
-        AbstractFileSystem.ls accepts them (nothing is cached here: every listing asks the cluster)."""
-        return super().ls(path, detail=detail)
-
     def modified(self, path):
         return datetime.datetime.fromtimestamp(self.info(path)["mtime"], tz=datetime.timezone.utc)
 
     created = modified
 
-    # ---- read-only unless writable; checkpoints always --------------------------------------
-    def _check_write(self, op: str, *paths) -> None:
+    # ---- confinement to root; read-only unless writable; checkpoints always ------------------
+    # Every path a call gets goes through _confine (the one confinement function) before the
+    # SFTP request is made, and the request is made on the path _confine returns (normalised,
+    # no '..'). Writes, renames and deletes go through _check_write, which confines first.
+
+    def _outside(self, op: str, path: str, why: str) -> PermissionError:
+        return _read_only_error(self.cluster, op, path, f"{why} outside the cluster's shared_root "
+                                f"{self.confine_root} (the Lab's tree of cluster '{self.cluster}' holds only that "
+                                f"directory; reach other paths with ssh)")
+
+    def _inside(self, path: str, root: str) -> bool:
+        return root == "/" or path == root or path.startswith(root + "/")
+
+    def _realpath(self, path: str, op: str) -> str:
+        """The cluster's realpath of ``path`` (SFTP ``normalize``: links followed); for a path that
+        does not exist yet, that of its nearest existing ancestor joined with the rest. A
+        dangling link on the way is refused (where it leads cannot be checked)."""
+        import errno
+
+        rest: list[str] = []
+        p = path
+        for _ in range(4096):
+            try:
+                real = self.ftp.normalize(p)
+                return posixpath.join(real, *reversed(rest)) if rest else real
+            except OSError as e:
+                if getattr(e, "errno", None) != errno.ENOENT or p == "/":
+                    raise
+            try:
+                self.ftp.lstat(p)
+            except OSError:
+                pass  # does not exist: resolve its parent
+            else:  # exists but cannot be resolved: a link whose target is missing
+                raise _read_only_error(self.cluster, op, path, f"{p} is a symbolic link whose target does not "
+                                       f"exist, so where it leads cannot be checked against shared_root "
+                                       f"{self.confine_root}; remove or fix the link with ssh")
+            rest.append(posixpath.basename(p))
+            p = posixpath.dirname(p)
+        raise _read_only_error(self.cluster, op, path, "too many path components to resolve")
+
+    def _confine(self, path, op: str = "read") -> str:
+        """``path`` (a ``hyperpod://`` URL, an absolute path on the cluster, or a path relative
+        to root) normalised, after checking that it is inside :attr:`confine_root`: lexically
+        (``..`` removed; ``root`` itself or below ``root + "/"``, so a sibling ``<root>-other``
+        is outside), then by the cluster's realpath (a symbolic link inside that leads out, also
+        a dangling one, is refused). No root: the path, unchecked. Raises PermissionError
+        naming the path, where it leads and the fix."""
+        p = self._strip_protocol(path)
+        root = self.confine_root
+        if root is None:
+            return p
+        norm = "/" + posixpath.normpath(posixpath.join(root, p)).lstrip("/")
+        if not self._inside(norm, root):
+            raise self._outside(op, str(p), f"{norm} is")
+        d, name, t = self._listed
+        if posixpath.dirname(norm) == d and posixpath.basename(norm) in name and time.monotonic() - t < LISTED_TTL_S:
+            return norm  # a plain file or directory of a listing just made (its parent was resolved)
+        if self._root_real is None:
+            self._root_real = self.ftp.normalize(root)
+        real = self._realpath(norm, op)
+        if not self._inside(real, self._root_real):
+            raise self._outside(op, str(p), f"{norm} resolves (through a symbolic link) to {real}, which is")
+        return norm
+
+    def _protected_error(self, op: str, path: str, protected: str, how: str) -> PermissionError:
+        return _read_only_error(self.cluster, op, path, f"{how} {protected}, a job's checkpoints ('{PROTECTED_DIR}' "
+                                f"directory): committed checkpoints are immutable from the Lab; use the job's "
+                                f"checkpoint tools (its checkpoint.keep_last retention, or ssh on the cluster)")
+
+    def _check_write(self, op: str, *paths) -> list[str]:
+        """Each of ``paths`` confined (:meth:`_confine`), the tree writable, and neither the path
+        nor where its links lead inside a ``checkpoints`` directory. Returns the normalised
+        paths. Raises PermissionError naming the path, the rule and the fix."""
+        out = []
         for p in paths:
-            p = self._strip_protocol(p)
+            norm = self._confine(p, op)
             if not self.writable:
-                raise _read_only_error(self.cluster, op, p, "the cluster's storage is read-only in the Lab "
+                raise _read_only_error(self.cluster, op, norm, "the cluster's storage is read-only in the Lab "
                                        "(set HyperPodStorage.writable = true in the Jupyter server config to allow "
                                        "writes; checkpoints stay read-only)")
-            if PROTECTED_DIR in posixpath.normpath(p).split("/"):
-                raise _read_only_error(self.cluster, op, p, f"files below a '{PROTECTED_DIR}' directory are a "
-                                       f"job's checkpoints and are never changed from the Lab")
+            for cand, how in ((norm, "it is below"), (self._realpath(norm, op), "it resolves (through a symbolic "
+                                                                                 "link) to a path below")):
+                parts = (cand or "").split("/")
+                if PROTECTED_DIR in parts:
+                    protected = "/".join(parts[:parts.index(PROTECTED_DIR) + 1])
+                    raise self._protected_error(op, norm, protected, how)
+            out.append(norm)
+        return out
+
+    def _tree_plan(self, op: str, norm: str) -> list[tuple[str, str]]:
+        """(kind, path) of ``norm`` and everything below it, children before their directory,
+        links not followed (a link is removed or moved as itself). Raises PermissionError when a
+        directory or link named ``checkpoints`` is among them (nothing has been changed yet), or
+        when there are more than :data:`MAX_CHECKED_ENTRIES`."""
+        import stat as st
+
+        top = self.ftp.lstat(norm)
+        if not st.S_ISDIR(top.st_mode):
+            return [("link" if st.S_ISLNK(top.st_mode) else "file", norm)]
+        plan: list[tuple[str, str]] = []
+        stack = [(norm, False)]
+        n = 0
+        while stack:
+            d, listed = stack.pop()
+            if listed:
+                plan.append(("dir", d))
+                continue
+            stack.append((d, True))
+            for a in self.ftp.listdir_iter(d):
+                n += 1
+                if n > MAX_CHECKED_ENTRIES:
+                    raise _read_only_error(self.cluster, op, norm, f"it holds more than {MAX_CHECKED_ENTRIES} entries, "
+                                           f"too many to check for a job's checkpoints from the Lab; {op} it with ssh")
+                child = posixpath.join(d, a.filename)
+                if a.filename == PROTECTED_DIR:
+                    raise self._protected_error(op, norm, child, "it holds")
+                if st.S_ISDIR(a.st_mode):
+                    stack.append((child, False))
+                else:
+                    plan.append(("link" if st.S_ISLNK(a.st_mode) else "file", child))
+        return plan
+
+    def ls(self, path, detail=False, **kwargs):
+        """fsspec's listing (entries as ``lstat`` sees them: a link is ``type: link``); ``kwargs``
+        (such as jupyter-fs's ``refresh=True``) are accepted as AbstractFileSystem.ls accepts them
+        (nothing is cached here: every listing asks the cluster). Confined to :attr:`confine_root`."""
+        norm = self._confine(path, "list")
+        out = super().ls(norm, detail=True)
+        if self.confine_root is not None:
+            self._listed = (norm, frozenset(posixpath.basename(e["name"]) for e in out if e["type"] != "link"),
+                            time.monotonic())
+        return out if detail else sorted(e["name"] for e in out)
+
+    def info(self, path):
+        """fsspec's ``info`` (``stat``: links followed), confined to :attr:`confine_root`. A link
+        in a directory inside root that leads out (or nowhere) is described as itself (``lstat``,
+        ``type: file``, ``link_outside: True``) so that its directory still lists; reading it is
+        refused."""
+        try:
+            norm = self._confine(path, "read")
+        except PermissionError:
+            link = self._link_leading_out(path)
+            if link is None:
+                raise
+            return link
+        return super().info(norm)
+
+    def _link_leading_out(self, path) -> dict | None:
+        """``lstat`` info of ``path`` when it is a symbolic link whose directory is inside root
+        (the link itself is then an entry of the tree even though where it leads is not)."""
+        import stat as st
+
+        if self.confine_root is None:
+            return None
+        norm = "/" + posixpath.normpath(posixpath.join(self.confine_root, self._strip_protocol(path))).lstrip("/")
+        if norm == self.confine_root or not self._inside(norm, self.confine_root):
+            return None
+        try:
+            self._confine(posixpath.dirname(norm), "read")
+            lst = self.ftp.lstat(norm)
+        except OSError:  # PermissionError too: its directory is outside
+            return None
+        if not st.S_ISLNK(lst.st_mode):
+            return None
+        out = self._decode_stat(lst)
+        out.update(name=norm, type="file", link_outside=True)
+        return out
 
     def _open(self, path, mode="rb", block_size=None, **kwargs):
         if set(mode) & set("wax+"):
-            self._check_write("write", path)
-        return super()._open(path, mode=mode, block_size=block_size, **kwargs)
+            (norm,) = self._check_write("write", path)
+            if kwargs.get("autocommit", True) is False and self.confine_root is not None:
+                raise _read_only_error(self.cluster, "write", norm, "autocommit=False writes through a temporary "
+                                       f"file in {self.temppath}, outside shared_root; write with autocommit=True")
+        else:
+            norm = self._confine(path, "read")
+        return super()._open(norm, mode=mode, block_size=block_size, **kwargs)
+
+    def get_file(self, rpath, lpath, **kwargs):
+        return super().get_file(self._confine(rpath, "read"), lpath, **kwargs)
 
     def mkdir(self, path, create_parents=True, mode=0o700):
-        self._check_write("create directory", path)
-        return super().mkdir(path, create_parents=create_parents, mode=mode)
+        (norm,) = self._check_write("create directory", path)
+        if self.exists(norm):
+            raise FileExistsError(f"cluster '{self.cluster}': {norm} exists")
+        if create_parents:
+            return self.makedirs(norm, mode=mode)
+        self.ftp.mkdir(norm, mode)
 
     def makedirs(self, path, exist_ok=False, mode=0o700):
-        self._check_write("create directory", path)
-        return super().makedirs(path, exist_ok=exist_ok, mode=mode)
+        """``path`` and its missing parents (only those inside root: the walk up stops there)."""
+        (norm,) = self._check_write("create directory", path)
+        if self.exists(norm):
+            if not exist_ok:
+                raise FileExistsError(f"cluster '{self.cluster}': {norm} exists")
+            return
+        missing, p = [], norm
+        while p not in ("/", self.confine_root) and not self.exists(p):
+            missing.append(p)
+            p = posixpath.dirname(p)
+        for p in reversed(missing):
+            self.ftp.mkdir(p, mode)
 
     def rmdir(self, path):
-        self._check_write("delete", path)
-        return super().rmdir(path)
+        (norm,) = self._check_write("delete", path)
+        return super().rmdir(norm)
 
     def rm(self, path, recursive=False, maxdepth=None):
+        """Delete ``path`` (a list: each), everything below it with ``recursive``. Everything is
+        checked before anything is deleted (:meth:`_check_write` on each path,
+        :meth:`_tree_plan` below each directory): a refused delete deletes nothing. Links are
+        deleted as themselves, never followed."""
+        if maxdepth is not None:
+            raise ValueError(f"cluster '{self.cluster}': rm(maxdepth=...) is not supported; delete the paths one by one")
+        plan: list[tuple[str, str]] = []
         for p in [path] if isinstance(path, str) else list(path):
-            self._check_write("delete", p)
-        return super().rm(path, recursive=recursive, maxdepth=maxdepth)
+            (norm,) = self._check_write("delete", p)
+            if norm == self.confine_root:
+                raise _read_only_error(self.cluster, "delete", norm, "it is the cluster's shared_root itself")
+            tree = self._tree_plan("delete", norm)
+            if len(tree) > 1 and not recursive:
+                raise IsADirectoryError(f"cluster '{self.cluster}': cannot delete {norm}: a directory that is not "
+                                        f"empty (pass recursive=True)")
+            plan.extend(tree)
+        for kind, p in plan:
+            if kind == "dir":
+                self.ftp.rmdir(p)
+            else:
+                self.ftp.remove(p)
 
     def _rm(self, path):
-        self._check_write("delete", path)
-        return super()._rm(path)
+        self.rm(path)
 
     def mv(self, old, new, **kwargs):
-        self._check_write("rename", old, new)
-        return super().mv(old, new)
+        """Rename ``old`` to ``new`` (SFTP posix-rename). Refused (PermissionError) when either is
+        outside root, inside a job's checkpoints, or ``old`` is a directory that holds one."""
+        old_n, new_n = self._check_write("rename", old, new)
+        if old_n == self.confine_root:
+            raise _read_only_error(self.cluster, "rename", old_n, "it is the cluster's shared_root itself")
+        self._tree_plan("rename", old_n)
+        return super().mv(old_n, new_n)
 
     def put_file(self, lpath, rpath, callback=None, **kwargs):
-        self._check_write("write", rpath)
-        return super().put_file(lpath, rpath, callback=callback, **kwargs)
+        (norm,) = self._check_write("write", rpath)
+        return super().put_file(lpath, norm, callback=callback, **kwargs)
 
 
 def register() -> None:
@@ -408,7 +627,8 @@ def jupyterfs_resources(profiles=None, writable: bool = False) -> list[dict]:
     Returns:
         ``[{"name": "<cluster>: <shared_root>", "url": "hyperpod://<cluster><shared_root>",
         "type": "fsspec", "auth": "none", "defaultWritable": writable, "kwargs": {"writable":
-        writable}}, ...]``; a profile whose name cannot be a URL host (characters other than
+        writable, "root": "<shared_root>"}}, ...]`` (``root`` confines the tree to shared_root:
+        :meth:`HyperPodFileSystem._confine`); a profile whose name cannot be a URL host (characters other than
         letters, digits, ``.``, ``_``, ``-``), or with a field still ``FILL-IN`` (written by
         ``clusters discover``), is left out with a warning.
     """
@@ -428,9 +648,10 @@ def jupyterfs_resources(profiles=None, writable: bool = False) -> list[dict]:
             log.warning("hyperpod_lab: cluster '%s' gets no file-browser tree: its name must be letters, digits, "
                         "'.', '_' or '-' to be the host of a %s:// URL; rename the profile", name, PROTOCOL)
             continue
-        out.append({"name": f"{name}: {posixpath.normpath(p.shared_root)}", "url": resource_url(p),
+        root = posixpath.normpath(p.shared_root)
+        out.append({"name": f"{name}: {root}", "url": resource_url(p),
                     "type": "fsspec", "auth": "none", "defaultWritable": bool(writable),
-                    "kwargs": {"writable": bool(writable)}})
+                    "kwargs": {"writable": bool(writable), "root": root}})
     return out
 
 
@@ -446,17 +667,43 @@ def _drive_of(manager, args, kwargs) -> str:
 
 
 def _http_error(e: Exception) -> Exception:
-    """What a drive's error becomes for the contents API: a refused write (PermissionError,
-    also when jupyter-fs wrapped it in a 500) is 403, a cluster that does not answer
-    (TimeoutError, StorageError) 504, both with our message; anything else as it was."""
+    """What a drive's error becomes for the contents API: a refused call (PermissionError: a
+    write on a read-only tree, a path outside shared_root, a job's checkpoints; also when
+    jupyter-fs wrapped it in a 400 or 500, once or twice) is 403, a cluster that does not answer
+    (TimeoutError, StorageError) 504, both with our message; an unwrapped FileNotFoundError
+    (jupyter-fs's delete of a missing path) 404; anything else as it was."""
     from tornado.web import HTTPError
 
-    cause = e if not isinstance(e, HTTPError) else (e.__context__ or e.__cause__)
+    cause, seen = e, 0
+    while isinstance(cause, HTTPError) and seen < 8:  # jupyter-fs wraps, at times twice (get -> _read_file)
+        cause, seen = cause.__cause__ or cause.__context__, seen + 1
     if isinstance(cause, PermissionError):
         return HTTPError(403, str(cause), reason="read-only")
     if isinstance(cause, (TimeoutError, StorageError)):
         return HTTPError(504, str(cause), reason="cluster storage did not answer")
+    if isinstance(e, FileNotFoundError):  # not wrapped by jupyter-fs (its delete): a 404, not a 500
+        return HTTPError(404, f"no such file or directory: {e.filename or e}", reason="not found")
     return e
+
+
+def _confined_resource(resource):
+    """A ``hyperpod://<cluster><dir>`` resource (ours, or one configured by hand in
+    ``JupyterFs.resources``) with ``kwargs.root`` set to its URL's directory when it names none,
+    so that every tree of a cluster is confined to the directory it shows."""
+    if not isinstance(resource, dict) or not str(resource.get("url", "")).startswith(f"{PROTOCOL}://"):
+        return resource
+    kwargs = resource.get("kwargs") or {}
+    if isinstance(kwargs, str):
+        import json
+
+        try:
+            kwargs = json.loads(kwargs)
+        except ValueError:
+            kwargs = {}
+    if kwargs.get("root"):
+        return resource
+    path = urlsplit(resource["url"]).path or "/"
+    return {**resource, "kwargs": {**kwargs, "root": posixpath.normpath(path)}}
 
 
 def _threaded(name: str):
@@ -497,7 +744,11 @@ def _meta_manager_class():
         self._hp_executors = {}
         MetaManager.__init__(self, *args, **kwargs)
 
-    ns = {"__init__": __init__, "__module__": __name__,
+    def initResource(self, *resources, options=None):
+        return MetaManager.initResource(self, *(_confined_resource(r) for r in resources),
+                                        options=options if options is not None else {})
+
+    ns = {"__init__": __init__, "initResource": initResource, "__module__": __name__,
           "__doc__": "jupyter-fs's MetaManager; each non-local drive's calls run in that drive's own worker "
                      "thread (one at a time), off the server's event loop."}
     ns.update({n: _threaded(n) for n in names})

@@ -371,7 +371,7 @@ def test_one_resource_per_usable_slurm_profile():
           "local": ClusterProfile("local", "local", shared_root="/tmp/x")}
     assert storage.jupyterfs_resources(ps, writable=True) == [
         {"name": "hp: /fsx", "url": "hyperpod://hp/fsx", "type": "fsspec", "auth": "none", "defaultWritable": True,
-         "kwargs": {"writable": True}}]
+         "kwargs": {"writable": True, "root": "/fsx"}}]
 
 
 def test_hyperpod_urls_in_fsspec_read_and_guard_writes(dev_cluster, ckpt_job):
