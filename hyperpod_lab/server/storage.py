@@ -383,7 +383,7 @@ class HyperPodFileSystem(SFTPFileSystem):
                 real = self.ftp.normalize(p)
                 return posixpath.join(real, *reversed(rest)) if rest else real
             except OSError as e:
-                if getattr(e, "errno", None) != errno.ENOENT or p == "/":
+                if getattr(e, "errno", None) != errno.ENOENT or p in ("", "/"):
                     raise
             try:
                 self.ftp.lstat(p)
@@ -407,7 +407,7 @@ class HyperPodFileSystem(SFTPFileSystem):
         p = self._strip_protocol(path)
         root = self.confine_root
         if root is None:
-            return p
+            return posixpath.normpath(p) if p.startswith("/") else p
         norm = "/" + posixpath.normpath(posixpath.join(root, p)).lstrip("/")
         if not self._inside(norm, root):
             raise self._outside(op, str(p), f"{norm} is")
