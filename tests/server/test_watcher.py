@@ -152,3 +152,40 @@ def test_a_summary_saved_before_the_facts_fold_is_rebuilt_from_the_events():
     assert t.base == {} and t.cursor == {} and t.progress.faults == 0
     new = Tailer(rec, {"rank-0.jsonl": 100}, t.progress.to_dict())  # the fold's own summary resumes
     assert new.base == {"rank-0.jsonl": 100}
+
+
+def test_a_subscriber_gets_the_terminal_status_before_end_even_when_the_status_loop_is_asleep(tmp_path):
+    """The events side can see a terminal record (stored by a refresh in a worker thread, or by
+    another process such as the CLI) before the status loop sends it; a fresh-clone run saw a tab
+    whose last status said 'running' after 'end'. Here the status loop sleeps 30 s after its first
+    tick, so only the end path can deliver the terminal status."""
+    client = Client(JobStore(str(tmp_path / "store")))
+    d = tmp_path / "job"
+    (d / "events").mkdir(parents=True)
+    rec = JobRecord(job_id="t-0", name="t", cluster="local", orchestrator="local", native_id=str(os.getpid()),
+                    job_dir=str(d), spec={"args": []})
+    client.store.put(rec)
+
+    async def scenario():
+        w = Watcher(client, min_interval_s=30.0, max_interval_s=30.0, stream_interval_s=0.05, idle_max_interval_s=0.2)
+        w.start()
+        inbox: list[dict] = []
+        await w.subscribe("t-0", {}, lambda m: inbox.append(m) or True)
+        deadline = time.monotonic() + 10
+        while not any(m["type"] == "status" for m in inbox) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # the status loop is now asleep for 30 s
+        done = client.store.get("t-0")
+        done.status, done.exit_code = "completed", 0
+        client.store.put(done)  # as another process (the CLI) would
+        EventWriter(str(d), "rank-0", "t-0").emit("finished", status="succeeded", steps=0, final_loss=None)
+        deadline = time.monotonic() + 10
+        while not (inbox and inbox[-1]["type"] == "end") and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await w.stop()
+        return inbox
+
+    inbox = asyncio.run(scenario())
+    kinds = [m["type"] for m in inbox]
+    assert kinds[-1] == "end", kinds
+    assert [m for m in inbox if m["type"] == "status"][-1]["job"]["status"] == "completed", inbox

@@ -443,8 +443,18 @@ class Watcher:
                 task.cancel()
 
     def _end(self, t: Tailer, sub: Subscription) -> None:
+        """Send ``sub`` the job's terminal status, then ``end``. The status goes first because
+        the events side may see the terminal record (stored by a status refresh still running
+        in a worker thread) before the status loop has sent it: without it a tab's last status
+        could say ``running`` after ``end``."""
         if not sub.ended:
             sub.ended = True
+            try:
+                rec = self.store.get(t.job_id)
+            except HyperPodLabError:
+                rec = None
+            if rec is not None and sub.send({"type": "status", "job": self.view(rec)}) is False:
+                return
             sub.send({"type": "end"})
         if sub in t.subs:
             t.subs.remove(sub)
