@@ -24,6 +24,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 import stat
 from typing import Any
@@ -34,6 +35,7 @@ __all__ = ["KeyFileError", "create_key", "read_key", "load_or_create_key", "proc
            "sha256_hex"]
 
 _PROCESS_KEY = secrets.token_bytes(CHECKPOINT_KEY_BYTES)
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 class KeyFileError(PermissionError):
@@ -136,15 +138,19 @@ def sign(key: bytes, domain: str, obj: Any) -> str:
 
 
 def verify(key: bytes, domain: str, obj: Any, tag: Any) -> bool:
-    """Whether ``tag`` is :func:`sign` of ``obj`` (constant-time comparison; False for a
-    malformed tag or an unserialisable ``obj``)."""
-    if not isinstance(tag, str) or len(tag) != 64:
+    """Whether ``tag`` is :func:`sign` of ``obj`` (constant-time comparison).
+
+    Never raises: False for a tag that is not 64 lowercase hex digits (a non-ASCII one included,
+    which :func:`hmac.compare_digest` would refuse with TypeError) and for an ``obj`` that cannot
+    be signed (not JSON-serialisable, a non-finite float, nested too deep, an integer too long
+    to print)."""
+    if not isinstance(tag, str) or not _HEX64.fullmatch(tag):
         return False
     try:
         want = sign(key, domain, obj)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         return False
-    return hmac.compare_digest(want, tag)
+    return hmac.compare_digest(want.encode("ascii"), tag.encode("ascii"))
 
 
 def sha256_hex(data: bytes | memoryview) -> str:

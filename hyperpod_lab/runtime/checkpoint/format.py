@@ -46,11 +46,14 @@ a process group: the collectives around these functions are :class:`~hyperpod_la
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
+import stat
 import time
 import zlib
 from typing import Any
@@ -170,45 +173,167 @@ def safe_relpath(rel: Any) -> bool:
     return all(part not in ("", ".", "..") for part in rel.split("/"))
 
 
-def parse_marker(raw: bytes | str) -> dict[str, Any]:
-    """Parse and check a commit marker.
+class MarkerError(ValueError):
+    """A commit marker that is not a well-formed one (:func:`parse_marker` says why): the
+    checkpoint is treated as corrupt, like one whose HMAC does not match."""
+
+
+MAX_MARKER_BYTES = 16 << 20
+"""Largest commit marker read, bytes (16 MiB: about 90,000 listed files at ~180 bytes each).
+A bigger ``COMMITTED`` is not read at all: the checkpoint is corrupt."""
+MAX_MARKER_DEPTH = 8
+"""Deepest nesting of JSON arrays/objects accepted in a marker (a real one has 3: the marker,
+``files``, an entry). Checked before parsing, so deep JSON never reaches the recursive parser."""
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_CRC32 = re.compile(CHECKSUM_ALGORITHM + r":[0-9a-f]{8}")
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*+"', re.S)
+_JSON_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def _json_depth(text: str) -> int:
+    """Deepest nesting of ``[``/``{`` in ``text``, brackets inside JSON strings not counted
+    (linear, no recursion)."""
+    depth = deepest = 0
+    for m in _JSON_BRACKET.finditer(_JSON_STRING.sub("", text)):
+        if m.group() in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise MarkerError(f"commit marker has the key {k!r} twice (hand-edited or forged)")
+        out[k] = v
+    return out
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise MarkerError(f"commit marker holds the non-finite number {text[:40]!r}")
+    return value
+
+
+def _not_a_number(name: str) -> Any:
+    raise MarkerError(f"commit marker holds {name}, which is not JSON")
+
+
+def _is_int(v: Any, least: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+
+def _check_fields(marker: dict[str, Any]) -> None:
+    """Type and range of every field :func:`write_marker` writes, when present (an older
+    marker may lack some; :func:`authenticate_marker` requires what a signed one must have)."""
+    for name, least in (("step", 0), ("world_size", 1), ("bytes", 0)):
+        if name in marker and not _is_int(marker[name], least):
+            raise MarkerError(f"commit marker's {name!r} is {marker[name]!r:.60}, not an integer >= {least}")
+    if "time" in marker and (isinstance(marker["time"], bool) or not isinstance(marker["time"], (int, float))):
+        raise MarkerError(f"commit marker's 'time' is {marker['time']!r:.60}, not a number")
+    for name in ("checksum", "digest"):
+        if name in marker and not isinstance(marker[name], str):
+            raise MarkerError(f"commit marker's {name!r} is {marker[name]!r:.60}, not a string")
+    if "hmac" in marker and not (isinstance(marker["hmac"], str) and _HEX64.fullmatch(marker["hmac"])):
+        raise MarkerError(f"{AUTH_FAILED}: the marker's 'hmac' is not 64 lowercase hex digits (altered or forged)")
+    files = marker.get("files")
+    if files is None and "files" not in marker:
+        return
+    if not isinstance(files, dict) or not files:
+        raise MarkerError("commit marker's 'files' is not a non-empty object")
+    for rel, meta in files.items():
+        if not safe_relpath(rel) or len(rel) > 4096:
+            raise MarkerError(f"commit marker lists an unsafe path {rel!r:.200}")
+        if not isinstance(meta, dict) or not _is_int(meta.get("bytes"), 0) or not isinstance(meta.get("checksum"), str):
+            raise MarkerError(f"commit marker entry for {rel!r} lacks bytes/checksum")
+        if not _CRC32.fullmatch(meta["checksum"]):
+            raise MarkerError(f"commit marker entry for {rel!r} has the checksum {meta['checksum']!r:.60}, "
+                              f"not '{CHECKSUM_ALGORITHM}:' and 8 hex digits")
+        sha = meta.get(DIGEST_ALGORITHM)
+        if sha is not None and not (isinstance(sha, str) and _HEX64.fullmatch(sha)):
+            raise MarkerError(f"commit marker entry for {rel!r} has a {DIGEST_ALGORITHM} that is not 64 hex digits")
+
+
+def parse_marker(raw: bytes | bytearray | memoryview | str) -> dict[str, Any]:
+    """Parse and validate a commit marker: the one place a marker's bytes become a dict.
+
+    Accepts only: at most :data:`MAX_MARKER_BYTES`, UTF-8, JSON nested at most
+    :data:`MAX_MARKER_DEPTH` deep (checked before parsing), an object, no duplicate keys, no
+    NaN/Infinity or overflowing numbers, and every field of the format (see the module docstring)
+    of its type when present: ``step``/``bytes`` integers >= 0, ``world_size`` >= 1, ``time`` a
+    number, ``checksum``/``digest`` strings, ``hmac`` 64 lowercase hex digits, ``files`` a
+    non-empty object mapping safe relative paths to ``{"bytes": int >= 0, "checksum":
+    "crc32:<8 hex>", "sha256": <64 hex> (optional: older markers)}``.
 
     Returns:
-        The marker dict; ``files`` (when present) maps safe relative paths to
-        ``{"bytes": int, "checksum": str}``.
+        The marker dict.
 
     Raises:
-        ValueError: not JSON, not an object, or a malformed ``files`` table (the message says what).
+        MarkerError (a ValueError): anything else; the message says what. Nothing else is raised,
+            whatever the input (the restore then skips the checkpoint as corrupt).
     """
     try:
-        marker = json.loads(raw)
-        problem = None if isinstance(marker, dict) else "is not a JSON object"
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        problem = f"is not JSON ({e})"
-    if problem is not None:
-        raise ValueError(f"commit marker {problem}")
-    files = marker.get("files")
-    if files is None:
+        if isinstance(raw, str):
+            if len(raw) > MAX_MARKER_BYTES:
+                raise MarkerError(f"commit marker is over {MAX_MARKER_BYTES} bytes")
+            text = raw
+        elif isinstance(raw, (bytes, bytearray, memoryview)):
+            if len(raw) > MAX_MARKER_BYTES:
+                raise MarkerError(f"commit marker is {len(raw)} bytes, over the limit of {MAX_MARKER_BYTES}")
+            try:
+                text = bytes(raw).decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise MarkerError(f"commit marker is not UTF-8 ({e})") from None
+        else:
+            raise MarkerError(f"commit marker is a {type(raw).__name__}, not bytes")
+        depth = _json_depth(text)
+        if depth > MAX_MARKER_DEPTH:
+            raise MarkerError(f"commit marker nests JSON {depth} deep, more than {MAX_MARKER_DEPTH}")
+        try:
+            marker = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_not_a_number,
+                                parse_float=_finite)
+        except MarkerError:
+            raise
+        except ValueError as e:  # JSONDecodeError, and int() over its digit limit
+            raise MarkerError(f"commit marker is not JSON ({str(e)[:200]})") from None
+        if not isinstance(marker, dict):
+            raise MarkerError(f"commit marker is not a JSON object (a {type(marker).__name__})")
+        _check_fields(marker)
         return marker
-    if not isinstance(files, dict) or not files:
-        raise ValueError("commit marker's 'files' is not a non-empty object")
-    for rel, meta in files.items():
-        if not safe_relpath(rel):
-            raise ValueError(f"commit marker lists an unsafe path {rel!r}")
-        if (not isinstance(meta, dict) or isinstance(meta.get("bytes"), bool) or not isinstance(meta.get("bytes"), int)
-                or not isinstance(meta.get("checksum"), str)):
-            raise ValueError(f"commit marker entry for {rel!r} lacks bytes/checksum")
-    return marker
+    except MarkerError:
+        raise
+    except Exception as e:  # the backstop: whatever slipped through is a malformed marker too
+        raise MarkerError(f"commit marker cannot be parsed ({type(e).__name__}: {str(e)[:200]})") from None
 
 
 def read_marker(step_dir: str) -> dict[str, Any]:
-    """Read and parse ``<step_dir>/COMMITTED``.
+    """Read and parse ``<step_dir>/COMMITTED`` (:func:`parse_marker`): opened without following
+    a link and without blocking on a FIFO; it must be a regular file of at most
+    :data:`MAX_MARKER_BYTES`.
 
     Raises:
-        FileNotFoundError: no marker. ValueError: as :func:`parse_marker`. OSError: unreadable.
+        FileNotFoundError: no marker. MarkerError (a ValueError): as :func:`parse_marker`, or not
+        a regular file, or too big. OSError: unreadable.
     """
-    with open(os.path.join(step_dir, COMMIT_MARKER), "rb") as f:
-        return parse_marker(f.read())
+    path = os.path.join(step_dir, COMMIT_MARKER)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise MarkerError("commit marker is a symbolic link, not a file (planted?)") from None
+        raise
+    with open(fd, "rb", buffering=0) as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise MarkerError("commit marker is not a regular file")
+        if st.st_size > MAX_MARKER_BYTES:
+            raise MarkerError(f"commit marker is {st.st_size} bytes, over the limit of {MAX_MARKER_BYTES}")
+        raw = f.read(MAX_MARKER_BYTES + 1)
+    return parse_marker(raw)
 
 
 def authenticate_marker(marker: dict[str, Any], key: bytes, step: int | None = None) -> str | None:
@@ -221,8 +346,18 @@ def authenticate_marker(marker: dict[str, Any], key: bytes, step: int | None = N
         step: when given, the step the marker must name (its directory's).
 
     Returns:
-        None when authentic, else the reason, starting with ``"authentication failed"``.
+        None when authentic, else the reason, starting with ``"authentication failed"``. Never
+        raises: a marker that makes the check itself fail is not authentic either.
     """
+    try:
+        return _authenticate(marker, key, step)
+    except Exception as e:  # the backstop: parse_marker's checks make this unreachable
+        return f"{AUTH_FAILED}: the marker could not be checked ({type(e).__name__}: {str(e)[:200]})"
+
+
+def _authenticate(marker: dict[str, Any], key: bytes, step: int | None) -> str | None:
+    if not isinstance(marker, dict):
+        return f"{AUTH_FAILED}: the marker is not a JSON object"
     body = {k: v for k, v in marker.items() if k != "hmac"}
     if "hmac" not in marker:
         return f"{AUTH_FAILED}: the marker is not signed (no HMAC: written by an older hyperpod-lab, or forged)"
@@ -232,11 +367,11 @@ def authenticate_marker(marker: dict[str, Any], key: bytes, step: int | None = N
     if not isinstance(files, dict) or not files:
         return f"{AUTH_FAILED}: the signed marker lists no files"
     for rel, meta in files.items():
-        sha = meta.get(DIGEST_ALGORITHM)
+        sha = meta.get(DIGEST_ALGORITHM) if isinstance(meta, dict) else None
         if not (isinstance(sha, str) and len(sha) == 64):
             return f"{AUTH_FAILED}: the marker has no {DIGEST_ALGORITHM} for {rel}"
-    if step is not None and marker.get("step") != step:
-        return f"{AUTH_FAILED}: the marker is of step {marker.get('step')}, not of step {step}"
+    if step is not None and (not _is_int(marker.get("step"), 0) or marker.get("step") != step):
+        return f"{AUTH_FAILED}: the marker is of step {marker.get('step')!r:.40}, not of step {step}"
     return None
 
 
