@@ -26,8 +26,11 @@ group. So:
 Network exposure: torchft's heal transport (an HTTP server in every rank serving the full state
 to a recovering replica) listens on this node's cluster address only (:func:`heal_host`;
 ``127.0.0.1`` when the job's Lighthouse is on loopback, i.e. the local backend), not on every
-interface (:func:`bound_http_transport`). torchft 0.2.0 has no authentication hook for it, for
-its Lighthouse or for its manager server: see docs/checkpointless.md, "Security".
+interface (:func:`bound_http_transport`), and what it serves is authenticated: an HMAC-SHA256
+under the job's checkpoint key follows the state, and the recovering replica checks it before it
+deserialises anything, then loads with ``weights_only=True`` (:class:`HealStateRejected`
+otherwise). torchft 0.2.0 has no authentication hook for its Lighthouse or for its manager server:
+see docs/checkpointless.md, "Security".
 
 Decision and measurements: ``docs/checkpointless.md``. Timeout hierarchy (all set deliberately;
 the Lighthouse's are published in ``lighthouse.json``): each group's Manager heartbeat interval
@@ -121,26 +124,88 @@ def heal_host(lighthouse_address: str) -> str:
     return socket.gethostbyname(socket.gethostname())
 
 
-def bound_http_transport(host: str, timeout: timedelta):
-    """torchft's ``HTTPTransport`` (unchanged: no fork) listening on ``host`` only.
+HEAL_DOMAIN = b"hyperpod-lab heal state v1"
+"""Domain of the heal transport's HMAC (see :func:`bound_http_transport`)."""
+HEAL_TAG_BYTES = 32
+"""Size of the HMAC-SHA256 trailer after every heal response body, bytes."""
+
+
+class HealStateRejected(RuntimeError):
+    """The training state a recovering replica fetched from a peer was refused before anything of
+    it was deserialised (its HMAC under the job's checkpoint key is missing or wrong), or it holds
+    objects ``torch.load(weights_only=True)`` does not allow. torchft reports it as the step's
+    error: the step is not committed and the next quorum tries the heal again."""
+
+
+def _heal_mac(key: bytes, path: str):
+    """HMAC-SHA256 of a heal response under ``key``, primed with the domain and the request
+    path (``/checkpoint/<step>/full``: the step is covered, so an older step's state cannot be
+    replayed for a newer one)."""
+    import hashlib
+    import hmac
+
+    return hmac.new(key, HEAL_DOMAIN + b"\n" + path.encode("utf-8", "surrogateescape") + b"\n", hashlib.sha256)
+
+
+class _MacWriter:
+    """A response stream that feeds every byte written through it to an HMAC."""
+
+    def __init__(self, raw: Any, mac: Any):
+        self.raw, self.mac = raw, mac
+
+    def write(self, data: Any) -> int:
+        self.mac.update(data)
+        return self.raw.write(data)
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+
+def bound_http_transport(host: str, timeout: timedelta, key: bytes | None = None):
+    """torchft's ``HTTPTransport`` (unchanged: no fork) listening on ``host`` only, with every
+    state it serves authenticated and every state it fetches verified before it is loaded.
 
     ``HTTPTransport`` binds every interface in its constructor and offers no parameter for it;
     this stops that server right away (it serves nothing until the first ``send_checkpoint``:
     torchft disallows checkpoints from construction on), then serves the same request handler
     from a server bound to ``host`` and advertises ``host`` in its address.
 
+    Authentication: torchft's own transport unpickles whatever the URL the quorum names returns
+    (``weights_only=False``), so whoever can answer there (or sit in between) runs code in the
+    recovering replica. Here the serving side appends HMAC-SHA256 under ``key`` of (domain
+    :data:`HEAL_DOMAIN`, the request path, the body) after the body (:data:`HEAL_TAG_BYTES`
+    bytes; a response that failed half-way gets none); the fetching side reads the whole body
+    (the state is held twice in memory for the moment), checks the trailer in constant time, and
+    only then loads it with ``weights_only=True`` (tensors, numbers, strings, None, and lists,
+    tuples, dicts of them: what a model's and optimizer's ``state_dict`` holds). Anything else
+    raises :class:`HealStateRejected` and nothing of it is deserialised. Only unchunked transfers
+    (``num_chunks=0``) are used.
+
     Args:
         host: an IPv4 or IPv6 address of this node.
         timeout: torchft's HTTP timeout.
+        key: the job's checkpoint key (``ctx.checkpoint_key``, the file
+            ``<job_dir>/checkpoint.key``, :mod:`hyperpod_lab.runtime.checkpoint.auth`), the same in
+            every replica group. None: this process's random key
+            (:func:`~hyperpod_lab.runtime.checkpoint.auth.process_key`), so only this process
+            accepts what it serves (tests).
 
     Returns:
         A ``torchft.checkpointing.HTTPTransport``.
     """
+    import hmac
+    import io
     import socket
     import threading
+    import urllib.request
     from http.server import ThreadingHTTPServer
+    from urllib.parse import urlsplit
 
     from torchft.checkpointing import HTTPTransport
+
+    from hyperpod_lab.runtime.checkpoint.auth import process_key
+
+    mac_key = process_key() if key is None else bytes(key)
 
     class _Server(ThreadingHTTPServer):
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -154,7 +219,30 @@ def bound_http_transport(host: str, timeout: timedelta):
             self._server.shutdown()
             self._server.server_close()
             self._thread.join(timeout=5)
-            self._server = _Server((host, 0), handler)
+
+            class SignedHandler(handler):
+                """torchft's handler; the body of a 200 response is followed by its HMAC."""
+
+                def do_GET(self) -> None:
+                    real, self._hp_code, self._hp_mac = self.wfile, None, None
+                    try:
+                        super().do_GET()
+                    finally:
+                        mac, self.wfile = self._hp_mac, real
+                    if mac is not None and self._hp_code == 200:
+                        real.write(mac.digest())
+
+                def send_response(self, code: int, message: str | None = None) -> None:
+                    self._hp_code = code  # send_error after a 200 (the save failed): no trailer
+                    super().send_response(code, message)
+
+                def end_headers(self) -> None:
+                    super().end_headers()
+                    if self._hp_code == 200 and self._hp_mac is None:
+                        self._hp_mac = _heal_mac(mac_key, self.path)
+                        self.wfile = _MacWriter(self.wfile, self._hp_mac)
+
+            self._server = _Server((host, 0), SignedHandler)
             self._thread = threading.Thread(target=self._serve, daemon=True, name="hyperpod-heal-http")
             self._thread.start()
 
@@ -162,6 +250,37 @@ def bound_http_transport(host: str, timeout: timedelta):
             port = self._server.socket.getsockname()[1]
             name = f"[{host}]" if ":" in host else host
             return f"http://{name}:{port}/checkpoint/"
+
+        def _load_from_address(self, address: str, timeout: timedelta) -> object:
+            """Fetch, authenticate, then load with ``weights_only=True`` (replaces torchft's
+            classmethod, which unpickles unauthenticated bytes).
+
+            Raises:
+                HealStateRejected: no or a wrong HMAC trailer, or disallowed objects.
+                OSError: the fetch failed (urllib's errors).
+            """
+            from torchft.checkpointing._serialization import _streaming_load
+
+            with urllib.request.urlopen(address, timeout=timeout.total_seconds()) as f:
+                data = f.read()
+            view = memoryview(data)
+            payload, tag = view[:-HEAL_TAG_BYTES], bytes(view[-HEAL_TAG_BYTES:])
+            mac = _heal_mac(mac_key, urlsplit(address).path)
+            mac.update(payload)
+            if len(data) < HEAL_TAG_BYTES or not hmac.compare_digest(mac.digest(), tag):
+                raise HealStateRejected(
+                    f"the training state fetched from {address} ({len(data)} bytes) failed authentication: its "
+                    f"HMAC-SHA256 under the job's checkpoint key is missing or does not match (altered in transit, "
+                    f"cut short, or served by a process without this job's checkpoint.key); nothing of it was "
+                    f"loaded. Check that every replica group runs this hyperpod-lab with the same job directory; "
+                    f"torchft retries the heal at the next quorum")
+            try:
+                return _streaming_load(io.BytesIO(payload), weights_only=True)
+            except Exception as e:  # the weights-only unpickler's refusal (pickle.UnpicklingError), torn data
+                raise HealStateRejected(
+                    f"the authenticated training state from {address} could not be loaded with "
+                    f"weights_only=True ({type(e).__name__}: {str(e)[:300]}): keep the replicated state to "
+                    f"tensors, numbers, strings, None, lists, tuples and dicts (extra_state included)") from e
 
     return BoundHTTPTransport()
 
@@ -250,7 +369,8 @@ class Checkpointless:
         self._initial = (not os.path.exists(registry) and not ctx.is_restart
                          and ctx.replica_group < int(os.environ.get(ENV_REPLICA_GROUPS, "0") or 0))
         self.heartbeat_interval_ms = manager_heartbeat_interval_ms(ctx.job_dir)
-        self.heal_transport = bound_http_transport(heal_host(os.environ[ENV_LIGHTHOUSE]), self.timeout)
+        self.heal_transport = bound_http_transport(heal_host(os.environ[ENV_LIGHTHOUSE]), self.timeout,
+                                                   key=ctx.checkpoint_key)
         self.manager = Manager(
             pg=ProcessGroupGloo(timeout=self.timeout), load_state_dict=self._load_state,
             checkpoint_transport=self.heal_transport,
