@@ -30,7 +30,12 @@ included: a CRC-32 (or any non-cryptographic checksum) can be matched by a forge
 attacker's choosing, so a signed list of CRC-32s would not authenticate the shards. The CRC-32
 stays as a cheap first check that names torn writes and bit rot as such. A marker without a valid
 ``hmac`` (unsigned, written by an older hyperpod-lab, or signed with another job's key) fails
-authentication and the checkpoint is skipped like a corrupt one.
+authentication and the checkpoint is skipped like a corrupt one. So is a marker that is
+malformed in any way: :func:`parse_marker` is the one place its bytes are parsed and checked
+(at most :data:`MAX_MARKER_BYTES`, UTF-8, nesting at most :data:`MAX_MARKER_DEPTH` deep, no
+NaN/Infinity or duplicate keys, every field of its type) and raises only :class:`MarkerError`;
+:func:`authenticate_marker` never raises. Rank 0 reads the markers for every rank, so no marker
+can make it fail while the others wait in the broadcast.
 
 Each rank hashes the data files it wrote itself (DCP names them ``__<rank>_<n>.distcp``,
 :func:`hash_rank_files`); rank 0 hashes the rest (:func:`hash_remaining`), in one read pass per
