@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 import secrets
 import shutil
 import time
@@ -144,14 +145,46 @@ class Scheduler(ABC):
         except Exception:
             pass
 
+    #: the form of this backend's native ids (:meth:`native_id`); a backend narrows it (Slurm: a
+    #: job id, digits; local: a pid). This default refuses what a command could take for an option
+    #: (a leading ``-``), blanks, control characters and anything over 253 characters.
+    NATIVE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:-]{0,252}")
+    NATIVE_ID_FORM = "letters, digits and ._/:- (not starting with '-')"
+
+    def native_id(self, value, source: str) -> str:
+        """``value`` (a native id read from a job file or a job record) if it has this backend's
+        form (:data:`NATIVE_ID`), else JobStateError. Every native id read back is checked
+        before it reaches a command line (``scancel``, ``squeue -j``, a signal): a job file
+        holding ``--me`` would otherwise make ``scancel`` cancel all of the user's jobs.
+
+        Args:
+            value: the id as read (a str; surrounding blanks are stripped).
+            source: where it was read, named in the error (a file path, "the job record of X").
+
+        Raises:
+            JobStateError: not a str, or not of the form :data:`NATIVE_ID_FORM`.
+        """
+        text = value.strip() if isinstance(value, str) else None
+        if text is None or not self.NATIVE_ID.fullmatch(text):
+            raise JobStateError(f"{source} holds {str(value)[:100]!r}, which is not a {self.profile.orchestrator} "
+                                f"job id ({self.NATIVE_ID_FORM}); hyperpod-lab never wrote it, so it is not used. "
+                                f"Check who changed it; remove it to let hyperpod-lab look the job up again")
+        return text
+
     def find_native_id(self, rec: JobRecord) -> str | None:
         """The scheduler's id of a job whose submitter died before recording it: the id the job
-        wrote into ``JobPaths.native_id`` when it started; backends may also ask the scheduler.
-        None when not (yet) known."""
+        wrote into ``JobPaths.native_id`` when it started (checked with :meth:`native_id`);
+        backends may also ask the scheduler. None when not (yet) known.
+
+        Raises:
+            JobStateError: the file holds something that is not a native id of this backend.
+        """
+        path = JobPaths(rec.job_dir).native_id
         try:
-            return self.remote.read_from(JobPaths(rec.job_dir).native_id).decode().strip() or None
+            text = self.remote.read_from(path, 0, 4096).decode(errors="replace").strip()
         except FileNotFoundError:
             return None
+        return self.native_id(text, path) if text else None
 
     def health(self) -> dict:
         """The cluster's nodes as the scheduler sees them.

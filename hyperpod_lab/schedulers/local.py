@@ -9,6 +9,7 @@ the exit code in ``<job_dir>/exit_code`` so state survives this process.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import signal
 import socket
@@ -43,6 +44,10 @@ def _private_log(path: str):
 
 class LocalScheduler(Scheduler):
     """Runs jobs as local processes; ``nodes x procs_per_node`` ranks on this machine."""
+
+    #: a native id is the launcher wrapper's pid: digits, no leading zero (:meth:`Scheduler.native_id`)
+    NATIVE_ID = re.compile(r"[1-9][0-9]{0,9}")
+    NATIVE_ID_FORM = "a process id: digits only"
 
     def _argv(self, spec, job_id):
         return launch_argv(spec, self.job_dir(job_id), self.profile.python or sys.executable,
@@ -83,6 +88,9 @@ class LocalScheduler(Scheduler):
                     out[rec.job_id] = (JobStatus.CANCELLED, code, "cancelled")
                 else:
                     out[rec.job_id] = (JobStatus.COMPLETED if code == 0 else JobStatus.FAILED, code, None)
+            elif not self.NATIVE_ID.fullmatch(str(rec.native_id).strip()):  # never int()'d, never signalled
+                out[rec.job_id] = (JobStatus.UNKNOWN, None, f"the job record's native id {str(rec.native_id)[:100]!r} "
+                                                            f"is not a process id (digits); it is not used")
             elif is_running(int(rec.native_id)):
                 out[rec.job_id] = (JobStatus.RUNNING, None, None)
             else:
@@ -99,8 +107,9 @@ class LocalScheduler(Scheduler):
         shuts its workers down. torchrun's agent that gets a second SIGTERM during that shutdown
         hangs with its workers unreaped (seen with a group-wide signal: each agent got one from
         the group and one from the driver)."""
+        own = self.native_id(rec.native_id, f"the job record of {rec.job_id} (native_id)")
         open(JobPaths(rec.job_dir).cancelled, "w").close()
-        pids = [rec.native_id] + [pid for j in self.joins(rec) for pid in str(j.get("native_id", "")).split(",")]
+        pids = [own] + [pid for j in self.joins(rec) for pid in str(j.get("native_id", "")).split(",")]
         refused = []
         for pid in pids:
             try:

@@ -405,7 +405,8 @@ def parse_squeue(stdout: str) -> dict[str, tuple[JobStatus, str]]:
     """Parse ``squeue -h -o '%i|%T|%r'`` into ``{job id: (status, reason)}``.
 
     The reason is the rest of the line, ``|`` included (an administrator's reason is free
-    text). Array tasks and heterogeneous components are kept under their own ids
+    text); ``None`` and ``(null)`` (squeue(1): printed where a job has no reason) are no reason.
+    A line without the three fields (``%i`` and ``%T`` never hold ``|``) is skipped. Array tasks and heterogeneous components are kept under their own ids
     (``123_4``, ``123+0``) and summed up under the base id ``123`` (see :func:`_merge_base`),
     exactly as :func:`parse_sacct` does.
     """
@@ -413,10 +414,10 @@ def parse_squeue(stdout: str) -> dict[str, tuple[JobStatus, str]]:
     base_of: dict[str, str] = {}
     for line in stdout.splitlines():
         parts = line.strip().split("|", 2)
-        ids = _job_row_id(parts[0]) if len(parts) >= 2 else None
+        ids = _job_row_id(parts[0]) if len(parts) == 3 else None
         if not ids:
             continue
-        reason = parts[2].strip() if len(parts) > 2 and parts[2].strip() not in ("None", "") else ""
+        reason = parts[2].strip() if parts[2].strip() not in ("None", "(null)", "") else ""
         note = STATE_NOTES.get(_state_word(parts[1]))
         if note:
             reason = f"{note}; {reason}" if reason else note
@@ -456,8 +457,18 @@ def parse_exit_code(text: str) -> int | None:
     return 128 + sig if sig else code
 
 
+SACCT_FIELDS = ("JobID", "State", "ExitCode")
+"""The fields :func:`parse_sacct` reads, in ``-o`` order (none of them can hold ``|``)."""
+
+
 def parse_sacct(stdout: str) -> dict[str, tuple[JobStatus, int | None, str]]:
     """Parse ``sacct -n -P -X -o JobID,State,ExitCode`` into ``{job id: (status, exit, state)}``.
+
+    Both parsable forms are read (sacct(1): "-p, --parsable: output will be '|' delimited with a
+    '|' at the end"; "-P, --parsable2: output will be '|' delimited without a '|' at the end"):
+    a line has exactly the three fields of :data:`SACCT_FIELDS`, plus one empty field after a
+    trailing ``|``; any other line is skipped, never read with its fields shifted. An empty or
+    malformed ``ExitCode`` is None.
 
     With several rows for one job (requeues), the last row wins. Step rows (``123.batch``) are
     skipped; array tasks and heterogeneous components (``123_4``, ``123+0``) are kept under
@@ -468,12 +479,14 @@ def parse_sacct(stdout: str) -> dict[str, tuple[JobStatus, int | None, str]]:
     base_of: dict[str, str] = {}
     for line in stdout.splitlines():
         parts = line.strip().split("|")
-        ids = _job_row_id(parts[0]) if len(parts) >= 3 else None
+        if len(parts) == len(SACCT_FIELDS) + 1 and parts[-1] == "":  # --parsable's trailing '|'
+            parts.pop()
+        ids = _job_row_id(parts[0]) if len(parts) == len(SACCT_FIELDS) else None
         if not ids:
             continue
         state = parts[1].strip()
         note = STATE_NOTES.get(_state_word(state))
-        out[ids[0]] = (slurm_state(state), parse_exit_code(parts[-1]), f"{state} ({note})" if note else state)
+        out[ids[0]] = (slurm_state(state), parse_exit_code(parts[2]), f"{state} ({note})" if note else state)
         base_of[ids[0]] = ids[1]
     _merge_base(out, base_of, lambda row: row[0])
     return out
@@ -481,6 +494,17 @@ def parse_sacct(stdout: str) -> dict[str, tuple[JobStatus, int | None, str]]:
 
 class SlurmScheduler(Scheduler):
     """Slurm over SSH (or over LocalRemote in tests of the login node itself)."""
+
+    #: a Slurm job id as hyperpod-lab's jobs have them: sbatch(1) ``--parsable`` prints "the job id
+    #: number" (``<id>[;<cluster>]``, the cluster part dropped by :func:`parse_sbatch`), the batch
+    #: script writes ``$SLURM_JOB_ID``; never an array task (``123_4``, ``123_[1-3]``) or a het
+    #: component (``123+0``): hyperpod-lab submits neither. Digits, no leading zero, at most 10.
+    NATIVE_ID = re.compile(r"[1-9][0-9]{0,9}")
+    NATIVE_ID_FORM = "a Slurm job id: digits only"
+
+    def _id(self, rec) -> str:
+        """``rec.native_id`` checked (:meth:`native_id`) before it reaches a command. Raises JobStateError."""
+        return self.native_id(rec.native_id, f"the job record of {rec.job_id} (native_id)")
 
     def _render(self, spec: JobSpec, job_id: str, **join) -> str:
         """The batch script for this cluster (HyperPod is detected by the script itself, on the
@@ -533,9 +557,15 @@ class SlurmScheduler(Scheduler):
         return parse_sbatch(res.stdout), written
 
     def poll(self, records):
-        ids = [r.native_id for r in records]
+        bad: dict[str, str] = {}
+        for r in records:
+            try:
+                self._id(r)
+            except JobStateError as e:
+                bad[r.job_id] = str(e)
+        ids = [r.native_id.strip() for r in records if r.job_id not in bad]
         if not ids:
-            return {}
+            return {jid: (JobStatus.UNKNOWN, None, why) for jid, why in bad.items()}
         joined = ",".join(ids)
         sq = self.remote.run(["squeue", "-h", "--states=all", "-o", "%i|%T|%r", "-j", joined], check=False,
                              idempotent=True)
@@ -543,14 +573,16 @@ class SlurmScheduler(Scheduler):
         need = [i for i in ids if i not in live or live[i][0].is_terminal()]
         acct: dict[str, tuple[JobStatus, int | None, str]] = {}
         if need:
-            sa = self.remote.run(["sacct", "-n", "-P", "-X", "-o", "JobID,State,ExitCode", "-j", ",".join(need)],
+            sa = self.remote.run(["sacct", "-n", "-P", "-X", "-o", ",".join(SACCT_FIELDS), "-j", ",".join(need)],
                                  check=False, idempotent=True)
             if sa.exit_status == 0:
                 acct = parse_sacct(sa.stdout)
         out = {}
         for rec in records:
-            nid = rec.native_id
-            if nid in acct and (nid not in live or live[nid][0].is_terminal()):
+            nid = rec.native_id.strip() if isinstance(rec.native_id, str) else rec.native_id
+            if rec.job_id in bad:  # never passed to squeue/sacct; the record stays as it was
+                out[rec.job_id] = (JobStatus.UNKNOWN, None, bad[rec.job_id])
+            elif nid in acct and (nid not in live or live[nid][0].is_terminal()):
                 st, code, raw = acct[nid]
                 out[rec.job_id] = (st, code, raw)
             elif nid in live:
@@ -562,15 +594,26 @@ class SlurmScheduler(Scheduler):
 
     def find_native_id(self, rec):
         """The job's own record (it started), else squeue's job with the job's ``--comment``
-        among those of its name (pending, or finished within MinJobAge)."""
-        found = super().find_native_id(rec)
+        among those of its name (pending, or finished within MinJobAge).
+
+        Raises:
+            JobStateError: the job's ``native_id`` file holds something that is not a Slurm job id
+                (:meth:`native_id`) and squeue does not show the job either.
+        """
+        bad = None
+        try:
+            found = super().find_native_id(rec)
+        except JobStateError as e:  # not ours: ask squeue, which knows the job by its --comment
+            found, bad = None, e
         if found:
             return found
         res = self.remote.run(["squeue", "-h", "--states=all", f"--name={rec.name}", "-o", "%i|%k"], check=False)
         for line in res.stdout.splitlines():
             jid, _, comment = line.strip().partition("|")
-            if comment == COMMENT_PREFIX + rec.job_id and jid.isdigit():
+            if comment == COMMENT_PREFIX + rec.job_id and self.NATIVE_ID.fullmatch(jid):
                 return jid
+        if bad is not None:
+            raise bad
         return None
 
     def health(self):
@@ -583,7 +626,8 @@ class SlurmScheduler(Scheduler):
         """scancel the job and the allocations ``scale`` added; an id from ``joins.json`` is
         cancelled only if squeue shows it with this job's ``--comment`` (the file could name
         any job of the user)."""
-        joins = [str(j.get("native_id", "")) for j in self.joins(rec) if str(j.get("native_id", "")).isdigit()]
+        own = self._id(rec)
+        joins = [str(j.get("native_id", "")) for j in self.joins(rec) if self.NATIVE_ID.fullmatch(str(j.get("native_id", "")))]
         ours = []
         if joins:
             res = self.remote.run(["squeue", "-h", "--states=all", "-o", "%i|%k", "-j", ",".join(joins)], check=False)
@@ -591,7 +635,7 @@ class SlurmScheduler(Scheduler):
                 jid, _, comment = line.strip().partition("|")
                 if jid in joins and comment == COMMENT_PREFIX + rec.job_id:
                     ours.append(jid)
-        self.remote.run(["scancel", rec.native_id, *ours])
+        self.remote.run(["scancel", own, *ours])
 
     def _start_join(self, rec, spec, offset, add_nodes, index, secrets):
         """A second allocation of ``add_nodes`` nodes joining the job's Lighthouse."""
@@ -606,7 +650,7 @@ class SlurmScheduler(Scheduler):
         """A byte range of ``slurm-<id>.out`` (or of one rank's log): one bounded SFTP read."""
         if rank is not None:
             return self.rank_log(rec, rank, offset, length)
-        path = JobPaths(rec.job_dir).slurm_log(rec.native_id)
+        path = JobPaths(rec.job_dir).slurm_log(self._id(rec))
         try:
             return read_log_range(self.remote, path, offset, length)
         except FileNotFoundError:
@@ -627,7 +671,7 @@ class SlurmScheduler(Scheduler):
     def _signal_rank(self, rec, rank, sig: str, verb: str) -> dict:
         info = self.rank_info(rec, rank)
         # the check runs on the rank's node, beside the process (see hyperpod_lab.procs)
-        argv = ["srun", f"--jobid={rec.native_id}", "--overlap", "--nodes=1", "--ntasks=1",
+        argv = ["srun", f"--jobid={self._id(rec)}", "--overlap", "--nodes=1", "--ntasks=1",
                 f"--nodelist={info['node']}", self.profile.python, "-m", "hyperpod_lab.procs",
                 "--job-id", rec.job_id, "--pid", str(info.get("pid")), "--signal", sig]
         if info.get("proc_start") is not None:
@@ -661,8 +705,8 @@ class SlurmScheduler(Scheduler):
         if not isinstance(node, str) or not _SLURM_NODE_NAME.fullmatch(node):
             raise JobStateError(f"rank {rank} of job {rec.job_id} names node {str(node)[:100]!r}, which is not a "
                                 "Slurm node name; refusing to fail it")
-        ids = [rec.native_id] + [str(j.get("native_id", "")) for j in self.joins(rec)
-                                 if str(j.get("native_id", "")).isdigit()]
+        ids = [self._id(rec)] + [str(j.get("native_id", "")) for j in self.joins(rec)
+                                 if self.NATIVE_ID.fullmatch(str(j.get("native_id", "")))]
         # check=False: squeue exits 1 when one of the ids has left its memory; the others still print
         lists = self.remote.run(["squeue", "-h", "-o", "%N", "-j", ",".join(ids)], check=False,
                                 timeout_s=30).stdout.split()
