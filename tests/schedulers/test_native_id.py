@@ -48,7 +48,7 @@ PLANTED = f"--name={VICTIM}"
 @pytest.fixture
 def victim(dev_cluster):
     """A real job of this user that the planted option would cancel."""
-    out = subprocess.run(["sbatch", "--parsable", f"--job-name={VICTIM}", "-p", "dev", "--wrap", "sleep 300"],
+    out = subprocess.run(["sbatch", "--parsable", f"--job-name={VICTIM}", "-p", "dev", "--output=/dev/null", "--wrap", "sleep 300"],
                          capture_output=True, text=True, check=True).stdout.strip()
     jid = out.split(";")[0]
     yield jid
