@@ -26,7 +26,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections import deque
+from itertools import islice
 from typing import Callable, Iterable
+
+import re2
 
 from hyperpod_lab.errors import HyperPodLabError, SpecError
 from hyperpod_lab.events import decode_cursor, encode_cursor
@@ -34,6 +38,8 @@ from hyperpod_lab.schedulers.base import LogChunk
 from hyperpod_lab.submit.logtriage.parse import (
     DEFAULT_LENGTH,
     DEFAULT_SCAN,
+    FAILURE_BYTES,
+    FAILURE_LINES,
     LOG_CURSOR_KEY,
     MAX_LENGTH,
     MAX_MATCHES,
@@ -41,18 +47,22 @@ from hyperpod_lab.submit.logtriage.parse import (
     MAX_RANKS,
     MAX_SCAN,
     MAX_SOURCES,
-    NESTED_REPEAT,
     SECONDARY,
+    VIEW_BYTES,
+    VIEW_LINES,
     Line,
     Traceback,
     collapse,
     find_tracebacks,
+    iter_lines,
+    last_lines,
     split_lines,
     strip_prefix,
 )
 from hyperpod_lab.submit.logtriage.sources import RankLogs, Source, raw_bytes
 
-__all__ = ["DEFAULT_LENGTH", "DEFAULT_SCAN", "MAX_LENGTH", "MAX_MATCHES", "MAX_SCAN", "JOB_LOG", "Line", "RankLogs", "Source", "Traceback", "collapse", "find_tracebacks", "split_lines", "strip_prefix", "around", "compile_query", "decode_log_cursor", "first_failure", "format_matches", "format_view", "parse_ranks", "rank_set_label", "read_fault_events", "read_view", "search", "triage"]
+__all__ = ["DEFAULT_LENGTH", "DEFAULT_SCAN", "FAILURE_BYTES", "FAILURE_LINES", "MAX_LENGTH", "MAX_MATCHES", "MAX_SCAN",
+           "VIEW_BYTES", "VIEW_LINES", "JOB_LOG", "Line", "RankLogs", "Source", "Traceback", "collapse", "find_tracebacks", "split_lines", "strip_prefix", "around", "compile_query", "decode_log_cursor", "first_failure", "format_matches", "format_view", "parse_ranks", "rank_set_label", "read_fault_events", "read_view", "search", "triage"]
 
 
 def decode_log_cursor(text: str | None, name: str = "cursor") -> dict[str, int]:
@@ -95,26 +105,37 @@ def rank_set_label(ranks: Iterable[int]) -> str:
 
 
 def read_view(logs: RankLogs, ranks: list[int], cursor: dict[str, int], length: int, tail: bool,
-              at_eof: bool) -> dict:
+              at_eof: bool, max_bytes: int = VIEW_BYTES, max_lines: int = VIEW_LINES) -> dict:
     """The collapsed view of ``ranks``' logs from ``cursor`` (or, for a source the cursor does
     not name, its first bytes, or with ``tail`` its last ``length`` bytes).
 
-    Reads at most ``length`` bytes of each source (bytes). Lines are collapsed per attempt and
-    stream (the same attempt's ``stdout`` of every rank together), groups in attempt order.
+    Reads at most ``length`` bytes of each source (bytes), and at most ``max_bytes`` bytes and
+    ``max_lines`` lines of all sources together (:data:`VIEW_BYTES`, :data:`VIEW_LINES`: what
+    one request holds in memory, whatever the number of ranks): each source gets an equal share
+    of what is left, so every rank shows. Where the budget cut a source (fewer bytes than
+    ``length``, or fewer lines than were read), ``truncated`` is true: the cursor goes on from
+    the last line shown (a tail keeps the last lines); narrow the ranks to see more at once.
+    Lines are collapsed per attempt and stream (the same attempt's ``stdout`` of every rank
+    together), groups in attempt order.
 
     Returns ``{"lines": [{"text", "ranks", "offsets": {R: byte}, "attempt", "stream",
     "sources": {R: name}}], "cursor": {key: offset} (where the next read of each source starts:
     follow mode asks again with it and gets only new lines), "sizes": {R: {name: bytes}},
-    "read": {R: bytes read}, "more": whether some source has bytes past the cursor}``.
+    "read": {R: bytes read}, "more": whether some source has bytes past the cursor,
+    "truncated": whether the request's budget cut the view, "budget": {"bytes", "lines"}}``.
     """
     groups: dict[tuple, dict[int, list[Line]]] = {}
     names: dict[tuple, dict[int, str]] = {}
     next_cur = dict(cursor)
     sizes: dict[int, dict[str, int | None]] = {}
     read: dict[int, int] = {}
-    more = False
+    more = truncated = False
+    todo: list[tuple[int, Source, int | None]] = []
     count = 0
     for r in ranks:
+        if count >= MAX_SOURCES:
+            more = True
+            break
         for src in logs.sources(r):
             count += 1
             if count > MAX_SOURCES:
@@ -128,22 +149,42 @@ def read_view(logs: RankLogs, ranks: list[int], cursor: dict[str, int], length: 
                 next_cur[src.key] = start
                 read.setdefault(r, 0)
                 continue
-            chunk = logs.read(src, start, length)
-            data = raw_bytes(chunk)
-            read[r] = read.get(r, 0) + len(data)
-            sizes.setdefault(r, {})[src.name] = chunk.size
-            eof = chunk.size is not None and chunk.end >= chunk.size
-            lines, nxt = split_lines(data, chunk.offset, at_eof and eof, len(data) >= length)
-            if start is None and chunk.offset > 0 and lines:  # a tail: its first line is likely cut
-                lines = lines[1:]
-            next_cur[src.key] = nxt
-            if chunk.size is not None and nxt < chunk.size:
-                more = True
-            gk = (src.attempt if src.attempt is not None else -1, {"stdout": 0, "stderr": 1}.get(src.stream, 2),
-                  src.stream)
-            if lines:
-                groups.setdefault(gk, {})[r] = lines
-                names.setdefault(gk, {})[r] = src.name
+            todo.append((r, src, start))
+    bytes_left, lines_left = max_bytes, max_lines
+    for i, (r, src, start) in enumerate(todo):
+        want = min(length, bytes_left // (len(todo) - i))  # an equal share of what is left
+        cap = lines_left // (len(todo) - i)
+        read.setdefault(r, 0)
+        if want <= 0 or cap <= 0:
+            truncated = more = True
+            continue
+        chunk = logs.read(src, start, want)
+        data = raw_bytes(chunk)
+        bytes_left -= len(data)
+        read[r] += len(data)
+        sizes.setdefault(r, {})[src.name] = chunk.size
+        eof = chunk.size is not None and chunk.end >= chunk.size
+        full = len(data) >= want
+        if start is None and chunk.offset > 0:  # a tail: its first line is likely cut; the last lines
+            lines, nxt, cut = last_lines(data, chunk.offset, at_eof and eof, full, cap)
+            short = True  # bytes before the tail are left out anyway
+        else:
+            it = iter_lines(data, chunk.offset, at_eof and eof, full)
+            lines = list(islice(it, cap))
+            cut = next(it, None) is not None
+            nxt = lines[-1].end if lines else chunk.offset
+            short = not eof
+        if cut or (want < length and full and short):
+            truncated = True
+        lines_left -= len(lines)
+        next_cur[src.key] = nxt
+        if chunk.size is not None and nxt < chunk.size:
+            more = True
+        gk = (src.attempt if src.attempt is not None else -1, {"stdout": 0, "stderr": 1}.get(src.stream, 2),
+              src.stream)
+        if lines:
+            groups.setdefault(gk, {})[r] = lines
+            names.setdefault(gk, {})[r] = src.name
     out = []
     for gk in sorted(groups):
         for entry in collapse(groups[gk]):
@@ -151,7 +192,8 @@ def read_view(logs: RankLogs, ranks: list[int], cursor: dict[str, int], length: 
             entry["stream"] = gk[2]
             entry["sources"] = {r: names[gk][r] for r in entry["ranks"]}
             out.append(entry)
-    return {"lines": out, "cursor": next_cur, "sizes": sizes, "read": read, "more": more}
+    return {"lines": out, "cursor": next_cur, "sizes": sizes, "read": read, "more": more,
+            "truncated": truncated, "budget": {"bytes": max_bytes, "lines": max_lines}}
 
 
 def first_failure(logs: RankLogs, ranks: list[int], faults: list[dict] | None = None, length: int = DEFAULT_LENGTH,
@@ -175,7 +217,9 @@ def first_failure(logs: RankLogs, ranks: list[int], faults: list[dict] | None = 
     else the event's reason matched against the exception lines; else the first attempt with one.
 
     Reads the last ``length`` bytes of each ``stderr`` (else ``stdout``/``log``) source of the
-    ranks it looks at, and torchrun's ``error.json`` files (64 KiB at most each).
+    ranks it looks at, at most :data:`FAILURE_BYTES` bytes of them all together (each source an
+    equal share of what is left), and searches the last :data:`FAILURE_LINES` lines of each;
+    and torchrun's ``error.json`` files (64 KiB at most each, of the sources with a traceback).
 
     Returns ``{"rank", "node", "source", "attempt", "offset", "end", "exception",
     "exception_offset", "traceback_text", "kind", "time", "found_by"}`` (offsets in bytes of
@@ -197,13 +241,23 @@ def first_failure(logs: RankLogs, ranks: list[int], faults: list[dict] | None = 
             event = ev
             break
 
+    def looked_at(r: int) -> list[Source]:
+        srcs = logs.sources(r)
+        return [s for s in srcs if s.stream == "stderr"] or srcs
+
+    budget = {"bytes": FAILURE_BYTES, "sources": 0}  # bytes left, sources left to read
+
     def tracebacks(r: int) -> list[tuple[Source, Traceback, float | None]]:
         found = []
-        srcs = logs.sources(r)
-        for src in [s for s in srcs if s.stream == "stderr"] or srcs:
-            chunk = logs.read(src, None, length)
-            lines, _ = split_lines(raw_bytes(chunk), chunk.offset, True, True)
-            tbs = find_tracebacks(lines)
+        for src in looked_at(r):
+            want = min(length, budget["bytes"] // max(1, budget["sources"]))
+            budget["sources"] = max(0, budget["sources"] - 1)
+            if want <= 0:
+                continue
+            chunk = logs.read(src, None, want)
+            data = raw_bytes(chunk)
+            budget["bytes"] -= len(data)
+            tbs = find_tracebacks(_tail_lines(data, chunk.offset, FAILURE_LINES))
             if tbs:
                 t = logs.error_time(src)
                 found.extend((src, tb, t) for tb in tbs)
@@ -224,6 +278,7 @@ def first_failure(logs: RankLogs, ranks: list[int], faults: list[dict] | None = 
 
     if event is not None:
         r = event["data"]["rank"]
+        budget["sources"] = len(looked_at(r))
         c = pick(tracebacks(r), (event.get("data") or {}).get("reason"), near_time)
         found_by, when, node = "event", event.get("time"), (event.get("data") or {}).get("node") or logs.node(r)
         if c is None:
@@ -232,6 +287,7 @@ def first_failure(logs: RankLogs, ranks: list[int], faults: list[dict] | None = 
                     "traceback_text": None, "kind": None, "time": when, "found_by": found_by}
     else:
         every = []
+        budget["sources"] = sum(len(looked_at(r)) for r in ranks[:MAX_RANKS])
         for r in ranks[:MAX_RANKS]:
             every.extend((r, *c) for c in tracebacks(r))
         if not any(not c[2].secondary for c in every):
@@ -258,6 +314,17 @@ def first_failure(logs: RankLogs, ranks: list[int], faults: list[dict] | None = 
 JOB_LOG = "job log"  #: ``source`` of a failure found in the whole job's log
 
 
+def _tail_lines(data: bytes, base: int, max_lines: int) -> list[Line]:
+    """The last ``max_lines`` lines of ``data`` (read from byte ``base``; its last line kept
+    without its newline), split without building the lines before them."""
+    p = len(data)
+    for _ in range(max_lines + 1):
+        p = data.rfind(b"\n", 0, p)
+        if p < 0:
+            return split_lines(data, base, True, True)[0][-max_lines:]
+    return split_lines(data[p + 1:], base + p + 1, True, True)[0][-max_lines:]
+
+
 def _job_log_failure(logs: RankLogs, wanted: set[int], length: int) -> dict | None:
     """The root cause of the last ``ChildFailedError`` report in the tail (``length`` bytes) of
     the whole job's log, when it names one of ``wanted``: how a rank that died without a
@@ -266,7 +333,7 @@ def _job_log_failure(logs: RankLogs, wanted: set[int], length: int) -> dict | No
         chunk = logs.read_job_log(None, length)
     except (OSError, HyperPodLabError):
         return None
-    lines, _ = split_lines(raw_bytes(chunk), chunk.offset, True, True)
+    lines = _tail_lines(raw_bytes(chunk), chunk.offset, FAILURE_LINES)
     reports = [tb for tb in find_tracebacks(lines) if tb.kind == "childfailed" and tb.rank in wanted]
     if not reports:
         return None
@@ -276,11 +343,14 @@ def _job_log_failure(logs: RankLogs, wanted: set[int], length: int) -> dict | No
             "traceback_text": tb.text, "kind": tb.kind, "time": None, "found_by": "log"}
 
 
-def around(logs: RankLogs, failure: dict, length: int) -> dict:
-    """The lines of the failing rank's source around its traceback: ``length`` bytes starting a
-    quarter of ``length`` before the traceback (so the lines leading to it show too). Returns
-    the :func:`read_view` shape for that one source (``lines`` not collapsed: one rank)."""
+def around(logs: RankLogs, failure: dict, length: int, max_lines: int = VIEW_LINES) -> dict:
+    """The lines of the failing rank's source around its traceback: ``length`` bytes (at most
+    :data:`VIEW_BYTES`) starting a quarter of ``length`` before the traceback (so the lines
+    leading to it show too), at most ``max_lines`` lines (:data:`VIEW_LINES`: a quarter of them
+    before the traceback, the rest from it on; ``truncated`` says when lines were left out).
+    Returns the :func:`read_view` shape for that one source (``lines`` not collapsed: one rank)."""
     r = failure["rank"]
+    budget = {"bytes": VIEW_BYTES, "lines": max_lines}
     if failure.get("source") == JOB_LOG:  # a ChildFailedError report in the whole job's log
         src: Source | None = Source(r, JOB_LOG, None, "log", None)
         read: Callable[[int, int], LogChunk] = logs.read_job_log
@@ -288,38 +358,101 @@ def around(logs: RankLogs, failure: dict, length: int) -> dict:
         src = next((s for s in logs.sources(r) if s.name == failure.get("source")), None)
         read = lambda off, n: logs.read(src, off, n)  # noqa: E731
     if src is None or failure.get("offset") is None:
-        return {"lines": [], "cursor": {}, "sizes": {}, "read": {r: 0}, "more": False}
+        return {"lines": [], "cursor": {}, "sizes": {}, "read": {r: 0}, "more": False, "truncated": False,
+                "budget": budget}
+    length = min(length, VIEW_BYTES)
     start = max(0, failure["offset"] - length // 4)
     chunk = read(start, length)
     data = raw_bytes(chunk)
-    lines, nxt = split_lines(data, chunk.offset, True, len(data) >= length)
-    if start > 0 and lines and raw_bytes(read(start - 1, 1)) != b"\n":
-        lines = lines[1:]  # the read started inside a line
+    it = iter_lines(data, chunk.offset, True, len(data) >= length)
+    if start > 0 and raw_bytes(read(start - 1, 1)) != b"\n":
+        next(it, None)  # the read started inside a line
+    before: deque[Line] = deque(maxlen=max(1, max_lines // 4))  # the last lines before the traceback
+    after: list[Line] = []
+    cut = False
+    for ln in it:
+        if ln.end <= failure["offset"]:
+            cut = cut or len(before) == before.maxlen
+            before.append(ln)
+            continue
+        if len(before) + len(after) >= max_lines:
+            cut = True
+            break
+        after.append(ln)
+    lines = [*before, *after]
+    nxt = lines[-1].end if lines else chunk.offset
     return {"lines": [{"text": ln.text, "ranks": [r], "offsets": {r: ln.offset}, "attempt": src.attempt,
                        "stream": src.stream, "sources": {r: src.name}} for ln in lines],
             "cursor": {src.key: nxt}, "sizes": {r: {src.name: chunk.size}}, "read": {r: len(data)},
-            "more": chunk.size is not None and nxt < chunk.size}
+            "more": chunk.size is not None and nxt < chunk.size, "truncated": cut, "budget": budget}
 
 
-def compile_query(q: str, regex: bool) -> Callable[[str], re.Match | int | None]:
-    """A matcher for ``q``: a case-insensitive substring, or with ``regex`` a Python regular
-    expression (searched in each line, lines cut at :data:`MAX_LINE` characters). Raises
-    SpecError("q") for an empty, too long (over :data:`MAX_PATTERN` characters) or invalid one,
-    and for the forms that can backtrack exponentially (a repeated group holding a repetition
-    or an alternation, like ``(a+)+`` or ``(a|aa)*``; backreferences): Python's ``re`` has no
-    time limit and the search runs on the cluster's worker thread."""
+REGEX_MAX_MEM = 8 << 20  #: bytes RE2 may use for one search pattern (its compiled program and DFA cache)
+
+# what RE2 refuses that Python's re knows: (how it is written, what it is), found in the pattern's text
+_UNSUPPORTED = [(re.compile(p), what) for p, what in (
+    (r"\\[1-9]", "a backreference (\\1)"),
+    (r"\(\?P=", "a named backreference ((?P=name))"),
+    (r"\\[gk]<", "a named backreference (\\g<name>)"),
+    (r"\(\?=", "a lookahead ((?=...))"),
+    (r"\(\?!", "a negative lookahead ((?!...))"),
+    (r"\(\?<=", "a lookbehind ((?<=...))"),
+    (r"\(\?<!", "a negative lookbehind ((?<!...))"),
+    (r"\(\?>", "an atomic group ((?>...))"),
+    (r"\(\?\(", "a conditional group ((?(1)...))"),
+    (r"[*+?}]\+", "a possessive repetition (a++)"),
+    (r"\\Z", "\\Z (the end of the text: use $)"),
+)]
+
+
+def _unsupported(q: str) -> str | None:
+    """The construct of ``q`` RE2 does not support, in words, or None. Escaped characters
+    (``\\\\1`` is a backslash and a 1) are skipped; ``q`` is at most :data:`MAX_PATTERN`
+    characters and these patterns are linear."""
+    plain = re.sub(r"\\\\", "  ", q)  # an escaped backslash is no escape
+    for pat, what in _UNSUPPORTED:
+        if pat.search(plain):
+            return what
+    return None
+
+
+def compile_query(q: str, regex: bool) -> Callable[[str], object]:
+    """A matcher for ``q``: a case-insensitive substring, or with ``regex`` a regular expression
+    in RE2's syntax (Python's, less backreferences and lookaround; ``(?i)`` for case-insensitive),
+    searched in each line (lines cut at :data:`MAX_LINE` characters).
+
+    RE2 (``google-re2``) matches in time linear in the line, whatever the pattern: a pattern
+    like ``((\\w+\\s?))+$`` or ``\\s*\\s*\\s*x`` costs microseconds per line, where Python's
+    ``re`` backtracks for seconds to hours while holding the GIL (the whole server stops). The
+    matcher returns a true value for a line that matches.
+
+    Raises:
+        SpecError("q"): empty, longer than :data:`MAX_PATTERN` characters, not a valid
+        regular expression, a construct RE2 cannot run in linear time (the message names it:
+        backreference, lookahead, lookbehind, atomic group, possessive repetition), or a pattern
+        whose program needs more than :data:`REGEX_MAX_MEM` bytes.
+    """
     if not q:
         raise SpecError("q", "is empty; give a substring (or a regular expression with regex=1)")
     if len(q) > MAX_PATTERN:
         raise SpecError("q", f"is {len(q)} characters; at most {MAX_PATTERN}")
     if regex:
-        if NESTED_REPEAT.search(q) or re.search(r"\\\d", q):
-            raise SpecError("q", "repeats a repeated group (like (a+)+) or uses a backreference, which can take "
-                                 "exponential time on a long line; simplify it (e.g. a+)")
+        opts = re2.Options()
+        opts.log_errors = False  # a user's bad pattern is a 400, not a line in the server's log
+        opts.max_mem = REGEX_MAX_MEM
         try:
-            pat = re.compile(q)
-        except re.error as e:
-            raise SpecError("q", f"is not a valid regular expression ({e})") from None
+            pat = re2.compile(q, opts)
+        except re2.error as e:
+            why = e.args[0] if e.args else e
+            why = why.decode(errors="replace") if isinstance(why, bytes) else str(why)
+            what = _unsupported(q)
+            if what is not None:
+                raise SpecError("q", f"uses {what}, which log search does not support: it runs regular expressions "
+                                     f"with RE2, in time linear in the line, without backreferences or lookaround "
+                                     f"(RE2 says: {why}); use a plain substring (regex=0) or an RE2-compatible "
+                                     f"pattern") from None
+            raise SpecError("q", f"is not a valid regular expression for log search (RE2 says: {why}); fix it, or "
+                                 f"use a plain substring (regex=0) or an RE2-compatible pattern") from None
         return pat.search
     low = q.lower()
     return lambda s: (s.lower().find(low) + 1) or None
@@ -353,14 +486,14 @@ def search(logs: RankLogs, ranks: list[int], q: str, regex: bool = False, cursor
                 data = raw_bytes(chunk)
                 scanned += len(data)
                 eof = chunk.size is None or chunk.end >= chunk.size
-                lines, nxt = split_lines(data, chunk.offset, eof, len(data) >= want)
-                for ln in lines:
+                nxt = chunk.offset
+                for ln in iter_lines(data, chunk.offset, eof, len(data) >= want):  # one line at a time
                     if len(matches) >= limit:
-                        nxt = ln.offset
                         break
                     if match(ln.text):
                         matches.append({"rank": r, "source": src.name, "attempt": src.attempt, "stream": src.stream,
                                         "offset": ln.offset, "text": ln.text})
+                    nxt = ln.end
                 if nxt <= pos:  # nothing complete read: the source ends here for now
                     break
                 pos = nxt
@@ -452,9 +585,12 @@ def triage(client, job_id: str, ranks: list[int] | None = None, cursor: dict[str
 
     Returns:
         ``{"job_id", "ranks", "nodes": {R: node}, "lines" | "matches", "cursor", "sizes",
-        "read", "more" | "done", "scanned"?, "first_failure", "bytes_read"}`` (see
-        :func:`read_view`, :func:`search`, :func:`first_failure`); ``bytes_read`` counts every
-        byte read for the reply.
+        "read", "more" | "done", "truncated"? "budget"? (a view), "scanned"? (a search),
+        "first_failure", "bytes_read"}`` (see :func:`read_view`, :func:`search`,
+        :func:`first_failure`); ``bytes_read`` counts every byte read for the reply. Whatever
+        the number of ranks, a view reads at most :data:`VIEW_BYTES` bytes and keeps
+        :data:`VIEW_LINES` lines, the first failure reads :data:`FAILURE_BYTES` bytes, a search
+        ``scan`` bytes (one line held at a time).
 
     Raises:
         UnknownJob; SpecError for a bad ``q``; ClusterUnreachable and the like from the backend.
@@ -484,7 +620,8 @@ def triage(client, job_id: str, ranks: list[int] | None = None, cursor: dict[str
         elif fail:  # it failed without a traceback (a kill, a lost node): its last lines
             out.update(read_view(logs, [fail["rank"]], {}, length, True, over))
         else:
-            out.update({"lines": [], "cursor": {}, "sizes": {}, "read": {}, "more": False})
+            out.update({"lines": [], "cursor": {}, "sizes": {}, "read": {}, "more": False, "truncated": False,
+                        "budget": {"bytes": VIEW_BYTES, "lines": VIEW_LINES}})
     else:
         out.update(read_view(logs, chosen, cursor or {}, length, tail, over))
     out["nodes"] = {r: logs.node(r) for r in chosen}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Iterator
 
 DEFAULT_LENGTH = 64 << 10  #: bytes read per source per request by default
 MAX_LENGTH = 1 << 20  #: most bytes read per source per request
@@ -16,14 +17,18 @@ MAX_PATTERN = 200  #: longest search pattern, characters
 MAX_LINE = 4096  #: characters of one line kept (and searched); longer lines are cut
 MAX_RANKS = 256  #: most ranks one request may name
 MAX_SOURCES = 512  #: most sources one request reads
+# Budgets of one request, whatever the number of ranks and sources (each source gets an equal
+# share of what is left): what one reply holds in memory is bounded by these, not by ranks x length.
+VIEW_BYTES = 8 << 20  #: most bytes a view (read_view, around) reads per request, all sources together
+VIEW_LINES = 20_000  #: most lines a view parses and returns per request, all sources together
+FAILURE_BYTES = 16 << 20  #: most bytes of the ranks' log tails finding the first failure reads per request
+FAILURE_LINES = 20_000  #: most lines (the last ones) of one log tail searched for tracebacks
 ALIGN_WINDOW = 32  #: lines looked ahead per rank when aligning identical lines across ranks
 TRACEBACK = "Traceback (most recent call last):"
 FATAL = "Fatal Python error:"
 
 PREFIX = re.compile(r"^(?:\[[^\]\n]{1,40}\]:\s?)*")  # "[rank1]: " (torch), "[default1]:" (torchrun --tee)
 ATTEMPT = re.compile(r"^attempt_(\d+)$")
-# a group holding a repetition, itself repeated: (a+)+, (a|aa)*, (x*y?)* ... (catastrophic backtracking)
-NESTED_REPEAT = re.compile(r"\((?:[^()\\]|\\.)*(?:[+*}]|\|)(?:[^()\\]|\\.)*\)\s*(?:[+*{]|\?\?)")
 SECONDARY = re.compile(r"Connection closed by peer|Connection reset by peer|ChildFailedError|SIGTERM|"
                         r"SignalException|ProcessGroupGloo|NCCL.*(?:abort|timeout)|Broken pipe|"
                         r"DistNetworkError|DistStoreError|Socket Timeout|TCPStore", re.I)
@@ -35,7 +40,7 @@ LOG_CURSOR_KEY = re.compile(r"\d{1,7}:[^\x00-\x1f]{1,1000}")
 
 
 # ---------------------------------------------------------------------------- lines
-@dataclass
+@dataclass(slots=True)
 class Line:
     """One line of one source: ``text`` (no newline, cut at :data:`MAX_LINE` characters), the
     byte ``offset`` of its first byte and ``end`` one past its newline."""
@@ -45,22 +50,52 @@ class Line:
     end: int
 
 
-def split_lines(data: bytes, base: int, at_eof: bool, full: bool) -> tuple[list[Line], int]:
-    """The complete lines of ``data`` (bytes read from byte ``base``) and the offset where the
-    next read starts. A last line without its newline is held back (it may still be being
-    written) unless the source ended there and ``at_eof`` (the job is over), or ``full`` (the
-    read was the whole length asked for and held no newline at all: one over-long line)."""
-    lines, pos = [], 0
+def iter_lines(data: bytes, base: int, at_eof: bool, full: bool) -> Iterator[Line]:
+    """The complete lines of ``data`` (bytes read from byte ``base``), one at a time: a caller
+    that stops early (a line budget, a match limit) never builds the rest. A last line without
+    its newline is held back (it may still be being written) unless the source ended there and
+    ``at_eof`` (the job is over), or ``full`` (the read was the whole length asked for and held no
+    newline at all: one over-long line). Lines are contiguous: the next read starts at the last
+    line's ``end`` (``base`` when there is none)."""
+    pos = 0
     while True:
         nl = data.find(b"\n", pos)
         if nl < 0:
             break
-        lines.append(Line(data[pos:nl].rstrip(b"\r").decode(errors="replace")[:MAX_LINE], base + pos, base + nl + 1))
+        yield Line(data[pos:nl].rstrip(b"\r").decode(errors="replace")[:MAX_LINE], base + pos, base + nl + 1)
         pos = nl + 1
-    if pos < len(data) and (at_eof or (full and not lines)):
-        lines.append(Line(data[pos:].decode(errors="replace")[:MAX_LINE], base + pos, base + len(data)))
-        pos = len(data)
-    return lines, base + pos
+    if pos < len(data) and (at_eof or (full and pos == 0)):
+        yield Line(data[pos:].decode(errors="replace")[:MAX_LINE], base + pos, base + len(data))
+
+
+def split_lines(data: bytes, base: int, at_eof: bool, full: bool) -> tuple[list[Line], int]:
+    """Every line of :func:`iter_lines` as a list, and the offset where the next read starts."""
+    lines = list(iter_lines(data, base, at_eof, full))
+    return lines, lines[-1].end if lines else base
+
+
+def last_lines(data: bytes, base: int, at_eof: bool, full: bool, max_lines: int) -> tuple[list[Line], int, bool]:
+    """The last ``max_lines`` lines of a tail read (``data`` read from byte ``base`` > 0, so its
+    first line is likely cut and is dropped), without splitting what comes before them. Returns
+    the lines, the offset where the next read starts, and whether whole lines were left out
+    for ``max_lines``."""
+    p = len(data)
+    for _ in range(max(1, max_lines) + 1):  # the newline before the first line kept
+        p = data.rfind(b"\n", 0, p)
+        if p < 0:
+            break
+    if p >= 0:
+        cut = data.find(b"\n") < p  # whole lines lie before the ones kept
+        lines = list(iter_lines(data[p + 1:], base + p + 1, at_eof, full))
+    else:
+        every = list(iter_lines(data, base, at_eof, full))
+        cut, lines = False, every[1:]
+        if len(every) == 1:  # only the cut first line: go on after it
+            return [], every[0].end, False
+    nxt = lines[-1].end if lines else base
+    if len(lines) > max_lines:  # a last line without its newline, kept at the end of the job
+        lines, cut = lines[-max_lines:] if max_lines > 0 else [], True
+    return lines, nxt, cut
 
 
 def strip_prefix(text: str) -> tuple[str, int]:
