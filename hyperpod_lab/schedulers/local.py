@@ -54,7 +54,19 @@ class LocalScheduler(Scheduler):
                            self.staged_script(spec, job_id))
 
     def _env(self, spec, job_id, secrets):
-        env = dict(os.environ)
+        """The job's environment, built up from a minimal one, never a copy of this process's (the
+        submitting process may be the Jupyter server, holding its own credentials and tokens):
+
+        1. from this process: PATH, HOME, USER, LOGNAME, SHELL, LANG, LANGUAGE, LC_*, TZ, TMPDIR,
+           PYTHONPATH, VIRTUAL_ENV, LD_LIBRARY_PATH, CUDA_VISIBLE_DEVICES and hyperpod-lab's own
+           HYPERPOD_LAB_* settings (timeouts, intervals), those that are set;
+        2. the spec's ``env``; 3. ``secrets`` (``spec.secret_env``'s values, as the submitting side
+           resolved and allowed them); 4. the job's HYPERPOD_LAB_* variables; OMP_NUM_THREADS=1
+           unless set. A job that needs another variable names it in ``env`` or ``secret_env``.
+        """
+        names = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONPATH",
+                 "VIRTUAL_ENV", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES")
+        env = {k: v for k, v in os.environ.items() if k in names or k.startswith(("LC_", "HYPERPOD_LAB_"))}
         paths = self.paths(job_id)
         env.update(spec.env)
         env.update(secrets)

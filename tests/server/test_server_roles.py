@@ -60,13 +60,19 @@ def test_host_code_variables_need_the_right_to_run_kernels(no_kernels, env):
     assert len(_call(no_kernels, "GET", "/hyperpod/jobs")[1]["jobs"]) == before  # nothing submitted
 
 
-def test_other_variables_are_fine_without_kernels(no_kernels):
+def test_without_kernels_no_local_job_at_all(no_kernels):  # issue 24 #3 (tests/server/test_trust.py)
     status, body = _submit(no_kernels, {"OMP_NUM_THREADS": "1"})
-    assert status == 201, body
+    assert status == 403 and "'execute' on 'kernels'" in body["error"]["message"], body
 
 
-def test_a_read_role_streams_events_as_it_reads_them(read_only, no_kernels):
-    status, body = _submit(no_kernels)  # a job in the shared store, made by a writer
+def test_a_read_role_streams_events_as_it_reads_them(read_only, tmp_path_factory):
+    root = tmp_path_factory.mktemp("root")  # jupyter-server's default authorizer: everything allowed
+    shutil.copy(os.path.join(HERE, "scripts", "steps.py"), root / "steps.py")
+    writer = JupyterServer(str(root), str(tmp_path_factory.mktemp("server"))).start()
+    try:
+        status, body = _submit(writer)  # a job in the shared store, made by a writer
+    finally:
+        writer.stop()
     assert status == 201, body
     job_id = body["job"]["job_id"]
     assert _call(read_only, "GET", f"/hyperpod/jobs/{job_id}/events")[0] == 200

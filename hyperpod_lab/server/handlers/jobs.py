@@ -59,26 +59,39 @@ class JobsHandler(HyperPodHandler):
         body = self.json_body()
         skip = skip_env_check(body)
         spec = spec_from_request(body, self.hp.root_dir)
-        await self._check_host_code(spec)
+        self._check_secret_env(spec)
+        await self._check_local(spec)
         # on the cluster's own worker: a hung cluster holds only its own submits
         rec = await self.hp.watcher.run_on(spec.cluster, self.hp.client.submit, spec,
                                            env_check=False if skip else None)
         self.hp.watcher.track(rec)
         self.reply({"job": self.hp.watcher.view(rec)}, status=201)
 
+    def _check_secret_env(self, spec) -> None:
+        """``secret_env`` copies values from this server's environment into the job (any
+        backend), so over REST a name is taken only when the server's owner listed it in
+        ``HyperPodLab.secret_env_allowlist`` (default empty). Raises NotAllowed naming the
+        refused names and the setting."""
+        refused = [n for n in spec.secret_env if n not in self.hp.secret_env_allowlist]
+        if refused:
+            raise NotAllowed(
+                f"secret_env {', '.join(refused)} would copy the Jupyter server's own environment variable into "
+                "the job, and it is not in the server's allowlist. Remove it from secret_env (or pass a value "
+                "you own with env), or ask the server's owner to add it to c.HyperPodLab.secret_env_allowlist "
+                "in jupyter_server_config.py")
 
-    async def _check_host_code(self, spec) -> None:
-        """On the local backend the job runs on this host: variables that make its processes run
-        code besides the script (``spec.host_code_env``: LD_PRELOAD, PYTHON*, BROWSER, PATH ...)
-        are taken only from a user who may also run kernels (``execute`` on ``kernels``).
-        Raises NotAllowed."""
+    async def _check_local(self, spec) -> None:
+        """On the local backend the job runs the user's script on the Jupyter host as the server's
+        user: that is running code there, so it needs what a kernel needs, ``execute`` on
+        ``kernels`` (besides ``write`` on ``hyperpod``). Raises NotAllowed."""
         if get_profile(spec.cluster).orchestrator != "local":
             return
-        risky = host_code_env([*spec.env, *spec.secret_env])
-        if risky and not await ensure_async(self.authorizer.is_authorized(self, self.current_user, "execute",
-                                                                          "kernels")):
-            raise NotAllowed(f"{', '.join(risky)} would run code on the Jupyter host (local backend); only a user "
-                             "who may run kernels may set it. Remove it, or submit to a cluster")
+        if not await ensure_async(self.authorizer.is_authorized(self, self.current_user, "execute", "kernels")):
+            risky = host_code_env([*spec.env, *spec.secret_env])
+            also = f" (and {', '.join(risky)} would run code there too)" if risky else ""
+            raise NotAllowed(f"cluster {spec.cluster!r} runs the job on the Jupyter host{also}; only a user who "
+                             "may run kernels ('execute' on 'kernels') may submit to it. Submit to a Slurm or "
+                             "EKS cluster, or ask the server's owner for the right to run kernels")
 
 
 class JobHandler(HyperPodHandler):
@@ -147,7 +160,9 @@ class EventsHandler(HyperPodHandler):
 class DiscoverHandler(HyperPodHandler):
     """HyperPod clusters of a region through the SageMaker API (``hyperpod_lab.submit.discovery``): the
     sidebar's refresh. GET lists them; POST ``{"region", "profile", "overwrite"}`` also writes a
-    cluster profile per cluster and returns what it wrote."""
+    cluster profile per cluster and returns what it wrote. Both need ``execute`` on ``hyperpod``
+    (not ``read``/``write``): they spend the server's AWS credentials, and POST rewrites the
+    server's ``clusters.toml``."""
 
     def _args(self, body: dict) -> dict:
         get = (lambda k: body.get(k)) if body else (lambda k: self.get_query_argument(k, None))
@@ -162,7 +177,7 @@ class DiscoverHandler(HyperPodHandler):
         self.reply({"clusters": [c.to_dict() for c in found]})
 
     @tornado.web.authenticated
-    @authorized
+    @authorized("execute")  # calls AWS with the server's credentials and rewrites clusters.toml, like GET
     async def post(self):
         from hyperpod_lab.submit.discovery import discover_clusters, write_profiles
 
