@@ -105,10 +105,10 @@ def script_modules(script: str) -> list[str]:
         with open(path, "rb") as f:
             source = f.read()
         if path.endswith(".ipynb"):
-            from hyperpod_lab.submit.notebook_script import notebook_to_script
+            from hyperpod_lab.submit.notebook_script import load_notebook, notebook_to_script
 
             try:
-                source = notebook_to_script(json.loads(source)).encode()
+                source = notebook_to_script(load_notebook(source, script, "script"), "script").encode()
             except (ValueError, TypeError, AttributeError, KeyError) as e:
                 raise SpecError("script", f"{script} is not a readable notebook ({e}); give a .py script or a "
                                           f"notebook saved by Jupyter") from None

@@ -21,21 +21,90 @@ from hyperpod_lab.submit.clusters import get_profile
 SCRIPTS_SUBDIR = os.path.join(".hyperpod", "notebooks")
 
 
-def notebook_to_script(nb: dict[str, Any]) -> str:
+#: the largest notebook file a submission reads (bytes); a bigger one is refused (SpecError)
+MAX_NOTEBOOK_BYTES = 64 << 20
+
+
+def load_notebook(data: bytes, what: str = "notebook", field: str = "notebook") -> dict[str, Any]:
+    """A notebook file's bytes parsed as JSON (not yet checked as a notebook: see
+    :func:`notebook_to_script`). The one parser of notebook files that reach the server.
+
+    Args:
+        data: the file's content, at most :data:`MAX_NOTEBOOK_BYTES` bytes.
+        what: how the file is named in errors (e.g. its path).
+        field: the SpecError field.
+
+    Raises:
+        SpecError: ``field``; the file is too big, not UTF-8, not JSON, nested too deeply to be a
+            notebook, or not a JSON object. Never anything else.
+    """
+    if len(data) > MAX_NOTEBOOK_BYTES:
+        raise SpecError(field, f"{what} is {len(data)} bytes, more than the {MAX_NOTEBOOK_BYTES} a submission "
+                               "reads; clear its outputs (Edit > Clear Outputs of All Cells) or submit a .py script")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecError(field, f"{what} is not UTF-8 text (byte {e.start}); save it again from Jupyter, which "
+                               "writes UTF-8") from None
+    try:
+        nb = json.loads(text)
+    except RecursionError:
+        raise SpecError(field, f"{what} is nested too deeply to be a notebook; save it again from Jupyter") from None
+    except ValueError as e:
+        raise SpecError(field, f"{what} is not JSON ({e}); give a notebook saved by Jupyter (.ipynb)") from None
+    if not isinstance(nb, dict):
+        raise SpecError(field, f"{what} is JSON but not a notebook (a {type(nb).__name__}, not an object with "
+                               "'cells'); give a notebook saved by Jupyter")
+    return nb
+
+
+def read_notebook(path: str, what: str = "notebook", field: str = "notebook") -> dict[str, Any]:
+    """:func:`load_notebook` of the file ``path``, reading at most :data:`MAX_NOTEBOOK_BYTES` + 1
+    bytes. Raises SpecError(``field``) when it cannot be read or parsed."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_NOTEBOOK_BYTES + 1)
+    except OSError as e:
+        raise SpecError(field, f"{what} cannot be read ({e.strerror or e})") from None
+    return load_notebook(data, what, field)
+
+
+def notebook_to_script(nb: dict[str, Any], field: str = "notebook") -> str:
     """The code cells of a notebook (nbformat 4 JSON as a dict) as one Python script.
 
     Cells whose first line is a cell magic (``%%...``) are dropped whole; lines starting with
-    ``%``, ``!`` or ending in ``?`` are dropped. Raises SpecError("notebook") for a document
-    that is not an nbformat 4 notebook.
+    ``%``, ``!`` or ending in ``?`` are dropped.
+
+    Raises:
+        SpecError: ``field``, naming what is wrong (and the cell, 1-based), for a document that
+            is not an nbformat 4 notebook: not an object, ``nbformat`` not 4, ``cells`` not a
+            list, a cell not an object, ``cell_type`` not a string, a code cell's ``source``
+            neither a string nor a list of strings; or one with no code to run.
     """
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
-        raise SpecError("notebook", "is not a Jupyter notebook (nbformat 4 JSON with 'cells')")
+        raise SpecError(field, "is not a Jupyter notebook (nbformat 4 JSON with 'cells'); give a notebook saved by "
+                               "Jupyter")
+    version = nb.get("nbformat")
+    if isinstance(version, bool) or version != 4:
+        raise SpecError(field, f"is nbformat {version!r}, not 4; open it in JupyterLab and save it (that converts "
+                               "it to nbformat 4)")
     parts = []
     for i, cell in enumerate(nb["cells"]):
-        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
+        if not isinstance(cell, dict):
+            raise SpecError(field, f"cell {i + 1} is a {type(cell).__name__}, not an object; the notebook is "
+                                   "damaged: save it again from Jupyter")
+        kind = cell.get("cell_type")
+        if not isinstance(kind, str):
+            raise SpecError(field, f"cell {i + 1} has cell_type {kind!r}, not 'code', 'markdown' or 'raw'; the "
+                                   "notebook is damaged: save it again from Jupyter")
+        if kind != "code":
             continue
         src = cell.get("source", "")
-        src = "".join(src) if isinstance(src, list) else str(src)
+        if isinstance(src, list) and all(isinstance(x, str) for x in src):
+            src = "".join(src)
+        elif not isinstance(src, str):
+            raise SpecError(field, f"cell {i + 1}'s source is neither text nor a list of lines of text; the "
+                                   "notebook is damaged: save it again from Jupyter")
         if src.lstrip().startswith("%%"):
             continue
         lines = [ln for ln in src.splitlines()
@@ -44,7 +113,7 @@ def notebook_to_script(nb: dict[str, Any]) -> str:
         if body:
             parts.append(f"# cell {i + 1}\n{body}\n")
     if not parts:
-        raise SpecError("notebook", "has no code cells to run")
+        raise SpecError(field, "has no code cells to run")
     return "\n".join(parts)
 
 
@@ -86,7 +155,8 @@ def spec_from_request(body: Any, root_dir: str) -> JobSpec:
 
     Raises:
         SpecError: naming the field (``spec``, ``spec.<field>`` keys are reported by their own
-            name as JobSpec does, ``script``, ``notebook``).
+            name as JobSpec does, ``script``, ``notebook``: any malformed or hostile notebook file,
+            see :func:`read_notebook` and :func:`notebook_to_script`).
         UnknownCluster, ConfigError: the cluster profile.
     """
     if not isinstance(body, dict) or not isinstance(body.get("spec"), dict):
@@ -99,12 +169,7 @@ def spec_from_request(body: Any, root_dir: str) -> JobSpec:
     notebook = body.get("notebook")
     if notebook is not None:
         path = inside(root_dir, notebook, "notebook")
-        try:
-            with open(path) as f:
-                nb = json.load(f)
-        except (OSError, ValueError) as e:
-            raise SpecError("notebook", f"{notebook!r} cannot be read as JSON ({e})") from None
-        text = notebook_to_script(nb)
+        text = notebook_to_script(read_notebook(path, repr(notebook)))
         stem = os.path.splitext(os.path.basename(path))[0]
         name = f"{stem}-{hashlib.sha256(text.encode()).hexdigest()[:12]}.py"
         spec["script"] = os.path.join(os.path.realpath(root_dir), SCRIPTS_SUBDIR, name)

@@ -229,3 +229,12 @@ def test_discovery_post_works_with_execute(allowed):
     assert [w["name"] for w in body["written"]] == ["trust-disc"], body
     with open(allowed.clusters_toml) as f:
         assert "trust-disc" in f.read()
+
+
+@pytest.mark.parametrize("body, field", [({"region": ["eu-west-3"]}, "region"), ({"region": {"a": 1}}, "region"),
+                                         ({"region": REGION, "profile": 5}, "profile"),
+                                         ({"region": REGION, "overwrite": "no"}, "overwrite")])
+def test_discovery_post_with_fields_of_the_wrong_type_is_400(allowed, body, field):
+    """User JSON of the wrong shape is bad input (issue 24 #12's class): 400 naming the field."""
+    status, out = allowed.call("POST", "/hyperpod/discover", body)
+    assert status == 400 and out["error"]["field"] == field, (status, out)

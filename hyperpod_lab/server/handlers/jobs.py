@@ -165,8 +165,16 @@ class DiscoverHandler(HyperPodHandler):
     server's ``clusters.toml``."""
 
     def _args(self, body: dict) -> dict:
+        """``region`` and ``profile`` of the body (POST) or query (GET): text or absent. Raises
+        SpecError naming the field otherwise."""
         get = (lambda k: body.get(k)) if body else (lambda k: self.get_query_argument(k, None))
-        return {"region": get("region") or None, "profile": get("profile") or None}
+        out = {}
+        for key, example in (("region", "us-east-1"), ("profile", "default")):
+            value = get(key)
+            if value is not None and not isinstance(value, str):
+                raise SpecError(key, f"must be text, e.g. {example!r}, or left out; got a {type(value).__name__}")
+            out[key] = value or None
+        return out
 
     @tornado.web.authenticated
     @authorized("execute")  # it calls AWS with the server's credentials: not for a 'read' role
@@ -184,8 +192,11 @@ class DiscoverHandler(HyperPodHandler):
         body = self.json_body()
         if not isinstance(body, dict):
             raise SpecError("body", 'send {"region": "us-east-1"} (region and profile optional)')
-        found = await self.hp.watcher.run(discover_clusters, **self._args(body))
-        written = await self.hp.watcher.run(write_profiles, found, bool(body.get("overwrite")))
+        args, overwrite = self._args(body), body.get("overwrite", False)
+        if not isinstance(overwrite, bool):
+            raise SpecError("overwrite", f"must be true or false, got {overwrite!r}"[:200])
+        found = await self.hp.watcher.run(discover_clusters, **args)
+        written = await self.hp.watcher.run(write_profiles, found, overwrite)
         self.reply({"clusters": [c.to_dict() for c in found],
                     "written": [{"name": n, "what": w} for n, w in written]})
 
