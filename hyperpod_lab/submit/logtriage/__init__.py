@@ -144,12 +144,14 @@ def read_view(logs: RankLogs, ranks: list[int], cursor: dict[str, int], length: 
             start = cursor.get(src.key)
             if start is None and not tail:
                 start = 0
-            if start is not None and src.size is not None and start >= src.size:
+            if src.size is not None and (start or 0) >= src.size:  # nothing new (or an empty file)
                 sizes.setdefault(r, {})[src.name] = src.size
-                next_cur[src.key] = start
+                next_cur[src.key] = start if start is not None else src.size
                 read.setdefault(r, 0)
                 continue
             todo.append((r, src, start))
+    # the smallest first: what a small source leaves of its share goes to the bigger ones
+    todo.sort(key=lambda t: (t[1].size is None, (t[1].size or 0) - (t[2] or 0)))
     bytes_left, lines_left = max_bytes, max_lines
     for i, (r, src, start) in enumerate(todo):
         want = min(length, bytes_left // (len(todo) - i))  # an equal share of what is left
@@ -217,9 +219,9 @@ def first_failure(logs: RankLogs, ranks: list[int], faults: list[dict] | None = 
     else the event's reason matched against the exception lines; else the first attempt with one.
 
     Reads the last ``length`` bytes of each ``stderr`` (else ``stdout``/``log``) source of the
-    ranks it looks at, at most :data:`FAILURE_BYTES` bytes of them all together (each source an
-    equal share of what is left), and searches the last :data:`FAILURE_LINES` lines of each;
-    and torchrun's ``error.json`` files (64 KiB at most each, of the sources with a traceback).
+    ranks it looks at, at most :data:`FAILURE_BYTES` bytes of them all together, and searches
+    at most :data:`FAILURE_LINES` lines of them all together (each source an equal share of
+    what is left: the last lines of its tail); and torchrun's ``error.json`` files (64 KiB at most each, of the sources with a traceback).
 
     Returns ``{"rank", "node", "source", "attempt", "offset", "end", "exception",
     "exception_offset", "traceback_text", "kind", "time", "found_by"}`` (offsets in bytes of
@@ -245,19 +247,22 @@ def first_failure(logs: RankLogs, ranks: list[int], faults: list[dict] | None = 
         srcs = logs.sources(r)
         return [s for s in srcs if s.stream == "stderr"] or srcs
 
-    budget = {"bytes": FAILURE_BYTES, "sources": 0}  # bytes left, sources left to read
+    budget = {"bytes": FAILURE_BYTES, "lines": FAILURE_LINES, "sources": 0}  # left for the sources left
 
     def tracebacks(r: int) -> list[tuple[Source, Traceback, float | None]]:
         found = []
         for src in looked_at(r):
-            want = min(length, budget["bytes"] // max(1, budget["sources"]))
+            share = max(1, budget["sources"])
+            want, cap = min(length, budget["bytes"] // share), budget["lines"] // share
             budget["sources"] = max(0, budget["sources"] - 1)
-            if want <= 0:
+            if want <= 0 or cap <= 0:
                 continue
             chunk = logs.read(src, None, want)
             data = raw_bytes(chunk)
+            lines = _tail_lines(data, chunk.offset, cap)
             budget["bytes"] -= len(data)
-            tbs = find_tracebacks(_tail_lines(data, chunk.offset, FAILURE_LINES))
+            budget["lines"] -= len(lines)
+            tbs = find_tracebacks(lines)
             if tbs:
                 t = logs.error_time(src)
                 found.extend((src, tb, t) for tb in tbs)
