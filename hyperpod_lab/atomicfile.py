@@ -17,6 +17,7 @@ list a directory skip names containing ``.tmp-``
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from typing import Any
@@ -37,7 +38,7 @@ def write_atomic(path: str, data: bytes | str, *, mode: int | None = None, fsync
 
     Raises:
         OSError: the directory is missing or not writable, or the disk is full (``path`` keeps its
-            old content).
+            old content; the error names ``path``, and says "no space" for ENOSPC/EDQUOT).
     """
     raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
     tmp = f"{path}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
@@ -54,11 +55,15 @@ def write_atomic(path: str, data: bytes | str, *, mode: int | None = None, fsync
         finally:
             os.close(fd)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(e, OSError) and e.errno is not None and e.filename in (None, tmp):
+            # name the file the caller wrote, not our temporary name (the errno picks the subclass)
+            why = "no space left on the device" if e.errno in (errno.ENOSPC, errno.EDQUOT) else e.strerror
+            raise OSError(e.errno, f"{why}: could not replace it (it keeps its old content)", path) from e
         raise
 
 

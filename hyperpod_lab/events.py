@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import errno
 import heapq
 import json
 import os
 import re
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from enum import Enum
@@ -278,11 +280,29 @@ class LocalFiles:
         return data
 
     def append_bytes(self, path: str, data: bytes) -> None:
-        """One ``write()`` of ``data`` on an ``O_APPEND`` descriptor, then ``fsync``."""
+        """Append all of ``data`` on an ``O_APPEND`` descriptor (``write()`` again after a short
+        write), then ``fsync``; all or nothing.
+
+        Raises:
+            OSError: a write or the fsync failed (ENOSPC: the file system is full; the message
+                names ``path``). The file is first cut back to its length before the call, so no
+                part of ``data`` is left in it (only one process appends to an event file).
+        """
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
-            os.write(fd, data)
-            os.fsync(fd)
+            start = os.fstat(fd).st_size
+            view = memoryview(data)
+            try:
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            except OSError as e:
+                try:
+                    os.ftruncate(fd, start)
+                except OSError:
+                    pass
+                raise OSError(e.errno, f"{os.strerror(e.errno)} (appending {len(data)} bytes, "
+                              f"{len(data) - len(view)} of them written, then cut back)", path) from None
         finally:
             os.close(fd)
 
@@ -302,10 +322,17 @@ class LocalFiles:
 class EventWriter:
     """Appends events of one writer to ``<job_dir>/events/<writer>.jsonl``.
 
-    Each event is one append of one complete line (locally: one ``write()`` on an ``O_APPEND``
-    descriptor followed by ``fsync``), so a reader never sees half a line from a live writer and
-    a SIGKILL loses at most the event being written. A restarted writer continues the sequence
-    numbers of its file, after terminating a torn last line its predecessor left.
+    Each event is one append of one complete line (locally: ``write()`` on an ``O_APPEND``
+    descriptor, repeated after a short write, followed by ``fsync``), so a SIGKILL loses at most
+    the event being written. A restarted writer continues the sequence numbers of its file, after
+    terminating a torn last line its predecessor left.
+
+    A failed append (a full file system: ENOSPC) loses that event only: locally the file is cut
+    back to its last complete line; where that is not possible (a remote file, a failed cut) the
+    next event starts with a newline, which ends the torn line (readers skip it as malformed, and
+    it counts as a line for the sequence numbers). Each run of failures is reported once on
+    stderr (``hyperpod-lab: could not write ... no space ...``, naming the file) and its end once
+    (how many events were lost). Events written before the failure are never touched.
 
     Args:
         job_dir: the job's directory on shared storage, as ``files`` sees it.
@@ -314,40 +341,94 @@ class EventWriter:
         clock: seconds since the epoch (tests inject one).
         files: the storage (default: local files); the same :class:`FileAccess` an
             :class:`EventReader` of the job reads through (e.g. the cluster's SFTP ``Remote``).
+        raise_errors: whether :meth:`emit` raises when the append fails (the default: a caller
+            that must know, like the client writing ``finished``); False: it reports on stderr
+            and returns (the training runtime's writer: an event is never worth a training run).
+
+    Attributes:
+        lost: events whose append failed so far (this process).
 
     Raises:
         ValueError: a writer name outside ``[A-Za-z0-9_.-]{1,100}``.
     """
 
-    def __init__(self, job_dir: str, writer: str, job_id: str, clock=time.time, files: "FileAccess | None" = None):
+    def __init__(self, job_dir: str, writer: str, job_id: str, clock=time.time, files: "FileAccess | None" = None,
+                 *, raise_errors: bool = True):
         if not _WRITER_RE.match(writer):
             raise ValueError(f"writer name {writer!r} must match {_WRITER_RE.pattern}")
         self.files = files or LocalFiles()
-        self.path = f"{events_dir(job_dir)}/{writer}.jsonl"
-        self.files.makedirs(events_dir(job_dir))
+        self.dir = events_dir(job_dir)
+        self.path = f"{self.dir}/{writer}.jsonl"
+        self.files.makedirs(self.dir)
         self.writer, self.job_id, self._clock = writer, job_id, clock
-        self._seq = _count_complete_lines(self.files, self.path)
+        self.raise_errors = bool(raise_errors)
+        self.lost = 0
+        self._failing = 0  # events lost since the last one written
+        # a torn last line (a writer killed mid-write) is ended by the first emit's newline
+        self._seq, self._torn = _count_complete_lines(self.files, self.path)
 
     def emit(self, kind: EventKind | str, **data: Any) -> Event:
-        """Write one event and return it. Raises ValueError for a kind outside schema v1."""
-        ev = Event(kind=EventKind(kind).value, job_id=self.job_id, time=self._clock(), writer=self.writer,
-                   seq=self._seq, data=data)
-        self.files.append_bytes(self.path, (ev.to_json() + "\n").encode())
-        self._seq += 1
+        """Write one event and return it.
+
+        Raises:
+            ValueError: a kind outside schema v1.
+            OSError: (only with ``raise_errors``) the append failed, e.g. ENOSPC; the message
+                names the file, says "no space" for a full file system, and the fix. The file
+                still ends in a complete line or is ended by the next event's newline.
+        """
+        kind = EventKind(kind).value
+        prefix = b""
+        if self._torn:
+            try:
+                prefix = b"\n" if _ends_torn(self.files, self.dir, self.path) else b""
+            except OSError:
+                prefix = b"\n"  # unknown: a blank line costs nothing (readers skip it)
+        ev = Event(kind=kind, job_id=self.job_id, time=self._clock(), writer=self.writer,
+                   seq=self._seq + (1 if prefix else 0), data=data)
+        try:
+            self.files.append_bytes(self.path, prefix + (ev.to_json() + "\n").encode())
+        except OSError as e:
+            self._torn = True
+            self.lost += 1
+            self._failing += 1
+            msg = (f"could not write a '{kind}' event to {self.path}: {_why(e)}; the event is lost, the events "
+                   f"before it are intact and later ones are written once the append succeeds again; free space "
+                   f"on the job's storage")
+            if self._failing == 1:
+                print(f"hyperpod-lab: {msg}", file=sys.stderr, flush=True)
+            if self.raise_errors:
+                raise OSError(e.errno, msg) from e
+            return ev
+        if self._failing:
+            print(f"hyperpod-lab: events are written to {self.path} again; {self._failing} event(s) "
+                  f"before this '{kind}' were lost", file=sys.stderr, flush=True)
+            self._failing = 0
+        self._torn = False
+        self._seq = ev.seq + 1
         return ev
 
 
-def _count_complete_lines(files: "FileAccess", path: str) -> int:
+def _why(e: OSError) -> str:
+    """``no space left on the device (ENOSPC)`` for a full file system, else the error."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"no space left on the device ({errno.errorcode[e.errno]}: {e})"
+    return f"{type(e).__name__}: {e}"
+
+
+def _ends_torn(files: "FileAccess", directory: str, path: str) -> bool:
+    """Whether the file ``path`` in ``directory`` ends in a partial line (its last byte is not a
+    newline). Raises OSError."""
+    size = files.list_files(directory).get(path.rsplit("/", 1)[-1], 0)
+    return size > 0 and files.read_from(path, size - 1, 1) != b"\n"
+
+
+def _count_complete_lines(files: "FileAccess", path: str) -> tuple[int, bool]:
+    """(newlines in ``path``, whether it ends in a partial line); (0, False) when missing."""
     try:
         data = files.read_from(path, 0)
     except FileNotFoundError:
-        return 0
-    if data and not data.endswith(b"\n"):
-        # a torn last line (writer killed mid-write): terminate it so the next event starts clean;
-        # readers skip it as malformed.
-        files.append_bytes(path, b"\n")
-        data += b"\n"
-    return data.count(b"\n")
+        return 0, False
+    return data.count(b"\n"), bool(data) and not data.endswith(b"\n")
 
 
 class EventReader:

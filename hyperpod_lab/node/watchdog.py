@@ -48,6 +48,7 @@ long synchronous save) must be wrapped: ``with ctx.section("eval", timeout_s=900
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import shutil
@@ -123,14 +124,28 @@ class HeartbeatWriter:
         global_rank, local_rank: who beats.
 
     Raises:
-        OSError: the file cannot be created or mapped.
+        OSError: the file cannot be created or mapped; ENOSPC ("no space ...") when its file
+            system (``/dev/shm``) cannot hold it: its space is reserved (``posix_fallocate``)
+            before it is mapped, since a store into an unbacked page of a full tmpfs is a SIGBUS
+            that kills the rank (the file is removed again).
     """
 
     def __init__(self, path: str, global_rank: int, local_rank: int):
         self.path = path
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         try:
-            os.ftruncate(fd, SIZE)
+            try:
+                os.ftruncate(fd, SIZE)
+                os.posix_fallocate(fd, 0, SIZE)
+            except OSError as e:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                    raise
+                raise OSError(e.errno, f"no space for the {SIZE}-byte heartbeat file ({os.strerror(e.errno)}); "
+                              f"free space in its directory's file system (/dev/shm on the node)", path) from None
             self._mm = mmap.mmap(fd, SIZE)
         finally:
             os.close(fd)

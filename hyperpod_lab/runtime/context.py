@@ -205,7 +205,7 @@ class JobContext:
         self.restart_count, self.is_restart = restart_count, is_restart
         self.cpu_group = cpu_group
         self.step_interval_s = step_interval_s
-        self.writer = EventWriter(job_dir, rank_writer(self.global_rank), job_id)
+        self.writer = EventWriter(job_dir, rank_writer(self.global_rank), job_id, raise_errors=False)  # never into training
         self._emit_lock = threading.Lock()
         self._owns_default_group = owns_default_group
         self._checkpointers: list["Closable"] = []  # see register_checkpointer

@@ -6,23 +6,37 @@ one transaction, so a crash or ``kill -9`` of any writer (CLI, kernel, server) n
 record, and many processes may read and write at once. The server also keeps each job's event
 cursor and progress summary there, so they survive a restart. Records of the earlier
 one-JSON-file-per-job layout in the same directory are imported on first open.
+
+Several processes (two Jupyter servers, a CLI) may share one data directory. A terminal state
+(completed, failed, cancelled) is final in the database itself: every write of a record is one
+conditional SQL statement that leaves a stored terminal record alone unless the new one has the
+same status, so a stale in-memory copy written back later never makes a finished job "running"
+again. SQLite's WAL mode needs shared memory and POSIX locks that network file systems (NFS,
+Lustre, CIFS, ...) do not give reliably: the store logs a warning (once per directory and
+process) when its directory is on one (:func:`network_fs_type`). A full disk fails a write with
+:class:`JobStoreFull` (the records committed before stay intact).
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
 import re
 import secrets
 import sqlite3
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from hyperpod_lab.errors import DuplicateJob, JobStateError, UnknownJob
+from hyperpod_lab.errors import DuplicateJob, HyperPodLabError, JobStateError, UnknownJob
+from hyperpod_lab.jobdir import ENV_DATA_DIR
 from hyperpod_lab.submit.clusters import data_dir
+
+log = logging.getLogger("hyperpod_lab.submit.jobs")
 
 
 class JobStatus(str, Enum):
@@ -110,6 +124,67 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 
+_TERMINAL = tuple(s.value for s in JobStatus if s.is_terminal())
+_UPSERT = (
+    "INSERT INTO jobs (job_id, submitted_at, record) VALUES (?, ?, ?) "
+    "ON CONFLICT (job_id) DO UPDATE SET submitted_at = excluded.submitted_at, record = excluded.record "
+    "WHERE json_extract(jobs.record, '$.status') NOT IN (" + ", ".join(f"'{v}'" for v in _TERMINAL) + ") "
+    "OR json_extract(jobs.record, '$.status') = json_extract(excluded.record, '$.status')")
+"""Insert or replace a record, except over a stored terminal record of another status (a
+finished job never comes back); ``rowcount`` 0 when it was left alone."""
+
+NETWORK_FS_TYPES = frozenset({
+    "nfs", "nfs4", "lustre", "cifs", "smb3", "smbfs", "ceph", "fuse.ceph", "glusterfs", "fuse.glusterfs", "gpfs",
+    "beegfs", "9p", "afs", "ocfs2", "gfs2", "fuse.sshfs", "fuse.s3fs", "fuse.mountpoint-s3", "fuse.rclone",
+    "fuse.gcsfuse", "fuse.juicefs", "panfs", "wekafs", "fuse.weka"})
+"""File system types (``/proc/mounts``' third field) where SQLite's WAL mode is unsafe: its
+``-shm`` index is shared memory and its locks are POSIX locks, neither of which a network file
+system keeps consistent between hosts (SQLite's documentation, "WAL mode", "Disadvantages")."""
+MOUNTS_FILE = "/proc/mounts"
+_WARNED: set[str] = set()
+
+
+class JobStoreFull(HyperPodLabError, OSError):
+    """The job store's file system is full (SQLite: SQLITE_FULL); the write was rolled back and the
+    records committed before are intact. The message names the database and the fix."""
+
+
+def _unescape_mount(field_: str) -> str:
+    """A ``/proc/mounts`` field with its octal escapes (``\\040`` for a space) decoded."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field_)
+
+
+def fs_type(path: str, mounts: str | None = None) -> str | None:
+    """The file system type of the mount holding ``path`` (or its nearest existing parent): the
+    third field of the ``mounts`` line (default :data:`MOUNTS_FILE`, ``/proc/mounts``, Linux) whose
+    mount point is the longest prefix of its real path; None where ``mounts`` cannot be read."""
+    p = os.path.realpath(path)
+    try:
+        with open(mounts or MOUNTS_FILE, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    best, best_len = None, -1
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        mnt = _unescape_mount(parts[1])
+        inside = p == mnt or p.startswith(mnt.rstrip("/") + "/")
+        if inside and len(mnt) > best_len:  # a later line of the same mount point wins (mounted over)
+            best, best_len = parts[2], len(mnt)
+        elif inside and len(mnt) == best_len:
+            best = parts[2]
+    return best
+
+
+def network_fs_type(path: str, mounts: str | None = None) -> str | None:
+    """``path``'s file system type (:func:`fs_type`) when it is a network or cluster file system
+    (:data:`NETWORK_FS_TYPES`), else None."""
+    kind = fs_type(path, mounts)
+    return kind if kind in NETWORK_FS_TYPES else None
+
+
 class JobStore:
     """Durable job records in SQLite (default ``<data_dir>/jobs/jobs.sqlite3``).
 
@@ -119,6 +194,10 @@ class JobStore:
     Args:
         root: directory of the database (default ``<data_dir>/jobs``); ``*.json`` records of the
             earlier layout found there are imported once.
+
+    Every write raises :class:`JobStoreFull` when the file system is full (nothing of it is
+    stored). Opening the store logs a warning (once per process) when ``root`` is on a network
+    file system (:func:`network_fs_type`), where SQLite's WAL is unsafe.
     """
 
     def __init__(self, root: str | None = None):
@@ -135,6 +214,7 @@ class JobStore:
         db = getattr(self._local, "db", None)
         if db is None or getattr(self._local, "pid", None) != os.getpid():
             os.makedirs(self.root, mode=0o700, exist_ok=True)
+            self._warn_network_fs()
             self._make_private()
             db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
             db.execute("PRAGMA journal_mode=WAL")
@@ -147,6 +227,19 @@ class JobStore:
                     self._ready = True
                     self._migrate_json()
         return db
+
+    def _warn_network_fs(self) -> None:
+        """Log a warning (once per directory and process) when the store is on a network file system."""
+        root = os.path.realpath(self.root)
+        if root in _WARNED:
+            return
+        _WARNED.add(root)
+        kind = network_fs_type(root)
+        if kind is not None:
+            log.warning("hyperpod-lab: the job store %s is on a %s file system, where SQLite's WAL mode (shared "
+                        "memory, POSIX locks) is unsafe: two servers or hosts writing it can corrupt it. Point "
+                        "$%s (the data directory) at a local disk; each host keeps its own.",
+                        self.path, kind, ENV_DATA_DIR)
 
     def _make_private(self) -> None:
         """The store is private to the user (specs hold env values): a new database file is
@@ -165,19 +258,50 @@ class JobStore:
                     pass
 
     class _Tx:
-        def __init__(self, db: sqlite3.Connection, immediate: bool):
-            self.db, self.immediate = db, immediate
+        """One transaction; a full disk (SQLITE_FULL) anywhere in it, the commit included, rolls
+        it back and raises :class:`JobStoreFull`."""
+
+        def __init__(self, db: sqlite3.Connection, immediate: bool, path: str):
+            self.db, self.immediate, self.path = db, immediate, path
 
         def __enter__(self) -> sqlite3.Connection:
-            self.db.execute("BEGIN IMMEDIATE" if self.immediate else "BEGIN")
+            try:
+                self.db.execute("BEGIN IMMEDIATE" if self.immediate else "BEGIN")
+            except sqlite3.OperationalError as e:
+                raise self._full(e) or e
             return self.db
 
         def __exit__(self, exc_type, exc, tb):
-            self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+            if exc_type is None:
+                try:
+                    self.db.execute("COMMIT")
+                    return False
+                except sqlite3.Error as e:
+                    self._rollback()
+                    raise self._full(e) or e
+            self._rollback()
+            full = self._full(exc) if isinstance(exc, sqlite3.Error) else None
+            if full is not None:
+                raise full from exc
             return False
 
+        def _rollback(self) -> None:
+            if self.db.in_transaction:  # SQLite may have rolled back already (SQLITE_FULL does)
+                try:
+                    self.db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+
+        def _full(self, e: BaseException) -> "JobStoreFull | None":
+            if getattr(e, "sqlite_errorname", None) != "SQLITE_FULL" and "disk is full" not in str(e):
+                return None
+            return JobStoreFull(errno.ENOSPC, f"no space left on the device for the job store {self.path} "
+                                f"(SQLite: {e}); nothing of this change was stored and earlier records are intact; "
+                                f"free space on its file system (or move the data directory, "
+                                f"${ENV_DATA_DIR}) and retry")
+
     def _tx(self, immediate: bool = True) -> "_Tx":
-        return JobStore._Tx(self._db(), immediate)
+        return JobStore._Tx(self._db(), immediate, self.path)
 
     def _migrate_json(self) -> None:
         """Import ``<root>/*.json`` records (the earlier layout) once; unreadable files are skipped."""
@@ -202,13 +326,30 @@ class JobStore:
             raise UnknownJob(f"'{job_id}' is not a job id; list jobs with 'hyperpod-lab jobs'")
 
     # ---- records ---------------------------------------------------------------------
-    def put(self, rec: JobRecord) -> None:
-        """Insert or replace ``rec`` (stamps ``updated_at``)."""
+    def put(self, rec: JobRecord) -> bool:
+        """Insert or replace ``rec`` (stamps ``updated_at``), unless the stored record is terminal
+        (completed, failed, cancelled) and ``rec`` has another status: then the stored record is
+        kept and copied into ``rec`` (another process finished the job while ``rec`` was a stale
+        copy). One conditional SQL statement, so two servers on one data directory cannot undo
+        each other's terminal state.
+
+        Returns:
+            Whether ``rec`` was stored (False: the stored terminal record won).
+
+        Raises:
+            JobStoreFull: the disk is full (nothing stored; earlier records intact).
+        """
         self._check_id(rec.job_id)
-        rec.updated_at = time.time()
+        new = replace(rec, updated_at=time.time())
         with self._tx() as db:
-            db.execute("INSERT OR REPLACE INTO jobs (job_id, submitted_at, record) VALUES (?, ?, ?)",
-                       (rec.job_id, rec.submitted_at, rec.to_json()))
+            stored = db.execute(_UPSERT, (new.job_id, new.submitted_at, new.to_json())).rowcount > 0
+            row = None if stored else db.execute("SELECT record FROM jobs WHERE job_id = ?", (rec.job_id,)).fetchone()
+        if row is not None:
+            log.info("job %s is %s in the store: a stale copy of it (%s) was not written over that",
+                     rec.job_id, json.loads(row[0]).get("status"), rec.status)
+            new = JobRecord.from_json(row[0])
+        rec.__dict__.update(new.__dict__)
+        return stored
 
     def add(self, rec: JobRecord) -> None:
         """Insert a new record (stamps ``updated_at``); never replaces one.
@@ -269,8 +410,7 @@ class JobStore:
             if reason is not None:
                 rec.reason = reason
             rec.updated_at = time.time()
-            db.execute("INSERT OR REPLACE INTO jobs (job_id, submitted_at, record) VALUES (?, ?, ?)",
-                       (rec.job_id, rec.submitted_at, rec.to_json()))
+            db.execute(_UPSERT, (rec.job_id, rec.submitted_at, rec.to_json()))  # (the read above holds the lock)
         return rec
 
     # ---- event cursors (the server's) ------------------------------------------------

@@ -32,7 +32,9 @@ record's XXH3 checksum before it is read (:meth:`Slot.verify`). A writer invalid
 after every byte is in place, so a writer killed mid-copy leaves a slot that is never read.
 
 Slots are allocated once and reused (``ftruncate`` + ``posix_fallocate``, so a full tmpfs fails
-the allocation with ENOSPC instead of killing the process with SIGBUS mid-copy, then mapped with
+the allocation with ENOSPC instead of killing the process with SIGBUS mid-copy; a failed
+reservation is rolled back, never leaving a sparse file a later mapping would fault on, and a
+file found sparse is reserved before it is written: :func:`reserve`; then mapped with
 ``MAP_POPULATE``): copying into memory already touched is 4-10x faster than into fresh pages. A
 slot grows (is re-allocated) only when the state outgrows it. With CUDA the slot files can be
 page-locked with ``cudaHostRegister`` so device-to-host copies are asynchronous.
@@ -40,6 +42,7 @@ page-locked with ``cudaHostRegister`` so device-to-host copies are asynchronous.
 
 from __future__ import annotations
 
+import errno
 import json
 import mmap
 import os
@@ -144,6 +147,60 @@ def _round_up(n: int, m: int) -> int:
     return (n + m - 1) // m * m
 
 
+# ---- space ------------------------------------------------------------------------------------
+def _fully_allocated(path: str, size: int) -> bool:
+    """Whether every byte of ``path``'s first ``size`` bytes has space on the file system (its
+    allocated blocks cover them: no hole a write would have to allocate)."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return st.st_size >= size and st.st_blocks * 512 >= size
+
+
+def reserve(fd: int, size: int, path: str) -> int:
+    """Make the file ``fd`` (at ``path``) hold at least ``size`` bytes, all of them allocated on
+    its file system (``ftruncate`` + ``posix_fallocate``), before anyone maps it; returns its size,
+    bytes.
+
+    Writing into a mapped page the file system has no room for kills the process with SIGBUS
+    (exit 135 under a launcher, which reads as a node fault); an ``OSError`` here lets the caller
+    report it and go on. On failure the file is rolled back: to its old size when that was fully
+    allocated (a committed snapshot in it stays readable), else to 0 bytes, so no sparse file is
+    left for a later mapping to fault on.
+
+    Raises:
+        OSError: errno ENOSPC (also for EFBIG/EDQUOT), the message naming ``path``, the bytes
+            needed and free, and the fix (free shared memory on the node, fewer slots, or a larger
+            tmpfs in ``$HYPERPOD_LAB_SHM_DIR``); other errors of the calls as they are.
+    """
+    st = os.fstat(fd)
+    old = st.st_size
+    old_ok = st.st_blocks * 512 >= old
+    size = max(size, old)
+    try:
+        if old < size:
+            os.ftruncate(fd, size)
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        try:
+            os.ftruncate(fd, old if old_ok else 0)
+        except OSError:
+            pass
+        if e.errno not in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            raise
+        try:
+            sv = os.fstatvfs(fd)
+            free = f"{sv.f_bavail * sv.f_frsize} bytes are free"
+        except OSError:
+            free = "free space unknown"
+        raise OSError(errno.ENOSPC,
+                      f"no space for a {size}-byte memory snapshot slot on its file system ({free}; "
+                      f"{os.strerror(e.errno)}): this snapshot was not taken; free shared memory on this node (/dev/shm), lower checkpoint.keep_last, "
+                      f"or point ${ENV_SHM_DIR} at a larger tmpfs", path) from None
+    return size
+
+
 # ---- slots ------------------------------------------------------------------------------------
 def _pin(ptr: int, size: int) -> bool:
     try:
@@ -178,17 +235,17 @@ class Slot:
         self._views: tuple[tuple, list[torch.Tensor]] | None = None  # (layout, views into buf)
         self.capacity = 0
         self.pinned = False
+        self._reserved = False  # every byte of the mapped file is known to be allocated
 
     # mapping
     def _map(self, size: int, create: bool) -> None:
+        """Map the data file; ``create``: make it hold at least ``size`` bytes, every one of them
+        reserved (:func:`reserve`) before it is mapped."""
         flags = os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
         fd = os.open(self.data_path, flags, 0o600)
         try:
             if create:
-                if os.fstat(fd).st_size < size:
-                    os.ftruncate(fd, size)
-                size = os.fstat(fd).st_size
-                os.posix_fallocate(fd, 0, size)
+                size = reserve(fd, size, self.data_path)
             else:
                 size = os.fstat(fd).st_size
             if size == 0:
@@ -212,17 +269,29 @@ class Slot:
         return self.buf is not None
 
     def ensure(self, nbytes: int) -> None:
-        """Allocate/grow the data file to hold ``nbytes`` (page-rounded; never shrinks).
+        """Allocate/grow the data file to hold ``nbytes`` (page-rounded; never shrinks), every
+        byte of it reserved on the file system before anything is copied into it.
+
+        A data file found sparse (left by a process killed between growing it and reserving its
+        space, or by a version that did not roll a failed reservation back) is reserved now: a
+        write into an unreserved page of a full tmpfs is a SIGBUS that kills the process.
 
         Raises:
-            OSError: ENOSPC when the tmpfs cannot hold it.
+            OSError: ENOSPC when the file system cannot hold it (:func:`reserve`: the message
+                says how much was needed, how much is free and what to do; the file keeps the
+                size and data it had, or is emptied when that was unreserved).
         """
         if self.buf is None:
             self.open()
         if self.buf is not None and self.capacity >= nbytes:
-            return
+            if self._reserved:
+                return
+            if _fully_allocated(self.data_path, self.capacity):
+                self._reserved = True
+                return
         self.unmap()
-        self._map(max(_PAGE, _round_up(nbytes, _PAGE)), create=True)
+        self._map(max(_PAGE, _round_up(nbytes, _PAGE), self.capacity), create=True)
+        self._reserved = True
 
     def unmap(self) -> None:
         if self.pinned and self.buf is not None:
@@ -235,6 +304,7 @@ class Slot:
         self.buf = None
         self._mm = None
         self.capacity = 0
+        self._reserved = False
 
     # records
     def read_record(self) -> dict[str, Any] | None:
