@@ -49,8 +49,9 @@ illustrative H100 row, so that its parser runs), to exercise the code paths with
 Exit status: 0 every check passed; 1 a check failed (its error is in the JSON); 2 a usage error;
 3 no GPU (nothing ran).
 
-Sizes (defaults) keep one H100 run within about 2-3 minutes, under ``--budget-s`` (280 s): a
-check that would start after the budget is spent is recorded as not run. The memory tier needs
+The default sizes are meant to keep one H100 run to about 2-3 minutes (an estimate: no GPU was
+available when this was written); ``--budget-s`` (280 s) bounds it: no check starts once the
+budget is spent (it is recorded as not run) and each gets at most what is left. The memory tier needs
 ``2 x`` its state in free shared memory (``--shm-dir``, default ``$HYPERPOD_LAB_SHM_DIR`` or
 ``/dev/shm/hyperpod-lab``); a smaller tmpfs shrinks the state to fit, with a warning in the JSON.
 
