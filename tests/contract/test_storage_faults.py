@@ -133,6 +133,7 @@ def child_main(argv: list[str]) -> None:
                 ctx.step(step, loss=1.0 / (step + 1))
                 tiered.maybe_save(step)
                 tiered.wait()
+            print(f"trained {steps} steps", flush=True)
             got = tiered.memory.restore(state)
             print(f"restored {got} {state['blob']['w'][0].item() if got is not None else None}", flush=True)
             tiered.memory.close(remove=True)
@@ -206,8 +207,10 @@ def test_memory_tier_full_shm_reports_no_space_and_training_goes_on(tmp_path):
     saved = [e["data"]["step"] for e in evs if e["kind"] == "checkpoint.saved" and e["data"]["tier"] == "memory"]
     assert failed and all(f["tier"] == "memory" and "no space" in f["reason"] for f in failed), failed
     assert saved and saved[0] == 0, saved
-    assert [e["data"]["step"] for e in evs if e["kind"] == "step"] == [0, 1, 2, 3, 4]  # training went on
-    assert [e["kind"] for e in evs][-1] == "finished"
+    assert "trained 5 steps" in r.stdout  # training went on (step events are rate-limited: not each step has one)
+    assert [e["data"]["step"] for e in evs if e["kind"] == "step"][-1] >= 2
+    assert evs[-1]["kind"] == "finished" and evs[-1]["data"]["status"] == "succeeded", evs[-1]
+    assert evs[-1]["data"]["steps"] == 5
     # the snapshot committed before the failures is intact and restorable
     assert f"restored {saved[-1]} {float(saved[-1] + 1)}" in r.stdout, r.stdout
 
