@@ -425,13 +425,40 @@ class SSHRemote(Remote):
 
     def read_from(self, path, offset=0, length=None):
         """At most ``length`` bytes of ``path`` from ``offset`` (see :meth:`Remote.read_from`);
-        retried at the same offset after a reconnect. Raises FileNotFoundError, ClusterUnreachable."""
+        retried at the same offset after a reconnect.
+
+        A symbolic link is never followed, as locally (``O_NOFOLLOW``): SFTP has no such open
+        flag, so ``path`` is ``lstat``-ed first and must be a regular file, and the opened file's
+        own attributes (``fstat``) must still show a regular file of the same owner (a link
+        swapped in between would show its target's, or fail the check). A job directory is
+        private (0700) to its user: only the user could swap a name inside it.
+
+        Raises:
+            FileNotFoundError: no such file.
+            IsADirectoryError: ``path`` is a directory.
+            OSError: ``path`` is a symbolic link (``ELOOP``, as ``O_NOFOLLOW``) or not a regular
+                file, or changed between the check and the open.
+            ClusterUnreachable: as every call.
+        """
 
         def read(sftp):
+            first = sftp.lstat(path)
+            kind = stat.S_IFMT(first.st_mode or 0)
+            if kind == stat.S_IFLNK:
+                raise OSError(errno.ELOOP, "a symbolic link: not followed (it could lead out of the job directory)",
+                              path)
+            if kind == stat.S_IFDIR:
+                raise IsADirectoryError(errno.EISDIR, "Is a directory", path)
+            if kind != stat.S_IFREG:
+                raise OSError(errno.EINVAL, "not a regular file: not read", path)
             with self._file(sftp, path, "rb") as f:
+                now = f.stat()
+                if not stat.S_ISREG(now.st_mode or 0) or now.st_uid != first.st_uid:
+                    raise OSError(errno.ELOOP, "replaced while it was opened (a link or another file): not read",
+                                  path)
                 if offset:
                     f.seek(offset)
-                left = max(0, f.stat().st_size - offset)  # to the end as of now
+                left = max(0, (now.st_size or 0) - offset)  # to the end as of now
                 n = left if length is None else min(max(0, length), left)
                 if n <= 0:
                     return b""
@@ -536,6 +563,16 @@ class SSHRemote(Remote):
 
         self._call("mkdir", path, once)
 
+    def user_name(self):
+        """The login user the route logs in as (profile ``user``, else the OpenSSH config's
+        ``User``, else the local user name): no round trip."""
+        return self.route.target.user
+
+    def tree_ops(self):
+        """:func:`hyperpod_lab.private_dir.ensure_job_tree`'s operations over SFTP (``lstat``,
+        ``stat``, ``mkdir``, ``chmod``) and the login user's uid (``id -u``, asked once)."""
+        return _SFTPTreeOps(self)
+
     def close(self):
         with self._conn_lock:
             o, sftp = self._open, self._sftp
@@ -548,3 +585,46 @@ class SSHRemote(Remote):
                 pass
         if o is not None:
             self._close_quietly(o)  # the login node's client, then jump hosts and proxy commands
+
+
+class _SFTPTreeOps:
+    """The file operations of :func:`hyperpod_lab.private_dir.ensure_job_tree` on an
+    :class:`SSHRemote` (each one SFTP call, under its timeouts and reconnects)."""
+
+    def __init__(self, remote: SSHRemote):
+        self.remote = remote
+
+    def lstat(self, path):
+        return self.remote._call("lstat", path, lambda sftp, attempt: _unless_missing(
+            lambda s: s.lstat(path), sftp, path))
+
+    def stat(self, path):
+        return self.remote.stat(path)
+
+    def mkdir(self, path, mode):
+        def once(sftp, attempt):
+            try:
+                sftp.mkdir(path, mode=mode)
+            except IOError as e:
+                try:  # SFTP servers answer an existing name with a generic failure
+                    sftp.lstat(path)
+                except IOError:
+                    raise e from None
+                raise FileExistsError(errno.EEXIST, "File exists", path) from None
+
+        self.remote._call("mkdir", path, once, idempotent=False)
+
+    def makedirs(self, path):
+        self.remote.makedirs(path)
+
+    def chmod(self, path, mode):
+        self.remote._call("chmod", path, lambda sftp, attempt: sftp.chmod(path, mode))
+
+    def uid(self):
+        cached = getattr(self.remote, "_login_uid", None)
+        if cached is None:
+            out = self.remote.run(["id", "-u"], timeout_s=30, idempotent=True).stdout.strip()
+            if not out.isdigit():
+                raise RemoteCommandError(["id", "-u"], 0, f"printed {out[:100]!r}, not a uid")
+            cached = self.remote._login_uid = int(out)
+        return cached
