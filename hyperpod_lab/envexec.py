@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
+import stat
 import subprocess
 import sys
 
@@ -75,7 +77,7 @@ def parse(data: bytes) -> dict:
 
 
 # ---- staging ---------------------------------------------------------------------------------
-def frame(folder: str, dirs, files, env: dict, event: dict | None = None) -> bytes:
+def frame(folder: str, dirs, files, env: dict, event: dict | None = None, tree=None) -> bytes:
     """The standard input of ``--stage``.
 
     Args:
@@ -85,9 +87,13 @@ def frame(folder: str, dirs, files, env: dict, event: dict | None = None) -> byt
         env: variables for the command.
         event: ``{"path": relative path, "record": event dict}`` to append after the command
             succeeded, its ``data.native_id`` set to the job id the command printed; or None.
+        tree: ``(shared root, ((name, mode), ...))``: the folders above ``folder`` to make and
+            check first (:func:`ensure_tree`), or None.
     """
     header = {"folder": folder, "dirs": list(dirs), "files": [[p, m, len(b)] for p, m, b in files],
               "env": env, "event": event}
+    if tree:
+        header["tree"] = [tree[0], [list(p) for p in tree[1]]]
     return b"".join([json.dumps(header, separators=(",", ":")).encode() + b"\n", *(b for _, _, b in files)])
 
 
@@ -118,12 +124,106 @@ def _job_folder(folder) -> str:
     return folder
 
 
-def make_job_folder(folder: str, dirs) -> None:
+# ---- the folders above a job directory (issue 24, finding 9) ----------------------------------
+# The one definition of the rule, here because this file runs alone on the login node
+# (``python -c <source>``); hyperpod_lab.private_dir uses it on this machine and over SFTP.
+TRUST_FIX_MARK = "hyperpod-lab creates job directories only below folders"
+
+
+class UntrustedTree(PermissionError):
+    """A folder above a job directory is a link, another user's, or writable by others without
+    the sticky bit; the message names it and the fix."""
+
+
+def trust_problem(mode: int, uid: int, my_uid: int, link_ok: bool = False):
+    """Why a folder with ``lstat`` ``mode``/``uid`` may not hold job directories of ``my_uid``, or
+    None: it must be a directory (not a link unless ``link_ok``: the shared root itself, as the
+    profile names it), owned by root or ``my_uid``, not writable by group/others unless sticky."""
+    if stat.S_ISLNK(mode) and not link_ok:
+        return "is a symbolic link"
+    if not stat.S_ISDIR(mode):
+        return "is not a directory"
+    if uid not in (0, my_uid):
+        return f"is owned by uid {uid}, neither root nor you (uid {my_uid}): that user could move your jobs"
+    perm = stat.S_IMODE(mode)
+    if perm & 0o022 and not perm & stat.S_ISVTX:
+        return (f"has mode {perm:04o}: group or others may write into it and it is not sticky, so they could "
+                f"rename or replace what it holds")
+    return None
+
+
+class _OsOps:
+    """:func:`ensure_tree`'s file operations on this machine."""
+
+    lstat, stat = staticmethod(os.lstat), staticmethod(os.stat)
+
+    @staticmethod
+    def mkdir(path, mode):
+        os.mkdir(path, mode)
+
+    @staticmethod
+    def makedirs(path):
+        os.makedirs(path, mode=0o700, exist_ok=True)
+
+    @staticmethod
+    def chmod(path, mode):
+        os.chmod(path, mode)
+
+    @staticmethod
+    def uid():
+        return os.geteuid()
+
+
+def ensure_tree(root: str, parts, fs=None) -> str:
+    """Create (when missing) and check the folders ``root/part1/part2/...``: ``root`` is checked
+    with ``stat`` (it may be a link the profile chose; made ``mkdir -p`` 0700 when missing), each
+    ``(name, mode)`` of ``parts`` with ``lstat`` after it is made at ``mode`` when missing
+    (:func:`trust_problem`). ``fs``: lstat, stat, mkdir, makedirs, chmod, uid (default: this
+    machine's). Returns the last folder. Raises UntrustedTree, OSError."""
+    fs = fs or _OsOps
+    root = posixpath.normpath(root)
+    my_uid = fs.uid()
+    try:
+        st = fs.stat(root)
+    except FileNotFoundError:
+        fs.makedirs(root)
+        st = fs.stat(root)
+    cur, problem = root, trust_problem(st.st_mode, st.st_uid, my_uid, link_ok=True)
+    for name, mode in [(None, None)] + [tuple(p) for p in parts]:
+        if name is not None:
+            if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\0" in name:
+                raise ValueError(f"{str(name)[:100]!r} is not a folder name")
+            cur = posixpath.join(cur, name)
+            try:
+                st = fs.lstat(cur)
+            except FileNotFoundError:
+                try:
+                    fs.mkdir(cur, mode)
+                    fs.chmod(cur, mode)  # not narrowed by the umask
+                except FileExistsError:  # made meanwhile: checked below like any other
+                    pass
+                st = fs.lstat(cur)
+            problem = trust_problem(st.st_mode, st.st_uid, my_uid)
+        if problem:
+            tree = posixpath.join(root, parts[0][0]) if parts else root
+            raise UntrustedTree(
+                f"{cur} {problem}. {TRUST_FIX_MARK} that root or you own and others cannot write into (or sticky, "
+                f"mode 1777). Fix: remove or move {cur} if it is not yours and not an administrator's; for a "
+                f"cluster shared by several users an administrator creates {tree} once (`sudo install -d -o root "
+                f"-m 1777 {tree}`); or set this cluster's shared_root to a folder of your own")
+    return cur
+
+
+def make_job_folder(folder: str, dirs, tree=None) -> None:
     """Create ``folder`` (0700; it must not exist yet, its parents are made 0700 as needed) and
-    its sub-directories ``dirs`` (0700). Raises ValueError for a bad path, OSError (FileExistsError
-    when the folder exists)."""
+    its sub-directories ``dirs`` (0700). ``tree``: ``[root, [[name, mode], ...]]``, the folders
+    from the shared root down to ``folder``'s parent, made and checked first (:func:`ensure_tree`).
+    Raises ValueError for a bad path, UntrustedTree, OSError (FileExistsError when the folder exists)."""
     _job_folder(folder)
     rels = [_rel(d) for d in dirs]
+    if tree:
+        if ensure_tree(tree[0], tree[1]) != os.path.dirname(folder):
+            raise ValueError(f"{folder[:200]!r} is not in the tree {str(tree)[:200]}")
     os.makedirs(os.path.dirname(folder), mode=0o700, exist_ok=True)
     os.mkdir(folder, 0o700)
     for d in rels:
@@ -205,7 +305,7 @@ def _stage_from(stream) -> tuple[dict, dict | None]:
             raise ValueError(f"mode {mode!r} of {str(path)[:200]!r} is not 0600 or 0700")
     if event is not None:
         _rel(event.get("path"))
-    make_job_folder(folder, header.get("dirs") or [])
+    make_job_folder(folder, header.get("dirs") or [], header.get("tree"))
     for path, mode, size in files:
         write_new(os.path.join(folder, path), mode, _read_exactly(stream, size))
     if stream.read(1):

@@ -39,7 +39,8 @@ __all__ = [
     "ENV_REPLICA_GROUP_OFFSET", "ENV_COLLECTIVE_TIMEOUT", "ENV_CHECKPOINT_TIMEOUT", "ENV_STEP_INTERVAL",
     "ENV_PEER_TIMEOUT", "ENV_SHM_DIR", "ENV_FT_TIMEOUT", "ENV_FT_QUORUM_TIMEOUT", "ENV_LIGHTHOUSE_HOST",
     "ENV_S3_ENDPOINT", "ENV_HEARTBEAT_DIR", "ENV_HEALTH_MIN_SHM_BYTES", "ENV_HEALTH_MAX_CLOCK_SKEW_S", "ENV_CLUSTER",
-    "ENV_CONFIG", "ENV_DATA_DIR", "ENV_DEV_DIR", "ENV_DEV_SSH_PORT", "ENV_DEV_BASTION_PORT", "ENV_DEV_NODES", "JOBS_SUBDIR", "JobPaths", "EventKind", "TIER_MEMORY", "TIER_PEER", "TIER_PERSISTENT",
+    "ENV_CONFIG", "ENV_DATA_DIR", "ENV_DEV_DIR", "ENV_DEV_SSH_PORT", "ENV_DEV_BASTION_PORT", "ENV_DEV_NODES", "JOBS_SUBDIR", "JOB_TREE", "USER_JOBS_DIRNAME", "RESERVED_USER_NAMES",
+    "user_jobs_root", "JobPaths", "EventKind", "TIER_MEMORY", "TIER_PEER", "TIER_PERSISTENT",
     "TIER_S3", "TIER_REPLICA", "TIERS", "TIER_RANK", "effective_restarts", "job_env", "launcher_argv", "ft_local_argv",
     "lighthouse_argv", "group_env", "SLURM_REPLICA_GROUP", "CHECKPOINT_KEY_BYTES",
     "FaultKind", "FAULT_KINDS", "DEFAULT_FAULT_KIND", "DEFAULT_SLOW_FACTOR", "MIN_SLOW_FACTOR", "MAX_SLOW_FACTOR",
@@ -55,7 +56,7 @@ ENV_JOB_DIR = "HYPERPOD_LAB_JOB_DIR"
 ENV_SPEC = "HYPERPOD_LAB_SPEC"
 """Path of the job's ``spec.json`` (on EKS: the ConfigMap's copy)."""
 ENV_SHARED_ROOT = "HYPERPOD_LAB_SHARED_ROOT"
-"""The cluster's shared file system root (``<root>/hyperpod-lab/jobs/<job id>`` is the job dir)."""
+"""The cluster's shared file system root (job dirs: ``<root>/hyperpod-lab/<user>/jobs/<job id>``, older ones ``<root>/hyperpod-lab/jobs/<job id>``)."""
 ENV_REPLICA_GROUP = "HYPERPOD_LAB_REPLICA_GROUP"
 """Checkpointless: this agent's data-parallel replica group number, or ``slurm`` (derive it
 from ``$SLURM_NODEID`` plus :data:`ENV_REPLICA_GROUP_OFFSET`)."""
@@ -114,7 +115,25 @@ SLURM_REPLICA_GROUP = "slurm"
 """Value of :data:`ENV_REPLICA_GROUP` that means "one group per Slurm node"."""
 
 JOBS_SUBDIR = "hyperpod-lab/jobs"
-"""Where job directories live below a cluster's shared root."""
+"""Where job directories lived below a cluster's shared root before the per-user layout (all
+users' jobs in one folder); still the layout of EKS jobs and of every job recorded before it:
+a job record keeps its ``job_dir``, so those jobs keep working. New Slurm and local jobs go to
+:func:`user_jobs_root`."""
+
+JOB_TREE = "hyperpod-lab"
+"""The folder below a cluster's shared root that holds each user's job tree."""
+USER_JOBS_DIRNAME = "jobs"
+"""The folder of a user's job directories in the user's own folder (:func:`user_jobs_root`)."""
+RESERVED_USER_NAMES = ("jobs", "envs")
+"""Names below :data:`JOB_TREE` that are no user's folder: ``jobs`` (:data:`JOBS_SUBDIR`), ``envs``
+(shared environment requirements, ``submit/envparity.py``)."""
+
+
+def user_jobs_root(shared_root: str, user: str) -> str:
+    """``<shared_root>/hyperpod-lab/<user>/jobs``: where ``user``'s job directories live (POSIX
+    path). ``hyperpod-lab/`` is shared (root's or the first user's), ``<user>/`` and ``jobs/`` are
+    the user's own, 0700; :func:`hyperpod_lab.private_dir.ensure_job_tree` creates and checks them."""
+    return posixpath.join(shared_root, JOB_TREE, user, USER_JOBS_DIRNAME)
 
 CHECKPOINTS_DIRNAME = "checkpoints"
 """The persistent tier's folder in a job directory (:attr:`JobPaths.checkpoints`); the Lab's file
@@ -341,8 +360,14 @@ class JobPaths:
 
     @classmethod
     def for_job(cls, shared_root: str, job_id: str) -> "JobPaths":
-        """The job directory of ``job_id`` below a cluster's shared root (POSIX paths)."""
+        """The job directory of ``job_id`` in the shared :data:`JOBS_SUBDIR` (EKS; POSIX paths)."""
         return cls(posixpath.join(shared_root, JOBS_SUBDIR, job_id))
+
+    @classmethod
+    def for_user_job(cls, shared_root: str, user: str, job_id: str) -> "JobPaths":
+        """The job directory of ``user``'s job ``job_id``: ``<shared_root>/hyperpod-lab/<user>/jobs/<job id>``
+        (:func:`user_jobs_root`; POSIX paths)."""
+        return cls(posixpath.join(user_jobs_root(shared_root, user), job_id))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "JobPaths | None":

@@ -27,7 +27,9 @@ from hyperpod_lab.jobdir import (  # noqa: F401  (JOBS_SUBDIR: re-exported)
     JobPaths,
     fault_kind,
     slow_factor,
+    user_jobs_root,
 )
+from hyperpod_lab.private_dir import job_tree_parts
 from hyperpod_lab.schedulers.remote import Remote, StagedFile, Staging
 from hyperpod_lab.spec import JobSpec
 from hyperpod_lab.submit.clusters import ClusterProfile
@@ -93,8 +95,23 @@ class Scheduler(ABC):
 
     # ---- common ------------------------------------------------------------------
     def job_dir(self, job_id: str) -> str:
-        """The job's directory on shared storage, as this backend reaches it."""
-        return JobPaths.for_job(self.profile.shared_root, job_id).folder
+        """The directory of a new job on shared storage, as this backend reaches it:
+        ``<shared_root>/hyperpod-lab/<user>/jobs/<job id>`` (``<user>``: the cluster login name,
+        ``Remote.user_name``; :meth:`hyperpod_lab.jobdir.JobPaths.for_user_job`). A job keeps the
+        directory its record holds (``JobRecord.job_dir``): jobs submitted before this layout
+        stay in ``<shared_root>/hyperpod-lab/jobs/<job id>``."""
+        return JobPaths.for_user_job(self.profile.shared_root, self.remote.user_name(), job_id).folder
+
+    def job_tree(self, folder: str) -> tuple | None:
+        """``Staging.tree`` of a job directory ``folder``: when it lies in the user's job tree
+        (:meth:`job_dir`), ``(shared root, ((name, mode), ...))``, which staging makes and checks
+        before ``folder`` (no link, root's or the user's, not writable by others unless sticky;
+        :func:`hyperpod_lab.envexec.ensure_tree`); else None (EKS and the old shared layout)."""
+        root = self.profile.shared_root
+        user = self.remote.user_name()
+        if root and posixpath.dirname(folder) == user_jobs_root(root, user):
+            return (root, job_tree_parts(user))
+        return None
 
     def paths(self, job_id: str) -> JobPaths:
         """The layout of :meth:`job_dir` (see :class:`hyperpod_lab.jobdir.JobPaths`)."""
@@ -106,7 +123,8 @@ class Scheduler(ABC):
     def staging(self, spec: JobSpec, job_id: str, script_bytes: bytes) -> Staging:
         """What staging the job writes (nothing is written here): the job directory, its
         :data:`JobPaths.SUBDIRS` (0700: private to the user), the script, ``spec.json`` and the
-        checkpoint key (0600). A backend may add files (Slurm: the batch script)."""
+        checkpoint key (0600), and the folders above the directory to check first (:meth:`job_tree`).
+        A backend may add files (Slurm: the batch script)."""
         paths = self.paths(job_id)
         rel = lambda path: posixpath.relpath(path, paths.folder)  # noqa: E731
         # the job's own key for authenticating its checkpoints: checkpoint files are only loaded
@@ -114,11 +132,16 @@ class Scheduler(ABC):
         return Staging(paths.folder, tuple(JobPaths.SUBDIRS), [
             StagedFile(rel(paths.script(spec.script)), script_bytes, 0o600),
             StagedFile(rel(paths.spec), spec.to_json().encode(), 0o600),
-            StagedFile(rel(paths.checkpoint_key), secrets.token_bytes(CHECKPOINT_KEY_BYTES), 0o600)])
+            StagedFile(rel(paths.checkpoint_key), secrets.token_bytes(CHECKPOINT_KEY_BYTES), 0o600)],
+            tree=self.job_tree(paths.folder))
 
     def stage(self, spec: JobSpec, job_id: str, script_bytes: bytes) -> str:
-        """Create the job directory and write :meth:`staging`'s files there (``Remote.stage``:
-        one call per directory and file). Returns the job directory."""
+        """Create the job directory (after its tree, :meth:`job_tree`) and write :meth:`staging`'s
+        files there (``Remote.stage``: one call per directory and file). Returns the job directory.
+
+        Raises:
+            UntrustedDirError: a folder above the job directory is not safe to create it in.
+        """
         plan = self.staging(spec, job_id, script_bytes)
         self.remote.stage(plan)
         return plan.folder

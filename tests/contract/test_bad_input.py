@@ -15,7 +15,10 @@ EXAMPLE = os.path.join(REPO, "examples", "train_lm.py")
 
 
 def _jobs_dirs(profile):
-    root = os.path.join(profile.shared_root, "hyperpod-lab", "jobs")
+    from hyperpod_lab.jobdir import user_jobs_root
+    from hyperpod_lab.schedulers.remote import LocalRemote
+
+    root = user_jobs_root(profile.shared_root, profile.user or LocalRemote().user_name())
     return set(os.listdir(root)) if os.path.isdir(root) else set()
 
 

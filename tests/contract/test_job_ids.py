@@ -92,7 +92,7 @@ def test_a_failed_submission_leaves_no_record_and_no_directory(client, monkeypat
     with pytest.raises(RuntimeError):
         client.submit(JobSpec.from_dict({"script": SCRIPT, "cluster": "local", "name": "refused"}))
     assert [r for r in client.store.list() if r.name == "refused"] == []
-    jobs_root = os.path.join(client.scheduler("local").profile.shared_root, "hyperpod-lab", "jobs")
+    jobs_root = os.path.dirname(client.scheduler("local").job_dir("x"))  # the user's job tree
     assert not [d for d in os.listdir(jobs_root) if d.startswith("refused-")]
 
 

@@ -452,7 +452,8 @@ def test_file_browser_lists_the_jobs_checkpoint_directory(clusters_cfg, ckpt_job
                 row.wait_for(timeout=30000)
                 row.dblclick()
 
-            for name in ("hyperpod-lab", "jobs", ckpt_job["job_id"], "checkpoints", step):
+            below = os.path.relpath(ckpt_job["job_dir"], dev_cluster.shared_root).split(os.sep)  # hyperpod-lab/<user>/jobs/<id>
+            for name in (*below, "checkpoints", step):
                 enter(name)
             set_filter("")
             for name in (COMMIT_MARKER, METADATA_FILE, "__0_0.distcp"):

@@ -14,6 +14,7 @@ import stat
 from hyperpod_lab import envexec
 from hyperpod_lab.atomicfile import write_atomic
 from hyperpod_lab.errors import RemoteCommandError
+from hyperpod_lab.private_dir import LocalTreeOps
 from hyperpod_lab.schedulers.remote.base import Remote
 from hyperpod_lab.schedulers.remote.local import LocalRemote
 from hyperpod_lab.submit.clusters import ClusterProfile
@@ -56,6 +57,15 @@ class MountedRemote(Remote):
             raise AttributeError(name)
         return getattr(ssh, name)
 
+    def user_name(self):
+        """The login node's user (the files here are written as the same uid)."""
+        return self.ssh.user_name()
+
+    def tree_ops(self):
+        """This machine's file operations, below ``local_mount``: the files staged from here are
+        written here (a path outside ``shared_root`` goes over the wrapped Remote)."""
+        return LocalTreeOps(to_local=lambda p: self.local_path(p) or p)
+
     def local_path(self, path):
         p = posixpath.normpath(path)
         root = self.shared_root.rstrip("/") or "/"
@@ -78,6 +88,7 @@ class MountedRemote(Remote):
         folder = self.local_path(staging.folder)
         if folder is None:
             return self.ssh.stage_and_run(staging, argv, env, python, event=event, timeout_s=timeout_s)
+        self.ensure_tree(staging)  # here, below local_mount (tree_ops)
         envexec.make_job_folder(folder, staging.dirs)
         for f in staging.files:
             envexec.write_new(os.path.join(folder, f.rel), f.mode, [f.data])
@@ -187,7 +198,8 @@ def mount_candidates(shared_root: str, mounts_file: str = "/proc/self/mounts", m
 
 def detect_local_mount(remote: Remote, shared_root: str, candidates: list[str] | None = None) -> tuple[str | None, str]:
     """Find where this machine sees the cluster's ``shared_root``: write a probe file (random
-    name and content, 0600) into ``<shared_root>/hyperpod-lab/`` through ``remote`` (SFTP), look
+    name and content, 0600) into the user's job tree ``<shared_root>/hyperpod-lab/<user>/jobs/``
+    through ``remote`` (SFTP; the tree created and checked first, ``Remote.ensure_job_root``), look
     for it below each of ``candidates`` (default :func:`mount_candidates`), remove it.
 
     A candidate counts only when the probe there is a regular file with the same content and
@@ -197,16 +209,16 @@ def detect_local_mount(remote: Remote, shared_root: str, candidates: list[str] |
         ``(local path of shared_root or None, what was found, as one sentence)``.
     """
     token = secrets.token_hex(16)
-    base = posixpath.join(posixpath.normpath(shared_root), "hyperpod-lab")
+    base = remote.ensure_job_root(posixpath.normpath(shared_root))
+    rel = posixpath.relpath(base, posixpath.normpath(shared_root))
     name = f".mount-probe-{token}"
     probe = posixpath.join(base, name)
-    remote.makedirs(base)
     remote.write_bytes(probe, token.encode(), mode=0o600)
     notes: list[str] = []
     try:
         cands = mount_candidates(shared_root) if candidates is None else candidates
         for cand in cands:
-            p = os.path.join(cand, "hyperpod-lab", name)
+            p = os.path.join(cand, *rel.split("/"), name)
             try:
                 st = os.lstat(p)
             except OSError:
