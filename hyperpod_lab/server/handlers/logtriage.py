@@ -5,9 +5,12 @@ Query parameters (all optional; contract in ``docs/openapi.yaml``):
 * ``ranks``: ``0,2,4-7`` (default: every rank that started; at most 256).
 * ``cursor``: the reply's ``cursor``, to read on from where it stopped (follow mode: only new
   lines; a search: the next part of the logs).
-* ``length``: bytes read per rank and log file, 1 to 1 MiB (default 64 KiB).
+* ``length``: bytes read per rank and log file, 1 to 1 MiB (default 64 KiB); a view reads at
+  most 8 MiB and returns at most 20,000 lines per request, all ranks together
+  (``logtriage.VIEW_BYTES`` / ``VIEW_LINES``; the reply's ``truncated`` says when they cut it).
 * ``tail``: ``1`` reads a file the cursor does not name from its last ``length`` bytes.
-* ``q``: search (case-insensitive substring; a Python regular expression with ``regex=1``),
+* ``q``: search (case-insensitive substring; with ``regex=1`` a regular expression in RE2's
+  syntax, matched in linear time: backreferences and lookaround are a 400 naming them),
   ``scan`` (bytes scanned per request, default 8 MiB, at most 64 MiB), ``limit`` (matches, at
   most 1000).
 * ``around``: ``traceback``: the window around the first failing rank's traceback; ``time``
@@ -31,8 +34,10 @@ from hyperpod_lab.submit import logtriage
 
 class LogTriageHandler(HyperPodHandler):
     """The triage view, search or traceback window of a job's rank logs; every read bounded by
-    ``length`` (view) or ``scan`` (search) bytes. Answers the dict of
-    :func:`hyperpod_lab.submit.logtriage.triage`."""
+    ``length`` (view) or ``scan`` (search) bytes, and each request by the per-request budgets of
+    :mod:`hyperpod_lab.submit.logtriage` (bytes and lines, whatever the rank count). The search
+    pattern is compiled (a 400 when RE2 cannot run it) before anything is read. Answers the
+    dict of :func:`hyperpod_lab.submit.logtriage.triage`."""
 
     def _flag(self, name: str) -> bool:
         raw = self.get_query_argument(name, None)
