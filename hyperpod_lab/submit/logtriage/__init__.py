@@ -221,7 +221,9 @@ def first_failure(logs: RankLogs, ranks: list[int], faults: list[dict] | None = 
     Reads the last ``length`` bytes of each ``stderr`` (else ``stdout``/``log``) source of the
     ranks it looks at, at most :data:`FAILURE_BYTES` bytes of them all together, and searches
     at most :data:`FAILURE_LINES` lines of them all together (each source an equal share of
-    what is left: the last lines of its tail); and torchrun's ``error.json`` files (64 KiB at most each, of the sources with a traceback).
+    what is left: the last lines of its tail); torchrun's ``error.json`` files (64 KiB at most
+    each, of the sources with a traceback); without a root cause there, the last ``length``
+    bytes (and :data:`FAILURE_LINES` lines) of the whole job's log.
 
     Returns ``{"rank", "node", "source", "attempt", "offset", "end", "exception",
     "exception_offset", "traceback_text", "kind", "time", "found_by"}`` (offsets in bytes of
@@ -467,7 +469,8 @@ def search(logs: RankLogs, ranks: list[int], q: str, regex: bool = False, cursor
            scan: int = DEFAULT_SCAN, limit: int = 200, chunk_bytes: int = 1 << 20) -> dict:
     """Lines of ``ranks``' sources that match ``q`` (see :func:`compile_query`), scanning at most
     ``scan`` bytes in this call (reads of ``chunk_bytes``), sources in rank order and each from
-    its ``cursor`` offset (0 where not named), and at most ``limit`` matches.
+    its ``cursor`` offset (0 where not named), and at most ``limit`` matches. Lines are split
+    and matched one at a time (memory: one ``chunk_bytes`` read and the matches).
 
     Returns ``{"matches": [{"rank", "source", "attempt", "stream", "offset", "text"}], "cursor":
     {key: offset} (send it back to continue where this call stopped), "scanned": bytes read,
