@@ -170,7 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "('[ranks 0-3] loading data...'), then the first failing rank and its traceback "
                          "(read by byte range: --length bytes per rank and file)")
     lg.add_argument("--grep", metavar="PATTERN", help="the ranks' log lines that contain PATTERN (case-insensitive; "
-                    "a Python regular expression with --regex), scanning at most --scan bytes")
+                    "an RE2 regular expression with --regex: linear time, no backreferences or lookaround), "
+                    "scanning at most --scan bytes")
     lg.add_argument("--regex", action="store_true", help="--grep PATTERN is a regular expression")
     lg.add_argument("--ranks", help="--triage/--grep: these ranks only, e.g. 0,2-3 (default: all)")
     lg.add_argument("--length", type=_int, default=None, help="--triage: bytes read per rank and file "

@@ -291,6 +291,10 @@ export interface ILogTriage {
   /** Rank -> bytes read for this answer. */
   read?: { [rank: string]: number };
   more?: boolean;
+  /** The request's byte/line budget cut this view ("More" reads on from the cursor). */
+  truncated?: boolean;
+  /** That budget: bytes read and lines returned per request, whatever the rank count. */
+  budget?: { bytes: number; lines: number };
   scanned?: number;
   done?: boolean;
   bytes_read: number;

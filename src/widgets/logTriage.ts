@@ -296,7 +296,12 @@ export class LogTriagePanel extends Widget {
       this._highlightFailure(reply.first_failure);
     } else {
       this._list.scrollTop = this._list.scrollHeight;
-      this._say(`${this._count} line(s) of ranks ${rankSetLabel(reply.ranks)}; ${reply.bytes_read} bytes read`);
+      this._say(
+        `${this._count} line(s) of ranks ${rankSetLabel(reply.ranks)}; ${reply.bytes_read} bytes read` +
+          (reply.truncated && reply.budget
+            ? `; cut at this request's budget (${reply.budget.bytes} bytes, ${reply.budget.lines} lines): "More" reads on, or narrow the ranks`
+            : '')
+      );
     }
   }
 
