@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     ed.add_argument("script", nargs="?", help="the training script whose imported packages are compared")
     ex = en_sub.add_parser("export", help="write the notebook's pinned requirements to the cluster's shared storage")
     ex.add_argument("--name", default="notebook", help="the environment's name (default 'notebook'): "
-                    "<shared_root>/hyperpod-lab/envs/NAME/requirements.txt")
+                    "<shared_root>/hyperpod-lab/<user>/envs/NAME/requirements.txt")
     for e in (ed, ex):
         e.add_argument("--cluster", default=os.environ.get(ENV_CLUSTER, "local"),
                        help=f"cluster profile (default: ${ENV_CLUSTER} or 'local')")

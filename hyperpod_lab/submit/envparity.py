@@ -486,18 +486,28 @@ def requirements_text() -> str:
     return "\n".join(head + sorted(pins, key=str.lower) + sorted(notes, key=str.lower)) + "\n"
 
 
-def env_dir(profile, name: str) -> str:
-    """``<shared_root>/hyperpod-lab/envs/<name>``. Raises SpecError("name") for a bad name."""
+def check_env_name(name: str) -> str:
+    """``name`` if it is a valid environment name. Raises SpecError("name") otherwise."""
     if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
         raise SpecError("name", f"an environment name is 1-64 letters, digits, '.', '_' or '-' (not starting with "
                                 f"'.', '_' or '-'), got {name!r}")
-    return f"{profile.shared_root.rstrip('/')}/hyperpod-lab/envs/{name}"
+    return name
+
+
+def env_dir(profile, name: str, user: str) -> str:
+    """``<shared_root>/hyperpod-lab/<user>/envs/<name>``: in the cluster user's own folder, beside
+    their jobs (the shared ``hyperpod-lab/`` is never created private by one user, which would lock
+    the others out). Raises SpecError("name") for a bad name, UntrustedDirError for a bad user name."""
+    from hyperpod_lab.private_dir import user_folder_name
+
+    return f"{profile.shared_root.rstrip('/')}/hyperpod-lab/{user_folder_name(user)}/envs/{check_env_name(name)}"
 
 
 def export(profile, name: str = DEFAULT_ENV_NAME, remote=None) -> dict[str, Any]:
     """Write the notebook's requirements (:func:`requirements_text`) to the cluster's shared
-    storage, ``<shared_root>/hyperpod-lab/envs/<name>/requirements.txt`` (atomic write, 0644,
-    through the cluster's file access: SFTP, the local mount, or this machine's files).
+    storage, ``<shared_root>/hyperpod-lab/<user>/envs/<name>/requirements.txt`` (atomic write, 0644,
+    through the cluster's file access: SFTP, the local mount, or this machine's files), after the
+    user's tree below the shared root was made or checked (``Remote.ensure_job_root``).
 
     Returns:
         ``{"cluster", "name", "path", "venv", "python" (the new env's interpreter), "command"
@@ -514,11 +524,13 @@ def export(profile, name: str = DEFAULT_ENV_NAME, remote=None) -> dict[str, Any]
             f"cluster '{profile.name}' is an EKS cluster: its shared storage ({profile.pvc or 'its volume'}) is "
             f"reached only from pods; export is not supported there. Use `hyperpod-lab env export --cluster local` "
             f"for the file, and build the job's image from it")
-    folder = env_dir(profile, name)
+    check_env_name(name)
     if remote is None:
         from hyperpod_lab.schedulers.remote import connect
 
         remote = connect(profile)
+    remote.ensure_job_root(profile.shared_root)  # the shared hyperpod-lab/ and the user's folder, checked
+    folder = env_dir(profile, name, remote.user_name())
     text = requirements_text()
     path = folder + "/requirements.txt"
     remote.makedirs(folder)

@@ -20,6 +20,7 @@ It has no PyYAML, so a script importing ``yaml`` shows a package missing on the 
 from __future__ import annotations
 
 import dataclasses
+import getpass
 import importlib.metadata
 import io
 import json
@@ -210,7 +211,8 @@ def test_export_writes_the_notebooks_pins_to_the_clusters_shared_storage(old_clu
     name = f"t-{uuid.uuid4().hex[:8]}"
     out = io.StringIO()
     assert cli.run(["env", "export", "--cluster", PROFILE, "--name", name], out=out, client=client) == 0
-    path = f"{old_cluster.shared_root}/hyperpod-lab/envs/{name}/requirements.txt"
+    user = client.scheduler(PROFILE).remote.user_name()  # envs live in the user's own folder
+    path = f"{old_cluster.shared_root}/hyperpod-lab/{user}/envs/{name}/requirements.txt"
     try:
         text = out.getvalue()
         assert path in text and f"{old_cluster.python} -m venv" in text and "/bin/pip install -r" in text, text
@@ -350,7 +352,7 @@ def test_the_submit_form_shows_the_diff_and_blocks_an_incompatible_cluster(old_c
     artifacts = os.path.join(os.path.dirname(HERE), "test-artifacts", "env-parity")
     os.makedirs(artifacts, exist_ok=True)
     root = os.path.dirname(script)
-    env_dir = f"{old_cluster.shared_root}/hyperpod-lab/envs/notebook"
+    env_dir = f"{old_cluster.shared_root}/hyperpod-lab/{getpass.getuser()}/envs/notebook"  # the Lab runs as this user
     existed = os.path.isdir(env_dir)
     lab = Lab(root, log_path=os.path.join(artifacts, "jupyter-lab.log")).start()
     try:
@@ -406,3 +408,22 @@ def test_the_submit_form_shows_the_diff_and_blocks_an_incompatible_cluster(old_c
         lab.stop()
         if not existed:
             _shutil.rmtree(env_dir, ignore_errors=True)
+
+
+def test_export_keeps_the_shared_folder_open_to_other_users_and_writes_into_the_users_own(tmp_path):
+    """Issue 24 #9, second half: `env export` run first on a cluster used to `mkdir -p`
+    `<shared_root>/hyperpod-lab/envs` at 0700, so the shared `hyperpod-lab/` became one user's
+    and every other user's submit was refused. Now it makes (and checks) the user's tree first."""
+    from hyperpod_lab.schedulers.remote.local import LocalRemote
+
+    root = tmp_path / "fsx"
+    root.mkdir()
+    prof = ClusterProfile(name="t", orchestrator="local", shared_root=str(root))
+    remote = LocalRemote()
+    res = envparity.export(prof, "nb", remote=remote)
+    user = remote.user_name()
+    assert res["path"] == f"{root}/hyperpod-lab/{user}/envs/nb/requirements.txt"
+    assert os.path.isfile(res["path"])
+    assert stat.S_IMODE(os.stat(root / "hyperpod-lab").st_mode) == 0o755
+    assert stat.S_IMODE(os.stat(root / "hyperpod-lab" / user).st_mode) == 0o700
+    assert not os.path.exists(root / "hyperpod-lab" / "envs")

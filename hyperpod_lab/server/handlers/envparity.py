@@ -8,7 +8,7 @@
   read through its code cells as a submission would. An EKS cluster answers ``{"supported":
   false, "message"}``.
 * ``POST hyperpod/clusters/<name>/env/export`` ``{"name": "notebook"}``: writes the notebook's
-  pinned requirements to ``<shared_root>/hyperpod-lab/envs/<name>/requirements.txt`` on the
+  pinned requirements to ``<shared_root>/hyperpod-lab/<user>/envs/<name>/requirements.txt`` on the
   cluster and answers ``{"cluster", "name", "path", "venv", "python", "command", "pins"}``
   (``command`` builds the environment there). EKS: 409.
 
@@ -67,7 +67,7 @@ class EnvExportHandler(HyperPodHandler):
                 envparity.export(profile, env_name)
         except envparity.EnvCheckUnsupported as e:
             return self.reply(error_body(e), status=409)
-        envparity.env_dir(profile, env_name)  # a bad name: 400 before anything is contacted
+        envparity.check_env_name(env_name)  # a bad name: 400 before anything is contacted
         res = await self.hp.watcher.run_on(
             name, lambda: envparity.export(profile, env_name, remote=self.hp.client.scheduler(name).remote))
         self.reply(res)
