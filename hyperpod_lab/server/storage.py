@@ -14,7 +14,7 @@ Three small pieces; listing, reading, writing and the file browser are the libra
   and a delete is checked whole before anything is deleted. Registered with fsspec (``fsspec.specs`` entry point and
   :func:`register`), so ``fsspec.open("hyperpod://local-slurm/fsx/...")`` works in a notebook too.
 * :func:`jupyterfs_resources`: one jupyter-fs resource per Slurm cluster profile, rooted at its
-  ``shared_root`` (job directories ``<shared_root>/hyperpod-lab/jobs/<job id>``, their
+  ``shared_root`` (job directories ``<shared_root>/hyperpod-lab/<user>/jobs/<job id>``, their
   checkpoints, logs and events, and the user's data).
 * a jupyter-server extension (``hyperpod_lab.server.storage``, enabled by
   ``jupyter-config/server-config/hyperpod_lab_storage.json`` together with ``jupyterfs``) whose
