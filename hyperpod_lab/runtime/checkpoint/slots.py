@@ -290,7 +290,7 @@ class Slot:
                 self._reserved = True
                 return
         self.unmap()
-        self._map(max(_PAGE, _round_up(nbytes, _PAGE), self.capacity), create=True)
+        self._map(max(_PAGE, _round_up(nbytes, _PAGE)), create=True)  # (never below the file's size)
         self._reserved = True
 
     def unmap(self) -> None:
