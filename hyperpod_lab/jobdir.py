@@ -49,6 +49,9 @@ __all__ = [
 ]
 
 # ---- environment variables (written by the schedulers, read by the runtime) ---------------
+#: the prefix of every variable below (a local job inherits the submitting process's ones:
+#: schedulers/local.py)
+ENV_PREFIX = "HYPERPOD_LAB_"
 ENV_JOB_ID = "HYPERPOD_LAB_JOB_ID"
 """hyperpod-lab job id, stamped on every event."""
 ENV_JOB_DIR = "HYPERPOD_LAB_JOB_DIR"

@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 from hyperpod_lab.errors import JobStateError
-from hyperpod_lab.jobdir import JobPaths, effective_restarts, ft_local_argv, group_env, job_env, launcher_argv
+from hyperpod_lab.jobdir import ENV_PREFIX, JobPaths, effective_restarts, ft_local_argv, group_env, job_env, launcher_argv
 from hyperpod_lab.procs import is_running, process_start, signal_job_process
 from hyperpod_lab.schedulers.base import LogChunk, Scheduler, read_log_range
 from hyperpod_lab.spec import RECOVERY_CHECKPOINTLESS, JobSpec
@@ -66,7 +66,7 @@ class LocalScheduler(Scheduler):
         """
         names = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONPATH",
                  "VIRTUAL_ENV", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES")
-        env = {k: v for k, v in os.environ.items() if k in names or k.startswith(("LC_", "HYPERPOD_LAB_"))}
+        env = {k: v for k, v in os.environ.items() if k in names or k.startswith(("LC_", ENV_PREFIX))}
         paths = self.paths(job_id)
         env.update(spec.env)
         env.update(secrets)
