@@ -184,6 +184,17 @@ def _put_text(srv, rel: str, text: str):
     return srv.call("PUT", f"/api/contents/{srv.drive}:{rel}", {"type": "file", "format": "text", "content": text})
 
 
+def _all_forbidden(srv, *requests) -> None:
+    """Each request is 403: ``("PUT", rel, text)`` writes a text file through the contents API,
+    any other ``(method, rel, body)`` is sent as is (``rel`` below the drive)."""
+    for method, rel, payload in requests:
+        if method == "PUT":
+            status, body = _put_text(srv, rel, payload)
+        else:
+            status, body = srv.call(method, f"/api/contents/{srv.drive}:{rel}", payload)
+        assert status == 403, (method, rel, status, body)
+
+
 def _refused(status, body, *words) -> None:
     assert status == 403, (status, body)
     msg = body["message"] if isinstance(body, dict) else str(body)
@@ -223,14 +234,8 @@ def test_dotdot_out_of_shared_root_is_refused(storage, mode, request):
         status, body = _get(srv, rel)
         _refused(status, body, "outside", "shared_root")
         _no_leak(body)
-    status, body = _put_text(srv, "../outside.txt", "overwritten")
-    assert status == 403, (status, body)
-    status, body = _put_text(srv, "../new-outside.txt", "created")
-    assert status == 403, (status, body)
-    status, body = srv.call("DELETE", f"/api/contents/{srv.drive}:../outside.txt")
-    assert status == 403, (status, body)
-    status, body = srv.call("PATCH", f"/api/contents/{srv.drive}:notes.txt", {"path": f"{srv.drive}:../notes.txt"})
-    assert status == 403, (status, body)
+    _all_forbidden(srv, ("PUT", "../outside.txt", "overwritten"), ("PUT", "../new-outside.txt", "created"),
+                   ("DELETE", "../outside.txt", None), ("PATCH", "notes.txt", {"path": f"{srv.drive}:../notes.txt"}))
     with open(os.path.join(storage["top"], "outside.txt"), "rb") as f:
         assert f.read() == OUTSIDE
     assert not os.path.exists(os.path.join(storage["top"], "new-outside.txt"))
@@ -273,17 +278,10 @@ def test_symlinks_out_of_shared_root_are_refused(storage, mode, request):
     status, body = srv.call("GET", f"/files/{srv.drive}:link-out")
     assert status == 403, (status, body)
     _no_leak(body)
-    status, body = _put_text(srv, "link-out", "overwritten")
-    assert status == 403, (status, body)
-    status, body = _put_text(srv, "dir-out/planted.txt", "x")
-    assert status == 403, (status, body)
-    status, body = _put_text(srv, "dangle-out", "created through a dangling link")
-    assert status == 403, (status, body)
+    _all_forbidden(srv, ("PUT", "link-out", "overwritten"), ("PUT", "dir-out/planted.txt", "x"),
+                   ("PUT", "dangle-out", "created through a dangling link"))
     assert not os.path.exists(os.path.join(storage["top"], "created-outside.txt"))
-    status, body = srv.call("DELETE", f"/api/contents/{srv.drive}:dir-out/secret.txt")
-    assert status == 403, (status, body)
-    status, body = srv.call("POST", f"/api/contents/{srv.drive}:", {"copy_from": f"{srv.drive}:link-out"})
-    assert status == 403, (status, body)
+    _all_forbidden(srv, ("DELETE", "dir-out/secret.txt", None), ("POST", "", {"copy_from": f"{srv.drive}:link-out"}))
     with open(os.path.join(storage["top"], "outside.txt"), "rb") as f:
         assert f.read() == OUTSIDE
     assert os.listdir(os.path.join(storage["top"], "fsx-other")) == ["secret.txt"]
