@@ -45,13 +45,17 @@ class Lab:
         root_dir: the server's root directory (notebooks and scripts are relative to it).
         env: extra environment (the hyperpod-lab config/data dirs come from the caller's env).
         log_path: where the server's output goes (default: a temporary file).
+        args: extra command-line options, e.g.
+            ``["--HyperPodLab.secret_env_allowlist=HF_TOKEN"]`` (repeat the option for more names).
 
     Attributes:
         url: ``http://127.0.0.1:PORT/``; token: the server token; proc: the Popen.
     """
 
-    def __init__(self, root_dir: str, env: dict[str, str] | None = None, log_path: str | None = None):
+    def __init__(self, root_dir: str, env: dict[str, str] | None = None, log_path: str | None = None,
+                 args: list[str] | None = None):
         self.root_dir = root_dir
+        self.args = list(args or [])
         self.port = free_port()
         self.token = secrets.token_hex(16)
         self.url = f"http://127.0.0.1:{self.port}/"
@@ -84,7 +88,7 @@ class Lab:
                 "--ServerApp.allow_unauthenticated_access=False",
                 "--LabApp.news_url=None",
                 "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-                "--LabApp.expose_app_in_browser=True"]
+                "--LabApp.expose_app_in_browser=True", *self.args]
         if os.geteuid() == 0:  # the CI machine runs as root
             argv.append("--allow-root")
         self._log = open(self.log_path, "wb")

@@ -71,8 +71,11 @@ def test_sidebar_streams_a_fault_and_its_recovery(dev_cluster, lab_root):
     if os.path.isdir(ARTIFACTS):
         shutil.rmtree(ARTIFACTS)
     os.makedirs(ARTIFACTS)
+    # a REST submission may pass only the server's allowlisted variables as secret_env
+    # (docs/architecture.md, Trust): this test's one, as a user's jupyter_server_config would
     lab = Lab(lab_root, log_path=os.path.join(ARTIFACTS, "jupyter-lab.log"),
-              env={"HYPERPOD_LAB_UI_SECRET": "ui-secret-value-123"}).start()
+              env={"HYPERPOD_LAB_UI_SECRET": "ui-secret-value-123"},
+              args=["--HyperPodLab.secret_env_allowlist=HYPERPOD_LAB_UI_SECRET"]).start()
     job_id = page = None
     try:
         with sync_playwright() as p:
