@@ -34,7 +34,20 @@ def _sleeper(job_id: str | None = None) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != ENV_JOB_ID}
     if job_id:
         env[ENV_JOB_ID] = job_id
-    return subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
+    p = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
+    # Popen returns once the child called execve (vfork), but the kernel sets the new image's
+    # environment address after that: /proc/<pid>/environ can read empty for a moment (a loaded
+    # fresh-clone run saw "belongs to no hyperpod-lab job"). Wait until the new image is complete.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{p.pid}/environ", "rb") as f:
+                if f.read():
+                    break
+        except OSError:
+            pass
+        time.sleep(0.01)
+    return p
 
 
 def _alive(p: subprocess.Popen) -> bool:
