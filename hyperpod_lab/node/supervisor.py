@@ -125,11 +125,12 @@ def expand_nodelist(nodelist: str) -> list[str]:
 
 
 def job_nodes(slurm_job_id: str) -> list[str]:
-    """The nodes the job holds now (``scontrol show job -o``; with ``--no-kill`` a failed node is
-    removed from the job's NodeList)."""
-    text = _run(["scontrol", "show", "job", "-o", slurm_job_id])
-    m = re.search(r"(?:^|\s)NodeList=(\S+)", text)
-    return expand_nodelist(m.group(1)) if m else []
+    """The nodes the job holds now (``squeue -h -j ID -o %N``, the job's node list alone on its
+    line; with ``--no-kill`` a failed node is removed from it). Not parsed out of ``scontrol show
+    job -o``, where a job name holding `` NodeList=...`` would be read as the node list."""
+    text = _run(["squeue", "-h", "-j", slurm_job_id, "-o", "%N"]).strip()
+    first = text.splitlines()[0].strip() if text else ""
+    return expand_nodelist(first) if first and first != "(null)" else []
 
 
 def node_states(nodes: Sequence[str]) -> dict[str, str]:
@@ -150,13 +151,15 @@ def node_addr(node: str) -> str:
 
 
 def node_reason(node: str) -> str | None:
-    """Why Slurm took the node (``Reason=`` of ``scontrol show node``: an admin's reason, "Not
-    responding", "Kill task failed", ...), or None."""
+    """Why Slurm took the node (an admin's reason, "Not responding", "Kill task failed", ...), or
+    None: ``sinfo -h -N -n NODE -o %E`` (sinfo(1): ``%E`` the reason a node is unavailable, the
+    whole text however many ``x=y`` or spaces it holds; ``none`` when there is none)."""
     try:
-        m = re.search(r"Reason=(.*?)(?:\s+\w+=|$)", _run(["scontrol", "show", "node", node]), re.S)
+        out = _run(["sinfo", "-h", "-N", "-n", node, "-o", "%E"])
     except RuntimeError:
         return None
-    return m.group(1).strip() if m and m.group(1).strip() not in ("", "(null)") else None
+    reason = out.splitlines()[0].strip() if out.strip() else ""
+    return reason if reason and reason not in ("none", "(null)") else None
 
 
 def is_lost(state: str | None) -> bool:

@@ -14,6 +14,7 @@ import os
 import subprocess
 import time
 
+from hyperpod_lab.node import supervisor
 from hyperpod_lab.schedulers.remote import LocalRemote
 from hyperpod_lab.schedulers.slurm import (
     SACCT_FIELDS,
@@ -96,7 +97,7 @@ def test_every_documented_state_has_a_meaning():
 def test_real_output_with_separators_in_the_name_and_comment(dev_cluster, tmp_path):
     """A live job whose name and comment hold '|' and spaces: the backend's own argv, parsed."""
     tag = f"{os.getpid()}-{time.time_ns()}"
-    name, comment = f"my | odd  name {tag}", f"hyperpod-lab:parsers-{tag}|x y"
+    name, comment = f"my | odd  name NodeList=n9 {tag}", f"hyperpod-lab:parsers-{tag}|x y"
     jid = subprocess.run(["sbatch", "--parsable", f"--job-name={name}", f"--comment={comment}", "-p", "dev",
                           "--output=/dev/null", "--wrap", "sleep 300"], capture_output=True, text=True,
                          check=True).stdout.strip().split(";")[0]
@@ -111,6 +112,10 @@ def test_real_output_with_separators_in_the_name_and_comment(dev_cluster, tmp_pa
         while sched.poll([rec])[rec.job_id][0] != JobStatus.RUNNING and time.monotonic() < deadline:
             time.sleep(0.5)
         assert sched.poll([rec])[rec.job_id][0] == JobStatus.RUNNING
+        # the supervisor's node list: the job's own, not the "NodeList=n9" inside its name
+        held = subprocess.run(["squeue", "-h", "-j", jid, "-o", "%N"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        assert held and supervisor.job_nodes(jid) == supervisor.expand_nodelist(held) != ["n9"]
         subprocess.run(["scancel", jid], check=True)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -126,3 +131,15 @@ def test_real_output_with_separators_in_the_name_and_comment(dev_cluster, tmp_pa
         assert parse_sacct(p)[jid][:2] == (JobStatus.CANCELLED, 0)
     finally:
         subprocess.run(["scancel", jid], capture_output=True)
+
+
+def test_a_node_reason_with_spaces_and_equals_signs_is_read_whole(dev_cluster):
+    """sinfo(1) ``%E``: the reason a node is unavailable, whole; the supervisor used to cut
+    ``scontrol show node``'s ``Reason=`` at the first ``word=`` inside it."""
+    reason = f"maintenance ticket=42 by admin {os.getpid()}"
+    subprocess.run(["scontrol", "update", "NodeName=n3", "State=DRAIN", f"Reason={reason}"], check=True)
+    try:
+        assert supervisor.node_reason("n3") == reason
+    finally:
+        subprocess.run(["scontrol", "update", "NodeName=n3", "State=RESUME"], check=True)
+    assert supervisor.node_reason("n3") is None
