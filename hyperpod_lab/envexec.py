@@ -152,25 +152,30 @@ def trust_problem(mode: int, uid: int, my_uid: int, link_ok: bool = False):
     return None
 
 
-class _OsOps:
-    """:func:`ensure_tree`'s file operations on this machine."""
+class LocalTreeOps:
+    """:func:`ensure_tree`'s file operations on this machine (``to_local`` maps a cluster path to
+    where this machine sees it: a local mount; default the path itself). Re-exported by
+    :mod:`hyperpod_lab.private_dir`."""
 
-    lstat, stat = staticmethod(os.lstat), staticmethod(os.stat)
+    def __init__(self, to_local=None):
+        self.to_local = to_local or (lambda p: p)
 
-    @staticmethod
-    def mkdir(path, mode):
-        os.mkdir(path, mode)
+    def lstat(self, path):
+        return os.lstat(self.to_local(path))
 
-    @staticmethod
-    def makedirs(path):
-        os.makedirs(path, mode=0o700, exist_ok=True)
+    def stat(self, path):
+        return os.stat(self.to_local(path))
 
-    @staticmethod
-    def chmod(path, mode):
-        os.chmod(path, mode)
+    def mkdir(self, path, mode):
+        os.mkdir(self.to_local(path), mode)
 
-    @staticmethod
-    def uid():
+    def makedirs(self, path):
+        os.makedirs(self.to_local(path), mode=0o700, exist_ok=True)
+
+    def chmod(self, path, mode):
+        os.chmod(self.to_local(path), mode)  # a directory mkdir just made (checked with lstat after)
+
+    def uid(self):
         return os.geteuid()
 
 
@@ -180,7 +185,7 @@ def ensure_tree(root: str, parts, fs=None) -> str:
     ``(name, mode)`` of ``parts`` with ``lstat`` after it is made at ``mode`` when missing
     (:func:`trust_problem`). ``fs``: lstat, stat, mkdir, makedirs, chmod, uid (default: this
     machine's). Returns the last folder. Raises UntrustedTree, OSError."""
-    fs = fs or _OsOps
+    fs = fs or LocalTreeOps()
     root = posixpath.normpath(root)
     my_uid = fs.uid()
     try:

@@ -24,7 +24,7 @@ import re
 import stat
 
 from hyperpod_lab import envexec
-from hyperpod_lab.envexec import trust_problem
+from hyperpod_lab.envexec import LocalTreeOps, trust_problem
 from hyperpod_lab.errors import ConfigError
 from hyperpod_lab.jobdir import JOB_TREE, RESERVED_USER_NAMES, USER_JOBS_DIRNAME
 
@@ -181,29 +181,3 @@ def ensure_job_tree(shared_root: str, user: str, fs) -> str:
         return envexec.ensure_tree(shared_root, parts, fs)
     except envexec.UntrustedTree as e:
         raise UntrustedDirError(str(e)) from None
-
-
-class LocalTreeOps:
-    """:func:`ensure_job_tree`'s file operations on this machine (``to_local`` maps a cluster path
-    to where this machine sees it: a local mount)."""
-
-    def __init__(self, to_local=None):
-        self.to_local = to_local or (lambda p: p)
-
-    def lstat(self, path):
-        return os.lstat(self.to_local(path))
-
-    def stat(self, path):
-        return os.stat(self.to_local(path))
-
-    def mkdir(self, path, mode):
-        os.mkdir(self.to_local(path), mode)
-
-    def makedirs(self, path):
-        os.makedirs(self.to_local(path), mode=0o700, exist_ok=True)
-
-    def chmod(self, path, mode):
-        os.chmod(self.to_local(path), mode)  # a directory mkdir just made (checked with lstat after)
-
-    def uid(self):
-        return os.geteuid()
