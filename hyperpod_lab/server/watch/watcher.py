@@ -442,20 +442,23 @@ class Watcher:
             if task is not current:
                 task.cancel()
 
-    def _end(self, t: Tailer, sub: Subscription) -> None:
-        """Send ``sub`` the job's terminal status, then ``end``. The status goes first because
-        the events side may see the terminal record (stored by a status refresh still running
-        in a worker thread) before the status loop has sent it: without it a tab's last status
-        could say ``running`` after ``end``."""
+    def _final_status(self, t: Tailer) -> dict | None:
+        """``{"type": "status", "job": JobView}`` of ``t``'s job as stored now, or None if gone."""
+        try:
+            return {"type": "status", "job": self.view(self.store.get(t.job_id))}
+        except HyperPodLabError:
+            return None
+
+    def _end(self, t: Tailer, sub: Subscription, final: dict | None = None) -> None:
+        """Send ``sub`` the job's terminal status (``final``, else read now), then ``end``. The
+        status goes first because the events side may see the terminal record (stored by a
+        status refresh still running in a worker thread) before the status loop has sent it:
+        without it a tab's last status could say ``running`` after ``end``."""
         if not sub.ended:
             sub.ended = True
-            try:
-                rec = self.store.get(t.job_id)
-            except HyperPodLabError:
-                rec = None
-            if rec is not None and sub.send({"type": "status", "job": self.view(rec)}) is False:
-                return
-            sub.send({"type": "end"})
+            final = final or self._final_status(t)
+            if final is None or sub.send(final) is not False:  # a closed transport gets nothing more
+                sub.send({"type": "end"})
         if sub in t.subs:
             t.subs.remove(sub)
 
@@ -714,9 +717,10 @@ class Watcher:
         if (t.terminal_seen_at is not None and started_at >= t.terminal_seen_at and not located and not more
                 and (t.finished_seen or started_at >= t.terminal_seen_at + 3.0)):
             t.complete = True
-            for sub in list(t.subs):
-                if sub.live:  # a replaying subscriber gets 'end' once it caught up
-                    self._end(t, sub)
+            live = [sub for sub in t.subs if sub.live]  # a replaying subscriber gets 'end' once it caught up
+            final = self._final_status(t) if live else None  # one read and view for all tabs
+            for sub in live:
+                self._end(t, sub, final)
 
     def _send_status(self, t: Tailer) -> None:
         """Send ``{"type": "status", "job": JobView}`` to every subscriber of ``t``'s job."""
