@@ -185,6 +185,36 @@ def network_fs_type(path: str, mounts: str | None = None) -> str | None:
     return kind if kind in NETWORK_FS_TYPES else None
 
 
+BUSY_TIMEOUT_S = 30.0
+"""How long a store operation waits for another connection's lock (seconds)."""
+
+
+def _enable_wal(db: sqlite3.Connection, path: str, timeout: float = BUSY_TIMEOUT_S) -> None:
+    """Put the database in WAL mode, retrying while another process holds a lock.
+
+    Switching a new database from the rollback journal to WAL takes an exclusive lock, and
+    SQLite answers ``SQLITE_BUSY`` to that pragma at once, without calling the busy handler,
+    while another connection is in the middle of the same switch (several processes opening a
+    new store at the same moment; a fresh CI run saw it in tests/submit/test_store.py). A
+    database already in WAL mode returns at once. Raises sqlite3.OperationalError after
+    ``timeout`` seconds (naming the database file)."""
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL").fetchone()
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) and "busy" not in str(e):
+                raise
+            if time.monotonic() >= deadline:
+                raise sqlite3.OperationalError(f"the job store {path} stayed locked for {timeout:.0f} s while "
+                                               f"switching it to WAL mode ({e}); another process holds it: "
+                                               f"stop it or retry") from e
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
+
+
 class JobStore:
     """Durable job records in SQLite (default ``<data_dir>/jobs/jobs.sqlite3``).
 
@@ -216,8 +246,8 @@ class JobStore:
             os.makedirs(self.root, mode=0o700, exist_ok=True)
             self._warn_network_fs()
             self._make_private()
-            db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
-            db.execute("PRAGMA journal_mode=WAL")
+            db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+            _enable_wal(db, self.path)
             db.execute("PRAGMA synchronous=FULL")
             self._local.db, self._local.pid = db, os.getpid()
         if not self._ready:
