@@ -105,8 +105,10 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
       not read ``SLURM_CPUS_PER_TASK`` (RELEASE_NOTES 22.05; 23.11 went back, and reads
       ``SRUN_CPUS_PER_TASK`` no more), so only the explicit option works on every release.
     * with GPUs (``gpus_per_node``): ``--gpus-per-node`` = processes per node (one GPU a
-      rank); ``--exclusive`` by default (:func:`exclusive_for`); ``--wait-all-nodes=1`` always,
-      as AWS's multi-node scripts do (the step starts when every node has booted).
+      rank), and the node health check expects that many (``--expect-gpus``: what the job
+      asked for, which is what the step sees, not what the node has); ``--exclusive`` by
+      default (:func:`exclusive_for`); ``--wait-all-nodes=1`` always, as AWS's multi-node
+      scripts do (the step starts when every node has booted).
     * ``srun --label``: each line of output carries its task (node) number, as AWS's ``srun -l``.
     * HyperPod is detected when the job starts (``[ -d /opt/sagemaker_cluster ]``, the idiom of
       AWS's scripts) and then the step runs under ``srun --auto-resume=1``; ``--requeue`` with
@@ -272,7 +274,9 @@ def _supervisor_argv(spec: JobSpec, job_id: str, python: str, launch: list[str],
             f"--nodes={spec.nodes}", f"--spares={res.spares}", f"--mode={res.recovery}",
             f"--procs-per-node={spec.procs_per_node}", f"--python={_q(python)}"]
     if res.health_checks:
-        argv += ["--health-checks", f"--health-arg=--expect-gpus={gpus}",
+        # the GPUs the job asked for (--gpus-per-node = procs_per_node), not the node's count
+        expect = spec.procs_per_node if gpus else 0
+        argv += ["--health-checks", f"--health-arg=--expect-gpus={expect}",
                  f"--health-arg=--expect-version={_q(__version__)}"]
     if res.auto_resume:
         argv.append("--requeue")

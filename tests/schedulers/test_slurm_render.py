@@ -284,6 +284,21 @@ def test_gpus_per_process_exclusive_nodes_and_wait_all_nodes():
         JobSpec(script="t.py", exclusive="yes").validate()
 
 
+def test_node_health_check_expects_the_gpus_the_job_asked_for():
+    """Issue 25 #3: an 8-GPU profile with 4 processes a node asks ``--gpus-per-node=4``, so the
+    step (and the health check's srun inside the allocation) sees 4 GPUs (sbatch(1)
+    --gpus-per-node; Slurm sets CUDA_VISIBLE_DEVICES to the allocated GPUs): the check must expect
+    4, not the profile's 8, or every healthy node fails ``torch sees 4 CUDA device(s)``
+    (hyperpod_lab/node/health.py, _check_gpu). No GPUs in the profile: nothing expected."""
+    four = JobSpec(script="t.py", procs_per_node=4).validate()
+    text = render_sbatch(four, "j", "/fsx/j", "python3", "/fsx", gpus_per_node=8)
+    assert "#SBATCH --gpus-per-node=4\n" in text
+    assert "    --health-arg=--expect-gpus=4 \\\n" in text and "--expect-gpus=8" not in text
+    one = JobSpec(script="t.py", procs_per_node=1).validate()
+    assert "--health-arg=--expect-gpus=1 " in render_sbatch(one, "j", "/fsx/j", "python3", "/fsx", gpus_per_node=8)
+    assert "--health-arg=--expect-gpus=0 " in render_sbatch(four, "j", "/fsx/j", "python3", "/fsx")
+
+
 def test_srun_labels_each_line_with_its_task():
     """awsome-distributed-training FSDP sbatch scripts run ``srun ${AUTO_RESUME} -l ...``;
     srun(1) ``-l, --label``: prepend the task number to lines of stdout/err."""
