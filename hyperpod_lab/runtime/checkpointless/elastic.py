@@ -150,7 +150,7 @@ class ElasticBatches:
         return out
 
     def plan(self, step: int, cursor: int, replicas: int, replica_rank: int,
-             local_rank: int = 0, local_world_size: int = 1) -> StepPlan:
+             local_rank: int = 0, local_world_size: int = 1, *, equal_micro_batches: bool = False) -> StepPlan:
         """This rank's share of step ``step``.
 
         Args:
@@ -158,9 +158,16 @@ class ElasticBatches:
             cursor: samples consumed before it (from the training state).
             replicas: participating replicas; replica_rank: this one's rank among them.
             local_rank, local_world_size: this rank inside its replica group.
+            equal_micro_batches: give every rank exactly ``accumulation_steps`` micro-batches
+                (this rank's samples cut into that many near-equal parts, each at most
+                ``micro_batch_size``) instead of full micro-batches and a shorter last one. A
+                sharded model (FSDP2) needs it: each forward/backward is a collective of the
+                replica group, so its ranks must run the same number of them. The samples and
+                their weights are the same either way.
 
         Raises:
-            ValueError: ranks out of range.
+            ValueError: ranks out of range; with ``equal_micro_batches``, a rank has fewer
+                samples than ``accumulation_steps`` (it would need an empty micro-batch).
         """
         if replicas <= 0 or not 0 <= replica_rank < replicas:
             raise ValueError(f"replica_rank {replica_rank} is not in [0, {replicas})")
@@ -171,8 +178,19 @@ class ElasticBatches:
         shards = replicas * local_world_size
         mine = batch[replica_rank * local_world_size + local_rank::shards]
         m = self.micro_batch_size
-        micro = tuple(tuple(mine[i:i + m]) for i in range(0, len(mine), m))
         accumulation = math.ceil(math.ceil(eff / shards) / m)
+        if not equal_micro_batches:
+            micro = tuple(tuple(mine[i:i + m]) for i in range(0, len(mine), m))
+        elif len(mine) < accumulation:
+            raise ValueError(
+                f"rank {local_rank} of replica {replica_rank} has {len(mine)} samples of step {step} for "
+                f"{accumulation} micro-batches ({eff} samples over {replicas} replicas x {local_world_size} "
+                f"ranks): a sharded model needs the same number of non-empty micro-batches on every rank; "
+                f"use a global_batch_size that is a multiple of replicas x ranks, or a larger micro_batch_size")
+        else:
+            q, r = divmod(len(mine), accumulation)
+            cuts = [i * q + min(i, r) for i in range(accumulation + 1)]
+            micro = tuple(tuple(mine[cuts[i]:cuts[i + 1]]) for i in range(accumulation))
         lr = scaled_lr(self.base_lr, eff, self.global_batch_size, self.lr_rule)
         return StepPlan(step=step, replicas=replicas, replica_rank=replica_rank, samples=tuple(mine),
                         micro_batches=micro, accumulation_steps=accumulation, effective_batch=eff,

@@ -98,6 +98,9 @@ DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_QUORUM_TIMEOUT_S = 60.0
 DEFAULT_HEARTBEAT_MS = 100  # a Lighthouse that published no timeout: heartbeat every 20 ms
 MAX_REPLICA_GROUPS = 1024
+BUCKET_BYTES = 25 << 20
+"""Default size of one gradient bucket of :meth:`Checkpointless.end_step`, bytes (of fp32, as
+DDP's default bucket: 25 MiB)."""
 
 
 def heal_host(lighthouse_address: str) -> str:
@@ -304,13 +307,108 @@ def replica_file(paths: JobPaths, group: int) -> str:
     return paths.replica_group(group)
 
 
+def shard_mesh(ctx: "JobContext"):
+    """A 1-D ``DeviceMesh`` over this replica group's ranks, on ``ctx.device``'s type, for FSDP2's
+    ``fully_shard(module, mesh=shard_mesh(ctx))``: shard the model within the group, replicate it
+    across the groups with :class:`Checkpointless` (HSDP). In a checkpointless job the default
+    process group spans the replica group only (each group is its own torchrun), so this is
+    ``init_device_mesh(ctx.device.type, (ctx.world_size,))`` (gloo on CPU, NCCL on CUDA: the
+    backends ``hp.init`` gave the default group).
+
+    Raises:
+        ValueError: ``ctx`` is not a checkpointless context (no replica group): there the default
+            group spans the whole job; build the (replicate, shard) mesh yourself.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if ctx.replica_group is None:
+        raise ValueError("shard_mesh is for checkpointless jobs (one replica group per node); in other jobs "
+                         "call torch.distributed.device_mesh.init_device_mesh yourself")
+    return init_device_mesh(torch.device(ctx.device).type, (ctx.world_size,), mesh_dim_names=("shard",))
+
+
+def _dtensor_type() -> type | None:
+    """``torch.distributed.tensor.DTensor`` if a DTensor can exist in this process (its module was
+    imported: FSDP2 imports it), else None, without importing it (about a second)."""
+    import sys
+
+    mod = sys.modules.get("torch.distributed.tensor")
+    return getattr(mod, "DTensor", None) if mod is not None else None
+
+
+def _fsdp_modules(model: torch.nn.Module) -> list[Any]:
+    """The FSDP2 (``fully_shard``) modules in ``model``, outermost first; [] without FSDP2."""
+    import sys
+
+    mod = sys.modules.get("torch.distributed.fsdp")
+    cls = getattr(mod, "FSDPModule", None) if mod is not None else None
+    return [m for m in model.modules() if isinstance(m, cls)] if cls is not None else []
+
+
+def _to_local(obj: Any, dtensor: type | None) -> Any:
+    """``obj`` (a state dict) with every DTensor replaced by this rank's local shard
+    (``to_local()``, sharing memory); other leaves unchanged."""
+    if dtensor is not None and isinstance(obj, dtensor):
+        return obj.to_local()
+    if isinstance(obj, dict):
+        return {k: _to_local(v, dtensor) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to_local(v, dtensor) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_to_local(v, dtensor) for v in obj)
+    return obj
+
+
+def _from_local(local: torch.Tensor, like: Any, what: str) -> Any:
+    """``local`` (a shard received from a peer) as a DTensor laid out as ``like`` (this rank's live
+    DTensor of the same name: mesh, placements, global shape and stride)."""
+    from torch.distributed.tensor import DTensor
+
+    want = tuple(like.to_local().shape)
+    if not isinstance(local, torch.Tensor) or tuple(local.shape) != want:
+        got = tuple(local.shape) if isinstance(local, torch.Tensor) else type(local).__name__
+        raise ValueError(f"the healed shard of {what} has shape {got}, this rank's shard {want}: every replica "
+                         f"group must shard the model the same way (same ranks per group, same fully_shard calls)")
+    return DTensor.from_local(local, like.device_mesh, like.placements, run_check=False,
+                              shape=like.shape, stride=like.stride())
+
+
+def _buckets(sizes: list[int], cap: int) -> list[list[int]]:
+    """Indices of consecutive items cut into buckets of at most ``cap`` elements (an item larger
+    than ``cap`` is a bucket of its own)."""
+    out: list[list[int]] = []
+    total = 0
+    for i, n in enumerate(sizes):
+        if out and total + n <= cap:
+            out[-1].append(i)
+            total += n
+        else:
+            out.append([i])
+            total = n
+    return out
+
+
+def cross_group_process_group(device: torch.device, timeout: timedelta):
+    """torchft's reconfigurable process group for the gradients of parameters on ``device``:
+    ``ProcessGroupNCCL`` for CUDA, ``ProcessGroupGloo`` otherwise."""
+    from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
+
+    return ProcessGroupNCCL(timeout=timeout) if device.type == "cuda" else ProcessGroupGloo(timeout=timeout)
+
+
 class Checkpointless:
     """Fault-tolerant, elastic data-parallel steps for one rank of a replica group.
 
     Args:
         ctx: the :class:`JobContext` of a checkpointless job (``ctx.replica_group`` set, i.e.
             launched with ``$HYPERPOD_LAB_REPLICA_GROUP``).
-        model, optimizer: this replica's model and optimizer (the whole state is replicated).
+        model, optimizer: this replica's model and optimizer. Either a full copy in every rank
+            (the whole state replicated), or sharded within the replica group with FSDP2
+            (``fully_shard(..., mesh=shard_mesh(ctx))``: HSDP, each shard replicated across the
+            groups; rank r of every group holds the same shard). With FSDP2 its gradient divide
+            factor is set to 1 and its reductions to sums (``set_gradient_divide_factor(1.0)``,
+            ``set_force_sum_reduction_for_comms(True)``): the micro-batch losses are already
+            weighted so that sums give the mean. Tensor or pipeline parallelism is not supported.
         batches: the global-batch plan (:class:`~hyperpod_lab.runtime.checkpointless.elastic.ElasticBatches`).
         min_replicas: replica groups needed to commit a step (default: the spec's
             ``elastic.min_nodes``, else 1).
@@ -321,18 +419,20 @@ class Checkpointless:
             data cursor and ``extra_state`` is built and saved after each committed step.
         extra_state: more state to replicate and heal (a dict of tensors/numbers, e.g. RNG
             state), or None.
+        bucket_bytes: size of the gradient buckets that :meth:`end_step` reduces, bytes (fp32).
 
     Raises:
-        ValueError: the context is not a checkpointless one.
+        ValueError: the context is not a checkpointless one; the model has DTensor parameters
+            that no FSDP2 module manages (tensor parallelism: not supported).
         TimeoutError: ``$TORCHFT_LIGHTHOUSE`` is unset and the job's ``lighthouse.json`` did not
             appear within 60 s.
     """
 
     def __init__(self, ctx: "JobContext", model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  batches: ElasticBatches, *, min_replicas: int | None = None,
-                 checkpoint: "CheckpointPolicy | bool" = True, extra_state: dict | None = None):
+                 checkpoint: "CheckpointPolicy | bool" = True, extra_state: dict | None = None,
+                 bucket_bytes: int = BUCKET_BYTES):
         from torchft.manager import Manager
-        from torchft.process_group import ProcessGroupGloo
 
         if ctx.replica_group is None:
             raise ValueError("Checkpointless needs a replica group: launch each node with "
@@ -346,6 +446,21 @@ class Checkpointless:
             el = ctx.spec.elastic if ctx.spec is not None else None
             min_replicas = (el.min_nodes if el is not None and el.min_nodes else 1)
         self.ctx, self.model, self.optimizer, self.batches = ctx, model, optimizer, batches
+        self.bucket_elems = max(1, int(bucket_bytes) // 4)
+        self._dtensor = _dtensor_type()
+        fsdp = _fsdp_modules(model)
+        if self._dtensor is not None and not fsdp and any(isinstance(p, self._dtensor) for p in model.parameters()):
+            raise ValueError("the model has DTensor parameters but no FSDP2 (fully_shard) module: Checkpointless "
+                             "covers data parallelism (DDP-style replicas, FSDP2 within a replica group), not "
+                             "tensor or pipeline parallelism")
+        for m in fsdp:  # the losses are pre-weighted: FSDP2 must sum, not average, within the group
+            m.set_gradient_divide_factor(1.0)
+            if hasattr(m, "set_force_sum_reduction_for_comms"):  # gloo has no PREMUL_SUM
+                m.set_force_sum_reduction_for_comms(True)
+        self.sharded = bool(fsdp)
+        first = next(iter(model.parameters()), None)
+        self.device = torch.device(ctx.device) if first is None else (
+            first.to_local().device if self._dtensor is not None and isinstance(first, self._dtensor) else first.device)
         self.extra_state = extra_state if extra_state is not None else {}
         self.min_replicas = int(min_replicas)
         self.progress = {"cursor": 0}  # samples consumed (replicated and checkpointed)
@@ -372,7 +487,7 @@ class Checkpointless:
         self.heal_transport = bound_http_transport(heal_host(os.environ[ENV_LIGHTHOUSE]), self.timeout,
                                                    key=ctx.checkpoint_key)
         self.manager = Manager(
-            pg=ProcessGroupGloo(timeout=self.timeout), load_state_dict=self._load_state,
+            pg=cross_group_process_group(self.device, self.timeout), load_state_dict=self._load_state,
             checkpoint_transport=self.heal_transport,
             state_dict=self._state, min_replica_size=self.min_replicas, use_async_quorum=False,
             timeout=self.timeout, quorum_timeout=quorum_timeout, connect_timeout=self.timeout,
@@ -390,17 +505,48 @@ class Checkpointless:
 
     # ---- replicated state ---------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "optim": self.optimizer.state_dict(),
+        """What this rank sends a recovering peer (rank r of another group): model and optimizer
+        state with DTensors as this rank's local shards (no DeviceMesh: it must load with
+        ``weights_only=True``), the data cursor and ``extra_state``."""
+        return {"model": _to_local(self.model.state_dict(), self._dtensor),
+                "optim": _to_local(self.optimizer.state_dict(), self._dtensor),
                 "cursor": self.progress["cursor"], "extra": self.extra_state}
 
     def _load_state(self, sd: dict[str, Any]) -> None:
+        """Load a peer's :meth:`_state` into the live model and optimizer; shards go back into
+        DTensors laid out as this rank's own (bit-equal copies).
+
+        Raises:
+            ValueError: a shard's shape differs from this rank's (groups sharded differently).
+        """
         t0 = time.monotonic()
-        self.model.load_state_dict(sd["model"])
-        self.optimizer.load_state_dict(sd["optim"])
+        model_sd, optim_sd = sd["model"], sd["optim"]
+        if self._dtensor is not None:
+            live = self.model.state_dict()
+            model_sd = {k: _from_local(v, live[k], k) if isinstance(live.get(k), self._dtensor) else v
+                        for k, v in model_sd.items()}
+            optim_sd = self._optim_from_local(optim_sd)
+        self.model.load_state_dict(model_sd)
+        self.optimizer.load_state_dict(optim_sd)
         self.progress["cursor"] = int(sd["cursor"])
         self.extra_state.clear()
         self.extra_state.update(sd.get("extra") or {})
         self._healed = {"seconds": time.monotonic() - t0, "bytes": _nbytes(sd)}
+
+    def _optim_from_local(self, sd: dict[str, Any]) -> dict[str, Any]:
+        """An optimizer state dict from a peer with the per-parameter tensors of DTensor
+        parameters (one element or more, e.g. Adam's ``exp_avg``; not its 0-d ``step``) made
+        DTensors like their parameter."""
+        ids = self.optimizer.state_dict()["param_groups"]
+        params = {i: p for g_ids, g in zip(ids, self.optimizer.param_groups) for i, p in zip(g_ids["params"], g["params"])}
+        state = {}
+        for i, entry in sd.get("state", {}).items():
+            p = params.get(i)
+            if p is not None and isinstance(p, self._dtensor) and isinstance(entry, dict):
+                entry = {k: _from_local(v, p, f"optimizer state {k} of parameter {i}")
+                         if isinstance(v, torch.Tensor) and v.dim() > 0 else v for k, v in entry.items()}
+            state[i] = entry
+        return {**sd, "state": state}
 
     @property
     def step(self) -> int:
@@ -436,7 +582,8 @@ class Checkpointless:
         replicas = max(1, self.manager.num_participants())
         replica_rank = self.manager.participating_rank() or 0
         self.ctx.is_leader = replica_rank == 0 and self.ctx.rank == 0
-        plan = self.batches.plan(self.step, self.progress["cursor"], replicas, replica_rank, self.ctx.rank, self.ctx.world_size)
+        plan = self.batches.plan(self.step, self.progress["cursor"], replicas, replica_rank, self.ctx.rank,
+                                 self.ctx.world_size, equal_micro_batches=self.sharded)
         for group in self.optimizer.param_groups:
             group["lr"] = plan.lr
         if self.plan is not None and plan.replicas != self.plan.replicas and self.ctx.is_leader:
@@ -458,6 +605,17 @@ class Checkpointless:
         """Sum the gradients over the replica group and the quorum, then step the optimizer if
         every participant succeeded (else the step is redone by the next ``begin_step``).
 
+        Data path: the gradients (local shards of FSDP2 parameters, which FSDP2 already
+        reduce-scattered within the group; whole gradients of other parameters) are copied into
+        fp32 buckets of at most ``bucket_bytes`` on their own device, with a small vector of the
+        group's membership and this rank's ``loss_sum`` after the last unsharded one. Buckets of
+        unsharded gradients are all-reduced within the replica group first (gloo
+        ``ctx.cpu_group`` for CPU tensors, the default group, NCCL, for CUDA ones); then every
+        bucket is all-reduced (sum) across the quorum through torchft (gloo or NCCL, see
+        :func:`cross_group_process_group`), all buckets in flight together; the sums are copied
+        back into the gradients. Not overlapped with the backward pass: it runs after the last
+        micro-batch's backward.
+
         Args:
             loss_sum: this rank's sum of weighted micro-batch losses (as returned by
                 ``loss * plan.weight(n)``); summed over the job it is the mean loss of the
@@ -468,18 +626,34 @@ class Checkpointless:
         """
         assert self.plan is not None, "call begin_step() first"
         params = [p for p in self.model.parameters() if p.requires_grad]
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        member = torch.zeros(MAX_REPLICA_GROUPS + 1, dtype=torch.float32)
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        dt = self._dtensor
+        sharded = [dt is not None and isinstance(p.grad, dt) for p in params]
+        local = [p.grad.to_local() if sh else p.grad for p, sh in zip(params, sharded)]
+        member = torch.zeros(MAX_REPLICA_GROUPS + 1, dtype=torch.float32, device=self.device)
         if self.ctx.rank == 0:
             member[self.ctx.replica_group] = 1.0
         member[MAX_REPLICA_GROUPS] = float(loss_sum)
-        flat = torch.cat([g.reshape(-1).to(torch.float32) for g in grads] + [member])
+        # unsharded gradients and the member vector (reduced in the group too), then sharded ones
+        whole = [g for g, sh in zip(local, sharded) if not sh] + [member]
+        shards = [g for g, sh in zip(local, sharded) if sh]
+        buckets = ([(whole, b, True) for b in _buckets([g.numel() for g in whole], self.bucket_elems)]
+                   + [(shards, b, False) for b in _buckets([g.numel() for g in shards], self.bucket_elems)])
+        flats = [torch.cat([items[i].reshape(-1).to(torch.float32) for i in idx]) for items, idx, _ in buckets]
+        group = self.ctx.cpu_group if self.device.type == "cpu" else None  # None: the default group (NCCL)
         failed: str | None = None
         with self.ctx.waiting("allreduce"):  # waiting for the others (straggler timing, watchdog)
             if self.ctx.world_size > 1:
-                dist.all_reduce(flat, group=self.ctx.cpu_group)
+                works = [dist.all_reduce(f, group=group, async_op=True)
+                         for f, (_, _, in_group) in zip(flats, buckets) if in_group]
+                for w in works:
+                    w.wait()
             try:
-                self.manager.allreduce(flat, reduce_op=dist.ReduceOp.SUM).wait()
+                works = [self.manager.allreduce(f, reduce_op=dist.ReduceOp.SUM) for f in flats]
+                for w in works:
+                    w.wait()
             except Exception as e:  # torchft reports errors through errored(); be safe
                 failed = f"{type(e).__name__}: {e}"
         err = self.manager.errored()
@@ -489,18 +663,20 @@ class Checkpointless:
         if not committed:
             self._on_failed_step(failed or "a participant could not finish the step")
             return False
-        off = 0
-        for p, g in zip(params, grads):
-            n = g.numel()
-            p.grad = flat[off:off + n].view_as(p).to(p.dtype)
-            off += n
+        with torch.no_grad():
+            for flat, (items, idx, _) in zip(flats, buckets):
+                off = 0
+                for i in idx:
+                    n = items[i].numel()
+                    items[i].copy_(flat[off:off + n].view_as(items[i]))
+                    off += n
         self.optimizer.step()
         self.progress["cursor"] += self.plan.effective_batch
-        self.loss = float(flat[-1])
-        members = {int(i) for i in torch.nonzero(flat[off:off + MAX_REPLICA_GROUPS] > 0.5).flatten()}
+        self.loss = float(member[-1])
+        members = {int(i) for i in torch.nonzero(member[:MAX_REPLICA_GROUPS] > 0.5).flatten()}
         self._on_commit(members)
         if self.fallback is not None:
-            self.fallback.maybe_save(self.step - 1)
+            self.fallback.maybe_save(self.step - 1, members=members)
         return True
 
     # ---- events ---------------------------------------------------------------------------

@@ -1,0 +1,177 @@
+"""Checkpointless recovery with FSDP2 inside each replica group (HSDP), real processes on this host:
+replica groups of 2 ranks (one launch agent each, ``--nproc-per-node=2``), each sharding the model
+with ``fully_shard`` over its own ranks (gloo on CPU), torchft replicating the shards across the
+groups (rank r of every group holds the same shard). The job is ``tests/scripts/ft_fsdp_train.py``.
+
+The fallback checkpoint is off in these jobs (``checkpoint=False``): they test the live-peer path,
+and no storage tier is involved. The multi-node version is in
+``tests/runtime/test_checkpointless_fsdp_slurm.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+from agents import kinds
+from test_checkpointless import ROOT, Job, _close, _losses, _replicas_equal, _storage_restores
+
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "ft_fsdp_train.py")
+PROCS = 2
+
+
+class FsdpJob(Job):
+    """:class:`test_checkpointless.Job` with ``procs`` ranks per replica group and the FSDP2 script."""
+
+    def __init__(self, tmp_path, groups: int, args: list[str], procs: int = PROCS, **kw):
+        self.procs = procs
+        super().__init__(tmp_path, groups, args, **kw)
+
+    def start_group(self, group: int) -> None:
+        log = open(os.path.join(self.job_dir, f"agent-{group}.log"), "ab")
+        self.agents[group] = subprocess.Popen(
+            [sys.executable, "-m", "hyperpod_lab.node.launch", "--standalone", "--nnodes=1",
+             f"--nproc-per-node={self.procs}", "--max-restarts=3", "--monitor-interval=0.1", SCRIPT,
+             *self.args, *self.group_args.get(group, [])], env=self.env(group), stdout=log, stderr=subprocess.STDOUT)
+
+    def rank_pid(self, group: int, rank: int) -> int:
+        with open(os.path.join(self.job_dir, "ranks", f"rank-{group * self.procs + rank}.json")) as f:
+            return json.load(f)["pid"]
+
+    def shard_records(self) -> dict[tuple[int, int], list[dict]]:
+        """(group, rank) -> its records: the SHA-256 of its local shards at each begin_step."""
+        out = {}
+        d = os.path.join(self.job_dir, "shards")
+        for name in sorted(os.listdir(d)):
+            _, g, _, r = name[:-len(".jsonl")].split("-")
+            with open(os.path.join(d, name)) as f:
+                out[(int(g), int(r))] = [json.loads(line) for line in f if line.strip()]
+        return out
+
+
+def _run(tmp_path, groups: int, args: list[str], procs: int = PROCS) -> FsdpJob:
+    job = FsdpJob(tmp_path, groups, args, procs=procs)
+    try:
+        job.wait(timeout=300)
+        assert all(a.returncode == 0 for a in job.agents.values()), job.logs()
+    finally:
+        job.stop()
+    return job
+
+
+def test_fsdp_group_sums_gradients_like_one_unsharded_rank(tmp_path):
+    """One replica group of 2 ranks with FSDP2 against one rank without it, same global batch, plain
+    SGD (scale-sensitive, unlike Adam): equal losses and final parameters up to float reduction
+    order. FSDP2 averages its reduce-scatter by default; the micro-batch losses are already
+    weighted to sum to the mean, so without Checkpointless's divide factor of 1 the gradients
+    (and so every SGD update) would be halved."""
+    args = ["--optim", "sgd", "--lr", "0.2", "--steps", "12"]
+    plain = _run(tmp_path / "plain", 1, args, procs=1)
+    sharded = _run(tmp_path / "fsdp", 1, args + ["--fsdp"])
+    a, b = _losses(plain.events()), _losses(sharded.events())
+    assert sorted(a) == sorted(b) == list(range(12))
+    worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in a)
+    assert worst <= 1e-5, f"losses differ by {worst:.2e} (relative)"
+    _close(sharded.final(0), plain.final(0))
+
+
+def test_equal_micro_batches_give_every_rank_of_a_sharded_group_the_same_count():
+    """A sharded group's ranks run one collective per forward/backward, so they need the same
+    number of micro-batches. 33 samples over 2 replicas x 2 ranks, micro-batch 4: the default plan
+    gives rank 0 of replica 0 three micro-batches (9 samples) and the others two (8 samples);
+    ``equal_micro_batches`` cuts every rank's share into exactly ``accumulation_steps`` (3)
+    micro-batches of at most 4, the same samples in the same order. Too few samples for that
+    many micro-batches is refused with the fix."""
+    import pytest
+
+    from hyperpod_lab.runtime.checkpointless.elastic import ElasticBatches
+
+    b = ElasticBatches(1000, 33, 4, seed=3)
+    default = [b.plan(0, 0, 2, rep, r, 2) for rep in range(2) for r in range(2)]
+    assert sorted(len(p.micro_batches) for p in default) == [2, 2, 2, 3]
+    for p in default:
+        even = b.plan(0, 0, 2, p.replica_rank, default.index(p) % 2, 2, equal_micro_batches=True)
+        assert len(even.micro_batches) == even.accumulation_steps == 3
+        assert all(1 <= len(mb) <= 4 for mb in even.micro_batches)
+        assert sum(even.micro_batches, ()) == sum(p.micro_batches, ()) == even.samples
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        ElasticBatches(1000, 5, 1).plan(0, 0, 1, 0, 1, 2, equal_micro_batches=True)  # 2 samples, 3 micro-batches
+
+
+STEPS = 120  # long enough for the killed group to restart (10-20 s under load) and heal
+
+
+def assert_shards_agree(job: FsdpJob, groups: set[int]) -> dict[int, set[int]]:
+    """Rank r of every group in ``groups`` held bit-identical local shards (model and optimizer)
+    at every step they both began; returns, per rank, the steps begun by all of them."""
+    records = job.shard_records()
+    common = {}
+    for r in range(job.procs):
+        by_step: dict[int, dict[int, set[str]]] = {}
+        for g in groups:
+            assert (g, r) in records, f"no shard records of group {g} rank {r}"
+            for rec in records[(g, r)]:
+                by_step.setdefault(rec["step"], {}).setdefault(g, set()).add(rec["sha256"])
+        for step, per_group in by_step.items():
+            digests = set().union(*per_group.values())
+            assert len(digests) == 1, f"rank {r}'s shards differ between groups at step {step}: {per_group}"
+        common[r] = {s for s, per_group in by_step.items() if set(per_group) == groups}
+    return common
+
+
+def test_killed_rank_of_an_fsdp_group_heals_its_shards_from_the_other_group(tmp_path):
+    """2 replica groups x 2 ranks, FSDP2 within each group. SIGKILL of rank 1 of group 1: torchrun
+    restarts group 1 (both ranks), group 0 trains on alone meanwhile; each restarted rank heals
+    its own shard from rank r of group 0 (``checkpoint.restored`` tier ``replica``, its bytes the
+    local shard's, about half of the full state) and nothing is read from storage; rank r of both
+    groups holds the same bits at every step (the healed ranks' first step included), and the
+    loss curve and final parameters match a fault-free run's up to float reduction order."""
+    args = ["--fsdp", "--steps", str(STEPS), "--step-sleep", "0.25"]
+    clean = _run(tmp_path / "clean", 2, args)
+    clean_losses = _losses(clean.events())
+    assert not _storage_restores(clean.events())
+    assert_shards_agree(clean, {0, 1})
+
+    job = FsdpJob(tmp_path / "fault", 2, args)
+    try:
+        job.wait_step(9)
+        t_fault = time.time()
+        killed = job.rank_pid(1, 1)
+        os.kill(killed, signal.SIGKILL)
+        job.wait(timeout=300)
+        ev = job.events()
+        assert all(a.returncode == 0 for a in job.agents.values()), job.logs()
+    finally:
+        job.stop()
+
+    faults = [e for e in kinds(ev, "fault.detected") if e["time"] >= t_fault]
+    assert any(e["data"].get("signal") == "SIGKILL" and e["data"].get("rank") == 3 for e in faults), faults
+    healed = [e for e in kinds(ev, "checkpoint.restored", tier="replica") if e["time"] > t_fault]
+    assert healed and healed[0]["data"]["replica_group"] == 1, "the restarted group did not heal from its peer"
+    assert not _storage_restores(ev), f"read from storage: {_storage_restores(ev)}"
+    assert not kinds(ev, "recovery.fallback")
+    replicas = {e["data"]["step"]: e["data"]["replicas"] for e in kinds(ev, "step")}
+    assert 1 in replicas.values() and replicas[STEPS - 1] == 2, replicas  # group 0 went on alone, then both
+
+    # bytes sent = this rank's local shards: model + Adam state of half of every parameter
+    records = job.shard_records()
+    restarted = [rec for rec in records[(1, 0)] if rec["pid"] != records[(1, 0)][0]["pid"]]
+    assert restarted, "group 1's rank 0 was not restarted"
+    full = sum(t.numel() * t.element_size() for t in clean.final(0).values())
+    assert 0.45 * 3 * full <= healed[0]["data"]["bytes"] <= 0.55 * 3 * full + 64, (healed[0]["data"], full)
+    common = assert_shards_agree(job, {0, 1})
+    heal_step = healed[0]["data"]["step"]
+    for r in range(PROCS):  # the healed ranks' first step: the same bits as the live peer's
+        new_pid = [rec for rec in records[(1, r)] if rec["step"] >= heal_step][0]
+        assert new_pid["step"] == heal_step and heal_step in common[r], (r, heal_step, new_pid)
+
+    losses = _losses(ev)
+    assert sorted(losses) == list(range(STEPS)), "a step was lost or repeated"
+    worst = max(abs(losses[s] - clean_losses[s]) / abs(clean_losses[s]) for s in range(STEPS))
+    assert worst <= 1e-4, f"loss curve differs by {worst:.2e} (relative) from the fault-free run"
+    _close(_replicas_equal(job, 0, 1), clean.final(0))
