@@ -222,6 +222,78 @@ def parse_elastic(text: str) -> tuple[int, int]:
 
 MAX_SPEC_BYTES = 256 * 1024  # a JobSpec as JSON; args and env are for flags, not data
 
+# A container image for pyxis's ``srun --container-image`` (NVIDIA/pyxis README, "Usage":
+# ``[USER@][REGISTRY#]IMAGE[:TAG]|PATH``; pyxis_slurmstepd.c takes a value starting with '.' or '/'
+# as a squashfs path, anything else as a docker image it hands enroot as ``docker://<value>``).
+# The registry form accepts both enroot's ``REGISTRY#IMAGE`` and the docker ``REGISTRY/IMAGE``
+# spelling (the renderer writes the '#' form, which enroot 3.x needs). Image and tag follow
+# enroot's reference grammar (src/docker.sh, docker::_parse_uri / docker::import: image
+# ``[a-z0-9/._-]+``, tag ``[A-Za-z0-9._:-]+``), with no ':' in a tag.
+_IMAGE_USER = r"[A-Za-z0-9_.-]+@"
+_IMAGE_REGISTRY = r"[A-Za-z0-9][A-Za-z0-9.-]*(?::[0-9]{1,5})?"
+_IMAGE_NAME = r"[a-z0-9][a-z0-9._-]*(?:/[a-z0-9][a-z0-9._-]*)*"
+_IMAGE_TAG = r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}"
+CONTAINER_REGISTRY_IMAGE = re.compile(rf"(?:{_IMAGE_USER})?(?:{_IMAGE_REGISTRY}#)?{_IMAGE_NAME}(?::{_IMAGE_TAG})?")
+"""A registry image as ``container_image`` accepts it (see :func:`validate_container_image`)."""
+MAX_CONTAINER_IMAGE = 1024
+_IMAGE_FIX = ("give a registry image such as nvcr.io/nvidia/pytorch:25.01-py3 (or nvcr.io#nvidia/pytorch:25.01-py3), "
+              "or the absolute path of an enroot squashfs file on shared storage such as /fsx/images/pytorch.sqsh "
+              "(made with: enroot import -o /fsx/images/pytorch.sqsh docker://nvcr.io#nvidia/pytorch:25.01-py3)")
+
+
+def validate_container_image(name: str, value: Any) -> None:
+    """Check a ``container_image`` value (JobSpec or cluster profile field ``name``).
+
+    Accepted: ``None`` (no container), an absolute path of an enroot squashfs file (``/fsx/x.sqsh``;
+    no whitespace or control characters), or a registry image ``[USER@][REGISTRY#]IMAGE[:TAG]``
+    or ``[USER@]REGISTRY/IMAGE[:TAG]`` (:data:`CONTAINER_REGISTRY_IMAGE`). Refused: a relative
+    path (pyxis would resolve it against the step's working directory), a ``docker://``-style
+    scheme (pyxis adds it), a digest (``@sha256:``: enroot 3.x, which HyperPod's lifecycle
+    scripts install, cannot parse it), whitespace, commas, quotes and control characters.
+
+    Raises:
+        SpecError: naming ``name`` and how to write the image.
+    """
+    if value is None:
+        return
+    if not isinstance(value, str) or not value:
+        raise SpecError(name, f"must be a non-empty string or unset, got {str(value)[:40]!r}; {_IMAGE_FIX}")
+    if len(value) > MAX_CONTAINER_IMAGE:
+        raise SpecError(name, f"is {len(value)} characters long; at most {MAX_CONTAINER_IMAGE} are accepted")
+    if re.search(r"[\s\x00-\x1f\x7f]", value):
+        raise SpecError(name, f"{value[:80]!r} contains whitespace, a newline or a control character; {_IMAGE_FIX}")
+    if value.startswith("/"):
+        if "//" in value or value.endswith("/") or "/../" in value + "/" or "/./" in value + "/":
+            raise SpecError(name, f"{value[:80]!r} is not a plain absolute path of a squashfs file; {_IMAGE_FIX}")
+        return
+    if value.startswith("."):
+        raise SpecError(name, f"{value[:80]!r} is a relative path; give the absolute path of the squashfs file "
+                              "(pyxis resolves a relative one against the training step's working directory)")
+    if "://" in value:
+        raise SpecError(name, f"{value[:80]!r} has a URI scheme; drop the '{value.split('://')[0]}://' (pyxis adds "
+                              f"docker:// itself); {_IMAGE_FIX}")
+    if "@sha256:" in value:
+        raise SpecError(name, f"{value[:80]!r} pins a digest, which enroot 3.x cannot read; pin a tag, or import "
+                              f"the image once to a .sqsh file and give its path; {_IMAGE_FIX}")
+    if not CONTAINER_REGISTRY_IMAGE.fullmatch(enroot_image(value)):
+        raise SpecError(name, f"{value[:80]!r} is not a container image reference; {_IMAGE_FIX}")
+
+
+def enroot_image(value: str) -> str:
+    """``value`` as pyxis's ``--container-image`` takes it on every enroot release: a docker-style
+    ``[USER@]REGISTRY/IMAGE[:TAG]`` (the first component names a registry when it holds a '.' or a
+    ':', the rule of enroot 4's docker::_parse_uri) becomes ``[USER@]REGISTRY#IMAGE[:TAG]``, the
+    only form enroot 3.x reads (it takes ``nvcr.io/nvidia/pytorch`` for a Docker Hub image of
+    that name); Docker Hub names (``ubuntu:24.04``, ``nvidia/cuda:12.8.0-base-ubuntu24.04``), the
+    '#' form and squashfs paths are returned as they are. Pure; no validation."""
+    if value.startswith((".", "/")) or "#" in value:
+        return value
+    head, sep, rest = value.partition("/")
+    user, at, reg = head.rpartition("@")
+    if sep and ("." in reg or ":" in reg):
+        return f"{user}{at}{reg}#{rest}"
+    return value
+
 
 # Variables that make a process run code of the setter's choosing before (or instead of) the
 # script: the dynamic loader (LD_PRELOAD ...), Python's start-up (PYTHONSTARTUP, PYTHONPATH,
@@ -282,6 +354,11 @@ class JobSpec:
             (default), ``"rank0"`` (the rank that reports the job's steps) or ``"all-ranks"``
             (``rank-<R>`` subdirectories); ``true``/``false`` are read as ``"rank0"``/``"off"``.
             Needs the ``tensorboard`` package where the spec is validated and where the job runs.
+        container_image: Slurm: run the training step in this container through pyxis/enroot
+            (``srun --container-image``), with the shared root and ``/dev/shm`` mounted (see
+            ``docs/containers.md``): a registry image (``nvcr.io/nvidia/pytorch:25.01-py3``) or the
+            absolute path of an enroot ``.sqsh`` file on shared storage. ``None`` takes the cluster
+            profile's ``container_image`` (none if unset). Checked by :func:`validate_container_image`.
     """
 
     script: str
@@ -299,6 +376,7 @@ class JobSpec:
     checkpoint: CheckpointPolicy = field(default_factory=CheckpointPolicy)
     elastic: ElasticPolicy = field(default_factory=ElasticPolicy)
     tensorboard: str = TENSORBOARD_OFF
+    container_image: str | None = None
     version: int = SPEC_VERSION
 
     @property
@@ -345,6 +423,7 @@ class JobSpec:
             raise SpecError("exclusive", f"must be true, false or unset, got {self.exclusive!r}")
         if self.partition is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", str(self.partition)):
             raise SpecError("partition", f"{self.partition!r} is not a Slurm partition name")
+        validate_container_image("container_image", self.container_image)
         self.resiliency.validate()
         self.checkpoint.validate()
         self._validate_tensorboard()

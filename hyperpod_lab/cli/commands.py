@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--time", type=_int, dest="time_limit_min", help="time limit, minutes")
     s.add_argument("--exclusive", action=argparse.BooleanOptionalAction, default=None,
                    help="Slurm: nodes not shared with other jobs (default: on when the cluster has GPUs)")
+    s.add_argument("--container-image", metavar="IMAGE",
+                   help="Slurm: run the training step in this container through pyxis/enroot, e.g. "
+                        "nvcr.io/nvidia/pytorch:25.01-py3 or /fsx/images/train.sqsh (default: the cluster's "
+                        "container_image; docs/containers.md)")
     s.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="an environment variable for the ranks (written to the job's files: not for secrets)")
     s.add_argument("--secret-env", action="append", default=[], metavar="KEY",
@@ -273,7 +277,7 @@ def spec_from_args(a: argparse.Namespace, script_args: list[str]) -> JobSpec:
                                     s3_every_steps=a.checkpoint_s3_every),
         elastic=ElasticPolicy(min_nodes=lo, max_nodes=hi, global_batch_size=a.global_batch_size,
                               lr_rule=a.lr_rule),
-        tensorboard=a.tensorboard,
+        tensorboard=a.tensorboard, container_image=a.container_image,
     ).validate()
 
 

@@ -43,7 +43,7 @@ from hyperpod_lab.jobdir import (
 )
 from hyperpod_lab.schedulers.base import LogChunk, Scheduler, read_log_range
 from hyperpod_lab.schedulers.remote import StagedFile
-from hyperpod_lab.spec import RECOVERY_CHECKPOINTLESS, JobSpec
+from hyperpod_lab.spec import RECOVERY_CHECKPOINTLESS, JobSpec, enroot_image, validate_container_image
 from hyperpod_lab.submit.jobs import JobStatus
 
 HYPERPOD_MARKER = "/opt/sagemaker_cluster"
@@ -74,6 +74,86 @@ EFA_ENV = {
 }
 
 
+#: the interpreter that runs the training step inside a container image (``srun --container-image``):
+#: the image's own ``python`` on its PATH, as AWS's container sbatch scripts run it
+#: (awsome-distributed-training 3.test_cases/megatron/megatron-lm/slurm/gpt3/2.distributed-training.sbatch:
+#: ``srun ... "${ARGS[@]}" python -m torch.distributed.run``); it needs hyperpod-lab and torch
+CONTAINER_PYTHON = "python"
+#: host paths bound into the container besides the shared root: ``/dev/shm``, where the memory
+#: checkpoint tier keeps its slots (:func:`hyperpod_lab.jobdir.shm_root`) so that a re-run of the
+#: step (a new container) finds them, and where NCCL's shared-memory transport lives. enroot's
+#: default mounts (conf/mounts/10-system.fstab) bind it too; a site may drop them, so it is explicit.
+CONTAINER_HOST_MOUNTS = ("/dev/shm",)
+
+
+def pyxis_srun_opts(image: str, shared_root: str, workdir: str, env_names=()) -> list[str]:
+    """The srun options that run a step in ``image`` through pyxis (pure; words not shell-quoted).
+
+    Every option is one of pyxis's (NVIDIA/pyxis README "Usage" and ``args.c``; checked against
+    every release from v0.19.0, the one HyperPod's lifecycle scripts install, to the newest by
+    tests/schedulers/test_containers.py with tests/fixtures/pyxis_options.json):
+
+    * ``--container-image=<image>``: :func:`hyperpod_lab.spec.enroot_image` of ``image`` (a
+      registry image in the ``REGISTRY#IMAGE`` form every enroot reads, or a squashfs path).
+    * ``--container-mounts=<shared_root>:<shared_root>,/dev/shm:/dev/shm``: the job directory,
+      script, events and checkpoints at the same paths as on the host (as the AWS scripts'
+      ``--container-mounts /fsx:/fsx``), and :data:`CONTAINER_HOST_MOUNTS`.
+    * ``--container-workdir=<workdir>``: the step starts in the job directory as it does without
+      a container (sbatch ``--chdir``); pyxis otherwise starts it in the image's WORKDIR.
+    * ``--no-container-mount-home``: the user's home (and its ``~/.local`` packages) stays out, so
+      the image's interpreter runs what the image holds (AWS's NeMo ``bcm.yaml`` srun_args and
+      nemotron nsight script do the same).
+    * ``--container-env=<names>`` when ``env_names``: the job's own variables (``env``,
+      ``secret_env``) win over the image's ENV of the same name, as without a container (pyxis
+      README: by default "their existing values in the image take precedence").
+
+    Args:
+        image: a ``container_image`` value (validated here).
+        shared_root: the cluster's shared-storage root, bound at the same path.
+        workdir: the step's working directory inside the container (the job directory, under
+            ``shared_root``).
+        env_names: variable names whose host values must win inside the container.
+
+    Raises:
+        SpecError: ``container_image`` is not an image (:func:`hyperpod_lab.spec.validate_container_image`),
+            ``shared_root`` holds a ',' or ':' (pyxis splits ``--container-mounts`` on them:
+            ``SRC:DST[:FLAGS][,SRC:DST...]``), or ``workdir`` is not under it.
+    """
+    validate_container_image("container_image", image)
+    for path in (shared_root, *CONTAINER_HOST_MOUNTS):
+        if not path.startswith("/") or re.search(r"[,:\s]", path):
+            raise SpecError("container_image", f"the shared root {path!r} cannot be bound into a container: pyxis's "
+                                               "--container-mounts (SRC:DST[:FLAGS][,SRC:DST...]) needs an absolute "
+                                               "path without ',', ':' or whitespace; move the cluster's shared_root, "
+                                               "or submit without a container image")
+    root = shared_root.rstrip("/") or "/"
+    if workdir != root and not workdir.startswith(root.rstrip("/") + "/"):
+        raise SpecError("container_image", f"the working directory {workdir!r} is not under the shared root "
+                                           f"{shared_root!r}, the only host directory bound into the container")
+    mounts = ",".join(f"{p}:{p}" for p in (shared_root, *CONTAINER_HOST_MOUNTS))
+    opts = [f"--container-image={enroot_image(image)}", f"--container-mounts={mounts}",
+            f"--container-workdir={workdir}", "--no-container-mount-home"]
+    names = sorted(set(env_names))
+    if names:
+        opts.append("--container-env=" + ",".join(names))
+    return opts
+
+
+def container_probe_argv(image: str, shared_root: str, probe: list[str], partition: str | None = None,
+                         immediate_s: int = 60) -> list[str]:
+    """The login-node command that asks ``image``'s interpreter the environment probe (pure):
+    ``srun --nodes=1 --ntasks=1 --immediate=<s> [--partition=P] <pyxis options> python <probe[1:]>``,
+    ``probe`` being :func:`hyperpod_lab.submit.envparity.probe_argv`'s list (its interpreter is
+    replaced by :data:`CONTAINER_PYTHON`). ``--immediate``: a cluster with no free node refuses at
+    once instead of queueing the probe. An argv list: each word reaches the remote shell quoted.
+    Not yet run by the submission check (see docs/containers.md). Raises SpecError as
+    :func:`pyxis_srun_opts`."""
+    argv = ["srun", "--nodes=1", "--ntasks=1", f"--immediate={int(immediate_s)}"]
+    if partition:
+        argv.append(f"--partition={partition}")
+    return argv + pyxis_srun_opts(image, shared_root, shared_root) + [CONTAINER_PYTHON, *probe[1:]]
+
+
 def sbatch_quote(value: str) -> str:
     """``value`` as one argument of an ``#SBATCH`` line: sbatch's own parser (get_argument() in
     src/sbatch/opt.c) splits on blanks, takes ``"`` or ``'`` as grouping quotes, ``\\`` as an
@@ -96,7 +176,7 @@ def exclusive_for(spec: JobSpec, gpus_per_node: int | None) -> bool:
 
 def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_root: str,
                   partition: str | None = None, join_offset: int | None = None, join_nodes: int = 1,
-                  gpus_per_node: int | None = None, efa: bool = False) -> str:
+                  gpus_per_node: int | None = None, efa: bool = False, container_image: str | None = None) -> str:
     """Render the batch script of ``spec`` (pure; golden-file tested).
 
     What it sets, and the source of each rule (tests/schedulers/test_slurm_render.py checks each one):
@@ -119,6 +199,9 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
       file ``runs/<restart>.<step>/node-<id>`` in the job directory for a re-run of the step by
       HyperPod's auto-resume, which changes neither ``SLURM_RESTART_COUNT`` nor the argv).
     * ``efa``: the ``FI_*``/NCCL variables of AWS's reference scripts (:data:`EFA_ENV`).
+    * ``container_image``: every training ``srun`` runs in that image through pyxis
+      (:func:`pyxis_srun_opts`), launched by the image's :data:`CONTAINER_PYTHON`; the
+      supervisor, the Lighthouse and the health checks stay on the host (``python``).
     * paths in ``#SBATCH`` lines quoted (:func:`sbatch_quote`) and ``%`` escaped
       (:func:`slurm_filename`).
 
@@ -133,14 +216,16 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
             ``join_offset + 1``, ... (elastic scale-up); None renders the job itself.
         gpus_per_node: GPUs of each node of the partition (the profile's), or None/0.
         efa: the nodes have EFA devices (the profile's ``efa``).
+        container_image: run the training steps in this image (pyxis/enroot), or None.
 
     Returns:
         The sbatch script text. Every user-supplied value appears shell-quoted. The job name
         is not in the script: it is passed to ``sbatch --job-name`` as an argv word.
 
     Raises:
-        SpecError: a joining allocation of a job that is not checkpointless, or more processes
-            per node than the nodes have GPUs.
+        SpecError: a joining allocation of a job that is not checkpointless, more processes
+            per node than the nodes have GPUs, or a container image pyxis cannot take
+            (:func:`pyxis_srun_opts`).
     """
     paths, sh = JobPaths(job_dir), JobPaths("$JOB_DIR")  # sh: the same paths, as the script spells them
     script = paths.script(spec.script)
@@ -218,6 +303,12 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
     ]
     srun = ["srun", "--nodes=$SLURM_JOB_NUM_NODES", "--ntasks-per-node=1",
             f"--cpus-per-task={spec.procs_per_node}", "--kill-on-bad-exit=0", "--label"]
+    step_python = python
+    if container_image:
+        # shell-quoted words: srun's own for a joining allocation, and --srun-opt=<word> for the supervisor
+        srun += [_q(o) for o in pyxis_srun_opts(container_image, shared_root, job_dir,
+                                                 [*spec.env, *spec.secret_env])]
+        step_python = CONTAINER_PYTHON
     if spec.resiliency.auto_resume:
         # HyperPod's auto-resume, on HyperPod nodes only: decided where the job runs, as AWS's scripts do
         lines += ['auto_resume=""',
@@ -232,7 +323,7 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
     if checkpointless:
         # one data-parallel replica group per node (its own torchrun), one torchft Lighthouse per job
         min_replicas = el.min_nodes if el.enabled else 1
-        launch = launcher_argv(python, script, spec.args, standalone=True, monitor_interval=0.1, **launch_opts)
+        launch = launcher_argv(step_python, script, spec.args, standalone=True, monitor_interval=0.1, **launch_opts)
         if joining:
             lines += [f"export {ENV_REPLICA_GROUP}={SLURM_REPLICA_GROUP}",
                       f"export {ENV_REPLICA_GROUP_OFFSET}={int(join_offset or 0)}",
@@ -249,7 +340,7 @@ def render_sbatch(spec: JobSpec, job_id: str, job_dir: str, python: str, shared_
                 f"export {ENV_REPLICA_GROUP_OFFSET}=0",
             ]
     else:
-        launch = launcher_argv(python, script, spec.args, nnodes=nnodes,
+        launch = launcher_argv(step_python, script, spec.args, nnodes=nnodes,
                                rdzv=["--rdzv-backend=c10d", '--rdzv-endpoint="$head_addr:$rdzv_port"',
                                      '--rdzv-id="$SLURM_JOB_ID.$run"', "--rdzv-conf=join_timeout=120"],
                                **launch_opts)
@@ -515,7 +606,8 @@ class SlurmScheduler(Scheduler):
         nodes, when it starts: nothing is asked of the login node here)."""
         return render_sbatch(spec, job_id, join.pop("job_dir", None) or self.job_dir(job_id), self.profile.python,
                              self.profile.shared_root, partition=spec.partition or self.profile.defaults.partition,
-                             gpus_per_node=self.profile.gpus_per_node, efa=self.profile.efa, **join)
+                             gpus_per_node=self.profile.gpus_per_node, efa=self.profile.efa,
+                             container_image=spec.container_image or self.profile.container_image, **join)
 
     def render(self, spec, job_id):
         text = self._render(spec, job_id)
@@ -546,6 +638,8 @@ class SlurmScheduler(Scheduler):
         event was appended)``."""
         if spec.partition is None:  # the profile's default partition, recorded with the job
             spec.partition = self.profile.defaults.partition
+        if spec.container_image is None:  # the profile's image, recorded with the job (a scale-up renders the same)
+            spec.container_image = self.profile.container_image
         plan = self.staging(spec, job_id, script_bytes)
         plan.files.append(StagedFile(posixpath.relpath(JobPaths(plan.folder).sbatch, plan.folder),
                                      self._render(spec, job_id).encode(), 0o700))

@@ -73,6 +73,11 @@ class Client:
         UnknownCluster. Nothing is contacted or written."""
         spec.validate()
         profile = get_profile(spec.cluster)
+        if spec.container_image and profile.orchestrator != "slurm":  # pyxis/enroot: Slurm only
+            raise SpecError("container_image", f"runs a Slurm job's step in a container (pyxis); cluster "
+                                               f"'{profile.name}' is {profile.orchestrator}: submit without it"
+                                               + (" (the cluster profile's 'image' names the pods' image)"
+                                                  if profile.orchestrator == "eks" else ""))
         path = os.path.expanduser(spec.script)
         if not os.path.isfile(path):
             raise SpecError("script", f"{spec.script} does not exist or is not a file; give the path of "

@@ -50,6 +50,7 @@ A HyperPod Slurm cluster through AWS Systems Manager (written by ``clusters disc
     key_file = "~/.ssh/id_ed25519"    # its public key in the node's authorized_keys
     known_hosts = "~/.ssh/known_hosts"  # holding the node's key under the ssm_target (or `host`)
     shared_root = "/fsx"
+    container_image = "/fsx/images/train.sqsh"  # optional: training steps run in it (pyxis; docs/containers.md)
 
 Shared storage mounted on this machine too (SageMaker Studio with the cluster's FSx attached)::
 
@@ -74,8 +75,9 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from hyperpod_lab.atomicfile import write_atomic
-from hyperpod_lab.errors import ConfigError, UnknownCluster
+from hyperpod_lab.errors import ConfigError, SpecError, UnknownCluster
 from hyperpod_lab.jobdir import ENV_CONFIG, ENV_DATA_DIR
+from hyperpod_lab.spec import validate_container_image
 
 ORCHESTRATORS = ("slurm", "eks", "local")
 OPERATORS = ("hyperpod", "kubeflow")
@@ -169,6 +171,11 @@ class ClusterProfile:
         efa_per_node: (eks) EFA devices each pod requests (default 1; p5.48xlarge has 32).
         shm_size: (eks) size limit of the pods' memory-backed ``/dev/shm`` (a Kubernetes
             quantity such as ``"64Gi"``): room for the memory checkpoint tier and NCCL.
+        container_image: (slurm) run every job's training step in this container through
+            pyxis/enroot (``srun --container-image``; ``docs/containers.md``): a registry image or
+            the absolute path of an enroot ``.sqsh`` on shared storage. A JobSpec's own
+            ``container_image`` overrides it. The image's ``python`` must have hyperpod-lab and
+            torch; ``python`` above stays the login and batch nodes' interpreter.
     """
 
     name: str
@@ -202,6 +209,7 @@ class ClusterProfile:
     efa: bool = False
     efa_per_node: int = 1
     shm_size: str | None = None
+    container_image: str | None = None
 
     def unfilled(self) -> list[str]:
         """Names of the fields still holding a :data:`PLACEHOLDER` (to be filled in by hand)."""
@@ -269,6 +277,14 @@ class ClusterProfile:
             raise ConfigError(f"{where}: efa must be true or false, got {self.efa!r}")
         if isinstance(self.efa_per_node, bool) or not isinstance(self.efa_per_node, int) or self.efa_per_node < 1:
             raise ConfigError(f"{where}: efa_per_node must be a whole number >= 1, got {self.efa_per_node!r}")
+        if self.container_image is not None:
+            if self.orchestrator != "slurm":
+                raise ConfigError(f"{where}: container_image is for slurm clusters (pyxis/enroot); an eks cluster "
+                                  f"names its image with 'image'")
+            try:
+                validate_container_image("container_image", self.container_image)
+            except SpecError as e:
+                raise ConfigError(f"{where}: {e}") from None
         q = str(self.shm_size)
         num = q[:-2] if q[-2:] in ("Ki", "Mi", "Gi", "Ti") else q
         if self.shm_size is not None and not (num.isdigit() and not num.startswith("0")):

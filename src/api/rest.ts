@@ -205,6 +205,8 @@ export interface IJobSpec {
   elastic: IElasticPolicy;
   /** TensorBoard event files of the step metrics in `<job_dir>/tensorboard` (docs/tensorboard.md). */
   tensorboard?: 'off' | 'rank0' | 'all-ranks';
+  /** Slurm: run the training step in this image through pyxis/enroot; null: the profile's (docs/containers.md). */
+  container_image?: string | null;
   version: number;
 }
 
