@@ -39,6 +39,17 @@ upload, and :meth:`Checkpointer.restore` falls back to the newest complete S3 st
 (:meth:`S3Tier.restore_into <hyperpod_lab.runtime.checkpoint.s3.S3Tier.restore_into>`) when no local
 checkpoint loads.
 
+Shared root (``shared=True``, checkpointless jobs): the replica groups of a job take turns
+writing into one root (:class:`~hyperpod_lab.runtime.checkpoint.tiered.TieredCheckpointer` picks
+the writing group of each save), so another group's save may still be in flight when this group
+commits: retention then deletes an incomplete directory only when it is older than the previous
+save interval (``step < newest complete - every_steps``); every group waits for its own pending
+save at each save point (:meth:`wait`), so such a directory's writer has finished or is gone.
+With ``legacy_glob``, :meth:`restore` also considers the ``step-*`` directories of the
+subdirectories matching it (the per-group ``replica-group-<G>/`` of jobs written by hyperpod-lab
+before the shared root), newest complete step first across both layouts; saves and retention
+never touch them.
+
 What a state may hold: :mod:`hyperpod_lab.runtime.state`. Per-rank state: DCP deduplicates by
 key, so a plain tensor stored under the same key on every rank is saved once (rank 0's copy).
 Give per-rank state (RNG, data-loader position) per-rank keys, e.g.
@@ -47,6 +58,7 @@ Give per-rank state (RNG, data-loader position) per-rank keys, e.g.
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import threading
@@ -133,13 +145,18 @@ class Checkpointer:
         s3: an :class:`~hyperpod_lab.runtime.checkpoint.s3.S3Tier` (constructed on every rank): rank 0
             offers each committed checkpoint to ``s3.maybe_upload``, and :meth:`restore` falls
             back to S3 when no local checkpoint loads. None (the default): no S3 tier.
+        shared: ``root`` is written in turn by several replica groups (see the module
+            docstring): retention keeps incomplete directories of the last save interval.
+        legacy_glob: a glob pattern relative to ``root`` (e.g. ``"replica-group-*"``) of
+            directories whose ``step-*`` checkpoints :meth:`restore` also considers.
 
     Raises:
         ValueError: ``every_steps`` or ``keep_last`` is not a whole number >= 1.
     """
 
     def __init__(self, ctx: "JobContext", every_steps: int | None = None, keep_last: int | None = None,
-                 *, async_save: bool = True, root: str | None = None, s3: "S3Tier | None" = None):
+                 *, async_save: bool = True, root: str | None = None, s3: "S3Tier | None" = None,
+                 shared: bool = False, legacy_glob: str | None = None):
         policy = ctx.spec.checkpoint if ctx.spec is not None else None
         self.every_steps = every_steps if every_steps is not None else (policy.every_steps if policy else 20)
         self.keep_last = keep_last if keep_last is not None else (policy.keep_last if policy else 2)
@@ -150,6 +167,7 @@ class Checkpointer:
         self.root = root or ctx.paths.checkpoints
         self.async_save = async_save
         self.s3 = s3
+        self.shared, self.legacy_glob = bool(shared), legacy_glob
         self._pg = ctx.cpu_group
         self._stager = None
         self._pending: tuple[int, threading.Event] | None = None  # (step, set when committed/failed)
@@ -181,10 +199,24 @@ class Checkpointer:
         return out
 
     # ---- restore ------------------------------------------------------------------------
+    def listing(self) -> list[tuple[int, str, bool]]:
+        """The checkpoints :meth:`restore` considers, newest first: ``[(step, path, complete)]``
+        of ``root`` and, with ``legacy_glob``, of the directories matching it (at the same step,
+        ``root``'s first, then the legacy directories in name order). Local, not collective."""
+        entries = [(step, 0, path, complete) for step, path, complete in list_checkpoints(self.root)]
+        if self.legacy_glob:
+            legacy = sorted(d for d in glob.glob(os.path.join(glob.escape(self.root), self.legacy_glob))
+                            if os.path.isdir(d) and not os.path.islink(d))
+            for i, d in enumerate(legacy, 1):
+                entries += [(step, i, path, complete) for step, path, complete in list_checkpoints(d)]
+        entries.sort(key=lambda e: (-e[0], e[1]))
+        return [(step, path, complete) for step, _order, path, complete in entries]
+
     def restore(self, state: dict[str, Any]) -> int:
         """Load the newest complete, intact checkpoint into ``state``, in place.
 
-        Walks the checkpoint directories newest first (rank 0's listing and markers, broadcast).
+        Walks the checkpoint directories newest first (rank 0's :meth:`listing` and markers,
+        broadcast; with ``legacy_glob`` the older layout's directories too).
         A directory without the commit marker is skipped; a committed one is authenticated first
         (the marker's HMAC under ``ctx.checkpoint_key``, then size, CRC-32 and SHA-256 of every
         file it lists, the files split between the ranks) and only then loaded; an unsigned,
@@ -236,7 +268,7 @@ class Checkpointer:
         listing = None
         if self.ctx.rank == 0:
             listing = []
-            for step, path, complete in list_checkpoints(self.root):
+            for step, path, complete in self.listing():
                 marker, marker_error = None, None
                 if complete:
                     try:
@@ -374,7 +406,8 @@ class Checkpointer:
         to the commit), path}, offers the checkpoint to the S3 tier, and applies retention: it
         keeps the ``keep_last`` newest complete checkpoints (never fewer than the newest one, and
         never a directory the S3 tier still has to upload), deletes older complete ones and
-        incomplete ones older than the newest complete one. Collective.
+        incomplete ones older than the newest complete one (``shared``: older than the newest
+        complete one minus ``every_steps``). Collective.
 
         Args:
             step: 0-based step just completed.
@@ -491,18 +524,20 @@ class Checkpointer:
 
     def _retain(self) -> None:
         """Rank 0: keep ``keep_last`` complete checkpoints (always the newest one, and any the S3
-        tier has yet to upload); drop incomplete ones older than the newest complete one."""
+        tier has yet to upload); drop incomplete ones older than the newest complete one (a shared
+        root: older than the save interval before it, whose writer may still be writing)."""
         entries = list_checkpoints(self.root)
         complete = [(s, p) for s, p, c in entries if c]
         if not complete:
             return
         pinned = self.s3.pinned_dirs() if self.s3 is not None else set()
         newest = complete[0][0]
+        floor = newest - self.every_steps if self.shared else newest
         for s, p in complete[max(1, self.keep_last):]:
             if os.path.abspath(p) not in pinned:
                 shutil.rmtree(p, ignore_errors=True)
         for s, p, c in entries:
-            if not c and s < newest:
+            if not c and s < floor:
                 shutil.rmtree(p, ignore_errors=True)
 
     def wait(self) -> None:

@@ -42,6 +42,15 @@ else ``$AWS_ENDPOINT_URL``, else AWS's default for the region. Credentials and r
 boto3's usual chain (environment, profile, instance role). botocore's own retries are turned off
 (this tier retries), connect timeout 10 s, read timeout 60 s.
 
+Shared prefix (``shared=True``, checkpointless jobs): the replica groups take turns writing the
+persistent checkpoint and each writer's rank 0 uploads the step it committed, so one group's
+upload may still be running when another group's finishes. Retention then deletes an incomplete
+step (and aborts its multipart uploads) only when it is older than the oldest complete step it
+keeps, a step retention would delete anyway once complete; and a restore downloads into a
+private ``<root>/.s3-download-<random>/`` first and moves the verified, loaded step to
+``<root>/step-XXXXXXXX/`` only if no other group put it there first, so groups restoring at the
+same moment never write into each other's files.
+
 boto3 is imported on first use, so constructing the tier costs nothing until it uploads.
 """
 
@@ -54,6 +63,7 @@ import shutil
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -190,6 +200,8 @@ class S3Tier:
         multipart_chunksize: part size in bytes (raised to S3's 5 MiB minimum).
         max_concurrency: parallel part transfers.
         connect_timeout_s, read_timeout_s: socket timeouts of each S3 request, seconds.
+        shared: several replica groups upload to this job's prefix in turn (see the module
+            docstring).
 
     Raises:
         ValueError: ``every_steps``, ``keep_last`` or ``max_attempts`` is not a whole number >= 1,
@@ -200,7 +212,8 @@ class S3Tier:
                  endpoint_url: str | None = None, max_attempts: int = 5, backoff_s: float = 0.5,
                  max_backoff_s: float = 30.0, requeue_after_s: float = 60.0,
                  multipart_threshold: int = 64 << 20, multipart_chunksize: int = 16 << 20,
-                 max_concurrency: int = 8, connect_timeout_s: float = 10.0, read_timeout_s: float = 60.0):
+                 max_concurrency: int = 8, connect_timeout_s: float = 10.0, read_timeout_s: float = 60.0,
+                 shared: bool = False):
         for name, v in (("every_steps", every_steps), ("keep_last", keep_last), ("max_attempts", max_attempts),
                         ("multipart_threshold", multipart_threshold), ("multipart_chunksize", multipart_chunksize),
                         ("max_concurrency", max_concurrency)):
@@ -216,6 +229,7 @@ class S3Tier:
         self.multipart_threshold = multipart_threshold
         self.multipart_chunksize = max(multipart_chunksize, MIN_PART_BYTES)
         self.max_concurrency = max_concurrency
+        self.shared = bool(shared)
         self._timeouts = (connect_timeout_s, read_timeout_s)
         self.endpoint_url = (endpoint_url or os.environ.get(ENV_S3_ENDPOINT) or os.environ.get("AWS_ENDPOINT_URL_S3")
                              or os.environ.get("AWS_ENDPOINT_URL") or None)
@@ -450,16 +464,18 @@ class S3Tier:
 
     def _retain(self) -> None:
         """Keep the ``keep_last`` newest complete steps; delete older complete steps (marker
-        first), incomplete steps older than the newest complete one, and their stale multipart
-        uploads. Runs in the upload thread after a successful upload."""
+        first), incomplete steps older than the newest complete one (``shared``: older than the
+        oldest complete step kept), and their stale multipart uploads. Runs in the upload thread
+        after a successful upload."""
         s3 = self._client()
         steps = self._list_steps()
         complete = sorted((s for s, keys in steps.items() if self._key(s, COMMIT_MARKER) in keys), reverse=True)
         if not complete:
             return
-        newest = complete[0]
+        kept = complete[:max(1, self.keep_last)]
+        floor = kept[-1] if self.shared else complete[0]  # incomplete steps below it are dead uploads
         doomed = [s for s in complete[max(1, self.keep_last):]]
-        doomed += [s for s in steps if s not in complete and s < newest]
+        doomed += [s for s in steps if s not in complete and s < floor]
         for s in sorted(doomed):
             marker = self._key(s, COMMIT_MARKER)
             keys = steps[s]
@@ -475,7 +491,7 @@ class S3Tier:
             uploads = []
         for up in uploads:
             m = _STEP_KEY.match(up["Key"][len(self.base):])
-            if m and int(m.group(1)) < newest and int(m.group(1)) not in complete[:max(1, self.keep_last)]:
+            if m and int(m.group(1)) < floor and int(m.group(1)) not in kept:
                 try:
                     s3.abort_multipart_upload(Bucket=self.bucket, Key=up["Key"], UploadId=up["UploadId"])
                 except Exception:
@@ -572,7 +588,8 @@ class S3Tier:
         collective (every rank, on the checkpointer's group).
 
         Rank 0 lists the complete steps and downloads each, newest first, into
-        ``<checkpointer.root>/step-XXXXXXXX/`` (:meth:`download` with ``ctx.checkpoint_key``:
+        ``<checkpointer.root>/step-XXXXXXXX/`` (``shared``: into a private directory first, see
+        the module docstring) (:meth:`download` with ``ctx.checkpoint_key``:
         marker authenticated first, files verified against its SHA-256s, marker written last);
         every rank then loads it. A step that fails to download or verify emits
         ``checkpoint.corrupt`` {tier: "s3", step, path: the S3 key, reason} or ``checkpoint.failed``
@@ -601,9 +618,24 @@ class S3Tier:
                 self.ctx.emit(EventKind.CHECKPOINT_FAILED, tier=TIER_S3, step=None, attempt=1, will_retry=False,
                               reason=f"cannot list the S3 checkpoints to restore from: {short_error(e)}",
                               path=self.uri)
-        for step in checkpointer.broadcast(steps):
+        staging = None
+        if self.shared:  # every group's rank 0 may be downloading at once: a directory of our own
+            staging = checkpointer.broadcast(
+                os.path.join(checkpointer.root, f".s3-download-{uuid.uuid4().hex}") if rank0 else None)
+        try:
+            return self._restore_steps(checkpointer, dcp_state, checkpointer.broadcast(steps), staging)
+        finally:
+            if staging is not None and rank0:
+                shutil.rmtree(staging, ignore_errors=True)
+
+    def _restore_steps(self, checkpointer: LocalCheckpoints, dcp_state: dict[str, Any], steps: list[int],
+                       staging: str | None) -> int | None:
+        """Collective: :meth:`restore_into`'s loop over the S3 steps, newest first."""
+        rank0 = self.ctx.rank == 0
+        for step in steps:
             t0 = time.monotonic()
-            path = os.path.join(checkpointer.root, step_dir_name(step))
+            final = os.path.join(checkpointer.root, step_dir_name(step))
+            path = final if staging is None else os.path.join(staging, step_dir_name(step))
             failure = self._fetch(step, path) if rank0 else None
             if checkpointer.broadcast(failure) is not None:
                 continue
@@ -620,8 +652,10 @@ class S3Tier:
                     nbytes = int(read_marker(path).get("bytes") or 0) or dir_bytes(path)
                 except (OSError, ValueError):
                     nbytes = dir_bytes(path)
+                if path != final:
+                    _move_into_place(path, final)
                 self.ctx.emit(EventKind.CHECKPOINT_RESTORED, tier=TIER_S3, step=step, bytes=nbytes, seconds=seconds,
-                              path=self.step_uri(step), local_path=path)
+                              path=self.step_uri(step), local_path=final)
             return step
         return None
 
@@ -676,6 +710,19 @@ class S3Tier:
     def __repr__(self) -> str:
         return (f"S3Tier(uri={self.uri!r}, every_steps={self.every_steps}, keep_last={self.keep_last}, "
                 f"endpoint_url={self.endpoint_url!r})")
+
+
+def _move_into_place(path: str, final: str) -> None:
+    """Rename the downloaded step ``path`` to ``final`` unless a complete checkpoint (another
+    group's download, or a save) is there already; a stale incomplete ``final`` is left alone
+    (retention or a later restore removes it). ``path`` is gone afterwards either way."""
+    if not os.path.exists(os.path.join(final, COMMIT_MARKER)):
+        try:
+            os.rename(path, final)  # atomic; fails when final is a non-empty directory
+            return
+        except OSError:
+            pass
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _is_not_found(exc: BaseException) -> bool:

@@ -66,6 +66,21 @@ Environment:
                                   replication group's collectives, seconds (default 120)
 ================================= =============================================================
 
+Checkpointless jobs (``ctx.replica_group`` set, one TieredCheckpointer per replica group with
+``replicas=0``): the memory tier stays per rank (``<node_dir>/replica-group-<G>/``), but the
+persistent tier is one copy per job, in the ordinary layout (``<job_dir>/checkpoints/step-*``,
+the same files a one-group job writes) and S3 uploads that one copy (``<s3_uri>/<job_id>/``).
+The replica groups hold the same state after a committed step, so one group writes it: the
+writer of a save is :func:`persistent_writer` (``sorted(members)[save_index % len(members)]``
+over the committed step's live groups), so the writes rotate over the groups and a dead group
+never blocks one (it is not a member). ``maybe_save`` needs those ``members``
+(:class:`~hyperpod_lab.runtime.checkpointless.ft.Checkpointless` passes them). A writer that dies
+mid-save leaves a directory without a commit marker, which no restore loads (the newest complete
+step is used). Every group restores from that one copy, and also finds the per-group
+``<job_dir>/checkpoints/replica-group-<G>/step-*`` of jobs written by earlier versions (the
+newest complete step across both layouts); their S3 prefixes (``<s3_uri>/replica-group-<G>/``)
+are not searched.
+
 On the 2-node dev cluster both "nodes" are one host and share its ``/dev/shm``; the memory tier's
 paths include the node name (``<shm_root>/<job_id>/<node>/...``) so that each "node" has its own,
 and losing a node is played by deleting ``<shm_root>/<job_id>/<node>``.
@@ -89,7 +104,6 @@ import torch.distributed as dist
 
 from hyperpod_lab.events import EventKind
 from hyperpod_lab.jobdir import ENV_PEER_TIMEOUT, TIER_MEMORY, TIER_PEER, TIER_RANK
-from hyperpod_lab.runtime.checkpoint.format import list_checkpoints
 from hyperpod_lab.runtime.checkpoint.memory import MemoryTier, Snapshot
 from hyperpod_lab.runtime.checkpoint.peer import (
     GlooTransport,
@@ -111,6 +125,24 @@ if TYPE_CHECKING:  # pragma: no cover
 
 DEFAULT_PEER_TIMEOUT_S = 120.0
 DEFAULT_MEMORY_EVERY = 5
+LEGACY_GROUP_DIRS = "replica-group-*"
+"""Per-group persistent directories under ``<job_dir>/checkpoints`` of checkpointless jobs written
+by hyperpod-lab before the one-copy-per-job layout (restore still reads them)."""
+
+
+def persistent_writer(step: int, every_steps: int, members: "set[int] | list[int]") -> int:
+    """The replica group that writes the persistent checkpoint of 0-based ``step`` (a step with
+    ``(step + 1) % every_steps == 0``): ``sorted(members)[save_index % len(members)]`` with
+    ``save_index = (step + 1) // every_steps - 1``. The same on every rank of every group (the
+    committed step's members are all-reduced), and a rotation over the groups.
+
+    Raises:
+        ValueError: ``members`` is empty.
+    """
+    groups = sorted({int(m) for m in members})
+    if not groups:
+        raise ValueError("persistent_writer needs the committed step's replica groups, got none")
+    return groups[((int(step) + 1) // int(every_steps) - 1) % len(groups)]
 
 
 def _peer_timeout() -> timedelta:
@@ -180,19 +212,20 @@ class TieredCheckpointer:
         self.timeout = _peer_timeout()
         self.rank, self.world_size = ctx.rank, ctx.world_size
 
-        # checkpointless mode: each data-parallel replica group keeps its own fallback copies
-        # (its own persistent directory and S3 prefix: groups never write the same files)
+        # checkpointless mode: one persistent copy per job, written by one replica group per save
+        # (persistent_writer), in the ordinary layout; the memory tier stays per rank and group
         group = getattr(ctx, "replica_group", None)
+        self.replica_group: int | None = None if group is None else int(group)
         group_dir = None if group is None else f"replica-group-{group}"
+        shared = group is not None
         s3 = None
         if policy.s3_uri:
             from hyperpod_lab.runtime.checkpoint.s3 import S3Tier  # boto3 only when S3 is configured
 
-            uri = policy.s3_uri if group_dir is None else policy.s3_uri.rstrip("/") + "/" + group_dir
-            s3 = S3Tier(ctx, uri, policy.s3_every_steps, keep_last=policy.keep_last)
-        extra = {"s3": s3} if s3 is not None else {}
-        if group_dir is not None:
-            extra["root"] = os.path.join(ctx.paths.checkpoints, group_dir)
+            s3 = S3Tier(ctx, policy.s3_uri, policy.s3_every_steps, keep_last=policy.keep_last, shared=shared)
+        extra: dict[str, Any] = {"s3": s3} if s3 is not None else {}
+        if shared:
+            extra.update(shared=True, legacy_glob=LEGACY_GROUP_DIRS)
         self.persistent = Checkpointer(ctx, every_steps=policy.every_steps, keep_last=policy.keep_last, **extra)
 
         # process groups: gloo for headers, layouts and agreement; the data group moves bytes
@@ -235,38 +268,69 @@ class TieredCheckpointer:
         ctx.register_checkpointer(self)
 
     # ---- saving -------------------------------------------------------------------------------
-    def maybe_save(self, step: int) -> bool:
+    def maybe_save(self, step: int, members: "set[int] | list[int] | None" = None) -> bool:
         """Save each tier whose interval ends at ``step``: memory (and peer) when
         ``(step + 1) % memory_every_steps == 0``, persistent when ``(step + 1) % every_steps == 0``
         (it uploads to S3 at its own interval). Collective: every rank, same steps.
 
         Args:
             step: 0-based step just completed.
+            members: checkpointless mode only (and required there): the replica groups of the
+                committed ``step``. Only :func:`persistent_writer`'s group writes the persistent
+                checkpoint; the others wait for their own previous save, if any, and go on.
 
         Returns:
-            Whether any tier started a save.
+            Whether any tier started a save (on this rank).
 
         Raises:
-            RuntimeError: the previous persistent save failed (see :meth:`Checkpointer.save`).
+            RuntimeError: the previous persistent save of this group failed (see
+                :meth:`Checkpointer.save`).
+            ValueError: checkpointless mode without ``members``.
         """
         step = int(step)
         mem = (step + 1) % self.memory_every_steps == 0
         if mem:
             self._memory_save(step)
-        return self.persistent.maybe_save(step, self.state) or mem
+        if (step + 1) % self.persistent.every_steps != 0:
+            return mem
+        if not self._writes_persistent(step, members):
+            self.persistent.wait()  # another group writes this one; ours may still be in flight
+            return mem
+        self.persistent.save(step, self.state)
+        return True
 
-    def save(self, step: int) -> None:
+    def save(self, step: int, members: "set[int] | list[int] | None" = None) -> None:
         """Save every tier now, as the state after 0-based ``step``. Collective.
 
         Returns when the training loop may continue: the memory snapshot is copied (overlap
         mode: the small part only), its commit and the peer replication run in the background;
-        the persistent tier has staged its copy and writes in the background.
+        the persistent tier has staged its copy and writes in the background. In checkpointless
+        mode only the group ``sorted(members)[0]`` writes the persistent checkpoint.
 
         Raises:
             RuntimeError: the previous persistent save failed.
+            ValueError: checkpointless mode without ``members``.
         """
         self._memory_save(int(step))
+        if self.replica_group is not None and self._require(members) and self.replica_group != min(members):
+            self.persistent.wait()
+            return
         self.persistent.save(int(step), self.state)
+
+    def _require(self, members: "set[int] | list[int] | None") -> bool:
+        if not members:
+            raise ValueError(
+                "in a checkpointless job the persistent checkpoint is one copy per job, written by one replica "
+                "group per save: pass members= (the replica groups of the committed step, as "
+                "Checkpointless.end_step does) to maybe_save/save")
+        return True
+
+    def _writes_persistent(self, step: int, members: "set[int] | list[int] | None") -> bool:
+        """Whether this rank's group writes the persistent checkpoint of ``step``."""
+        if self.replica_group is None:
+            return True
+        self._require(members)
+        return persistent_writer(step, self.persistent.every_steps, members) == self.replica_group
 
     def _memory_save(self, step: int) -> None:
         try:
@@ -379,7 +443,7 @@ class TieredCheckpointer:
         holdings = self._scan_node() if self.rank == self._reporter else []
         newest_persistent = None
         if self.rank == 0:
-            complete = [s for s, _p, c in list_checkpoints(getattr(self.persistent, "root", "")) if c]
+            complete = [s for s, _p, c in self.persistent.listing() if c]
             newest_persistent = complete[0] if complete else None
         infos = self._all_gather({"rank": self.rank, "holdings": holdings, "persistent": newest_persistent})
         newest_persistent = infos[0]["persistent"]
