@@ -209,3 +209,69 @@ def test_every_group_falls_back_to_the_one_job_copy(tmp_path, legacy):
     assert kinds(ev, "finished")[-1]["data"]["steps"] == steps
     assert set(range(steps)) <= {e["data"]["step"] for e in kinds(ev, "step")}
     assert torch.equal(job.final(0)["weight"], job.final(1)["weight"])
+
+
+# ---- retention of the shared root and prefix (in process, real files, real S3 HTTP endpoint) --------
+def _ctx(job_dir: str, job_id: str):
+    """A one-rank JobContext without a process group (retention needs none)."""
+    from hyperpod_lab.runtime.context import JobContext
+
+    return JobContext(rank=0, world_size=1, local_rank=0, local_world_size=1, group_rank=0, nodes=1, node="test",
+                      job_id=job_id, job_dir=job_dir, spec=None, restart_count=0, is_restart=False,
+                      owns_default_group=False, cpu_group=None, step_interval_s=1.0)
+
+
+def _dirs(root: str, complete: list[int], incomplete: list[int]) -> None:
+    for s in complete + incomplete:
+        d = os.path.join(root, f"step-{s:08d}")
+        os.makedirs(d)
+        with open(os.path.join(d, "__0_0.distcp"), "wb") as f:
+            f.write(b"x")
+        if s in complete:
+            open(os.path.join(d, "COMMITTED"), "w").close()
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_shared_root_retention_spares_the_save_another_group_may_still_write(tmp_path, shared):
+    """Saves every 2 steps: step 5 is incomplete while step 7 is committed. In one group's root
+    that is a dead save (deleted); in a shared root step 5's writer (another group) may still be
+    writing it, so it stays; the incomplete step 1 (older than the previous interval) goes."""
+    from hyperpod_lab.runtime.checkpoint.persistent import Checkpointer
+
+    ctx = _ctx(str(tmp_path / "job"), "retain")
+    ckpt = Checkpointer(ctx, every_steps=2, keep_last=2, root=str(tmp_path / "root"), shared=shared)
+    _dirs(ckpt.root, complete=[3, 7], incomplete=[1, 5])
+    ckpt._retain()
+    left = sorted(os.listdir(ckpt.root))
+    assert left == (["step-00000003", "step-00000005", "step-00000007"] if shared
+                    else ["step-00000003", "step-00000007"]), left
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_shared_s3_retention_spares_uploads_inside_the_kept_window(tmp_path, monkeypatch, shared):
+    """S3 holds complete steps 3 and 7 (keep_last 2) and partial uploads of steps 1 and 5. One
+    uploader: 5 is a dead upload (deleted). Shared prefix: step 5 may be another group's upload
+    still running, so only the partial step below the oldest kept one (1) goes."""
+    from moto_server import CREDENTIALS, MotoServer
+
+    from hyperpod_lab.runtime.checkpoint.s3 import S3Tier
+
+    srv = MotoServer(str(tmp_path / "moto.log")).start()
+    try:
+        srv.create_bucket("ckpt")
+        client = srv.client()
+        for s in (1, 3, 5, 7):
+            client.put_object(Bucket="ckpt", Key=f"runs/retain/step-{s:08d}/__0_0.distcp", Body=b"x")
+            if s in (3, 7):
+                client.put_object(Bucket="ckpt", Key=f"runs/retain/step-{s:08d}/COMMITTED", Body=b"{}")
+        for k, v in CREDENTIALS.items():
+            monkeypatch.setenv(k, v)
+        tier = S3Tier(_ctx(str(tmp_path / "job"), "retain"), "s3://ckpt/runs", 2, keep_last=2,
+                      endpoint_url=srv.url, shared=shared)
+        tier._retain()
+        steps = sorted({k.split("/")[2] for k in (o["Key"] for o in client.list_objects_v2(
+            Bucket="ckpt", Prefix="runs/").get("Contents", []))})
+    finally:
+        srv.kill()
+    assert steps == (["step-00000003", "step-00000005", "step-00000007"] if shared
+                     else ["step-00000003", "step-00000007"]), steps
