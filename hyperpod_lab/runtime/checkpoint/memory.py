@@ -1,8 +1,8 @@
-"""The memory tier: snapshots of a rank's full training state in named shared-memory files.
+"""The memory tier: snapshots of a rank's training state in named shared-memory files.
 
 A snapshot is the rank's whole state (model parameters and buffers, optimizer state, data-loader
-position, RNG states, ...) flattened into one preallocated byte buffer: a file under ``/dev/shm``
-(a tmpfs), mapped into the process and reused. Files in ``/dev/shm`` outlive the process that
+position, RNG states, ...; its local shards when the state is sharded) flattened into one
+preallocated byte buffer: a file under ``/dev/shm`` (a tmpfs), mapped into the process and reused. Files in ``/dev/shm`` outlive the process that
 wrote them (a SIGKILLed rank's restarted process maps them again and reads them back) but not the
 node (they are RAM). :mod:`hyperpod_lab.runtime.checkpoint.peer` copies each snapshot to another node so
 that a lost node loses no snapshot; :class:`hyperpod_lab.runtime.checkpoint.tiered.TieredCheckpointer` puts
@@ -46,7 +46,10 @@ overlap mode) and the commit waits for them.
     tier.close(remove=True)
 
 What a state may hold is the same as for the persistent tier (see
-:mod:`hyperpod_lab.runtime.state`); tensors must be dense plain tensors (no DTensor/ShardedTensor).
+:mod:`hyperpod_lab.runtime.state`). Tensors must be dense. A sharded state (FSDP2 ``fully_shard``,
+HSDP: DTensor parameters and optimizer state) is snapshotted as this rank's local shards with
+their placements, and restored into the live DTensors only when the live mesh and placements are
+the snapshot's (else ``ValueError``); ShardedTensor (FSDP1) raises ``TypeError``.
 """
 
 from __future__ import annotations

@@ -15,6 +15,13 @@ Placement (:func:`partner_map`): nodes are ordered by their lowest rank; rank ``
 node's size) of node ``(i + k) mod N``. With contiguous ranks per node that is
 ``(r + k * local_world_size) mod world_size``. ``replicas`` is capped at ``N - 1``.
 
+Sharded state (HSDP: shard within a node's replica group, replicate across groups): with a
+(replicate, shard) mesh over contiguous ranks, rank ``r`` holds shard ``r mod local_world_size``
+of replica group ``r // local_world_size``, so its partner ``r + local_world_size`` is the rank
+holding the *same* shard in the next replica group. A rank's snapshot is its local shards, and
+a lost node's ranks get theirs back shard by shard from the partners' memory (the replicas),
+with no storage read (``tests/runtime/test_sharded_state.py`` checks both on a 2 x 2 mesh).
+
 Transport: the small :class:`Transport` interface moves CPU byte buffers between ranks with an
 explicit timeout. :class:`GlooTransport` sends the buffers themselves (CPU, gloo);
 :class:`StagedTransport` moves them through fixed-size device staging buffers, chunk by chunk

@@ -6,7 +6,8 @@ Layout on a node (``$HYPERPOD_LAB_SHM_DIR`` overrides ``/dev/shm/hyperpod-lab``)
     <shm_root>/<job_id>/<node>/replica-of-rank-<R>/ snapshots of rank R (on another node), held here
         slot-<i>.bin    the flattened tensors (i = 0 .. keep_last - 1), allocated once, reused
         slot-<i>.meta   the layout as JSON (:func:`hyperpod_lab.runtime.state.capture`): the
-                        state's structure, dtype/shape/offset of every tensor (never pickle)
+                        state's structure, dtype/shape/offset of every tensor (a DTensor's local
+                        shard, with its placements, global shape and mesh) (never pickle)
         slot-<i>.json   the commit record {format, step, world_size, rank, nbytes, data_checksum,
                         meta_sha256, job_id, time, hmac[, replica]}
 
