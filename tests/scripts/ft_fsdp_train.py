@@ -49,7 +49,7 @@ def shard_digest(model, opt) -> tuple[str, int]:
     return h.hexdigest(), n
 
 
-def main():
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--global-batch", type=int, default=32)
@@ -60,14 +60,63 @@ def main():
     p.add_argument("--samples", type=int, default=1024)
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--fsdp", action="store_true", help="fully_shard the model over the replica group's ranks")
-    a = p.parse_args()
+    return p.parse_args(argv)
 
+
+def setup(a: argparse.Namespace):
+    """The data, the model (unsharded) and the batch plan, the same in every process."""
     g = torch.Generator().manual_seed(1234)
     X = torch.randn(a.samples, 16, generator=g)
     Y = torch.sin(X @ torch.randn(16, 1, generator=g)) + 0.05 * torch.randn(a.samples, 1, generator=g)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, a.width), torch.nn.Tanh(), torch.nn.Linear(a.width, a.width),
                                 torch.nn.Tanh(), torch.nn.Linear(a.width, 1))
+    batches = ElasticBatches(a.samples, a.global_batch, a.micro_batch, seed=7, base_lr=a.lr, lr_rule="linear")
+    return X, Y, model, batches
+
+
+def optimizer(a: argparse.Namespace, model):
+    return (torch.optim.Adam(model.parameters(), lr=a.lr) if a.optim == "adam"
+            else torch.optim.SGD(model.parameters(), lr=a.lr))
+
+
+def reference_run(argv: list[str]) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The fault-free loss curve and final parameters of this job with these arguments, computed
+    in this process: one unsharded replica of one rank taking every global batch whole (no
+    process group, no torchft)."""
+    a = parse_args(argv)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the job's ranks (OMP_NUM_THREADS=1)
+    try:
+        return _reference_run(a)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _reference_run(a: argparse.Namespace) -> tuple[list[float], dict[str, torch.Tensor]]:
+    X, Y, model, batches = setup(a)
+    opt = optimizer(a, model)
+    losses, cursor = [], 0
+    for step in range(a.steps):
+        plan = batches.plan(step, cursor, 1, 0)
+        for group in opt.param_groups:
+            group["lr"] = plan.lr
+        opt.zero_grad()
+        loss_sum = 0.0
+        for mb in plan.micro_batches:
+            idx = torch.tensor(mb, dtype=torch.long)
+            loss = F.mse_loss(model(X[idx]), Y[idx]) * plan.weight(len(mb))
+            loss.backward()
+            loss_sum += loss.item()
+        opt.step()
+        cursor += plan.effective_batch
+        losses.append(loss_sum)
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def main():
+    a = parse_args()
+    X, Y, model, batches = setup(a)
 
     with hp.init() as ctx:
         if a.fsdp:
@@ -78,9 +127,7 @@ def main():
                 if isinstance(layer, torch.nn.Linear):
                     fully_shard(layer, mesh=mesh)
             fully_shard(model, mesh=mesh)
-        opt = (torch.optim.Adam(model.parameters(), lr=a.lr) if a.optim == "adam"
-               else torch.optim.SGD(model.parameters(), lr=a.lr))
-        batches = ElasticBatches(a.samples, a.global_batch, a.micro_batch, seed=7, base_lr=a.lr, lr_rule="linear")
+        opt = optimizer(a, model)
         ft = Checkpointless(ctx, model, opt, batches, checkpoint=False)
         shards = os.path.join(ctx.job_dir, "shards")
         os.makedirs(shards, exist_ok=True)
