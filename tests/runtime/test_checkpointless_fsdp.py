@@ -57,15 +57,6 @@ class FsdpJob(Job):
         with open(os.path.join(self.job_dir, "ranks", f"rank-{group * self.procs + rank}.json")) as f:
             return json.load(f)["pid"]
 
-    def shard_records(self) -> dict[tuple[int, int], list[dict]]:
-        """(group, rank) -> its records: the SHA-256 of its local shards at each begin_step."""
-        out = {}
-        d = os.path.join(self.job_dir, "shards")
-        for name in sorted(os.listdir(d)):
-            _, g, _, r = name[:-len(".jsonl")].split("-")
-            with open(os.path.join(d, name)) as f:
-                out[(int(g), int(r))] = [json.loads(line) for line in f if line.strip()]
-        return out
 
 
 def _run(tmp_path, groups: int, args: list[str], procs: int = PROCS) -> FsdpJob:
@@ -120,12 +111,24 @@ def test_equal_micro_batches_give_every_rank_of_a_sharded_group_the_same_count()
 STEPS = 120  # long enough for the killed group to restart (10-20 s under load) and heal
 
 
-def assert_shards_agree(job: FsdpJob, groups: set[int]) -> dict[int, set[int]]:
+def shard_records(job_dir: str) -> dict[tuple[int, int], list[dict]]:
+    """(group, rank) -> its records (``ft_fsdp_train.py``): the SHA-256 of its local shards at each
+    begin_step, with the step and the process id."""
+    out = {}
+    d = os.path.join(job_dir, "shards")
+    for name in sorted(os.listdir(d)):
+        _, g, _, r = name[:-len(".jsonl")].split("-")
+        with open(os.path.join(d, name)) as f:
+            out[(int(g), int(r))] = [json.loads(line) for line in f if line.strip()]
+    return out
+
+
+def assert_shards_agree(job_dir: str, procs: int, groups: set[int]) -> dict[int, set[int]]:
     """Rank r of every group in ``groups`` held bit-identical local shards (model and optimizer)
     at every step they both began; returns, per rank, the steps begun by all of them."""
-    records = job.shard_records()
+    records = shard_records(job_dir)
     common = {}
-    for r in range(job.procs):
+    for r in range(procs):
         by_step: dict[int, dict[int, set[str]]] = {}
         for g in groups:
             assert (g, r) in records, f"no shard records of group {g} rank {r}"
@@ -136,6 +139,20 @@ def assert_shards_agree(job: FsdpJob, groups: set[int]) -> dict[int, set[int]]:
             assert len(digests) == 1, f"rank {r}'s shards differ between groups at step {step}: {per_group}"
         common[r] = {s for s, per_group in by_step.items() if set(per_group) == groups}
     return common
+
+
+def assert_healed_bit_equal(job_dir: str, procs: int, group: int, heal_step: int) -> None:
+    """Every rank of ``group`` was restarted (a new process) and began ``heal_step``, the step it
+    healed at, with the same bits as rank r of every other group (see :func:`assert_shards_agree`,
+    which must hold too)."""
+    records = shard_records(job_dir)
+    groups = {g for g, _ in records}
+    common = assert_shards_agree(job_dir, procs, groups)
+    for r in range(procs):
+        mine = records[(group, r)]
+        after = [rec for rec in mine if rec["step"] >= heal_step]
+        assert after and after[0]["pid"] != mine[0]["pid"], f"group {group} rank {r} was not restarted"
+        assert after[0]["step"] == heal_step and heal_step in common[r], (r, heal_step, after[0])
 
 
 def test_killed_rank_of_an_fsdp_group_heals_its_shards_from_the_other_group(tmp_path):
@@ -171,16 +188,9 @@ def test_killed_rank_of_an_fsdp_group_heals_its_shards_from_the_other_group(tmp_
     assert 1 in replicas.values() and replicas[STEPS - 1] == 2, replicas  # group 0 went on alone, then both
 
     # bytes sent = this rank's local shards: model + Adam state of half of every parameter
-    records = job.shard_records()
-    restarted = [rec for rec in records[(1, 0)] if rec["pid"] != records[(1, 0)][0]["pid"]]
-    assert restarted, "group 1's rank 0 was not restarted"
     full = sum(t.numel() * t.element_size() for t in clean_final.values())
     assert 0.45 * 3 * full <= healed[0]["data"]["bytes"] <= 0.55 * 3 * full + 64, (healed[0]["data"], full)
-    common = assert_shards_agree(job, {0, 1})
-    heal_step = healed[0]["data"]["step"]
-    for r in range(PROCS):  # the healed ranks' first step: the same bits as the live peer's
-        new_pid = [rec for rec in records[(1, r)] if rec["step"] >= heal_step][0]
-        assert new_pid["step"] == heal_step and heal_step in common[r], (r, heal_step, new_pid)
+    assert_healed_bit_equal(job.job_dir, PROCS, 1, healed[0]["data"]["step"])
 
     losses = _losses(ev)
     assert sorted(losses) == list(range(STEPS)), "a step was lost or repeated"
