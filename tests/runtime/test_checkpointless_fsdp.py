@@ -3,8 +3,9 @@ replica groups of 2 ranks (one launch agent each, ``--nproc-per-node=2``), each 
 with ``fully_shard`` over its own ranks (gloo on CPU), torchft replicating the shards across the
 groups (rank r of every group holds the same shard). The job is ``tests/scripts/ft_fsdp_train.py``.
 
-The fallback checkpoint is off in these jobs (``checkpoint=False``): they test the live-peer path,
-and no storage tier is involved. The multi-node version is in
+The fault test runs with the tiered fallback checkpoint on (``--checkpoint``: the sharded memory
+tier every step, the persistent tier every 10 steps), so "no storage read" means the heal came from
+the live peer although a stored copy was there. The multi-node version is in
 ``tests/runtime/test_checkpointless_fsdp_slurm.py``.
 """
 
@@ -163,7 +164,7 @@ def test_killed_rank_of_an_fsdp_group_heals_its_shards_from_the_other_group(tmp_
     groups holds the same bits at every step (the healed ranks' first step included), and the
     loss curve and final parameters match a fault-free run's (one unsharded rank, in this process:
     ``ft_fsdp_train.reference_run``) up to float reduction order."""
-    args = ["--fsdp", "--steps", str(STEPS), "--step-sleep", "0.25"]
+    args = ["--fsdp", "--checkpoint", "--steps", str(STEPS), "--step-sleep", "0.25"]
     clean_losses, clean_final = reference_run(args)
 
     job = FsdpJob(tmp_path / "fault", 2, args)
@@ -184,6 +185,8 @@ def test_killed_rank_of_an_fsdp_group_heals_its_shards_from_the_other_group(tmp_
     assert healed and healed[0]["data"]["replica_group"] == 1, "the restarted group did not heal from its peer"
     assert not _storage_restores(ev), f"read from storage: {_storage_restores(ev)}"
     assert not kinds(ev, "recovery.fallback")
+    # the fallback checkpoint was there (sharded memory tier every step, persistent every 10), unused
+    assert kinds(ev, "checkpoint.saved", tier="memory") and kinds(ev, "checkpoint.saved", tier="persistent")
     replicas = {e["data"]["step"]: e["data"]["replicas"] for e in kinds(ev, "step")}
     assert 1 in replicas.values() and replicas[STEPS - 1] == 2, replicas  # group 0 went on alone, then both
 

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 import hyperpod_lab.runtime as hp
 from hyperpod_lab.runtime.checkpointless.elastic import ElasticBatches
 from hyperpod_lab.runtime.checkpointless.ft import Checkpointless, shard_mesh
+from hyperpod_lab.spec import CheckpointPolicy
 
 
 def local_tensors(obj):
@@ -60,6 +61,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=1024)
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--fsdp", action="store_true", help="fully_shard the model over the replica group's ranks")
+    p.add_argument("--checkpoint", action="store_true",
+                   help="the tiered fallback checkpoint: memory tier every step, persistent every 10 (default: none)")
     return p.parse_args(argv)
 
 
@@ -128,7 +131,8 @@ def main():
                     fully_shard(layer, mesh=mesh)
             fully_shard(model, mesh=mesh)
         opt = optimizer(a, model)
-        ft = Checkpointless(ctx, model, opt, batches, checkpoint=False)
+        policy = CheckpointPolicy(every_steps=10, keep_last=2, memory_every_steps=1) if a.checkpoint else False
+        ft = Checkpointless(ctx, model, opt, batches, checkpoint=policy)
         shards = os.path.join(ctx.job_dir, "shards")
         os.makedirs(shards, exist_ok=True)
         record = os.path.join(shards, f"group-{ctx.replica_group}-rank-{ctx.rank}.jsonl")

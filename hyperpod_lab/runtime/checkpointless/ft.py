@@ -88,6 +88,7 @@ from hyperpod_lab.jobdir import (
 )
 from hyperpod_lab.runtime.checkpointless.elastic import ElasticBatches, StepPlan
 from hyperpod_lab.runtime.context import env_seconds
+from hyperpod_lab.runtime.state import _dtensor_type
 
 if TYPE_CHECKING:
     from hyperpod_lab.runtime.context import JobContext
@@ -327,15 +328,6 @@ def shard_mesh(ctx: "JobContext"):
     return init_device_mesh(torch.device(ctx.device).type, (ctx.world_size,), mesh_dim_names=("shard",))
 
 
-def _dtensor_type() -> type | None:
-    """``torch.distributed.tensor.DTensor`` if a DTensor can exist in this process (its module was
-    imported: FSDP2 imports it), else None, without importing it (about a second)."""
-    import sys
-
-    mod = sys.modules.get("torch.distributed.tensor")
-    return getattr(mod, "DTensor", None) if mod is not None else None
-
-
 def _fsdp_modules(model: torch.nn.Module) -> list[Any]:
     """The FSDP2 (``fully_shard``) modules in ``model``, outermost first; [] without FSDP2."""
     import sys
@@ -447,7 +439,7 @@ class Checkpointless:
             min_replicas = (el.min_nodes if el is not None and el.min_nodes else 1)
         self.ctx, self.model, self.optimizer, self.batches = ctx, model, optimizer, batches
         self.bucket_elems = max(1, int(bucket_bytes) // 4)
-        self._dtensor = _dtensor_type()
+        self._dtensor = _dtensor_type()  # None: no DTensor exists in this process (no FSDP2)
         fsdp = _fsdp_modules(model)
         if self._dtensor is not None and not fsdp and any(isinstance(p, self._dtensor) for p in model.parameters()):
             raise ValueError("the model has DTensor parameters but no FSDP2 (fully_shard) module: Checkpointless "
