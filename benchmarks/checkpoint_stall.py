@@ -14,8 +14,21 @@ The loop: one thread (``torch.set_num_threads(1)``); a step is a fixed matmul wo
 (~``--compute-ms``) plus an in-place update of every state tensor (as an optimizer does), so
 checkpoint copies compete with training for the core and memory bandwidth, as on CPU nodes.
 
+Sharded state (``--sharded``): 2 processes (gloo), each holding its shards of an FSDP2
+``fully_shard`` model (8 square bias-free ``Linear`` layers over a 1-D CPU mesh) and of its AdamW
+state (DTensors); ``--sizes-mb`` is then the bytes of *local* shards per rank (parameters plus the
+two AdamW moments). Methods: ``memcpy_local_shards`` (copy every local shard into preallocated
+buffers: the limit) and ``ours_memory_sharded`` / ``ours_memory_sharded_overlap`` (the memory
+tier snapshotting ``{"model": model, "optim": opt}``: it takes the DTensors apart into local
+shards plus placements). The optimizer step of the loop updates every local shard in place. Both
+ranks run each method at the same time (a barrier between methods); the figures are per rank and
+the targets use the slower rank. Every row also has ``call_s_median``, the median seconds one
+checkpoint call blocked (for memcpy the copy itself), a less noisy second view on a busy machine.
+
 Usage: .venv/bin/python benchmarks/checkpoint_stall.py [--sizes-mb 256 1024] [--steps 5]
        [--out benchmarks/results/checkpoint_stall.json] [--methods ...]
+       .venv/bin/python benchmarks/checkpoint_stall.py --sharded [--sizes-mb 64 256]
+       [--out benchmarks/results/checkpoint_stall_sharded.json]
 """
 
 from __future__ import annotations
@@ -26,6 +39,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -72,8 +86,10 @@ class Loop:
 
 
 def run_loop(loop: Loop, steps: int, checkpoint: Callable[[int], None] | None,
-             before_optimizer: Callable[[], None] | None = None, finish: Callable[[], None] | None = None) -> float:
-    """Wall seconds of ``steps`` steps, each followed by ``checkpoint(step)`` when given."""
+             before_optimizer: Callable[[], None] | None = None, finish: Callable[[], None] | None = None,
+             calls: list[float] | None = None) -> float:
+    """Wall seconds of ``steps`` steps, each followed by ``checkpoint(step)`` when given (the
+    seconds each ``checkpoint`` call blocked are appended to ``calls``)."""
     t0 = time.perf_counter()
     for s in range(steps):
         loop.forward_backward()
@@ -81,7 +97,10 @@ def run_loop(loop: Loop, steps: int, checkpoint: Callable[[int], None] | None,
             before_optimizer()
         loop.optimizer_step()
         if checkpoint:
+            c0 = time.perf_counter()
             checkpoint(s)
+            if calls is not None:
+                calls.append(time.perf_counter() - c0)
     if finish:
         finish()
     return time.perf_counter() - t0
@@ -167,12 +186,12 @@ def _dcp_async(fast_stager: bool):
     return setup
 
 
-def m_ours(state, tmp, overlap: bool = False):
+def m_ours(state, tmp, overlap: bool = False, wrap: bool = True):
     from hyperpod_lab.runtime.checkpoint.memory import MemoryTier
 
     shm = os.environ.get("HYPERPOD_LAB_SHM_DIR", "/dev/shm/hyperpod-lab")
     tier = MemoryTier(os.path.join(shm, "bench", os.path.basename(tmp)), keep_last=2, pin_memory=False)
-    wrapped = {"state": state}
+    wrapped = {"state": state} if wrap else state
 
     def ck(step):
         tier.snapshot(step, wrapped, overlap=overlap)
@@ -192,24 +211,71 @@ METHODS = {
 }
 
 
+# ---- sharded state: FSDP2 local shards ----------------------------------------------------------
+LAYERS = 8
+
+
+def make_sharded_state(size_bytes: int) -> tuple[dict[str, torch.Tensor], dict]:
+    """An FSDP2 model sharded over every rank (1-D CPU mesh) and its AdamW state after one step,
+    about ``size_bytes`` bytes of local shards on this rank (parameters + 2 moments, float32).
+
+    Returns:
+        ``(local shards by name, {"model": model, "optim": optimizer})``; the local shards are
+        the DTensors' own local tensors (updating them updates the model and the optimizer).
+    """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    world = dist.get_world_size()
+    d = max(world, int((size_bytes * world / (LAYERS * 4 * 3)) ** 0.5))
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("shard",))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(d, d, bias=False) for _ in range(LAYERS)])
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model(torch.randn(2, d)).sum().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    locs = {f"p{i}": p.to_local().detach() for i, p in enumerate(model.parameters())}
+    for i, st in enumerate(opt.state.values()):
+        for k in ("exp_avg", "exp_avg_sq"):
+            locs[f"p{i}-{k}"] = st[k].to_local()
+    return locs, {"model": model, "optim": opt}
+
+
+SHARDED_METHODS = {
+    "memcpy_local_shards": lambda locs, full, tmp: m_memcpy(locs, tmp),
+    "ours_memory_sharded": lambda locs, full, tmp: m_ours(full, tmp, wrap=False),
+    "ours_memory_sharded_overlap": lambda locs, full, tmp: m_ours(full, tmp, overlap=True, wrap=False),
+}
+
+
 def measure(method: str, size_mb: int, steps: int, compute_ms: float, reps: int) -> dict:
     tmp = tempfile.mkdtemp(prefix=f"hp-bench-{method}-", dir=os.environ.get("HP_BENCH_DIR"))
     try:
-        state = make_state(size_mb * MB)
+        if method in SHARDED_METHODS:
+            state, full = make_sharded_state(size_mb * MB)
+            setup = lambda st, t: SHARDED_METHODS[method](st, full, t)  # noqa: E731
+        else:
+            state, setup = make_state(size_mb * MB), METHODS[method]
         loop = Loop(state, compute_ms)
-        ck, before, finish, cleanup = METHODS[method](state, tmp)
+        ck, before, finish, cleanup = setup(state, tmp)
         ck(-1)  # warm up: first-touch of buffers is not a per-checkpoint cost
         if finish:
             finish()
-        added = []
+        added, calls = [], []
         for _ in range(reps):
             base = run_loop(loop, steps, None)
-            withck = run_loop(loop, steps, ck, before, finish)
+            withck = run_loop(loop, steps, ck, before, finish, calls)
             added.append((withck - base) / steps)
         cleanup()
         return {"method": method, "size_mb": size_mb, "steps": steps, "reps": reps,
+                "state_bytes": sum(t.numel() * t.element_size() for t in state.values()),
                 "added_s_per_checkpoint": statistics.median(added), "all": added,
-                "step_s_without": base / steps}
+                "call_s_median": statistics.median(calls), "step_s_without": base / steps}
     finally:
         gc.collect()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -222,8 +288,16 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--compute-ms", type=float, default=200.0)
     ap.add_argument("--methods", nargs="+", default=list(METHODS))
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "checkpoint_stall.json"))
+    ap.add_argument("--out", default=None, help="default benchmarks/results/checkpoint_stall[_sharded].json")
+    ap.add_argument("--sharded", action="store_true", help="FSDP2 local shards on 2 processes (see the docstring)")
+    ap.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)  # a --sharded worker
+    ap.add_argument("--store", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.out is None:
+        a.out = os.path.join(os.path.dirname(__file__), "results",
+                             "checkpoint_stall_sharded.json" if a.sharded else "checkpoint_stall.json")
+    if a.sharded:
+        return sharded_main(a)
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="Detected an existing checkpoint")
     rows = []
@@ -275,6 +349,83 @@ def main() -> int:
             print(f"   {m:<28} {v['added_ms']:9.1f} ms{extra}")
     return write_results(a.out, {"benchmark": "checkpoint_stall", "threads": 1, "compute_ms": a.compute_ms,
                                  "rows": rows, "table": {str(k): v for k, v in table.items()}}, said="wrote")
+
+
+def sharded_worker(a) -> int:
+    """One rank of ``--sharded``: every method at every size, a barrier before each; JSON rows on
+    stdout (one line, prefixed ``ROWS ``)."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(a.store, WORLD), rank=a.rank, world_size=WORLD)
+    methods = [m for m in a.methods if m in SHARDED_METHODS] or list(SHARDED_METHODS)
+    rows = []
+    for size in a.sizes_mb:
+        for m in methods:
+            dist.barrier()
+            try:
+                r = measure(m, size, a.steps, a.compute_ms, a.reps)
+            except Exception as e:  # reported, not hidden
+                r = {"method": m, "size_mb": size, "error": f"{type(e).__name__}: {e}"}
+            rows.append(dict(r, rank=a.rank))
+    dist.barrier()
+    print("ROWS " + json.dumps(rows), flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+WORLD = 2
+
+
+def sharded_main(a) -> int:
+    """``--sharded``: run :func:`sharded_worker` on :data:`WORLD` processes, tabulate, write JSON."""
+    if a.rank is not None:
+        return sharded_worker(a)
+    store = tempfile.mktemp(prefix="hp-bench-store-")
+    base = [sys.executable, os.path.abspath(__file__), "--sharded", "--store", store, "--steps", str(a.steps),
+            "--reps", str(a.reps), "--compute-ms", str(a.compute_ms), "--sizes-mb", *map(str, a.sizes_mb),
+            "--methods", *a.methods]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen(base + ["--rank", str(r)], stdout=subprocess.PIPE, text=True, env=env)
+             for r in range(WORLD)]
+    outs = [p.communicate()[0] for p in procs]
+    if os.path.exists(store):
+        os.unlink(store)
+    if any(p.returncode for p in procs):
+        print("\n".join(outs), file=sys.stderr)
+        return 1
+    rows = [r for out in outs for line in out.splitlines() if line.startswith("ROWS ") for r in json.loads(line[5:])]
+    table = {}
+    for size in a.sizes_mb:
+        per, blocked = {}, {}
+        for r in rows:
+            if r["size_mb"] == size and "added_s_per_checkpoint" in r:
+                per.setdefault(r["method"], {})[r["rank"]] = r["added_s_per_checkpoint"]
+                blocked.setdefault(r["method"], {})[r["rank"]] = r["call_s_median"]
+        mc, mcb = per.get("memcpy_local_shards", {}), blocked.get("memcpy_local_shards", {})
+        entry = {}
+        for m, by_rank in per.items():
+            entry[m] = {"added_ms_per_rank": {k: v * 1000 for k, v in sorted(by_rank.items())},
+                        "x_memcpy_per_rank": {k: v / mc[k] if mc.get(k, 0) > 0 else None for k, v in sorted(by_rank.items())},
+                        "blocked_ms_per_rank": {k: v * 1000 for k, v in sorted(blocked[m].items())},
+                        "blocked_x_memcpy_per_rank": {k: v / mcb[k] if mcb.get(k) else None
+                                                      for k, v in sorted(blocked[m].items())}}
+        ours, ov = per.get("ours_memory_sharded"), per.get("ours_memory_sharded_overlap")
+        if ours and len(mc) == WORLD and all(v > 0 for v in mc.values()):
+            worst = max(ours[k] / mc[k] for k in ours)
+            worst_blocked = max(blocked["ours_memory_sharded"][k] / mcb[k] for k in ours)
+            entry["targets"] = {"ours_sharded_x_memcpy_worst_rank": worst, "ours_sharded_le_1.5x_memcpy": worst <= 1.5,
+                                "ours_sharded_blocked_x_memcpy_worst_rank": worst_blocked}
+            if ov:
+                entry["targets"]["overlap_x_memcpy_worst_rank"] = max(ov[k] / mc[k] for k in ov)
+        table[str(size)] = entry
+    print("\nsharded state (FSDP2, 2 ranks): added time per checkpoint (ms) per rank, ratios vs memcpy of the local shards")
+    for size, entry in table.items():
+        print(f"-- {size} MB of local shards a rank")
+        for m, v in entry.items():
+            print(f"   {m:<30} {v}")
+    return write_results(a.out, {"benchmark": "checkpoint_stall", "mode": "sharded", "world": WORLD, "threads": 1,
+                                 "compute_ms": a.compute_ms, "rows": rows, "table": table}, said="wrote")
 
 
 if __name__ == "__main__":
