@@ -8,7 +8,8 @@ the shards across the nodes (``tests/scripts/ft_fsdp_train.py --fsdp``). One job
 2. Slurm marks n2 DOWN (``scontrol update NodeName=n2 State=DOWN``): slurmctld kills n2's step,
    n1 goes on alone with twice the accumulation, and the job completes.
 
-Nothing is read from storage at any point, and the job's loss curve matches the fault-free run's
+Nothing is read from storage at any point (the sharded fallback checkpoint is written, memory tier
+every step, and never used), and the job's loss curve matches the fault-free run's
 (one unsharded rank, computed in the test process) up to float reduction order.
 """
 
@@ -32,7 +33,7 @@ def n2_back():
 
 
 def test_fsdp_checkpointless_job_heals_a_killed_rank_and_survives_a_node_down(dev_cluster, client, n2_back):
-    args = ["--fsdp", "--steps", str(STEPS), "--step-sleep", "0.25"]
+    args = ["--fsdp", "--checkpoint", "--steps", str(STEPS), "--step-sleep", "0.25"]
     job_id = cli.run(["submit", SCRIPT, "--cluster", "local-slurm", "--nodes", "2", "--procs-per-node", str(PROCS),
                       "--recovery", "checkpointless", "--name", "ft-hsdp",
                       "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001", "--env", "RUST_LOG=warn",
@@ -58,6 +59,11 @@ def test_fsdp_checkpointless_job_heals_a_killed_rank_and_survives_a_node_down(de
     assert out.returncode == 0, out.stderr
     until(lambda: [e for e in kinds("elastic.scaled") if e.time > t2 and e.data["new_replicas"] == 1],
           "n1 alone after n2 went down")
+    down = [e for e in kinds("fault.detected", reason="node down") if e.time > t2]
+    assert down and down[0].data["node"] == "n2" and down[0].data["rank"] == [2, 3], down
+    scaled = [e for e in kinds("elastic.scaled") if e.time > t2][0].data  # a whole group left: batch kept
+    assert scaled["accumulation_steps"] == 2 * scaled["old_accumulation_steps"], scaled
+    assert scaled["effective_batch"] == scaled["global_batch_size"] == 32 and scaled["new_world_size"] == PROCS
     until(lambda: kinds("finished"), "finished", timeout=600)
     assert client.wait(job_id, timeout_s=120).status == "completed", client.logs(job_id)[-3000:]
 
@@ -65,6 +71,7 @@ def test_fsdp_checkpointless_job_heals_a_killed_rank_and_survives_a_node_down(de
     assert kinds("finished")[-1].data["steps"] == STEPS
     assert not [e for e in kinds("checkpoint.restored") if e.data["tier"] != "replica"], "read from storage"
     assert not kinds("recovery.fallback")
+    assert kinds("checkpoint.saved", tier="memory")  # the fallback was there, unused
     assert [e for e in kinds("step") if e.time > t2 and e.data["replicas"] == 1]
     assert_healed_bit_equal(client.get(job_id).job_dir, PROCS, 1, healed["step"])
 
