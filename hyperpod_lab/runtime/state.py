@@ -404,7 +404,6 @@ class Captured:
             (:func:`load_meta`); non-tensor values are encoded here, i.e. captured when
             :func:`capture` runs.
         layout: ``((offset, dtype name, local shape), ...)`` per tensor.
-        sharded: tensors that are DTensor local shards.
     """
 
     tensors: list[torch.Tensor]
@@ -413,7 +412,6 @@ class Captured:
     nbytes: int
     meta: bytes
     layout: tuple = ()
-    sharded: int = 0
 
 
 class _Acc:
@@ -528,7 +526,7 @@ def capture(state: dict[str, Any]) -> Captured:
     body = {"format": FORMAT, "kinds": kinds, "tree": _enc(tree, ()), "layout": [list(x) for x in layout],
             "nbytes": pos, "dtensors": dtensors, "meshes": [d for _m, d in acc.meshes.values()]}
     meta = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
-    return Captured(acc.tensors, acc.deferrable, offsets, pos, meta, tuple(layout), len(dtensors))
+    return Captured(acc.tensors, acc.deferrable, offsets, pos, meta, tuple(layout))
 
 
 def _dtype(name: str) -> torch.dtype:

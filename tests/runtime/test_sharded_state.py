@@ -5,7 +5,8 @@
   shard), AdamW. A memory snapshot after 3 steps, restored into the live model after 2 more
   steps and into a freshly built model and optimizer (no optimizer state yet), is bit-equal to
   the local shards saved, and the next step gives bit-equal parameters to the step taken from the
-  saved state the first time. A snapshot whose mesh or placements differ from the live state's is
+  saved state the first time. An overlap-mode snapshot (local shards copied in the background,
+  the optimizer step waiting for them) reads back bit-equal to the state at its step. A snapshot whose mesh or placements differ from the live state's is
   refused with a message naming the tensor and both placements (:func:`compatible` and
   :func:`apply` agree), as are plain-vs-sharded mixes; ShardedTensor is refused by name.
 * ``hsdp``: 4 processes, HSDP over a (replicate=2, shard=2) mesh, nodes n0 = ranks 0, 1 and
@@ -110,8 +111,21 @@ if mode == "fsdp":
     meta = load_meta(snap.meta)
     res["n_dtensors"] = len(meta["dtensors"])
     res["mesh"] = meta["meshes"]
+    # overlap mode: the local shards are copied in the background; the optimizer step waits for it
+    over = MemoryTier(os.path.join(out_dir, f"overlap-{rank}"), keep_last=1, rank=rank, world_size=world, key=KEY)
+    over.snapshot(2, state, overlap=True)
+    res["deferrable"] = sum(capture(state).deferrable)
+    hook = opt.register_step_pre_hook(lambda *_a: over.wait_copy())
     step(m, opt, 3)
     after3 = locals_of(m, opt)
+    hook.remove()
+    over.wait()
+    _s, tree = over.read(2)
+    got = {f"model/{k}": v.local for k, v in tree["model"].items()}
+    got.update({f"optim/{i}/{k}": (v.local if hasattr(v, "spec") else v) for i, st in tree["optim"]["state"].items()
+                for k, v in st.items()})
+    same(got, saved, "the overlapped snapshot")
+    over.close(remove=True)
     step(m, opt, 4)
     extra["seen"] += 1
     # 1) restore into the live (changed) state
@@ -257,6 +271,9 @@ def test_fsdp2_round_trip_is_bit_equal_and_mismatches_are_named(tmp_path):
     res = _run(tmp_path, "fsdp", 2)
     # 4 parameters + 8 AdamW moments are DTensors (the 4 "step" counters are plain tensors)
     assert [r["n_dtensors"] for r in res] == [12, 12]
+    # overlap mode defers every parameter shard and the optimizer state (16 tensors); rank 1's two
+    # empty shards (of the 1-row weight and 1-element bias) have nothing to copy and are not deferred
+    assert [r["deferrable"] for r in res] == [16, 14]
     assert res[0]["mesh"] == [{"shape": [2], "dims": ["shard"], "ranks": [0, 1], "device": "cpu"}]
     # uneven shards, including an empty one, went through
     assert res[0]["shard_rows"]["model/0.weight"] == [2, 8] and res[1]["shard_rows"]["model/0.weight"] == [1, 8]
