@@ -21,6 +21,14 @@ Run it::
 Submitted with ``--recovery checkpointless`` (one replica group per node under torchft), it
 takes :func:`train_checkpointless`'s step loop instead of DDP: a dead rank heals from a live
 peer's memory and nodes may leave and join (``examples/flagship.ipynb``, docs/demo.md).
+
+``--fsdp`` shards the model and optimizer state with FSDP2 (``fully_shard`` on every block and
+the whole model) instead of replicating them with DDP: over all ranks in a normal job, and under
+``--recovery checkpointless`` over each replica group's ranks only, torchft replicating every
+shard across the groups (HSDP: a node's ranks hold one copy between them; a dead rank's group
+heals shard by shard from the ranks holding the same shards on another node)::
+
+    hyperpod-lab submit train_lm.py --nodes 2 --procs-per-node 2 --recovery checkpointless -- --fsdp
 """
 
 import argparse
@@ -238,6 +246,24 @@ def lr_at(step: int, total: int, base_lr: float, warmup: int) -> float:
 # Distributed helpers (no-ops with one process)
 # ----------------------------------------------------------------------------------------------
 
+def shard_model(model: "ByteLM", ctx, device: torch.device) -> None:
+    """FSDP2 in place: ``fully_shard`` every block, then the whole model (embeddings, final norm,
+    tied head), over the job's ranks, or over this replica group's ranks in a checkpointless job
+    (``hyperpod_lab.runtime.checkpointless.ft.shard_mesh``; the groups replicate each shard)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    if ctx.replica_group is not None:
+        from hyperpod_lab.runtime.checkpointless.ft import shard_mesh
+
+        mesh = shard_mesh(ctx)
+    else:
+        mesh = init_device_mesh(device.type, (ctx.world_size,))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
 def _distributed(world_size: int) -> bool:
     return world_size > 1 and dist.is_available() and dist.is_initialized()
 
@@ -262,9 +288,13 @@ def evaluate(model: nn.Module, heldout: np.ndarray, args, rank: int, world_size:
     """Mean held-out loss over ``EVAL_BATCHES * batch_size`` evenly spaced windows.
 
     The windows do not depend on the world size (ranks take every ``world_size``-th one), so the
-    result is comparable between runs of any size.
+    result is comparable between runs of any size; with ``--fsdp`` their number is rounded up to a
+    multiple of ``world_size x batch_size`` (each forward is a collective of the sharded model, so
+    every rank must run as many).
     """
     n = EVAL_BATCHES * args.batch_size
+    if getattr(args, "fsdp", False):  # every rank runs the same number of (collective) forwards
+        n = -(-n // (world_size * args.batch_size)) * world_size * args.batch_size
     starts = np.linspace(0, len(heldout) - args.seq_len - 1, n).astype(np.int64)[rank::world_size]
     total, count = 0.0, 0
     was_training = model.training
@@ -311,6 +341,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="corpus directory (default $HYPERPOD_LAB_SHARED_ROOT/datasets or ~/.cache/hyperpod-lab/datasets)")
     p.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (0: only at the end)")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep after each step (tests)")
+    p.add_argument("--fsdp", action="store_true",
+                   help="shard model and optimizer state with FSDP2 (checkpointless: within each replica group, HSDP)")
     args = p.parse_args(argv)
     if args.steps < 0 or args.batch_size < 1 or args.seq_len < 1:
         p.error("--steps must be >= 0, --batch-size and --seq-len >= 1")
@@ -354,6 +386,8 @@ def train(ctx, hp, args: argparse.Namespace) -> None:
     # Model and optimizer: same seed everywhere, so every rank starts identical.
     torch.manual_seed(args.seed)
     model = ByteLM(args.d_model, args.n_layers, args.n_heads, max_seq=args.seq_len).to(device)
+    if args.fsdp:
+        shard_model(model, ctx, device)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
@@ -374,7 +408,8 @@ def train(ctx, hp, args: argparse.Namespace) -> None:
     if start:
         log(f"resumed at step {start} (restart {ctx.restart_count})")
     ddp = nn.parallel.DistributedDataParallel(
-        model, device_ids=[device.index] if device.type == "cuda" else None) if _distributed(world) else model
+        model, device_ids=[device.index] if device.type == "cuda" else None) \
+        if _distributed(world) and not args.fsdp else model
 
     tokens_per_step = args.batch_size * args.seq_len * world
     final_loss = None
