@@ -73,10 +73,11 @@ def _run(tmp_path, groups: int, args: list[str], procs: int = PROCS) -> FsdpJob:
 def test_fsdp_group_sums_gradients_like_one_unsharded_rank(tmp_path):
     """One replica group of 2 ranks with FSDP2 against one rank without it, same global batch, plain
     SGD (scale-sensitive, unlike Adam): equal losses and final parameters up to float reduction
-    order. FSDP2 averages its reduce-scatter by default; the micro-batch losses are already
+    order, with 4 KiB gradient buckets (several per step). FSDP2 averages its reduce-scatter by
+    default; the micro-batch losses are already
     weighted to sum to the mean, so without Checkpointless's divide factor of 1 the gradients
     (and so every SGD update) would be halved."""
-    args = ["--optim", "sgd", "--lr", "0.2", "--steps", "12"]
+    args = ["--optim", "sgd", "--lr", "0.2", "--steps", "12", "--bucket-bytes", "4096"]  # several buckets
     plain = _run(tmp_path / "plain", 1, args, procs=1)
     sharded = _run(tmp_path / "fsdp", 1, args + ["--fsdp"])
     a, b = _losses(plain.events()), _losses(sharded.events())
@@ -84,6 +85,13 @@ def test_fsdp_group_sums_gradients_like_one_unsharded_rank(tmp_path):
     worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in a)
     assert worst <= 1e-5, f"losses differ by {worst:.2e} (relative)"
     _close(sharded.final(0), plain.final(0))
+
+
+def test_gradient_buckets_cut_consecutive_tensors_at_the_cap():
+    from hyperpod_lab.runtime.checkpointless.ft import _buckets
+
+    assert _buckets([3, 3, 3, 10, 1, 1], 6) == [[0, 1], [2], [3], [4, 5]]
+    assert _buckets([], 6) == [] and _buckets([7], 6) == [[0]]
 
 
 def test_equal_micro_batches_give_every_rank_of_a_sharded_group_the_same_count():
@@ -164,7 +172,7 @@ def test_killed_rank_of_an_fsdp_group_heals_its_shards_from_the_other_group(tmp_
     groups holds the same bits at every step (the healed ranks' first step included), and the
     loss curve and final parameters match a fault-free run's (one unsharded rank, in this process:
     ``ft_fsdp_train.reference_run``) up to float reduction order."""
-    args = ["--fsdp", "--checkpoint", "--steps", str(STEPS), "--step-sleep", "0.25"]
+    args = ["--fsdp", "--checkpoint", "--bucket-bytes", "4096", "--steps", str(STEPS), "--step-sleep", "0.25"]
     clean_losses, clean_final = reference_run(args)
 
     job = FsdpJob(tmp_path / "fault", 2, args)

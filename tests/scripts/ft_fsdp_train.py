@@ -61,6 +61,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=1024)
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--fsdp", action="store_true", help="fully_shard the model over the replica group's ranks")
+    p.add_argument("--bucket-bytes", type=int, default=None, help="Checkpointless's gradient bucket size, bytes")
     p.add_argument("--checkpoint", action="store_true",
                    help="the tiered fallback checkpoint: memory tier every step, persistent every 10 (default: none)")
     return p.parse_args(argv)
@@ -132,7 +133,8 @@ def main():
             fully_shard(model, mesh=mesh)
         opt = optimizer(a, model)
         policy = CheckpointPolicy(every_steps=10, keep_last=2, memory_every_steps=1) if a.checkpoint else False
-        ft = Checkpointless(ctx, model, opt, batches, checkpoint=policy)
+        ft = Checkpointless(ctx, model, opt, batches, checkpoint=policy,
+                            **({"bucket_bytes": a.bucket_bytes} if a.bucket_bytes else {}))
         shards = os.path.join(ctx.job_dir, "shards")
         os.makedirs(shards, exist_ok=True)
         record = os.path.join(shards, f"group-{ctx.replica_group}-rank-{ctx.rank}.jsonl")
