@@ -1,11 +1,13 @@
 """Checkpointless recovery and elastic data parallelism, on torchft.
 
 Each data-parallel replica group (a node's torchrun, ``--standalone``, with
-``$HYPERPOD_LAB_REPLICA_GROUP`` set) trains a full copy of the model. A torchft
-``Manager`` per group talks to a torchft Lighthouse (``$TORCHFT_LIGHTHOUSE``, started by
-:mod:`hyperpod_lab.node.lighthouse`) that forms a quorum of the live replica groups before
-every step. Gradients are summed across the quorum with torchft's reconfigurable gloo process
-group. So:
+``$HYPERPOD_LAB_REPLICA_GROUP`` set; one or more ranks) trains a copy of the model: whole in every
+rank, or sharded over the group's ranks with FSDP2 (``fully_shard(..., mesh=shard_mesh(ctx))``),
+so that the groups replicate each shard (HSDP). A torchft ``Manager`` per rank talks to a torchft
+Lighthouse (``$TORCHFT_LIGHTHOUSE``, started by :mod:`hyperpod_lab.node.lighthouse`) that forms a
+quorum of the live replica groups before every step. Gradients are summed across the quorum with
+torchft's reconfigurable process group (gloo for CPU parameters, NCCL for CUDA ones), rank r of
+every group together. So:
 
 * **a replica dies** (process or node): the survivors' all-reduce fails (a killed process: at
   once, its kernel closes the connection, gloo "Connection closed by peer"; a silent node: at the
@@ -16,9 +18,10 @@ group. So:
   loopback, 300 ms across nodes; the dead group's heartbeats stopped with its process), which
   has usually passed by the time the survivors' failed step returns. No process restarts, no
   storage read.
-* **a replacement or new replica joins** (torchrun restarted the worker, or a new node): its
-  first quorum finds it behind; torchft sends it the live state of a healthy replica (model,
-  optimizer, data cursor) over HTTP and it joins the next step. No storage read.
+* **a replacement or new replica joins** (torchrun restarted the group's workers, or a new
+  node): its first quorum finds it behind; torchft sends each of its ranks the live state of the
+  same rank of a healthy replica (model, optimizer, data cursor; a sharded model's local shards)
+  over HTTP and it joins the next step. No storage read.
 * **every replica of the state is lost** (all groups restarted at once): nobody is ahead, so
   each group falls back to its tiered checkpoint (memory, then persistent, then S3), with a
   ``recovery.fallback`` event; the next quorum equalises the groups.
