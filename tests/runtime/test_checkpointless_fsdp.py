@@ -266,3 +266,27 @@ def test_example_fsdp_under_checkpointless_on_the_local_backend(client, tmp_path
         ranks.append((info["rank"], info["replica_group"], info["world_size"]))
     assert ranks == [(0, 0, 2), (1, 0, 2), (2, 1, 2), (3, 1, 2)], ranks  # 2 groups of 2 ranks
     assert not _storage_restores(ev)
+
+
+def test_tensor_parallel_parameters_are_refused_with_the_reason(tmp_path):
+    """A model whose DTensor parameters no FSDP2 module manages (tensor parallelism) is refused at
+    construction, before any torchft Manager exists: Checkpointless would all-reduce those
+    gradients as if they were data-parallel ones. (A real single-process job, a 1-rank mesh.)"""
+    code = (
+        "import torch, hyperpod_lab.runtime as hp\n"
+        "from torch.distributed.device_mesh import init_device_mesh\n"
+        "from torch.distributed.tensor import Replicate, distribute_tensor\n"
+        "from hyperpod_lab.runtime.checkpointless.elastic import ElasticBatches\n"
+        "from hyperpod_lab.runtime.checkpointless.ft import Checkpointless\n"
+        "with hp.init() as ctx:\n"
+        "    model, mesh = torch.nn.Linear(4, 4), init_device_mesh('cpu', (1,))\n"
+        "    for name, p in list(model.named_parameters()):\n"
+        "        setattr(model, name, torch.nn.Parameter(distribute_tensor(p.data, mesh, [Replicate()])))\n"
+        "    try:\n"
+        "        Checkpointless(ctx, model, torch.optim.SGD(model.parameters()), ElasticBatches(8, 4, 2), checkpoint=False)\n"
+        "    except ValueError as e:\n"
+        "        print('REFUSED', e)\n")
+    env = dict(os.environ, HYPERPOD_LAB_JOB_DIR=str(tmp_path / "job"), HYPERPOD_LAB_JOB_ID="tp",
+               HYPERPOD_LAB_REPLICA_GROUP="0", TORCHFT_LIGHTHOUSE="http://127.0.0.1:9", PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert "REFUSED" in out.stdout and "tensor or pipeline parallelism" in out.stdout, out.stdout + out.stderr
