@@ -132,9 +132,9 @@ def shard_records(job_dir: str) -> dict[tuple[int, int], list[dict]]:
     return out
 
 
-def assert_shards_agree(job_dir: str, procs: int, groups: set[int]) -> dict[int, set[int]]:
+def assert_shards_agree(job_dir: str, procs: int, groups: set[int]) -> dict[int, dict[int, set[int]]]:
     """Rank r of every group in ``groups`` held bit-identical local shards (model and optimizer)
-    at every step they both began; returns, per rank, the steps begun by all of them."""
+    at every step several of them began; returns, per rank, each step's groups that began it."""
     records = shard_records(job_dir)
     common = {}
     for r in range(procs):
@@ -146,32 +146,34 @@ def assert_shards_agree(job_dir: str, procs: int, groups: set[int]) -> dict[int,
         for step, per_group in by_step.items():
             digests = set().union(*per_group.values())
             assert len(digests) == 1, f"rank {r}'s shards differ between groups at step {step}: {per_group}"
-        common[r] = {s for s, per_group in by_step.items() if set(per_group) == groups}
+        common[r] = {s: set(per_group) for s, per_group in by_step.items()}
     return common
 
 
-def assert_healed_bit_equal(job_dir: str, procs: int, group: int, heal_step: int) -> None:
-    """Every rank of ``group`` was restarted (a new process) and began ``heal_step``, the step it
-    healed at, with the same bits as rank r of every other group (see :func:`assert_shards_agree`,
-    which must hold too)."""
+def assert_healed_bit_equal(job_dir: str, procs: int, group: int, heal_step: int, restarted: bool = True) -> None:
+    """Every rank of ``group`` (a new process when ``restarted``, else a group that joined late)
+    began ``heal_step``, the step it healed at, with the same bits as rank r of another group that
+    began it too (and :func:`assert_shards_agree` holds)."""
     records = shard_records(job_dir)
     groups = {g for g, _ in records}
     common = assert_shards_agree(job_dir, procs, groups)
     for r in range(procs):
         mine = records[(group, r)]
         after = [rec for rec in mine if rec["step"] >= heal_step]
-        assert after and after[0]["pid"] != mine[0]["pid"], f"group {group} rank {r} was not restarted"
-        assert after[0]["step"] == heal_step and heal_step in common[r], (r, heal_step, after[0])
+        assert after and (after[0]["pid"] != mine[0]["pid"]) == restarted, (group, r, restarted, mine[:2], after[:1])
+        assert after[0]["step"] == heal_step and common[r][heal_step] - {group}, (r, heal_step, after[0], common[r])
 
 
 def test_killed_rank_of_an_fsdp_group_heals_its_shards_from_the_other_group(tmp_path):
     """2 replica groups x 2 ranks, FSDP2 within each group. SIGKILL of rank 1 of group 1: torchrun
     restarts group 1 (both ranks), group 0 trains on alone meanwhile; each restarted rank heals
-    its own shard from rank r of group 0 (``checkpoint.restored`` tier ``replica``, its bytes the
-    local shard's, about half of the full state) and nothing is read from storage; rank r of both
-    groups holds the same bits at every step (the healed ranks' first step included), and the
-    loss curve and final parameters match a fault-free run's (one unsharded rank, in this process:
-    ``ft_fsdp_train.reference_run``) up to float reduction order."""
+    its own shard from rank r of a live group (``checkpoint.restored`` tier ``replica``, its bytes
+    the local shard's, about half of the full state) and nothing is read from storage. A third
+    group of 2 ranks, started at the kill, joins the same way (scaling adds a whole group; 32
+    samples over 3 x 2 ranks: 6 or 5 a rank, the same 2 micro-batches on every rank). Rank r of
+    every group holds the same bits at every step (the healed ranks' first step included), and
+    the loss curve and final parameters match a fault-free run's (one unsharded rank, in this
+    process: ``ft_fsdp_train.reference_run``) up to float reduction order."""
     args = ["--fsdp", "--checkpoint", "--bucket-bytes", "4096", "--steps", str(STEPS), "--step-sleep", "0.25"]
     clean_losses, clean_final = reference_run(args)
 
@@ -181,6 +183,7 @@ def test_killed_rank_of_an_fsdp_group_heals_its_shards_from_the_other_group(tmp_
         t_fault = time.time()
         killed = job.rank_pid(1, 1)
         os.kill(killed, signal.SIGKILL)
+        job.start_group(2)
         job.wait(timeout=300)
         ev = job.events()
         assert all(a.returncode == 0 for a in job.agents.values()), job.logs()
@@ -189,26 +192,32 @@ def test_killed_rank_of_an_fsdp_group_heals_its_shards_from_the_other_group(tmp_
 
     faults = [e for e in kinds(ev, "fault.detected") if e["time"] >= t_fault]
     assert any(e["data"].get("signal") == "SIGKILL" and e["data"].get("rank") == 3 for e in faults), faults
-    healed = [e for e in kinds(ev, "checkpoint.restored", tier="replica") if e["time"] > t_fault]
-    assert healed and healed[0]["data"]["replica_group"] == 1, "the restarted group did not heal from its peer"
+    healed = {e["data"]["replica_group"]: e["data"] for e in kinds(ev, "checkpoint.restored", tier="replica")
+              if e["time"] > t_fault}
+    assert set(healed) == {1, 2}, f"the restarted and the new group did not both heal from a peer: {healed}"
     assert not _storage_restores(ev), f"read from storage: {_storage_restores(ev)}"
     assert not kinds(ev, "recovery.fallback")
     # the fallback checkpoint was there (sharded memory tier every step, persistent every 10), unused
     assert kinds(ev, "checkpoint.saved", tier="memory") and kinds(ev, "checkpoint.saved", tier="persistent")
     replicas = {e["data"]["step"]: e["data"]["replicas"] for e in kinds(ev, "step")}
-    assert 1 in replicas.values() and replicas[STEPS - 1] == 2, replicas  # group 0 went on alone, then both
+    assert 1 in replicas.values() and replicas[STEPS - 1] == 3, replicas  # group 0 alone, then all three
+    up = [e["data"] for e in kinds(ev, "elastic.scaled") if e["data"]["new_replicas"] == 3]
+    assert up and up[0]["new_world_size"] == 6 and up[0]["effective_batch"] == 32, up
 
     # bytes sent = this rank's local shards: model + Adam state of half of every parameter
     full = sum(t.numel() * t.element_size() for t in clean_final.values())
-    assert 0.45 * 3 * full <= healed[0]["data"]["bytes"] <= 0.55 * 3 * full + 64, (healed[0]["data"], full)
-    assert_healed_bit_equal(job.job_dir, PROCS, 1, healed[0]["data"]["step"])
+    for g in (1, 2):
+        assert 0.45 * 3 * full <= healed[g]["bytes"] <= 0.55 * 3 * full + 64, (healed[g], full)
+    assert_healed_bit_equal(job.job_dir, PROCS, 1, healed[1]["step"])
+    assert_healed_bit_equal(job.job_dir, PROCS, 2, healed[2]["step"], restarted=False)
 
     losses = _losses(ev)
     assert sorted(losses) == list(range(STEPS)), "a step was lost or repeated"
     worst = max(abs(losses[s] - clean_losses[s]) / abs(clean_losses[s]) for s in range(STEPS))
-    print(f"loss curve vs the fault-free run: worst relative difference {worst:.2e}; healed {healed[0]['data']}")
+    print(f"loss curve vs the fault-free run: worst relative difference {worst:.2e}; healed {healed}")
     assert worst <= 1e-4, f"loss curve differs by {worst:.2e} (relative) from the fault-free run"
     _close(_replicas_equal(job, 0, 1), clean_final)
+    _replicas_equal(job, 0, 2)
 
 
 # ---- examples/train_lm.py --fsdp ----------------------------------------------------------------
