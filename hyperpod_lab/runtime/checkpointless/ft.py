@@ -319,6 +319,10 @@ def shard_mesh(ctx: "JobContext"):
     ``init_device_mesh(ctx.device.type, (ctx.world_size,))`` (gloo on CPU, NCCL on CUDA: the
     backends ``hp.init`` gave the default group).
 
+    Returns:
+        A ``torch.distributed.device_mesh.DeviceMesh`` of shape ``(ctx.world_size,)``, dimension
+        name ``"shard"``.
+
     Raises:
         ValueError: ``ctx`` is not a checkpointless context (no replica group): there the default
             group spans the whole job; build the (replicate, shard) mesh yourself.
@@ -384,8 +388,10 @@ def _buckets(sizes: list[int], cap: int) -> list[list[int]]:
 
 
 def cross_group_process_group(device: torch.device, timeout: timedelta):
-    """torchft's reconfigurable process group for the gradients of parameters on ``device``:
-    ``ProcessGroupNCCL`` for CUDA, ``ProcessGroupGloo`` otherwise."""
+    """torchft's reconfigurable process group (``torchft.process_group``, 0.2.0) for the
+    gradients of parameters on ``device``: ``ProcessGroupNCCL`` for CUDA (it sets
+    ``$TORCH_NCCL_NONBLOCKING_TIMEOUT`` to ``timeout`` when unset), ``ProcessGroupGloo`` otherwise.
+    The Manager configures it at every quorum (rank r of every live group)."""
     from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
 
     return ProcessGroupNCCL(timeout=timeout) if device.type == "cuda" else ProcessGroupGloo(timeout=timeout)
