@@ -18,7 +18,6 @@ import subprocess
 import sys
 import time
 
-import torch
 from agents import kinds
 from test_checkpointless import ROOT, Job, _close, _losses, _replicas_equal, _storage_restores
 
