@@ -21,15 +21,13 @@ checked, and against what:
 
 import json
 import os
-import re
 import subprocess
 
 import pytest
 
 from hyperpod_lab.errors import ConfigError, SpecError
-from hyperpod_lab.schedulers.slurm import (CONTAINER_PYTHON, SlurmScheduler, container_probe_argv, pyxis_srun_opts,
-                                           render_sbatch)
-from hyperpod_lab.spec import JobSpec, ResiliencyPolicy, enroot_image, validate_container_image
+from hyperpod_lab.schedulers.slurm import CONTAINER_PYTHON, SlurmScheduler, container_probe_argv, pyxis_srun_opts, render_sbatch
+from hyperpod_lab.spec import JobSpec, enroot_image, validate_container_image
 from hyperpod_lab.submit.clusters import ClusterProfile
 
 FIXTURE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "pyxis_options.json")

@@ -14,15 +14,17 @@ import argparse
 import hashlib
 import json
 import os
-import time
+import sys
 
 import torch
-import torch.nn.functional as F
 
 import hyperpod_lab.runtime as hp
 from hyperpod_lab.runtime.checkpointless.elastic import ElasticBatches
 from hyperpod_lab.runtime.checkpointless.ft import Checkpointless, shard_mesh
 from hyperpod_lab.spec import CheckpointPolicy
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ft_train import backward, finish_step
 
 
 def local_tensors(obj):
@@ -106,12 +108,7 @@ def _reference_run(a: argparse.Namespace) -> tuple[list[float], dict[str, torch.
         for group in opt.param_groups:
             group["lr"] = plan.lr
         opt.zero_grad()
-        loss_sum = 0.0
-        for mb in plan.micro_batches:
-            idx = torch.tensor(mb, dtype=torch.long)
-            loss = F.mse_loss(model(X[idx]), Y[idx]) * plan.weight(len(mb))
-            loss.backward()
-            loss_sum += loss.item()
+        loss_sum = backward(model, X, Y, plan)
         opt.step()
         cursor += plan.effective_batch
         losses.append(loss_sum)
@@ -143,17 +140,7 @@ def main():
             digest, nbytes = shard_digest(model, opt)
             with open(record, "a") as f:
                 f.write(json.dumps({"step": plan.step, "sha256": digest, "bytes": nbytes, "pid": os.getpid()}) + "\n")
-            loss_sum = 0.0
-            for mb in plan.micro_batches:
-                idx = torch.tensor(mb, dtype=torch.long)
-                loss = F.mse_loss(model(X[idx]), Y[idx]) * plan.weight(len(mb))
-                loss.backward()
-                loss_sum += loss.item()
-            if a.step_sleep:
-                time.sleep(a.step_sleep)
-            if ft.end_step(loss_sum):
-                ctx.step(ft.step - 1, ft.loss, replicas=plan.replicas, lr=plan.lr,
-                         accumulation_steps=plan.accumulation_steps)
+            finish_step(ctx, ft, plan, backward(model, X, Y, plan), a.step_sleep)
         full = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
                 for k, v in model.state_dict().items()}
         if ctx.rank == 0:

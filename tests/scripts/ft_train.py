@@ -19,6 +19,28 @@ from hyperpod_lab.runtime.checkpointless.ft import Checkpointless
 from hyperpod_lab.spec import CheckpointPolicy
 
 
+def backward(model, X, Y, plan) -> float:
+    """Forward and backward of this rank's micro-batches of ``plan`` (losses weighted so their
+    sum over the job is the effective batch's mean); returns the sum of the weighted losses."""
+    loss_sum = 0.0
+    for mb in plan.micro_batches:
+        idx = torch.tensor(mb, dtype=torch.long)
+        loss = F.mse_loss(model(X[idx]), Y[idx]) * plan.weight(len(mb))
+        loss.backward()
+        loss_sum += loss.item()
+    return loss_sum
+
+
+def finish_step(ctx, ft, plan, loss_sum: float, step_sleep: float) -> None:
+    """Sleep ``step_sleep`` seconds (tests slow the job so faults land mid-run), then end the step;
+    a committed step is reported as a ``step`` event."""
+    if step_sleep:
+        time.sleep(step_sleep)
+    if ft.end_step(loss_sum):
+        ctx.step(ft.step - 1, ft.loss, replicas=plan.replicas, lr=plan.lr,
+                 accumulation_steps=plan.accumulation_steps)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=30)
@@ -50,17 +72,7 @@ def main():
         ft = Checkpointless(ctx, model, opt, batches, checkpoint=policy)
         while ft.step < a.steps:
             plan = ft.begin_step()
-            loss_sum = 0.0
-            for mb in plan.micro_batches:
-                idx = torch.tensor(mb, dtype=torch.long)
-                loss = F.mse_loss(model(X[idx]), Y[idx]) * plan.weight(len(mb))
-                loss.backward()
-                loss_sum += loss.item()
-            if a.step_sleep:
-                time.sleep(a.step_sleep)
-            if ft.end_step(loss_sum):
-                ctx.step(ft.step - 1, ft.loss, replicas=plan.replicas, lr=plan.lr,
-                         accumulation_steps=plan.accumulation_steps)
+            finish_step(ctx, ft, plan, backward(model, X, Y, plan), a.step_sleep)
         torch.save({k: v.clone() for k, v in model.state_dict().items()},
                    os.path.join(ctx.job_dir, f"final-group-{ctx.replica_group}.pt"))
         ft.close()

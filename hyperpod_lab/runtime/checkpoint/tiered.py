@@ -85,8 +85,9 @@ On the 2-node dev cluster both "nodes" are one host and share its ``/dev/shm``; 
 paths include the node name (``<shm_root>/<job_id>/<node>/...``) so that each "node" has its own,
 and losing a node is played by deleting ``<shm_root>/<job_id>/<node>``.
 
-Limits: state must be dense, unsharded tensors (DDP-style; FSDP/DTensor state raises TypeError);
-with CUDA, replication runs over a second NCCL communicator from a background thread, concurrently
+Sharded state (FSDP2 ``fully_shard`` parameters and their optimizer state, any DTensor) is
+snapshotted as each rank's local shards with their placement (:mod:`hyperpod_lab.runtime.state`);
+FSDP1's ShardedTensor raises TypeError. Limits: with CUDA, replication runs over a second NCCL communicator from a background thread, concurrently
 with the training loop's collectives.
 """
 
