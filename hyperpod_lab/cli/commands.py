@@ -145,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     en_sub = en.add_subparsers(dest="env_action", required=True, parser_class=_Parser)
     ed = en_sub.add_parser("diff", help="compare the notebook's environment with the cluster interpreter's")
     ed.add_argument("script", nargs="?", help="the training script whose imported packages are compared")
+    ed.add_argument("--container-image", metavar="IMAGE", default=None,
+                    help="Slurm: probe this container image's interpreter (pyxis, one srun on a compute node) "
+                         "instead of the profile's python; default: the profile's container_image, if any")
     ex = en_sub.add_parser("export", help="write the notebook's pinned requirements to the cluster's shared storage")
     ex.add_argument("--name", default="notebook", help="the environment's name (default 'notebook'): "
                     "<shared_root>/hyperpod-lab/<user>/envs/NAME/requirements.txt")
@@ -519,7 +522,7 @@ def _env(a: argparse.Namespace, say, client) -> int:
             say(f"then set python = \"{res['python']}\" in the '{profile.name}' cluster profile")
         return 0
     try:
-        report = envparity.env_diff(profile, a.script, remote=remote)
+        report = envparity.env_diff(profile, a.script, remote=remote, container_image=a.container_image)
     except envparity.EnvCheckUnsupported as e:
         say(f"not checked: {e}")
         return 0

@@ -261,6 +261,78 @@ def probe_cluster(profile, modules: list[str] = (), remote=None, use_cache: bool
     return out
 
 
+IMAGE_PROBE_TIMEOUT_S = 180.0
+"""How long the container-image probe may take, seconds: srun's ``--immediate`` wait for a node
+(60 s) plus enroot's import of the image on first use."""
+
+
+def probe_image(profile, image: str, modules: list[str] = (), remote=None) -> dict[str, Any]:
+    """The environment of ``image``'s interpreter (Slurm with pyxis/enroot), asked on a compute node:
+    one command on the login node, ``srun --nodes=1 --ntasks=1 --immediate=60 <pyxis options>
+    python -I -c <probe>`` (:func:`hyperpod_lab.schedulers.slurm.container_probe_argv`; every word
+    shell-quoted). Never cached: it takes a node and may import the image.
+
+    Args:
+        profile: a Slurm :class:`~hyperpod_lab.submit.clusters.ClusterProfile` (its shared_root is
+            bound into the container, its partition asked).
+        image: a ``container_image`` value (a registry image or an enroot ``.sqsh`` path).
+        modules: module names to look up inside the image.
+        remote: the cluster's :class:`~hyperpod_lab.schedulers.remote.Remote` (default: connect).
+
+    Returns:
+        :func:`hyperpod_lab.submit.envprobe.probe`'s dict as the image's interpreter answered it,
+        plus ``"modules_asked"`` and ``"container_image"``.
+
+    Raises:
+        EnvCheckUnsupported: not a Slurm cluster.
+        SpecError: ``image`` is not an image reference (:func:`hyperpod_lab.spec.validate_container_image`).
+        EnvironmentMismatch: srun does not know ``--container-image`` (pyxis is not installed: the
+            message says so), no node was free within 60 s, or the image's ``python`` did not
+            answer the probe (missing, or not a Python 3.8+).
+        ClusterUnreachable, HostKeyError: the login node cannot be reached safely.
+    """
+    from hyperpod_lab.schedulers.slurm import CONTAINER_PYTHON, container_probe_argv
+
+    if profile.orchestrator != "slurm":
+        raise EnvCheckUnsupported(f"cluster '{profile.name}' is not a Slurm cluster: container images are probed "
+                                  f"through pyxis's srun --container-image, on Slurm only")
+    modules = sorted(set(modules))
+    argv = container_probe_argv(image, profile.shared_root, probe_argv(profile.python, modules),
+                                partition=getattr(profile, "partition", None))
+    if remote is None:
+        from hyperpod_lab.schedulers.remote import connect
+
+        remote = connect(profile)
+    try:
+        res = remote.run(argv, check=False, timeout_s=IMAGE_PROBE_TIMEOUT_S, idempotent=True)
+    except RemoteCommandError as e:
+        res = e
+    status = getattr(res, "exit_status", None)
+    out_text, err_text = getattr(res, "stdout", "") or "", getattr(res, "stderr", "") or ""
+    where = f"the image {image!r} on cluster '{profile.name}'"
+    if re.search(r"(unrecognized|invalid|unknown) option.*container", err_text):
+        raise EnvironmentMismatch(
+            f"cannot probe {where}: the cluster's srun does not know --container-image, i.e. pyxis (and enroot) "
+            f"are not installed there (srun said: {err_text.strip()[-300:]}). Install them on every node (HyperPod's "
+            f"lifecycle scripts do: utils/install_enroot_pyxis.sh), or submit without container_image")
+    if re.search(r"Unable to allocate resources|Immediate execution impossible|allocation failure", err_text):
+        raise EnvironmentMismatch(
+            f"cannot probe {where}: no node was free within 60 s to start the image on (srun: "
+            f"{err_text.strip()[-300:]}); retry when a node is idle")
+    try:
+        out = json.loads(out_text.strip().splitlines()[-1])
+        if not isinstance(out, dict) or out.get("probe") != envprobe.PROBE_VERSION:
+            raise ValueError
+    except (ValueError, IndexError):
+        raise EnvironmentMismatch(
+            f"{where}: its interpreter '{CONTAINER_PYTHON}' did not answer the environment probe (exit status "
+            f"{status}: {(err_text or out_text).strip()[-500:]}); the image needs a Python 3.11+ with hyperpod-lab "
+            f"and torch on its PATH as '{CONTAINER_PYTHON}'") from None
+    out["modules_asked"] = modules
+    out["container_image"] = image
+    return out
+
+
 def _no_python(profile) -> str:
     return (f"the cluster interpreter {profile.python!r} of cluster '{profile.name}' was not found on its login node; "
             f"set 'python' in the cluster profile to an interpreter with hyperpod-lab and torch (e.g. "
@@ -397,16 +469,32 @@ def summary(diffs: list[Difference]) -> str:
     return SEVERITIES[worst]
 
 
-def env_diff(profile, script: str | None = None, remote=None, use_cache: bool = False) -> dict[str, Any]:
+def env_diff(profile, script: str | None = None, remote=None, use_cache: bool = False,
+             container_image: str | None = None) -> dict[str, Any]:
     """The whole comparison for one cluster: ``{"cluster", "python" (the cluster interpreter),
-    "script", "summary" (worst severity), "differences": [Difference.to_dict()...], "local",
-    "remote" (the two probe answers)}``. Probes afresh unless ``use_cache`` (one exec; the answer
-    is cached for the next submission). Raises as :func:`collect_local` and :func:`probe_cluster`."""
+    "container_image", "script", "summary" (worst severity), "differences":
+    [Difference.to_dict()...], "local", "remote" (the two probe answers)}``. Probes afresh unless
+    ``use_cache`` (one exec; the answer is cached for the next submission).
+
+    With a container image (``container_image``, else the Slurm profile's ``container_image``)
+    the training step's interpreter is the image's, so that one is probed (:func:`probe_image`:
+    one srun on a compute node, never cached); ``"python"`` then names it.
+
+    Raises as :func:`collect_local`, :func:`probe_cluster` and :func:`probe_image`."""
     local = collect_local(script)
-    remote_env = probe_cluster(profile, local["modules_asked"], remote=remote, use_cache=use_cache)
-    diffs = diff(local, remote_env, python=profile.python)
-    return {"cluster": profile.name, "python": profile.python, "script": script, "summary": summary(diffs),
-            "differences": [d.to_dict() for d in diffs], "local": local, "remote": remote_env}
+    image = container_image or (getattr(profile, "container_image", None) if profile.orchestrator == "slurm" else None)
+    if image:
+        from hyperpod_lab.schedulers.slurm import CONTAINER_PYTHON
+
+        remote_env = probe_image(profile, image, local["modules_asked"], remote=remote)
+        python = f"{CONTAINER_PYTHON} in {image}"
+    else:
+        remote_env = probe_cluster(profile, local["modules_asked"], remote=remote, use_cache=use_cache)
+        python = profile.python
+    diffs = diff(local, remote_env, python=python)
+    return {"cluster": profile.name, "python": python, "container_image": image, "script": script,
+            "summary": summary(diffs), "differences": [d.to_dict() for d in diffs], "local": local,
+            "remote": remote_env}
 
 
 def check_submission(profile, remote=None) -> list[Difference]:
