@@ -77,12 +77,17 @@ class Follow:
         self.events: list = []
 
     def until(self, pred, what: str, timeout: float = 240) -> None:
-        """Read events until ``pred()`` holds; fail after ``timeout`` seconds with the log tail."""
+        """Read events until ``pred()`` holds; fail after ``timeout`` seconds, or as soon as the job
+        failed for good (a ``job.failed`` event without requeue), with the log tail."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.events.extend(self.reader.poll())
             if pred():
                 return
+            ended = [e for e in self.events if e.kind == "job.failed" and not e.data.get("requeue")]
+            if ended:
+                raise AssertionError(f"the job failed while waiting for {what}: {ended[-1].data.get('reason')}\n"
+                                     f"{self.client.logs(self.job_id)[-4000:]}")
             time.sleep(0.2)
         raise AssertionError(f"timed out waiting for {what}: {[e.kind for e in self.events][-30:]}\n"
                              f"{self.client.logs(self.job_id)[-4000:]}")

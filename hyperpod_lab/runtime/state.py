@@ -284,7 +284,7 @@ def _dec(obj: Any) -> Any:
 
 
 # ---- sharded tensors (DTensor): this rank's local shard plus its placement --------------------
-def _dtensor_type() -> type | None:
+def dtensor_type() -> type | None:
     """The DTensor class when ``torch.distributed.tensor`` is imported, else None (no DTensor
     can exist then; importing it costs ~1 s, which a plain state must not pay)."""
     mod = sys.modules.get("torch.distributed.tensor")
@@ -424,7 +424,7 @@ class _Acc:
         self.deferrable: list[bool] = []
         self.specs: dict[int, dict[str, Any]] = {}
         self.meshes: dict[int, tuple[Any, dict]] = {}
-        self.dtensor = _dtensor_type()
+        self.dtensor = dtensor_type()
 
 
 def _round_up(n: int, m: int) -> int:
@@ -716,7 +716,7 @@ def _match(state: dict[str, Any], kinds: dict[str, str], saved: dict[str, Any],
     """
     problems: list[str] = []
     live_refs: dict[tuple, Any] = {}
-    dtensor = _dtensor_type()
+    dtensor = dtensor_type()
     meshes: dict[int, tuple[Any, dict]] = {}
     for key, value in state.items():
         kind = kinds[key]

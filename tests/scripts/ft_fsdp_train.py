@@ -1,5 +1,8 @@
 """The checkpointless test job with FSDP2 inside each replica group (HSDP; tests only).
 
+Self-contained, as every submitted script must be: a submission stages this one file (its
+micro-batch loop repeats ``ft_train.py``'s; importing it failed on Slurm, fresh-clone run fresh8).
+
 Regression on a fixed synthetic dataset with an MLP, as ``ft_train.py``; with ``--fsdp`` every
 Linear and the whole model are ``fully_shard``-ed over the replica group's ranks
 (``shard_mesh(ctx)``), and :class:`~hyperpod_lab.runtime.checkpointless.ft.Checkpointless`
@@ -14,17 +17,15 @@ import argparse
 import hashlib
 import json
 import os
-import sys
+import time
 
 import torch
+import torch.nn.functional as F
 
 import hyperpod_lab.runtime as hp
 from hyperpod_lab.runtime.checkpointless.elastic import ElasticBatches
 from hyperpod_lab.runtime.checkpointless.ft import Checkpointless, shard_mesh
 from hyperpod_lab.spec import CheckpointPolicy
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ft_train import backward, finish_step
 
 
 def local_tensors(obj):
@@ -108,7 +109,12 @@ def _reference_run(a: argparse.Namespace) -> tuple[list[float], dict[str, torch.
         for group in opt.param_groups:
             group["lr"] = plan.lr
         opt.zero_grad()
-        loss_sum = backward(model, X, Y, plan)
+        loss_sum = 0.0
+        for mb in plan.micro_batches:
+            idx = torch.tensor(mb, dtype=torch.long)
+            loss = F.mse_loss(model(X[idx]), Y[idx]) * plan.weight(len(mb))
+            loss.backward()
+            loss_sum += loss.item()
         opt.step()
         cursor += plan.effective_batch
         losses.append(loss_sum)
@@ -140,7 +146,17 @@ def main():
             digest, nbytes = shard_digest(model, opt)
             with open(record, "a") as f:
                 f.write(json.dumps({"step": plan.step, "sha256": digest, "bytes": nbytes, "pid": os.getpid()}) + "\n")
-            finish_step(ctx, ft, plan, backward(model, X, Y, plan), a.step_sleep)
+            loss_sum = 0.0
+            for mb in plan.micro_batches:
+                idx = torch.tensor(mb, dtype=torch.long)
+                loss = F.mse_loss(model(X[idx]), Y[idx]) * plan.weight(len(mb))
+                loss.backward()
+                loss_sum += loss.item()
+            if a.step_sleep:
+                time.sleep(a.step_sleep)
+            if ft.end_step(loss_sum):
+                ctx.step(ft.step - 1, ft.loss, replicas=plan.replicas, lr=plan.lr,
+                         accumulation_steps=plan.accumulation_steps)
         full = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
                 for k, v in model.state_dict().items()}
         if ctx.rank == 0:

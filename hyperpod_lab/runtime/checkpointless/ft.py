@@ -91,7 +91,7 @@ from hyperpod_lab.jobdir import (
 )
 from hyperpod_lab.runtime.checkpointless.elastic import ElasticBatches, StepPlan
 from hyperpod_lab.runtime.context import env_seconds
-from hyperpod_lab.runtime.state import _dtensor_type
+from hyperpod_lab.runtime.state import dtensor_type
 
 if TYPE_CHECKING:
     from hyperpod_lab.runtime.context import JobContext
@@ -448,7 +448,7 @@ class Checkpointless:
             min_replicas = (el.min_nodes if el is not None and el.min_nodes else 1)
         self.ctx, self.model, self.optimizer, self.batches = ctx, model, optimizer, batches
         self.bucket_elems = max(1, int(bucket_bytes) // 4)
-        self._dtensor = _dtensor_type()  # None: no DTensor exists in this process (no FSDP2)
+        self._dtensor = dtensor_type()  # None: no DTensor exists in this process (no FSDP2)
         fsdp = _fsdp_modules(model)
         if self._dtensor is not None and not fsdp and any(isinstance(p, self._dtensor) for p in model.parameters()):
             raise ValueError("the model has DTensor parameters but no FSDP2 (fully_shard) module: Checkpointless "
