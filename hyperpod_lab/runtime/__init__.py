@@ -39,6 +39,10 @@ Modules, one idea each (the node-side processes, torch-free, are in :mod:`hyperp
 ``checkpoint.tiered``         :class:`TieredCheckpointer`: the tiers together, restore from the fastest
 ``checkpointless.ft``         :class:`Checkpointless` (torchft Manager: quorum, healing from a peer)
 ``checkpointless.elastic``    :class:`ElasticBatches`: the global-batch plan as replicas come and go
+``data``                      the data path: :class:`TokenWindows` (memory-mapped token file),
+                              :class:`GlobalOrderSampler` (checkpointed global order),
+                              :func:`token_loader` (torchdata ``StatefulDataLoader``),
+                              :class:`NodeCache` (per-node copy in ``/dev/shm``)
 ============================= ================================================================
 
 Environment variable names and the job directory layout come from :mod:`hyperpod_lab.jobdir`.
@@ -61,9 +65,15 @@ _EXPORTS = {
     "Checkpointless": "hyperpod_lab.runtime.checkpointless.ft",
     "ElasticBatches": "hyperpod_lab.runtime.checkpointless.elastic",
     "StepPlan": "hyperpod_lab.runtime.checkpointless.elastic",
+    "TokenWindows": "hyperpod_lab.runtime.data",
+    "GlobalOrderSampler": "hyperpod_lab.runtime.data",
+    "token_loader": "hyperpod_lab.runtime.data",
+    "NodeCache": "hyperpod_lab.runtime.data",
+    "CacheReport": "hyperpod_lab.runtime.data",
 }
 __all__ = ["init", "JobContext", "Checkpointer", "COMMIT_MARKER", "TieredCheckpointer", "Checkpointless",
-           "ElasticBatches", "StepPlan"]
+           "ElasticBatches", "StepPlan", "TokenWindows", "GlobalOrderSampler", "token_loader", "NodeCache",
+           "CacheReport"]
 
 if TYPE_CHECKING:
     from hyperpod_lab.runtime.checkpoint.format import COMMIT_MARKER
@@ -72,6 +82,7 @@ if TYPE_CHECKING:
     from hyperpod_lab.runtime.checkpointless.elastic import ElasticBatches, StepPlan
     from hyperpod_lab.runtime.checkpointless.ft import Checkpointless
     from hyperpod_lab.runtime.context import JobContext, init
+    from hyperpod_lab.runtime.data import CacheReport, GlobalOrderSampler, NodeCache, TokenWindows, token_loader
 
 
 def __getattr__(name: str) -> Any:
