@@ -7,11 +7,17 @@ in-job runtime ``hyperpod_lab.runtime``; nothing else.
 Data: the standard library's own ``*.py`` source (``sysconfig.get_paths()["stdlib"]``, sorted,
 ``site-packages`` excluded, capped at 8 MiB) is present on every machine. Rank 0 writes it once,
 atomically, as raw bytes to ``<data-dir>/stdlib-bytes-v1.u8``; each byte is a token (vocab 256).
-Every rank reads it with ``np.memmap``. The last 5 % of the bytes are held out for evaluation.
+The file is copied once per node into shared memory (``hp.NodeCache``: a restarted rank reuses
+the copy and reads nothing from shared storage) and read from there with ``np.memmap``. The last
+5 % of the bytes are held out for evaluation; the rest is cut into ``--seq-len``-byte windows
+(sample ``i`` starts at byte ``i * seq_len``).
 
-Determinism: all ranks build the model from the same seed, and the batch of step ``s`` on rank
-``r`` is drawn from a ``torch.Generator`` seeded with ``(seed, s, r)``, so a run resumed from a
-checkpoint at step ``s`` sees exactly the data an uninterrupted run would (no loader state).
+Determinism: all ranks build the model from the same seed. The samples follow one global order
+(a permutation per epoch seeded with ``--seed``): each step takes the next ``--batch-size`` x
+ranks samples of it, rank ``r`` every ``r``-th (``hp.token_loader``: torchdata's
+``StatefulDataLoader``, ``--num-workers`` reader processes). The loader's position is part of the
+checkpoint, so a run resumed from a checkpoint at step ``s`` sees exactly the data an
+uninterrupted run would, and a run resumed on another number of ranks goes on with the same order.
 
 Run it::
 
@@ -118,14 +124,6 @@ def load_corpus(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     return data[:split], data[split:]
 
 
-def step_generator(seed: int, step: int, rank: int) -> torch.Generator:
-    """A ``torch.Generator`` determined by ``(seed, step, rank)`` only (well mixed via SeedSequence)."""
-    state = np.random.SeedSequence([seed, step, rank]).generate_state(2, np.uint32)
-    g = torch.Generator()
-    g.manual_seed((int(state[0]) << 32 | int(state[1])) & ((1 << 63) - 1))
-    return g
-
-
 def windows(data: np.ndarray, starts, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Cut ``seq_len + 1``-byte windows at ``starts`` and split them into inputs and targets.
 
@@ -134,14 +132,6 @@ def windows(data: np.ndarray, starts, seq_len: int) -> tuple[torch.Tensor, torch
     buf = np.stack([np.asarray(data[s: s + seq_len + 1]) for s in starts])
     t = torch.from_numpy(buf.astype(np.int64))
     return t[:, :-1], t[:, 1:]
-
-
-def train_batch(data: np.ndarray, batch_size: int, seq_len: int, seed: int, step: int,
-                rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The batch of ``step`` on ``rank``: ``x, y`` each ``(batch_size, seq_len)`` int64 byte ids."""
-    g = step_generator(seed, step, rank)
-    starts = torch.randint(0, len(data) - seq_len - 1, (batch_size,), generator=g).tolist()
-    return windows(data, starts, seq_len)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -341,11 +331,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="corpus directory (default $HYPERPOD_LAB_SHARED_ROOT/datasets or ~/.cache/hyperpod-lab/datasets)")
     p.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (0: only at the end)")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep after each step (tests)")
+    p.add_argument("--num-workers", type=int, default=0, help="data loader worker processes per rank (0: none)")
     p.add_argument("--fsdp", action="store_true",
                    help="shard model and optimizer state with FSDP2 (checkpointless: within each replica group, HSDP)")
     args = p.parse_args(argv)
-    if args.steps < 0 or args.batch_size < 1 or args.seq_len < 1:
-        p.error("--steps must be >= 0, --batch-size and --seq-len >= 1")
+    if args.steps < 0 or args.batch_size < 1 or args.seq_len < 1 or args.num_workers < 0:
+        p.error("--steps and --num-workers must be >= 0, --batch-size and --seq-len >= 1")
     return args
 
 
@@ -379,7 +370,8 @@ def train(ctx, hp, args: argparse.Namespace) -> None:
     barrier(world)
     if rank != 0 and not path.is_file():
         build_corpus(path)
-    train_data, heldout = load_corpus(path)
+    local = hp.NodeCache(ctx).fetch(path).path  # this node's copy in /dev/shm (logs hit or miss)
+    train_data, heldout = load_corpus(local)
     if len(heldout) < args.seq_len + 2:
         raise SystemExit(f"held-out split ({len(heldout)} bytes) is shorter than --seq-len {args.seq_len}")
 
@@ -398,13 +390,18 @@ def train(ctx, hp, args: argparse.Namespace) -> None:
         f"({len(heldout):,} held out), world {world}, threads/rank {threads}, device {device}")
 
     if ctx.replica_group is not None:  # --recovery checkpointless: one replica group per node
-        train_checkpointless(ctx, args, model, opt, train_data, heldout, device, warmup, log)
+        train_set = hp.TokenWindows(local, args.seq_len, end=len(train_data))
+        train_checkpointless(ctx, args, model, opt, train_set, heldout, device, warmup, log)
         return
 
+    # The global sample order, this rank's share; its position is saved with the model.
+    loader = hp.token_loader(ctx, local, args.seq_len, args.batch_size, end=len(train_data), seed=args.seed,
+                             num_workers=args.num_workers)
     # Tiered checkpointing (memory -> peer replica -> shared storage -> S3, intervals from the
     # job's spec). The checkpoint holds the unwrapped model, so it restores at any world size.
-    ckpt = hp.TieredCheckpointer(ctx, {"model": model, "optimizer": opt})
+    ckpt = hp.TieredCheckpointer(ctx, {"model": model, "optimizer": opt, "data": loader})
     start = ckpt.restore()
+    batches = iter(loader)
     if start:
         log(f"resumed at step {start} (restart {ctx.restart_count})")
     ddp = nn.parallel.DistributedDataParallel(
@@ -419,8 +416,8 @@ def train(ctx, hp, args: argparse.Namespace) -> None:
         lr = lr_at(step, args.steps, args.lr, warmup)
         for group in opt.param_groups:
             group["lr"] = lr
-        x, y = train_batch(train_data, args.batch_size, args.seq_len, args.seed, step, rank)
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        batch = next(batches)
+        x, y = batch["x"].to(device, non_blocking=True), batch["y"].to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             loss = lm_loss(ddp, x, y)
         opt.zero_grad(set_to_none=True)
@@ -445,18 +442,20 @@ def train(ctx, hp, args: argparse.Namespace) -> None:
     ctx.finish(final_loss=final_loss, eval_loss=eval_loss)
 
 
-def train_checkpointless(ctx, args, model, opt, train_data, heldout, device, warmup, log) -> None:
+def train_checkpointless(ctx, args, model, opt, train_set, heldout, device, warmup, log) -> None:
     """The step loop of a ``--recovery checkpointless`` job (``ctx.replica_group`` set): each
     node is a data-parallel replica group under torchft (``hyperpod_lab.runtime.checkpointless.ft``).
 
-    A sample is a ``seq_len``-byte window of the training split (sample ``i`` starts at byte
-    ``i * seq_len``); ``ElasticBatches`` deals the global batch (``--batch-size`` x the job's
+    A sample is a ``seq_len``-byte window of the training split (``train_set``, a
+    ``hp.TokenWindows``: sample ``i`` starts at byte ``i * seq_len``); ``ElasticBatches`` deals the
+    global batch (``--batch-size`` x the job's
     initial nodes x ranks per node, or the spec's ``elastic.global_batch_size``) over the live
     replica groups, so a lost node doubles the survivors' gradient accumulation and keeps the
     global batch. The learning rate is the warmup/cosine schedule of the DDP path scaled by the
     plan's ``lr / --lr`` (``lr_rule`` of the effective batch). A rank that dies heals from a
     live peer's memory (``checkpoint.restored`` tier ``replica``); the job's checkpoint policy is
-    the fallback for when every replica is lost.
+    the fallback for when every replica is lost. The data position is the plan's cursor, healed
+    with the model: a healed rank goes on with the exact sample order (docs/data.md).
     """
     from hyperpod_lab.runtime.checkpointless.elastic import ElasticBatches
     from hyperpod_lab.runtime.checkpointless.ft import Checkpointless
@@ -465,7 +464,7 @@ def train_checkpointless(ctx, args, model, opt, train_data, heldout, device, war
     nodes = spec.nodes if spec is not None and spec.nodes else 1
     global_batch = (spec.elastic.global_batch_size if spec is not None and spec.elastic.global_batch_size
                     else args.batch_size * nodes * ctx.world_size)
-    batches = ElasticBatches((len(train_data) - 1) // args.seq_len, global_batch, args.batch_size, seed=args.seed,
+    batches = ElasticBatches(len(train_set), global_batch, args.batch_size, seed=args.seed,
                              base_lr=args.lr, lr_rule=spec.elastic.lr_rule if spec is not None else "linear")
     ft = Checkpointless(ctx, model, opt, batches)
     log(f"checkpointless: replica group {ctx.replica_group}, global batch {global_batch} sequences")
@@ -479,8 +478,8 @@ def train_checkpointless(ctx, args, model, opt, train_data, heldout, device, war
             group["lr"] = lr
         loss_sum = 0.0
         for mb in plan.micro_batches:
-            x, y = windows(train_data, [i * args.seq_len for i in mb], args.seq_len)
-            loss = lm_loss(model, x.to(device), y.to(device)) * plan.weight(len(mb))
+            batch = train_set.batch(mb)
+            loss = lm_loss(model, batch["x"].to(device), batch["y"].to(device)) * plan.weight(len(mb))
             loss.backward()
             loss_sum += loss.item()
         if args.step_sleep > 0:

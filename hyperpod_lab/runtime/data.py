@@ -74,6 +74,7 @@ import os
 import shutil
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
@@ -334,8 +335,10 @@ def token_loader(ctx: "JobContext | None", path: str | os.PathLike, seq_len: int
         world_size = ctx.world_size if ctx is not None else 1
     dataset = TokenWindows(path, seq_len, dtype=dtype, start=start, end=end)
     sampler = GlobalOrderSampler(len(dataset), batch_size, rank=rank, world_size=world_size, seed=seed)
-    return _loader_class(StatefulDataLoader)(dataset, batch_size=sampler.batch_size, sampler=sampler,
-                                             num_workers=num_workers, **loader_kwargs)
+    with warnings.catch_warnings():  # torchdata 0.11 calls the deprecated torch.set_vital in __init__
+        warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
+        return _loader_class(StatefulDataLoader)(dataset, batch_size=sampler.batch_size, sampler=sampler,
+                                                 num_workers=num_workers, **loader_kwargs)
 
 
 def _saved_workers_and_sampler(state: dict[str, Any]) -> tuple[int, dict[str, Any] | None]:

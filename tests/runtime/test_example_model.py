@@ -1,14 +1,15 @@
 """Tests of the example training job ``examples/train_lm.py``: the model, the corpus, real runs.
 
 In-process (about 3 s): the model's size and shapes, the corpus file (deterministic bytes,
-atomic, reused when present), and the data sampler (a batch depends only on seed, step, rank).
+atomic, reused when present) and its memory-mapped train/held-out split. The data path the script
+uses (``hp.NodeCache``, ``hp.token_loader``) has its own tests in ``tests/runtime/test_data.py``.
 
 Real runs of the script as the cluster would start it (about 40 s on 2 idle CPU cores):
 
 * one process, default model, ``--steps 24``, the corpus in ``$HYPERPOD_LAB_SHARED_ROOT/datasets``
   (the default location); the loss must fall from about ln 256 and the job must finish;
-* the same command again in the same job directory: it restores the step-19 checkpoint and must
-  reproduce steps 20..23 of the first run exactly (same data, no loader state);
+* the same command again in the same job directory: it restores the step-19 checkpoint (the
+  loader's position included) and must reproduce steps 20..23 of the first run exactly;
 * two ranks under ``python -m hyperpod_lab.node.launch --standalone --nproc-per-node 2``
   (torchrun plus events), DDP over gloo, ``--d-model 128`` to keep it short; only rank 0 logs,
   the loss falls, the job finishes.
@@ -108,20 +109,15 @@ def test_stdlib_sources_exclude_third_party_packages(lm):
     assert all(p.suffix == ".py" for p in files)
 
 
-def test_split_and_batches_depend_only_on_seed_step_rank(lm, corpus):
+def test_split_is_memory_mapped_and_holds_out_the_last_five_percent(lm, corpus):
     train, heldout = lm.load_corpus(corpus)
     assert isinstance(train, np.memmap) and train.dtype == np.uint8
     assert len(train) + len(heldout) == corpus.stat().st_size
     assert len(heldout) == pytest.approx(0.05 * corpus.stat().st_size, abs=1)
-
-    x, y = lm.train_batch(train, 4, 32, seed=0, step=7, rank=1)
-    assert x.shape == y.shape == (4, 32) and x.dtype == torch.int64
+    x, y = lm.windows(heldout, [0, 100], 32)  # the evaluation's windows
+    assert x.shape == y.shape == (2, 32) and x.dtype == torch.int64
     assert torch.equal(x[:, 1:], y[:, :-1])  # targets are the inputs shifted by one byte
-    x2, _ = lm.train_batch(train, 4, 32, seed=0, step=7, rank=1)
-    assert torch.equal(x, x2)
-    for other in ({"seed": 1, "step": 7, "rank": 1}, {"seed": 0, "step": 8, "rank": 1},
-                  {"seed": 0, "step": 7, "rank": 0}):
-        assert not torch.equal(x, lm.train_batch(train, 4, 32, **other)[0]), other
+    assert bytes(x[1].tolist()) == bytes(heldout[100:132])
 
 
 # ---- real runs -----------------------------------------------------------------------------
