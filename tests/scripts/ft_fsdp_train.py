@@ -9,7 +9,8 @@ Linear and the whole model are ``fully_shard``-ed over the replica group's ranks
 replicates the shards across the groups. Each rank appends, at every ``begin_step``, the SHA-256
 of its local shards (model and optimizer state, bytes as stored) to
 ``<job_dir>/shards/group-<G>-rank-<R>.jsonl`` (``{"step", "sha256", "bytes"}``), so a test can
-check that rank r of every group holds the same bits at every step, a healed rank included.
+check that rank r of every group holds the same bits at every step, a healed rank included
+(``overlapped``: gradient buckets of the previous step whose reduction started during backward).
 Rank 0 of each group writes the full parameters to ``<job_dir>/final-group-<G>.pt``.
 """
 
@@ -65,6 +66,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--fsdp", action="store_true", help="fully_shard the model over the replica group's ranks")
     p.add_argument("--bucket-bytes", type=int, default=None, help="Checkpointless's gradient bucket size, bytes")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="Checkpointless(overlap=False): reduce the gradients in end_step, not during backward")
     p.add_argument("--checkpoint", action="store_true",
                    help="the tiered fallback checkpoint: memory tier every step, persistent every 10 (default: none)")
     return p.parse_args(argv)
@@ -136,7 +139,7 @@ def main():
             fully_shard(model, mesh=mesh)
         opt = optimizer(a, model)
         policy = CheckpointPolicy(every_steps=10, keep_last=2, memory_every_steps=1) if a.checkpoint else False
-        ft = Checkpointless(ctx, model, opt, batches, checkpoint=policy,
+        ft = Checkpointless(ctx, model, opt, batches, checkpoint=policy, overlap=not a.no_overlap,
                             **({"bucket_bytes": a.bucket_bytes} if a.bucket_bytes else {}))
         shards = os.path.join(ctx.job_dir, "shards")
         os.makedirs(shards, exist_ok=True)
@@ -145,7 +148,8 @@ def main():
             plan = ft.begin_step()
             digest, nbytes = shard_digest(model, opt)
             with open(record, "a") as f:
-                f.write(json.dumps({"step": plan.step, "sha256": digest, "bytes": nbytes, "pid": os.getpid()}) + "\n")
+                f.write(json.dumps({"step": plan.step, "sha256": digest, "bytes": nbytes, "pid": os.getpid(),
+                                    "overlapped": ft.overlapped}) + "\n")
             loss_sum = 0.0
             for mb in plan.micro_batches:
                 idx = torch.tensor(mb, dtype=torch.long)

@@ -387,6 +387,203 @@ def _buckets(sizes: list[int], cap: int) -> list[list[int]]:
     return out
 
 
+def _layout(sharded: list[bool], sizes: list[int], cap: int) -> list[tuple[list[int], bool]]:
+    """The gradient buckets of :class:`_GradReducer`: parameter indices in reverse registration
+    order (the order backward produces their gradients, as DDP buckets them), cut into buckets of
+    at most ``cap`` elements (:func:`_buckets`) that never mix sharded and unsharded parameters.
+    Returns ``[(indices, unsharded), ...]`` in launch order."""
+    out: list[tuple[list[int], bool]] = []
+    run: list[int] = []
+    for i in [*range(len(sizes) - 1, -1, -1), None]:
+        if run and (i is None or sharded[i] != sharded[run[0]]):
+            out += [([run[j] for j in b], not sharded[run[0]]) for b in _buckets([sizes[k] for k in run], cap)]
+            run = []
+        if i is not None:
+            run.append(i)
+    return out
+
+
+def _exclusive(t: torch.Tensor) -> bool:
+    """``t`` is the only tensor on its storage (so its version counter is its own)."""
+    return (t.is_contiguous() and t.storage_offset() == 0
+            and t.untyped_storage().nbytes() == t.numel() * t.element_size())
+
+
+class GradientsChangedAfterReduction(RuntimeError):
+    """With ``overlap=True`` a bucket's gradients were read and sent while the last micro-batch's
+    backward ran, and afterwards something changed one of them (one more backward than
+    ``plan.micro_batches``, a hook, clipping or scaling before ``end_step``, ``p.grad``
+    replaced). The step is dropped in every group (reported to torchft) and this is raised."""
+
+
+class _GradReducer:
+    """The gradient reduction of :meth:`Checkpointless.end_step`, started during the last
+    micro-batch's backward where it can be.
+
+    Buckets (:func:`_layout`, fp32 copies of the gradients on their own device): unsharded
+    gradients are all-reduced within the replica group (``group``, when the group has more than
+    one rank), then every bucket is all-reduced (sum) across the quorum through
+    ``manager.allreduce``; the last bucket is the member/loss vector, built by ``end_step``.
+    Buckets are launched strictly in bucket order, so every rank issues the same collectives in
+    the same order whatever the timing.
+
+    Overlap (``overlap=True``): a ``register_post_accumulate_grad_hook`` on every parameter
+    counts the gradient accumulations of the step (autograd runs it after accumulating an
+    unsharded parameter's ``.grad``; FSDP2, since torch 2.5, runs it on the sharded parameter
+    after accumulating its reduce-scattered shard, pytorch/pytorch#129450). When every parameter
+    of the next bucket has been accumulated ``len(plan.micro_batches)`` times, its gradients are
+    final: the bucket is copied and its collectives launched from the hook (on CPU the hook runs
+    on the thread that called ``backward``). Whatever did not become ready (a parameter unused in
+    some micro-batch, a rank with no micro-batch, a loop with one backward per step) is launched
+    by ``end_step``, as without overlap. A hook on an already sent bucket, or an unsharded
+    gradient that changed after it was sent (its version counter; a gradient sharing its storage
+    with others is not checked), makes ``end_step`` raise
+    :class:`GradientsChangedAfterReduction`.
+    """
+
+    def __init__(self, params: list[torch.Tensor], sharded: list[bool], bucket_elems: int, manager: Any,
+                 group: Any, in_group: bool, overlap: bool):
+        self.params, self.sharded, self.manager, self.group, self.in_group = params, sharded, manager, group, in_group
+        sizes = [(p.to_local() if sh else p).numel() for p, sh in zip(params, sharded)]
+        self.buckets = _layout(sharded, sizes, bucket_elems) + [([], True)]  # last: the member vector
+        self.bucket_of = {i: b for b, (idx, _) in enumerate(self.buckets) for i in idx}
+        self.handles = ([p.register_post_accumulate_grad_hook(self._hook_for(i)) for i, p in enumerate(params)]
+                        if overlap else [])
+        self.overlapped = 0  # buckets of the last step launched during backward
+        self._armed = False
+        self.begin(0)
+
+    def begin(self, micro_batches: int) -> None:
+        """A new step with ``micro_batches`` backward passes expected from the user's loop."""
+        n = len(self.buckets)
+        self._n = micro_batches
+        self.overlapped = 0
+        self._counts = [0] * len(self.params)
+        self._pending = [len(idx) or 1 for idx, _ in self.buckets]  # the member bucket never from a hook
+        self._flats: list[torch.Tensor | None] = [None] * n
+        self._gworks: list[Any] = [None] * n
+        self._xworks: list[Any] = [None] * n
+        self._next_copy = self._next_cross = 0
+        self._versions: list[tuple[int, torch.Tensor, int]] = []
+        self._late: list[int] = []
+        self._error: Exception | None = None
+        self._failed: str | None = None
+        self._armed = bool(self.handles) and micro_batches > 0
+
+    def _local(self, i: int) -> torch.Tensor:
+        g = self.params[i].grad
+        return g.to_local() if self.sharded[i] else g
+
+    def _hook_for(self, i: int):
+        def hook(_param: torch.Tensor) -> None:
+            if not self._armed:
+                return
+            try:
+                with torch.no_grad():
+                    self._counts[i] += 1
+                    b = self.bucket_of[i]
+                    if b < self._next_copy:
+                        self._late.append(i)
+                    elif self._counts[i] == self._n:
+                        self._pending[b] -= 1
+                    self._advance(final=False)
+            except Exception as e:  # raised again by end_step, where it was raised before overlap
+                self._error, self._armed = e, False
+        return hook
+
+    def _advance(self, final: bool) -> None:
+        """Copy and launch, in bucket order, every bucket that is ready (``final``: all of them),
+        then the cross-group all-reduce of each bucket whose in-group all-reduce is done
+        (``final``: waiting for each)."""
+        while self._next_copy < len(self.buckets) and (final or self._pending[self._next_copy] == 0):
+            b = self._next_copy
+            idx, unsharded = self.buckets[b]
+            if idx:
+                grads = [self._local(i) for i in idx]
+                flat = torch.cat([g.reshape(-1).to(torch.float32) for g in grads])
+                if not final:
+                    self.overlapped += 1
+                    self._versions += [(i, g, g._version) for i, g, sh in
+                                       zip(idx, grads, (self.sharded[i] for i in idx)) if not sh and _exclusive(g)]
+            else:
+                flat = self._member
+            self._flats[b] = flat
+            self._next_copy += 1
+            if unsharded and self.in_group:
+                self._gworks[b] = dist.all_reduce(flat, group=self.group, async_op=True)
+        while self._next_cross < self._next_copy:
+            b = self._next_cross
+            w = self._gworks[b]
+            if w is not None:
+                if not final and not w.is_completed():
+                    return
+                w.wait()
+            self._next_cross += 1
+            if self._failed is None:
+                try:
+                    self._xworks[b] = self.manager.allreduce(self._flats[b], reduce_op=dist.ReduceOp.SUM)
+                except Exception as e:  # torchft reports errors through errored(); be safe
+                    self._failed = f"{type(e).__name__}: {e}"
+
+    def changed(self, names: list[str]) -> str | None:
+        """Why the gradients sent during backward are no longer the step's (None: they are)."""
+        late = sorted({names[i] for i in self._late})
+        changed = [names[i] for i, g, v in self._versions if self._local(i) is not g or g._version != v]
+        if not late and not changed:
+            return None
+        what = (f"parameter {', '.join(late[:5])} received a gradient after its bucket was sent (backward ran more "
+                f"than len(plan.micro_batches) = {self._n} times this step)" if late else
+                f"the gradient of {', '.join(changed[:5])} changed after its bucket was sent (p.grad modified or "
+                "replaced between the last micro-batch's backward and end_step)")
+        return (f"overlapped gradient reduction: {what}; this step is dropped in every group. "
+                "Run exactly one backward per micro-batch of plan.micro_batches and change gradients only after "
+                "end_step, or pass overlap=False to Checkpointless (the reduction then reads the gradients in "
+                "end_step)")
+
+    def finish(self, member: torch.Tensor) -> str | None:
+        """Launch what is left, wait for every bucket; returns the cross-group error, if any.
+
+        Raises:
+            what a hook's in-group all-reduce raised (as ``end_step`` did before overlap).
+        """
+        self._armed = False
+        if self._error is not None:
+            raise self._error
+        self._member = member
+        self._advance(final=True)
+        cur = torch.cuda.current_stream() if member.device.type == "cuda" else None
+        for w, flat in zip(self._xworks, self._flats):
+            if cur is not None and flat is not None:
+                flat.record_stream(cur)  # made on a hook's stream, read back on this one
+            if w is not None and self._failed is None:
+                try:
+                    w.wait()
+                except Exception as e:
+                    self._failed = f"{type(e).__name__}: {e}"
+        return self._failed
+
+    def copy_back(self) -> None:
+        """The sums into the gradients (after a commit)."""
+        with torch.no_grad():
+            for flat, (idx, _) in zip(self._flats, self.buckets):
+                off = 0
+                for i in idx:
+                    g = self._local(i)
+                    g.copy_(flat[off:off + g.numel()].view_as(g))
+                    off += g.numel()
+
+    def release(self) -> None:
+        """Drop this step's buckets (as much memory as the gradients, fp32) until the next."""
+        n = len(self.buckets)
+        self._flats, self._gworks, self._xworks, self._versions, self._member = [None] * n, [None] * n, [None] * n, [], None
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        self._armed = False
+
+
 def cross_group_process_group(device: torch.device, timeout: timedelta):
     """torchft's reconfigurable process group (``torchft.process_group``, 0.2.0) for the
     gradients of parameters on ``device``: ``ProcessGroupNCCL`` for CUDA (it sets
@@ -421,6 +618,12 @@ class Checkpointless:
         extra_state: more state to replicate and heal (a dict of tensors/numbers, e.g. RNG
             state), or None.
         bucket_bytes: size of the gradient buckets that :meth:`end_step` reduces, bytes (fp32).
+        overlap: start each bucket's reduction during the last micro-batch's backward, as soon as
+            its gradients are final (:class:`_GradReducer`; the loop is unchanged: the hooks count
+            ``len(plan.micro_batches)`` backward passes). The result is bit-equal to
+            ``overlap=False``, which reduces everything in :meth:`end_step` (the buckets and
+            their order are the same). None (default): on for CPU parameters, off for CUDA ones
+            (not yet checked on GPUs).
 
     Raises:
         ValueError: the context is not a checkpointless one; the model has DTensor parameters
@@ -432,7 +635,7 @@ class Checkpointless:
     def __init__(self, ctx: "JobContext", model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  batches: ElasticBatches, *, min_replicas: int | None = None,
                  checkpoint: "CheckpointPolicy | bool" = True, extra_state: dict | None = None,
-                 bucket_bytes: int = BUCKET_BYTES):
+                 bucket_bytes: int = BUCKET_BYTES, overlap: bool | None = None):
         from torchft.manager import Manager
 
         if ctx.replica_group is None:
@@ -494,6 +697,15 @@ class Checkpointless:
             timeout=self.timeout, quorum_timeout=quorum_timeout, connect_timeout=self.timeout,
             rank=ctx.rank, world_size=ctx.world_size, replica_id=f"hyperpod_lab_group_{ctx.replica_group}",
             heartbeat_interval=timedelta(milliseconds=self.heartbeat_interval_ms), init_sync=True)
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self._names = [n for n, _ in named]
+        self._params = [p for _, p in named]
+        self._reducer = _GradReducer(
+            self._params, [self._dtensor is not None and isinstance(p, self._dtensor) for p in self._params],
+            self.bucket_elems, self.manager, ctx.cpu_group if self.device.type == "cpu" else None,  # None: default (NCCL)
+            ctx.world_size > 1, self.device.type == "cpu" if overlap is None else bool(overlap))
+        self.overlapped = 0
+        """Gradient buckets of the last :meth:`end_step` whose reduction started during backward."""
         self._register()  # after the Manager exists: a registered group is heartbeating
         if self._initial:
             self._await_initial_groups()
@@ -600,6 +812,7 @@ class Checkpointless:
                           old_lr=old.lr, lr=plan.lr, lr_rule=self.batches.lr_rule)
         self.plan = plan
         self._step_started = time.time()
+        self._reducer.begin(len(plan.micro_batches))
         return plan
 
     def end_step(self, loss_sum: float | torch.Tensor = 0.0) -> bool:
@@ -608,14 +821,15 @@ class Checkpointless:
 
         Data path: the gradients (local shards of FSDP2 parameters, which FSDP2 already
         reduce-scattered within the group; whole gradients of other parameters) are copied into
-        fp32 buckets of at most ``bucket_bytes`` on their own device, with a small vector of the
-        group's membership and this rank's ``loss_sum`` after the last unsharded one. Buckets of
-        unsharded gradients are all-reduced within the replica group first (gloo
-        ``ctx.cpu_group`` for CPU tensors, the default group, NCCL, for CUDA ones); then every
-        bucket is all-reduced (sum) across the quorum through torchft (gloo or NCCL, see
-        :func:`cross_group_process_group`), all buckets in flight together; the sums are copied
-        back into the gradients. Not overlapped with the backward pass: it runs after the last
-        micro-batch's backward.
+        fp32 buckets of at most ``bucket_bytes`` on their own device, in reverse parameter order
+        (sharded and unsharded ones apart), then a last bucket: a small vector of the group's
+        membership and this rank's ``loss_sum``. Buckets of unsharded gradients (and that vector)
+        are all-reduced within the replica group first (gloo ``ctx.cpu_group`` for CPU tensors,
+        the default group, NCCL, for CUDA ones); then every bucket is all-reduced (sum) across the
+        quorum through torchft (gloo or NCCL, see :func:`cross_group_process_group`), in bucket
+        order; the sums are copied back into the gradients after the commit. With ``overlap`` a
+        bucket starts during the last micro-batch's backward as soon as its gradients are final
+        (:class:`_GradReducer`); this waits for every bucket and starts those that were not.
 
         Args:
             loss_sum: this rank's sum of weighted micro-batch losses (as returned by
@@ -624,53 +838,42 @@ class Checkpointless:
 
         Returns:
             True when the step was committed. Then ``self.loss`` is the step's mean loss.
+
+        Raises:
+            GradientsChangedAfterReduction: with overlap, a gradient changed after its bucket
+                was sent (more backward passes than ``plan.micro_batches``, or ``p.grad`` changed
+                before ``end_step``); the step is dropped in every group first.
         """
         assert self.plan is not None, "call begin_step() first"
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        for p in params:
+        for p in self._params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        dt = self._dtensor
-        sharded = [dt is not None and isinstance(p.grad, dt) for p in params]
-        local = [p.grad.to_local() if sh else p.grad for p, sh in zip(params, sharded)]
         member = torch.zeros(MAX_REPLICA_GROUPS + 1, dtype=torch.float32, device=self.device)
         if self.ctx.rank == 0:
             member[self.ctx.replica_group] = 1.0
         member[MAX_REPLICA_GROUPS] = float(loss_sum)
-        # unsharded gradients and the member vector (reduced in the group too), then sharded ones
-        whole = [g for g, sh in zip(local, sharded) if not sh] + [member]
-        shards = [g for g, sh in zip(local, sharded) if sh]
-        buckets = ([(whole, b, True) for b in _buckets([g.numel() for g in whole], self.bucket_elems)]
-                   + [(shards, b, False) for b in _buckets([g.numel() for g in shards], self.bucket_elems)])
-        flats = [torch.cat([items[i].reshape(-1).to(torch.float32) for i in idx]) for items, idx, _ in buckets]
-        group = self.ctx.cpu_group if self.device.type == "cpu" else None  # None: the default group (NCCL)
-        failed: str | None = None
+        red = self._reducer
+        changed = red.changed(self._names)
         with self.ctx.waiting("allreduce"):  # waiting for the others (straggler timing, watchdog)
-            if self.ctx.world_size > 1:
-                works = [dist.all_reduce(f, group=group, async_op=True)
-                         for f, (_, _, in_group) in zip(flats, buckets) if in_group]
-                for w in works:
-                    w.wait()
-            try:
-                works = [self.manager.allreduce(f, reduce_op=dist.ReduceOp.SUM) for f in flats]
-                for w in works:
-                    w.wait()
-            except Exception as e:  # torchft reports errors through errored(); be safe
-                failed = f"{type(e).__name__}: {e}"
+            failed = red.finish(member)
+        self.overlapped = red.overlapped
+        if changed is not None:  # every group drops the step (no hang), then the user's error
+            red.release()
+            err = GradientsChangedAfterReduction(changed)
+            self.manager.report_error(err)
+            self.manager.should_commit()
+            self._on_failed_step(changed)
+            raise err
         err = self.manager.errored()
         if err is not None and failed is None:
             failed = str(err.original_exception)
         committed = self.manager.should_commit()
         if not committed:
+            red.release()
             self._on_failed_step(failed or "a participant could not finish the step")
             return False
-        with torch.no_grad():
-            for flat, (items, idx, _) in zip(flats, buckets):
-                off = 0
-                for i in idx:
-                    n = items[i].numel()
-                    items[i].copy_(flat[off:off + n].view_as(items[i]))
-                    off += n
+        red.copy_back()
+        red.release()
         self.optimizer.step()
         self.progress["cursor"] += self.plan.effective_batch
         self.loss = float(member[-1])
@@ -773,7 +976,8 @@ class Checkpointless:
             return {}
 
     def close(self) -> None:
-        """Leave the quorum (shuts the torchft manager down)."""
+        """Leave the quorum (shuts the torchft manager down) and remove the gradient hooks."""
+        self._reducer.close()
         self.manager.shutdown(wait=False)
 
 
