@@ -355,19 +355,29 @@ _LOADER_CLASSES: dict[type, type] = {}
 
 
 def _loader_class(base: type) -> type:
-    """``StatefulDataLoader`` whose ``load_state_dict`` also takes a state saved with another
-    ``num_workers`` (torchdata asserts equal counts): then only the sampler's position is loaded
-    (the workers hold no state: :class:`TokenWindows` is stateless)."""
+    """``StatefulDataLoader`` with a state of one fixed structure: ``{"num_workers": int,
+    "torchdata": str}``, torchdata's own state as JSON text (plain ints, None, dicts). torchdata's
+    state has another layout with and without workers, which the persistent tier (DCP, that
+    loads into the structure of a fresh ``state_dict()``) would refuse as a missing key; and
+    ``load_state_dict`` also takes a state saved with another ``num_workers`` (torchdata asserts
+    equal counts): then only the sampler's position is loaded (the workers hold no state:
+    :class:`TokenWindows` is stateless)."""
     if base not in _LOADER_CLASSES:
         class TokenLoader(base):  # type: ignore[misc, valid-type]
+            def state_dict(self) -> dict[str, Any]:
+                return {"num_workers": int(self.num_workers), "torchdata": json.dumps(super().state_dict())}
+
             def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-                if state_dict:
-                    workers, sampler_state = _saved_workers_and_sampler(state_dict)
+                inner = state_dict
+                if isinstance(state_dict, dict) and isinstance(state_dict.get("torchdata"), str):
+                    inner = json.loads(state_dict["torchdata"])
+                if inner:
+                    workers, sampler_state = _saved_workers_and_sampler(inner)
                     if workers != self.num_workers and sampler_state is not None:
                         super().load_state_dict({})
                         self.sampler.load_state_dict(sampler_state)
                         return
-                super().load_state_dict(state_dict)
+                super().load_state_dict(inner)
 
         _LOADER_CLASSES[base] = TokenLoader
     return _LOADER_CLASSES[base]

@@ -135,7 +135,49 @@ def test_loader_with_two_workers_resumes_from_its_state(corpus):
         again = make()
         again.load_state_dict(state)
         assert [b["id"].tolist() for b, _ in zip(again, range(5))] == whole[5:]
-        assert state["_snapshot"]["_main_snapshot"]["_sampler_iter_state"]["sampler_state"]["position"] == 5 * 8
+        inner = json.loads(state["torchdata"])  # torchdata's state, as JSON text in a fixed structure
+        assert state["num_workers"] == 2 and sorted(state) == ["num_workers", "torchdata"]
+        assert inner["_snapshot"]["_main_snapshot"]["_sampler_iter_state"]["sampler_state"]["position"] == 5 * 8
+
+
+def test_loader_state_restores_on_one_rank_with_other_worker_count(corpus):
+    """A job of 2 ranks with 2 workers each, restored as 1 rank with no workers (torchdata alone
+    asserts equal worker counts) from either rank's loader state: the 1-rank loader goes on with
+    the global sequence; and back from 0 workers to 2."""
+    two = [token_loader(None, corpus, 32, 4, seed=2, num_workers=2, rank=r, world_size=2) for r in range(2)]
+    its = [iter(x) for x in two]
+    per_rank = [[next(it)["id"].tolist() for _ in range(3)] for it in its]
+    states = [json.loads(json.dumps(x.state_dict())) for x in two]
+    del its, two
+    alone = [i for b, _ in zip(token_loader(None, corpus, 32, 4, seed=2), range(12)) for i in b["id"].tolist()]
+    assert _global(per_rank) == alone[:24]
+    for state in states:
+        one = token_loader(None, corpus, 32, 4, seed=2, num_workers=0)
+        one.load_state_dict(state)
+        it = iter(one)
+        assert [i for _ in range(3) for i in next(it)["id"].tolist()] == alone[24:36]
+        back = token_loader(None, corpus, 32, 4, seed=2, num_workers=2)
+        back.load_state_dict(json.loads(json.dumps(one.state_dict())))
+        assert [i for b, _ in zip(back, range(3)) for i in b["id"].tolist()] == alone[36:48]
+
+
+def test_loader_state_goes_through_dcp_into_a_loader_with_other_worker_count(corpus, tmp_path):
+    """The persistent tier's path (torch.distributed.checkpoint loads into the structure of the
+    live ``state_dict()``): saved by a loader with 2 workers, loaded by one with none. torchdata's
+    raw state has another layout with workers, which DCP refuses as a missing key (and the
+    persistent tier would then skip the checkpoint as corrupt)."""
+    import torch.distributed.checkpoint as dcp
+
+    saver = token_loader(None, corpus, 32, 4, seed=6, num_workers=2)
+    it = iter(saver)
+    seen = [next(it)["id"].tolist() for _ in range(4)]
+    dcp.save({"data": saver}, checkpoint_id=str(tmp_path / "ckpt"))
+    del it, saver
+    loader = token_loader(None, corpus, 32, 4, seed=6, num_workers=0)
+    dcp.load({"data": loader}, checkpoint_id=str(tmp_path / "ckpt"))
+    alone = [b["id"].tolist() for b, _ in zip(token_loader(None, corpus, 32, 4, seed=6), range(7))]
+    assert seen == alone[:4]
+    assert [b["id"].tolist() for b, _ in zip(loader, range(3))] == alone[4:]
 
 
 def test_token_loader_refuses_a_checkpointless_context(corpus):
