@@ -24,6 +24,15 @@ Runs:
   (``HYPERPOD_LAB_COLLECTIVE_TIMEOUT_S``, default ``--baseline-timeout 60``): rank 0's all-reduce
   times out, it fails, torchrun stops the (stopped) rank 1 and restarts both.
 
+Early hangs (issue 26 item 4; ``--early``, or ``--only-early`` to run just these two): rank 1
+stopped at step ``--early-hang-at`` (3), long before the derived T exists (about 25 steps):
+
+* ``early_watchdog``: ``--startup-timeout 10``: caught by the early budget
+  ``max(min(30 s, 10 s), 10 x the slowest step so far)``;
+* ``early_collective_timeout``: the baseline, no watchdog (``--startup-timeout`` and
+  ``--hang-timeout`` of a week; what every early hang got before issue 26): the collective
+  timeout, then (before the agent killed stopped ranks at once) torchrun's 30 s SIGTERM grace.
+
 torch's own default collective timeout (``torch.distributed.constants``: 30 min for gloo; 10 min
 for NCCL, the documented default of ``init_process_group``) is too long to wait for: it is
 projected as the baseline run with its timeout replaced by the default (each measured time + the
@@ -53,11 +62,13 @@ from benchmarks._common import write_results  # noqa: E402
 
 
 def run_once(client, name: str, hang_timeout: float | None, steps: int, sleep: float, hang_at: int,
-             collective_timeout: float, timeout_s: float) -> dict:
+             collective_timeout: float, timeout_s: float, startup_timeout: float | None = None) -> dict:
     """Submit, SIGSTOP rank 1 at step ``hang_at``, follow to the end; the measurements (s)."""
     from hyperpod_lab import cli
 
     opts = ["--hang-timeout", str(hang_timeout)] if hang_timeout is not None else []
+    if startup_timeout is not None:
+        opts += ["--startup-timeout", str(startup_timeout)]
     job_id = cli.run(["submit", SCRIPT, "--cluster", "local", "--procs-per-node", "2", "--name", f"bench-hang-{name}",
                       "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001",
                       "--env", f"HYPERPOD_LAB_COLLECTIVE_TIMEOUT_S={collective_timeout:g}", *opts,
@@ -89,6 +100,7 @@ def run_once(client, name: str, hang_timeout: float | None, steps: int, sleep: f
     return {"collective_error_s": _collective_error_s(client.logs(job_id), t_hang),"job_id": job_id, "status": rec.status, "pid": info.get("pid"), "step_s": step_s,
             "detect_s": round(detected.time - t_hang, 3), "first_step_s": round(first_step - t_hang, 3),
             "detected_by": detected.writer, "detected_reason": detected.data.get("reason"),
+            "hang_at_step": hang_at, "stopped_at_step": hang[0].data.get("step") if hang else None,
             "hang_timeout_s": hang[0].data.get("hang_timeout_s") if hang else None,
             "timeout_source": hang[0].data.get("timeout_source") if hang else None,
             "stalled_s": hang[0].data.get("stalled_s") if hang else None,
@@ -135,6 +147,8 @@ def summarize(runs: dict, baseline_timeout: float, gloo_s: float, nccl_s: float)
 
 
 def report(res: dict) -> None:
+    if not res.get("runs"):
+        return  # --only-early
     for name, r in res["runs"].items():
         print(f"{name:20s} detected {r['detect_s']:7.2f} s after the SIGSTOP ({r['detected_reason']}; torchrun saw a "
               f"worker fail at {r['collective_error_s']} s), first step after recovery {r['first_step_s']:7.2f} s  "
@@ -154,20 +168,66 @@ def main() -> None:
     p.add_argument("--hang-at", type=int, default=80)
     p.add_argument("--baseline-timeout", type=float, default=60.0, help="the baseline's collective timeout, s")
     p.add_argument("--timeout-s", type=float, default=600)
-    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "hang_detection.json"))
+    p.add_argument("--early", action="store_true", help="also the two early-hang runs (rank 1 stopped at step 3)")
+    p.add_argument("--only-early", action="store_true", help="only the two early-hang runs")
+    p.add_argument("--early-hang-at", type=int, default=3)
+    p.add_argument("--out", help="results file (default benchmarks/results/hang_detection.json; with --only-early "
+                                 "hang_detection_early.json)")
     p.add_argument("--recompute", action="store_true",
                    help="run nothing: recompute the projections and ratios of the results file --out")
     a = p.parse_args()
-    if a.recompute:
+    if a.out is None:
+        a.out = os.path.join(ROOT, "benchmarks", "results",
+                             "hang_detection_early.json" if a.only_early else "hang_detection.json")
+    if a.recompute and not a.only_early:
         with open(a.out) as f:
             res = json.load(f)
         t = res["torch_default_timeout_s"]
         res["torch_default_projected"], res["ratios"] = summarize(res["runs"], res["baseline_timeout_s"], t["gloo"],
                                                                   t["nccl"])
+    elif a.only_early:
+        from hyperpod_lab.submit.client import Client
+
+        res = {"benchmark": "hang_detection", "time": time.time(), "steps": a.steps, "step_sleep_s": a.sleep,
+               "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+               "baseline_timeout_s": a.baseline_timeout, "runs": {}, "ratios": {},
+               "early": measure_early(Client(), a)}
     else:
         res = measure(a)
+        if a.early:
+            from hyperpod_lab.submit.client import Client
+
+            res["early"] = measure_early(Client(), a)
     report(res)
+    if res.get("early"):
+        report_early(res["early"])
     write_results(a.out, res, said="results:")
+
+
+EARLY_STARTUP_S = 10.0
+
+
+def measure_early(client, a: argparse.Namespace) -> dict:
+    """The two early-hang runs and their ratio (baseline over watchdog, same run of this script)."""
+    runs = {"early_watchdog": run_once(client, "early_watchdog", None, a.steps, a.sleep, a.early_hang_at,
+                                       a.baseline_timeout, a.timeout_s, startup_timeout=EARLY_STARTUP_S),
+            "early_collective_timeout": run_once(client, "early_collective_timeout", A_WEEK_S, a.steps, a.sleep,
+                                                 a.early_hang_at, a.baseline_timeout, a.timeout_s,
+                                                 startup_timeout=A_WEEK_S)}
+    w, b = runs["early_watchdog"], runs["early_collective_timeout"]
+    return {"startup_timeout_s": EARLY_STARTUP_S, "runs": runs,
+            "ratios": {"baseline_detect_over_watchdog": round(b["detect_s"] / w["detect_s"], 2),
+                       "baseline_first_step_over_watchdog": round(b["first_step_s"] / w["first_step_s"], 2)}}
+
+
+def report_early(early: dict) -> None:
+    for name, r in early["runs"].items():
+        print(f"{name:24s} stopped after step {r['stopped_at_step']}: detected {r['detect_s']:7.2f} s after the "
+              f"SIGSTOP ({r['detected_reason']}; T {r['hang_timeout_s']} {r['timeout_source'] or ''}), first step "
+              f"after recovery {r['first_step_s']:7.2f} s [{r['status']}]")
+    r = early["ratios"]
+    print(f"early hang: detection {r['baseline_detect_over_watchdog']}x sooner than the collective timeout, back to "
+          f"training {r['baseline_first_step_over_watchdog']}x sooner")
 
 
 def measure(a: argparse.Namespace) -> dict:

@@ -85,6 +85,13 @@ class ResiliencyPolicy:
             ``max(30 s, 10 x p99 step time)`` after warm-up (see
             ``hyperpod_lab.node.watchdog``). On EKS with the HyperPod operator it also sets the
             log monitor's ``expectedRecurringFrequencyInSeconds``. From 1 s to a week.
+        startup_timeout_s: the start-up budget, seconds: a rank (each start of it, restarts
+            included) that made no progress from its first heartbeat (``hp.init()`` done) to its
+            first step is hung, and so is one that stalls during its first steps for
+            ``max(min(30 s, this), 10 x its slowest step so far)`` (until the hang timeout above
+            applies). A rank that is running (not stopped) gets twice that: it may be waiting for
+            a stopped peer. ``None`` (default): 600 s (``hyperpod_lab.node.watchdog``). From 1 s
+            to a week.
         on_straggler: what a rank flagged as a straggler (its step compute time consistently
             above the other ranks', ``straggler.detected``) leads to: ``report`` (an event only)
             or ``exclude`` (Slurm: its node is excluded like a node that faulted twice; a spare
@@ -103,6 +110,7 @@ class ResiliencyPolicy:
     storm_restarts: int = 3
     hang_timeout_s: float | None = None
     on_straggler: str = "report"
+    startup_timeout_s: float | None = None
 
     def validate(self) -> None:
         if not isinstance(self.auto_resume, bool):
@@ -125,12 +133,14 @@ class ResiliencyPolicy:
                 or not 1 <= self.storm_restarts <= MAX_STORM_RESTARTS):
             raise SpecError("resiliency.storm_restarts", f"must be a whole number from 1 to {MAX_STORM_RESTARTS}, "
                                                          f"got {str(self.storm_restarts)[:40]}; use --storm-restarts 3")
-        t = self.hang_timeout_s
-        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or t != t
-                              or not 1.0 <= t <= MAX_HANG_TIMEOUT_S):
-            raise SpecError("resiliency.hang_timeout_s",
-                            f"must be seconds from 1 to {MAX_HANG_TIMEOUT_S:.0f} (a week), or unset to derive it from "
-                            f"the job's step times; got {str(t)[:40]}; use --hang-timeout 120")
+        for field_name, flag, unset in (("hang_timeout_s", "--hang-timeout 120", "derive it from the job's step times"),
+                                        ("startup_timeout_s", "--startup-timeout 300", "use the default, 600 s")):
+            t = getattr(self, field_name)
+            if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or t != t
+                                  or not 1.0 <= t <= MAX_HANG_TIMEOUT_S):
+                raise SpecError(f"resiliency.{field_name}",
+                                f"must be seconds from 1 to {MAX_HANG_TIMEOUT_S:.0f} (a week), or unset to {unset}; "
+                                f"got {str(t)[:40]}; use {flag}")
         if self.on_straggler not in STRAGGLER_ACTIONS:
             raise SpecError("resiliency.on_straggler",
                             f"must be one of {', '.join(STRAGGLER_ACTIONS)}, got {str(self.on_straggler)[:40]!r}; "

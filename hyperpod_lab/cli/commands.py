@@ -115,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds without step progress after which a rank counts as hung: its stacks go to its "
                         "log, fault.detected {reason: hang}, and it is recovered like a crash (default: "
                         "max(30, 10 x the p99 step time), measured after warm-up)")
+    s.add_argument("--startup-timeout", type=float, metavar="S", dest="startup_timeout_s",
+                   help="start-up budget: a rank with no progress from hp.init() to its first step for S seconds is "
+                        "hung, as is one stalled in its first steps for max(min(30, S), 10 x its slowest step) "
+                        "(twice that while it runs: it may wait for a stopped peer; default 600)")
     s.add_argument("--on-straggler", choices=["report", "exclude"], default=ResiliencyPolicy.on_straggler,
                    help="a rank consistently slower than the others: report it (straggler.detected), or also "
                         "exclude its node (Slurm: a spare replaces it, else the next placement avoids it)")
@@ -274,7 +278,8 @@ def spec_from_args(a: argparse.Namespace, script_args: list[str]) -> JobSpec:
                                     recovery=a.recovery, deep_health_check=a.deep_health_check,
                                     spares=a.spares, health_checks=not a.no_health_checks,
                                     storm_restarts=a.storm_restarts,
-                                    hang_timeout_s=a.hang_timeout_s, on_straggler=a.on_straggler),
+                                    hang_timeout_s=a.hang_timeout_s, on_straggler=a.on_straggler,
+                                    startup_timeout_s=a.startup_timeout_s),
         checkpoint=CheckpointPolicy(every_steps=a.checkpoint_every, keep_last=a.checkpoint_keep,
                                     memory_every_steps=a.checkpoint_memory_every, s3_uri=a.checkpoint_s3,
                                     s3_every_steps=a.checkpoint_s3_every),

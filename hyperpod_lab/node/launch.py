@@ -24,10 +24,13 @@ is appended, decided with an ``flock`` on ``<job_dir>/agents/<name>.lock``):
   (``/dev/shm/hyperpod-lab-hb-<uid>/<job>-<pid>``, removed at exit) and passes it to the workers
   as ``$HYPERPOD_LAB_HEARTBEAT_DIR``; every monitor interval it reads their heartbeats; a worker
   without progress for the hang timeout (the spec's ``resiliency.hang_timeout_s``, else derived
-  from the job's step times) gets its stacks dumped, the hang reported and a SIGKILL, after which
-  torchrun restarts it as any failed worker (its failure report then says ``reason: "killed by
+  from the job's step times; from its first beat, a start-up budget until then, see
+  :mod:`hyperpod_lab.node.watchdog`) gets its stacks dumped, the hang reported and a SIGKILL, after
+  which torchrun restarts it at once as any failed worker (its failure report then says ``reason: "killed by
   the hang watchdog ..."``, ``root_cause: false``); a worker whose steps are consistently slower
-  than the other ranks' is reported (``resiliency.on_straggler``).
+  than the other ranks' is reported (``resiliency.on_straggler``). Before torchrun stops its
+  workers (SIGTERM, then SIGKILL after 30 s), a stopped (SIGSTOP) worker, which cannot act on
+  SIGTERM, is reported as hung and SIGKILLed at once (``Watchdog.stop_group``).
 * ``job.failed`` when its restarts storm (K restarts without progress, or one fault repeating:
   :mod:`hyperpod_lab.node.storm`): it restarts no more and exits with status 3 (``STORM_EXIT``)
   instead of torchrun's 1; a job whose storm was declared exits 3 at once when started again.
@@ -86,6 +89,7 @@ import logging
 import os
 import random
 import shutil
+import signal
 import socket
 import sys
 import time
@@ -208,6 +212,10 @@ class EventingElasticAgent(LocalElasticAgent):
     """
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        if _WATCHDOG is not None and _a_worker_failed(self._pcontext):
+            # torchrun's poll below SIGTERMs the other local workers and waits up to 30 s: a
+            # stopped one cannot act on SIGTERM, so the watchdog reports and SIGKILLs it first
+            _stop_stopped_workers()
         result = super()._monitor_workers(worker_group)
         if _EVENTS is not None and result.state in _FAILED_STATES:
             _EVENTS.worker_failed(worker_group, result)
@@ -215,10 +223,25 @@ class EventingElasticAgent(LocalElasticAgent):
                 self._remaining_restarts = 0  # a restart storm: torchrun stops the workers and fails
         if _WATCHDOG is not None and result.state == WorkerState.HEALTHY:
             try:
-                _WATCHDOG.check()  # a hung worker is killed here; the next monitor call reports it
+                killed = _WATCHDOG.check()  # a hung worker is killed (and gone) here
             except Exception as e:  # the watchdog must never take the agent (and the job) down
                 log.warning("hyperpod-lab: hang watchdog check failed: %s", e)
+                killed = []
+            if killed:  # report the death and restart now, not one monitor interval later
+                deadline = time.monotonic() + 2.0
+                while not _a_worker_failed(self._pcontext) and time.monotonic() < deadline:
+                    time.sleep(0.01)  # its threads still exiting: torch's poll cannot reap it yet
+                return self._monitor_workers(worker_group)
         return result
+
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+        # every stop of the workers by the agent (a restart, the end, the agent's own signal) comes
+        # here (a local worker's failure stops the others in the process context's poll, handled in
+        # _monitor_workers): torchrun sends death_sig and waits up to `timeout` s; a stopped worker
+        # cannot act on it, so the watchdog reports and SIGKILLs it first (Watchdog.stop_group)
+        if _WATCHDOG is not None:
+            _stop_stopped_workers()
+        super()._shutdown(death_sig, timeout)
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         pids = super()._start_workers(worker_group)
@@ -240,6 +263,23 @@ class EventingElasticAgent(LocalElasticAgent):
             restart_count = max_restarts - getattr(self, "_remaining_restarts", max_restarts)
             _EVENTS.restarting(restart_count, reason)
         super()._restart_workers(worker_group)
+
+
+def _a_worker_failed(pcontext: Any) -> bool:
+    """Whether a local worker of torchrun's process context exited non-zero (its next poll then
+    stops the others)."""
+    for handler in (getattr(pcontext, "subprocess_handlers", None) or {}).values():
+        code = handler.proc.poll()
+        if code is not None and code != 0:
+            return True
+    return False
+
+
+def _stop_stopped_workers() -> None:
+    try:
+        _WATCHDOG.stop_group()
+    except Exception as e:  # never take the agent down
+        log.warning("hyperpod-lab: hang watchdog could not stop a stopped worker: %s", e)
 
 
 def install(job_dir: str, job_id: str) -> bool:
@@ -265,9 +305,10 @@ def install(job_dir: str, job_id: str) -> bool:
     return True
 
 
-def _spec_resiliency(job_dir: str) -> tuple[float | None, str]:
-    """``(hang_timeout_s, on_straggler)`` of the job's spec (``$HYPERPOD_LAB_SPEC``, else
-    ``<job_dir>/spec.json``); the defaults ``(None, "report")`` without a readable spec."""
+def _spec_resiliency(job_dir: str) -> tuple[float | None, str, float | None]:
+    """``(hang_timeout_s, on_straggler, startup_timeout_s)`` of the job's spec
+    (``$HYPERPOD_LAB_SPEC``, else ``<job_dir>/spec.json``); the defaults ``(None, "report", None)``
+    without a readable spec."""
     from hyperpod_lab.errors import SpecError
     from hyperpod_lab.spec import JobSpec
 
@@ -275,9 +316,9 @@ def _spec_resiliency(job_dir: str) -> tuple[float | None, str]:
     try:
         with open(path) as f:
             res = JobSpec.from_json(f.read()).resiliency
-        return res.hang_timeout_s, res.on_straggler
+        return res.hang_timeout_s, res.on_straggler, res.startup_timeout_s
     except (OSError, SpecError):
-        return None, "report"
+        return None, "report", None
 
 
 def install_watchdog(job_dir: str, events: AgentEvents) -> Watchdog | None:
@@ -287,7 +328,7 @@ def install_watchdog(job_dir: str, events: AgentEvents) -> Watchdog | None:
     watchdog the agent's monitor loop runs, configured from the job's spec. Returns it, or None
     (a warning on stderr) when the directory cannot be made: the job then runs without it."""
     global _WATCHDOG
-    hang_timeout_s, on_straggler = _spec_resiliency(job_dir)
+    hang_timeout_s, on_straggler, startup_timeout_s = _spec_resiliency(job_dir)
     top = os.path.join(default_heartbeat_root(), f"hyperpod-lab-hb-{os.getuid()}")
     path = os.path.join(top, f"{safe_name(events.job_id, 80)}-{os.getpid()}")
     try:
@@ -302,7 +343,8 @@ def install_watchdog(job_dir: str, events: AgentEvents) -> Watchdog | None:
         events._emit(EventKind(kind), **data)
 
     stragglers = StragglerDetector(job_dir, events.writer.writer, events.node, emit, action=on_straggler)
-    _WATCHDOG = Watchdog(path, events.node, emit, hang_timeout_s=hang_timeout_s, stragglers=stragglers)
+    _WATCHDOG = Watchdog(path, events.node, emit, hang_timeout_s=hang_timeout_s, startup_timeout_s=startup_timeout_s,
+                         stragglers=stragglers)
     events.killed_reason = _WATCHDOG.killed_reason
     return _WATCHDOG
 

@@ -13,20 +13,37 @@ lets the agent read a consistent copy without a lock. Times are ``time.monotonic
 (``CLOCK_MONOTONIC``: one clock for every process of a Linux host).
 
 **Watchdog (in the launch agent).** :class:`Watchdog` runs inside torchrun's monitor loop
-(every ``--monitor-interval``, 0.1 s by default). A local rank is *hung* when it made no
-progress (no step, no section entered or left) for T seconds:
+(every ``--monitor-interval``, 0.1 s by default). Every rank is armed from its first beat (the
+heartbeat file ``hp.init()`` creates): a local rank is *hung* when it made no progress (no step,
+no section entered or left) for its budget, which is, in order:
 
-* T = ``resiliency.hang_timeout_s`` when the spec sets it (armed from the rank's first beat);
-* else T = ``max(HANG_FLOOR_S, HANG_FACTOR x p99)`` of the job's own step times (30 s and 10 by
-  default), once :data:`MIN_SAMPLES` step times were measured; the first
-  :data:`WARMUP_STEPS` steps of every start of a rank (start-up, compilation, a restore or heal)
-  are never samples, and a restarted rank is watched again only after its own warm-up. Before
-  that there is no T: a rank that has not made enough steps is never declared hung;
-* inside a section opened with ``timeout_s``, that timeout instead;
-* a rank that waits in a collective (a section opened with ``wait=True``, e.g. the
-  checkpointless all-reduce and quorum) gets :data:`VICTIM_FACTOR` x T: the peer it waits for is
-  usually the hung one, and that peer's own watchdog acts at T. A stopped process (SIGSTOP,
-  ``/proc`` state ``T``) is always judged at T.
+* inside a section opened with ``timeout_s``: that timeout (``timeout_source: "section"``);
+* before the first step of this start of the rank (start-up: model build, restore or heal,
+  compilation): the start-up budget S, ``resiliency.startup_timeout_s``, else
+  :data:`STARTUP_TIMEOUT_S` (600 s) (``"startup"``);
+* T = ``resiliency.hang_timeout_s`` when the spec sets it (``"spec"``);
+* T = ``max(HANG_FLOOR_S, HANG_FACTOR x p99)`` of the job's own step times (30 s and 10 by
+  default), once :data:`MIN_SAMPLES` step times were measured and this start of the rank made
+  more than :data:`WARMUP_STEPS` steps (``"derived"``); the first :data:`WARMUP_STEPS` steps of
+  every start (start-up, compilation, a restore or heal) are never samples;
+* until then (the first steps of every start): ``max(min(HANG_FLOOR_S, S), HANG_FACTOR x`` the
+  slowest step of this start so far``)`` (the first step's time runs from ``hp.init()``, so it
+  holds the start-up's model build and compilation), and at least the derived T when there is
+  one (``"early"``).
+
+A rank that waits in a collective (a section opened with ``wait=True``, e.g. the checkpointless
+all-reduce and quorum) gets :data:`VICTIM_FACTOR` x its budget: the peer it waits for is usually
+the hung one, and that peer's own watchdog acts first. So does a running rank under the
+``startup`` or ``early`` budget: in its first steps nothing tells a rank blocked in a collective
+behind a stopped peer (e.g. plain DDP's all-reduce on another node) from a hung one. A stopped
+process (SIGSTOP, ``/proc`` state ``T``) is always judged at its budget: it cannot be anyone's
+victim.
+
+**Stopped ranks are killed at once.** When torchrun stops its worker group (a peer failed or
+left first, e.g. its collective timed out), it sends SIGTERM and waits up to 30 s before SIGKILL;
+a stopped process cannot act on SIGTERM, so that grace is pure loss. :meth:`Watchdog.stop_group`
+(called by the launch agent just before) handles each stopped local rank as a hang at once
+(stacks, ``fault.detected`` {reason: "hang", timeout_source: "group-stop"}, SIGKILL).
 
 On a hang it (1) dumps the rank's Python stacks with ``py-spy dump`` (``--nonblocking`` for a
 stopped process, which ``py-spy`` cannot suspend), or, without py-spy, has the rank dump them
@@ -84,6 +101,13 @@ FAULTHANDLER_SIGNAL = signal.SIGUSR1
 """What ``hp.init()`` registers :func:`faulthandler.register` on (stacks to the rank's stdout)."""
 FAULTHANDLER_WAIT_S = 1.0
 """Seconds the watchdog gives a rank to write its faulthandler stacks before killing it."""
+STARTUP_TIMEOUT_S = 600.0
+"""Start-up budget (s) when the spec sets no ``resiliency.startup_timeout_s``: NCCL's default
+collective timeout (``init_process_group``'s documented 10 min), so the watchdog is never later
+than a start-up hang NCCL would catch, and a slow first start (a large restore, a compile) is
+not killed."""
+EARLY_SOURCES = ("startup", "early")
+"""Budgets under which a running (not stopped) rank gets :data:`VICTIM_FACTOR` x its budget."""
 
 RING = 256
 """Steps' timings kept in a heartbeat's ring (the agent reads them at least every few seconds)."""
@@ -374,6 +398,7 @@ class _Watched:
         self.worker = worker
         self.cursor = 0          # ring entries consumed
         self.attempt_steps = 0   # steps seen in this start
+        self.slowest = 0.0       # slowest step of this start so far, s (its first one included)
         self.hung = False
         self.last_beat: Beat | None = None
 
@@ -386,15 +411,19 @@ class Watchdog:
         node: this node's name (reported as is).
         emit: ``emit(kind, **data)``, the agent's event emitter.
         hang_timeout_s: the spec's ``resiliency.hang_timeout_s`` (seconds), or None to derive T.
+        startup_timeout_s: the spec's ``resiliency.startup_timeout_s`` (seconds), or None for
+            :data:`STARTUP_TIMEOUT_S`.
         stragglers: a :class:`~hyperpod_lab.node.straggler.StragglerDetector` fed with every
             step after warm-up, or None.
         out: where the agent writes its own lines (default ``sys.stderr``: the job's log).
     """
 
     def __init__(self, heartbeat_dir: str, node: str, emit: Callable[..., Any], *,
-                 hang_timeout_s: float | None = None, stragglers: Any = None, out=None):
+                 hang_timeout_s: float | None = None, startup_timeout_s: float | None = None,
+                 stragglers: Any = None, out=None):
         self.dir, self.node, self.emit = heartbeat_dir, node, emit
         self.hang_timeout_s = hang_timeout_s
+        self.startup_timeout_s = STARTUP_TIMEOUT_S if startup_timeout_s is None else float(startup_timeout_s)
         self.stragglers = stragglers
         self.out = out
         self.samples: deque[float] = deque(maxlen=HISTORY)
@@ -415,6 +444,19 @@ class Watchdog:
         t = derived_hang_timeout(self.samples)
         return (t, "derived") if t is not None else (None, "warm-up")
 
+    def budget(self, w: _Watched, beat: Beat) -> tuple[float, str]:
+        """``(seconds, source)``: how long local worker ``w`` (whose newest heartbeat is
+        ``beat``) may go without progress now (see the module doc for the rules)."""
+        if beat.section and beat.section_timeout > 0:
+            return beat.section_timeout, "section"
+        if beat.steps == 0:
+            return self.startup_timeout_s, "startup"
+        t, source = self.timeout()
+        if source == "spec" or (t is not None and w.attempt_steps > WARMUP_STEPS):
+            return t, source
+        early = max(min(HANG_FLOOR_S, self.startup_timeout_s), HANG_FACTOR * w.slowest)
+        return (early if t is None else max(t, early)), "early"
+
     # ---- the check --------------------------------------------------------------------------
     def check(self, now: float | None = None) -> list[dict[str, Any]]:
         """Read every local worker's heartbeat, feed step times, and handle hung ranks.
@@ -423,9 +465,13 @@ class Watchdog:
             The hangs handled in this call (the ``fault.detected`` data of each).
         """
         hung = []
+        if any(w.hung for w in self.watched.values()):
+            # a local rank of this start was killed: torchrun stops and restarts the others (they
+            # are blocked behind it, or soon will be); none of them is a hang of its own
+            if self.stragglers is not None:
+                self.stragglers.tick()
+            return []
         for w in list(self.watched.values()):
-            if w.hung:
-                continue
             beat = read_heartbeat(heartbeat_file(self.dir, w.worker.local_rank), since=w.cursor)
             if beat is None or beat.pid != w.worker.pid:
                 continue  # not started beating yet (or a previous start's file)
@@ -447,6 +493,7 @@ class Watchdog:
         w.cursor = beat.ring_count
         for step, step_s, compute_s, wait_s in beat.entries:
             w.attempt_steps += 1
+            w.slowest = max(w.slowest, step_s)
             if w.attempt_steps <= WARMUP_STEPS:
                 continue
             self.samples.append(step_s)
@@ -455,16 +502,8 @@ class Watchdog:
         w.last_beat = beat
 
     def _judge(self, w: _Watched, beat: Beat, now: float) -> tuple | None:
-        """``(w, beat, stalled_s, T, source, process state)`` when the rank is hung, else None."""
-        t, source = self.timeout()
-        if beat.section and beat.section_timeout > 0:
-            t, source = beat.section_timeout, "section"
-        elif source == "derived" and w.attempt_steps <= WARMUP_STEPS:
-            return None  # this start's warm-up (a restore, a heal, compilation)
-        if t is None:
-            return None
-        if beat.steps == 0 and source != "section":
-            return None  # no step yet in this start: start-up is watched only by a section's own timeout
+        """``(w, beat, stalled_s, budget, source, process state)`` when the rank is hung, else None."""
+        t, source = self.budget(w, beat)
         stalled = now - beat.last_progress
         if stalled < t:
             return None
@@ -472,18 +511,46 @@ class Watchdog:
         if state in (None, "Z"):
             return None  # gone: torchrun's monitor reports it
         stopped = state in ("T", "t")
-        if beat.section_wait and not stopped and source != "section" and stalled < VICTIM_FACTOR * t:
-            return None  # waiting in a collective behind a peer: that peer's watchdog acts first
+        maybe_victim = beat.section_wait or source in EARLY_SOURCES
+        if maybe_victim and not stopped and source != "section" and stalled < VICTIM_FACTOR * t:
+            return None  # maybe waiting in a collective behind a peer: that peer's watchdog acts first
         return (w, beat, stalled, t, source, state)
 
+    def stop_group(self, now: float | None = None) -> list[dict[str, Any]]:
+        """torchrun is about to stop the local workers (SIGTERM, then SIGKILL after its 30 s
+        grace): handle every stopped one (``/proc`` state ``T``/``t``, which cannot act on
+        SIGTERM) as a hang at once: stacks, ``fault.detected`` {reason: "hang",
+        ``timeout_source: "group-stop"``, ``hang_timeout_s``: the budget it was under}, SIGKILL.
+        The launch agent calls it before every stop of its worker group. Returns the hangs
+        handled (the ``fault.detected`` data of each)."""
+        now = time.monotonic() if now is None else now
+        handled = []
+        for w in list(self.watched.values()):
+            if w.hung:
+                continue
+            state = process_state(w.worker.pid)
+            if state not in ("T", "t"):
+                continue
+            beat = read_heartbeat(heartbeat_file(self.dir, w.worker.local_rank), since=w.cursor)
+            if beat is not None and beat.pid == w.worker.pid:
+                self._consume(w, beat)
+                t, stalled = self.budget(w, beat)[0], now - beat.last_progress
+            else:
+                beat, t, stalled = None, self.startup_timeout_s, 0.0  # stopped before its first beat
+            handled.append(self._on_hang(w, beat, stalled, t, "group-stop", state))
+        return handled
+
     # ---- a hang -----------------------------------------------------------------------------
-    def _on_hang(self, w: _Watched, beat: Beat, stalled: float, t: float, source: str,
+    def _on_hang(self, w: _Watched, beat: Beat | None, stalled: float, t: float, source: str,
                  state: str | None) -> dict[str, Any]:
         w.hung = True
         pid = w.worker.pid
         stopped = state in ("T", "t")
-        rank = beat.global_rank
-        where = f"section {beat.section!r}" if beat.section else f"after step {beat.step}"
+        rank = beat.global_rank if beat is not None else w.worker.global_rank
+        section = beat.section if beat is not None else None
+        step = beat.step if beat is not None and beat.step >= 0 else None
+        where = (f"section {section!r}" if section else f"after step {step}" if step is not None
+                 else "before its first step")
         head = (f"hyperpod-lab: watchdog: rank {rank} (local rank {w.worker.local_rank}, pid {pid}, node {self.node}) "
                 f"made no progress for {stalled:.1f} s ({where}; hang timeout {t:.1f} s, {source}; process "
                 f"{_state_word(state)})")
@@ -492,7 +559,7 @@ class Watchdog:
         if text is None:
             method = self._faulthandler(pid, stopped, how)
         data = {"reason": FaultReason.HANG.value, "rank": rank, "local_rank": w.worker.local_rank, "node": self.node,
-                "stalled_s": round(stalled, 3), "section": beat.section, "step": beat.step if beat.step >= 0 else None,
+                "stalled_s": round(stalled, 3), "section": section, "step": step,
                 "hang_timeout_s": round(t, 3), "timeout_source": source, "process_state": _state_word(state),
                 "stacks": method, "log_file": w.worker.log_file, "pid": pid, "exitcode": None, "signal": None,
                 "detected_by": "watchdog", "root_cause": True}
@@ -553,6 +620,9 @@ class Watchdog:
         hang = self.killed.get(pid) if pid is not None else None
         if hang is None:
             return None
+        if hang["timeout_source"] == "group-stop":
+            return (f"killed by the hang watchdog: stopped ({hang['process_state']}) when its worker group was "
+                    f"stopped, no progress for {hang['stalled_s']:.1f} s")
         return (f"killed by the hang watchdog: no progress for {hang['stalled_s']:.1f} s "
                 f"(hang timeout {hang['hang_timeout_s']:.1f} s)")
 

@@ -91,6 +91,14 @@ def test_spec_and_flags_for_hang_timeout_and_on_straggler(client):
     assert res.hang_timeout_s == 45.5 and res.on_straggler == "exclude"
     res = cli.spec_from_args(cli.build_parser().parse_args(["submit", HANG_TRAIN, "--cluster", "local"]), []).resiliency
     assert res.hang_timeout_s is None and res.on_straggler == "report"
+    assert res.startup_timeout_s is None  # the watchdog's default, 600 s
+    res = cli.spec_from_args(cli.build_parser().parse_args(["submit", HANG_TRAIN, "--cluster", "local",
+                                                            "--startup-timeout", "90"]), []).resiliency
+    assert res.startup_timeout_s == 90.0
+    assert JobSpec.from_json(JobSpec(script="t.py", resiliency=res).to_json()).resiliency.startup_timeout_s == 90.0
+    for bad in (0.5, float("nan"), True, 8 * 24 * 3600):
+        with pytest.raises(SpecError, match="resiliency.startup_timeout_s: must be seconds from 1"):
+            JobSpec(script="t.py", resiliency=ResiliencyPolicy(startup_timeout_s=bad)).validate()
     with pytest.raises(SpecError, match="resiliency.hang_timeout_s"):
         cli.run(["submit", HANG_TRAIN, "--cluster", "local", "--hang-timeout", "0", "--dry-run"], client=client)
     with pytest.raises(SpecError, match="invalid choice: 'drop'"):
@@ -188,13 +196,17 @@ def test_without_py_spy_the_rank_writes_its_own_stacks(tmp_path, monkeypatch):
         proc.kill()
 
 
-def test_no_hang_before_enough_step_times_then_the_derived_timeout(tmp_path, monkeypatch):
+def test_the_early_budget_before_enough_step_times_then_the_derived_timeout(tmp_path, monkeypatch):
     monkeypatch.setattr(wd, "HANG_FLOOR_S", 1.0)
-    # 3 steps: within the warm-up, no T: a stopped rank is not declared hung
+    # 3 steps: within the warm-up, no derived T yet; the early budget max(min(floor, S), 10 x the
+    # slowest step) catches the stopped rank (before issue 26 it was never declared hung)
     proc, log = start_beater(tmp_path, 3)
     try:
         dog, events = watch(tmp_path, proc, log)
-        assert run_until(dog, 3.0)[0] == [] and dog.timeout() == (None, "warm-up")
+        hangs, _ = run_until(dog, 30)
+        assert dog.timeout() == (None, "warm-up")
+        assert hangs and hangs[0]["timeout_source"] == "early" and hangs[0]["step"] == 2, hangs
+        assert hangs[0]["hang_timeout_s"] >= 1.0 and hangs[0]["stalled_s"] >= hangs[0]["hang_timeout_s"]
     finally:
         proc.kill()
         proc.wait()
@@ -240,6 +252,86 @@ def test_a_stopped_rank_is_handled_alone_before_its_waiting_local_peer(tmp_path)
         stopped.kill()
 
 
+# --------------------------------------------------------------------------- early hangs (issue 26 item 4)
+def test_a_rank_stopped_in_its_first_steps_is_caught_within_its_early_budget(tmp_path):
+    """A rank stopped after 3 steps (no derived T yet: about 25 steps are needed) is hung after
+    its early budget max(min(30 s, S), 10 x its slowest step), S the start-up budget: here S = 2 s
+    and ~10 ms steps, so 2 s. Before issue 26 it was never declared hung."""
+    proc, log = start_beater(tmp_path, 3)
+    try:
+        dog, events = watch(tmp_path, proc, log, startup_timeout_s=2.0)
+        hangs, waited = run_until(dog, 30)
+        assert len(hangs) == 1, (hangs, waited)
+        hang = hangs[0]
+        assert hang["timeout_source"] == "early" and hang["process_state"] == "stopped" and hang["step"] == 2, hang
+        slowest = dog.watched[0].slowest
+        assert hang["hang_timeout_s"] == pytest.approx(max(2.0, wd.HANG_FACTOR * slowest), abs=1e-3)
+        assert hang["hang_timeout_s"] <= hang["stalled_s"] < hang["hang_timeout_s"] + 2.0, hang
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+        assert "hang timeout" in log.read_text() and "early" in log.read_text()
+    finally:
+        proc.kill()
+
+
+def test_a_rank_stopped_before_its_first_step_is_caught_within_its_startup_budget(tmp_path):
+    """Start-up (heartbeat created by hp.init(), no step yet): a stopped rank is hung after the
+    start-up budget S; a running one (it may wait for a stopped peer) after twice S."""
+    proc, log = start_beater(tmp_path, 0)
+    try:
+        dog, events = watch(tmp_path, proc, log, startup_timeout_s=1.5)
+        hangs, waited = run_until(dog, 30)
+        assert len(hangs) == 1 and waited < 1.5 + 2, (hangs, waited)
+        hang = hangs[0]
+        assert hang["timeout_source"] == "startup" and hang["hang_timeout_s"] == 1.5 and hang["step"] is None, hang
+        assert 1.5 <= hang["stalled_s"] < 1.5 + 2 and hang["process_state"] == "stopped"
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+        assert "before its first step" in log.read_text()
+    finally:
+        proc.kill()
+    proc, log = start_beater(tmp_path, 0, mode="sleep")
+    try:
+        dog, events = watch(tmp_path, proc, log, startup_timeout_s=1.0)
+        hangs, waited = run_until(dog, 30)
+        assert hangs and hangs[0]["timeout_source"] == "startup" and hangs[0]["process_state"] == "sleeping", hangs
+        assert hangs[0]["stalled_s"] >= 2 * 1.0, hangs  # VICTIM_FACTOR x S
+    finally:
+        proc.kill()
+    # without a spec value, the default budget (600 s): nothing is declared hung in 2 s
+    proc, log = start_beater(tmp_path, 0)
+    try:
+        dog, events = watch(tmp_path, proc, log)
+        assert dog.startup_timeout_s == wd.STARTUP_TIMEOUT_S == 600.0
+        assert run_until(dog, 2.0)[0] == [] and proc.poll() is None
+    finally:
+        proc.kill()
+
+
+def test_a_stopped_rank_is_killed_at_once_when_its_worker_group_is_stopped(tmp_path):
+    """torchrun stopping the workers (a peer failed first) would SIGTERM a stopped rank and wait
+    its 30 s grace: stop_group reports it as a hang and SIGKILLs it at once; a running rank is left
+    to torchrun's SIGTERM."""
+    running, running_log = start_beater(tmp_path, 30, mode="sleep", local_rank=0, rank=4)
+    stopped, stopped_log = start_beater(tmp_path, 30, mode="stop", local_rank=1, rank=5)
+    try:
+        events = []
+        dog = Watchdog(str(tmp_path), "nodeA", lambda kind, **d: events.append(d), out=open(os.devnull, "w"),
+                       hang_timeout_s=600.0)
+        dog.workers_started([Worker(0, 4, running.pid, str(running_log)), Worker(1, 5, stopped.pid, str(stopped_log))])
+        assert dog.check() == []  # far from any budget
+        t0 = time.monotonic()
+        hangs = dog.stop_group()
+        assert time.monotonic() - t0 < 10
+        assert [h["rank"] for h in hangs] == [5] and events == hangs, hangs
+        assert hangs[0]["timeout_source"] == "group-stop" and hangs[0]["hang_timeout_s"] == 600.0
+        assert hangs[0]["process_state"] == "stopped" and hangs[0]["step"] == 29
+        assert stopped.wait(timeout=5) == -signal.SIGKILL and running.poll() is None
+        assert dog.killed_reason(stopped.pid).startswith("killed by the hang watchdog: stopped (stopped) when its worker")
+        assert dog.stop_group() == []  # once
+    finally:
+        running.kill()
+        stopped.kill()
+
+
 # --------------------------------------------------------------------------- real jobs
 def test_local_ddp_rank_stopped_is_detected_restarted_and_the_job_completes(client):
     """A 2-rank DDP job, T = 5 s (--hang-timeout): rank 1 SIGSTOPped by inject-fault --kind hang is
@@ -269,6 +361,34 @@ def test_local_ddp_rank_stopped_is_detected_restarted_and_the_job_completes(clie
     log = client.logs(job_id)
     assert "hyperpod-lab: watchdog: rank 1" in log and "py-spy dump --pid" in log and "(hang_train.py:" in log, log[-3000:]
     assert len(job.kinds("fault.detected", reason="hang")) == 1
+
+
+def test_local_stopped_rank_is_killed_at_once_when_a_peers_collective_times_out(client):
+    """No budget runs out (start-up and hang timeouts of a week): rank 1 stopped in its first steps
+    makes rank 0's all-reduce time out (5 s here). torchrun then SIGTERMs rank 1 and used to wait
+    its 30 s grace (a stopped process cannot act on SIGTERM); the agent now has the watchdog report
+    it (timeout_source "group-stop") and SIGKILL it first, so the job trains again within seconds."""
+    week = str(7 * 24 * 3600)
+    job_id = cli.run(["submit", HANG_TRAIN, "--cluster", "local", "--procs-per-node", "2", "--name", "hang-group-stop",
+                      "--hang-timeout", week, "--startup-timeout", week,
+                      "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001", "--env", "HYPERPOD_LAB_COLLECTIVE_TIMEOUT_S=5",
+                      "--", "--steps", "40", "--sleep", "0.1"], client=client)
+    job = Follow(client, job_id)
+    job.until(lambda: job.step() >= 1, "step 1")
+    t_stop = time.time()
+    info = client.inject_fault(job_id, 1, kind="hang")
+    job.until(lambda: job.kinds("fault.detected", reason="hang"), "the stopped rank's report", timeout=60)
+    ev = job.kinds("fault.detected", reason="hang")[0]
+    assert ev.data["timeout_source"] == "group-stop" and ev.data["pid"] == info["pid"], ev.data
+    assert ev.data["process_state"] == "stopped" and ev.data["rank"] == 1 and ev.data["stacks"] == "py-spy"
+    assert ev.time - t_stop < 5 + 10, f"reported {ev.time - t_stop:.1f} s after the SIGSTOP"  # the 5 s timeout
+    job.until(lambda: [e for e in job.kinds("step") if e.time > ev.time], "a step after the report", timeout=60)
+    again = min(e.time for e in job.kinds("step") if e.time > ev.time) - ev.time
+    assert again < 20, f"trained again {again:.1f} s after the report (torchrun's SIGTERM grace is 30 s)"
+    job.until(lambda: job.kinds("finished"), "finished", timeout=300)
+    assert client.wait(job_id, timeout_s=60).status == "completed"
+    killed = [e for e in job.kinds("fault.detected") if e.data.get("pid") == info["pid"] and e.data.get("signal")]
+    assert killed and "stopped (stopped) when its worker group was stopped" in killed[0].data["reason"], killed
 
 
 # --------------------------------------------------------------------------- the dev cluster
@@ -317,3 +437,42 @@ def test_dev_cluster_stopped_rank_is_caught_within_t_plus_5_s_and_a_fair_run_nev
     assert job.kinds("finished")[-1].data["steps"] == 500
     assert not job.kinds("fault.detected"), [e.data for e in job.kinds("fault.detected")]
     assert not job.kinds("straggler.detected"), [e.data for e in job.kinds("straggler.detected")]
+
+
+def test_dev_cluster_rank_stopped_in_its_first_steps_is_caught_within_its_budget_and_trains_again(dev_cluster, client):
+    """Must show (issue 26 item 4), on real Slurm in restart mode: a 2-node plain-DDP job
+    (hang_train.py, one rank per node, no wait sections) with a start-up budget of 10 s; rank 1 is
+    SIGSTOPped (inject-fault --kind hang) within its first 10 steps, long before the derived T
+    exists (about 25 steps). It is detected within its budget (early: max(min(30 s, 10 s),
+    10 x its slowest step)), far sooner than gloo's 60 s collective timeout, killed at once, and the
+    job trains again (a step event) within 15 s of the detection, then completes."""
+    steps = 60
+    job_id = cli.run(["submit", HANG_TRAIN, "--cluster", "local-slurm", "--nodes", "2", "--procs-per-node", "1",
+                      "--no-health-checks", "--startup-timeout", "10", "--name", "early-hang",
+                      "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001", "--env", "RUST_LOG=warn",
+                      "--", "--steps", str(steps), "--sleep", "0.2"], client=client)
+    job = Follow(client, job_id)
+    job.until(lambda: job.step() >= 1, "step 1", timeout=600)
+    t_stop = time.time()
+    info = client.inject_fault(job_id, 1, kind="hang")
+    assert info["node"] == "n2" and info["how"].startswith("SIGSTOP to pid")
+    job.until(lambda: job.kinds("fault.detected", reason="hang"), "the hang", timeout=120)
+    ev = job.kinds("fault.detected", reason="hang")[0]
+    hang, detected = ev.data, ev.time - t_stop
+    assert hang["rank"] == 1 and hang["node"] == "n2" and hang["process_state"] == "stopped", hang
+    assert hang["step"] is not None and hang["step"] <= 9, hang  # stopped within its first 10 steps
+    assert hang["timeout_source"] == "early" and hang["hang_timeout_s"] >= 10.0, hang
+    # within the budget (plus the monitor interval, the stacks and the event's write); the old
+    # path was gloo's collective timeout (60 s) plus torchrun's 30 s SIGTERM grace
+    assert detected <= hang["hang_timeout_s"] + 3.0, f"detected {detected:.1f} s after the SIGSTOP ({hang})"
+    assert detected < 60.0
+    job.until(lambda: [e for e in job.kinds("step") if e.time > ev.time], "a step after the detection", timeout=120)
+    again = min(e.time for e in job.kinds("step") if e.time > ev.time) - ev.time
+    assert again <= 15.0, f"trained again {again:.1f} s after the detection"
+    job.until(lambda: job.kinds("finished"), "finished", timeout=300)
+    rec = client.wait(job_id, timeout_s=120)
+    assert rec.status == "completed", client.logs(job_id)[-3000:]
+    assert job.kinds("finished")[-1].data["steps"] == steps
+    assert len(job.kinds("fault.detected", reason="hang")) == 1  # rank 0, blocked behind it, was not reported
+    print(f"early hang: step {hang['step']}, budget {hang['hang_timeout_s']} s, detected {detected:.2f} s after "
+          f"the SIGSTOP, trained again {again:.2f} s after the detection")
