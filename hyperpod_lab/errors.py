@@ -85,3 +85,13 @@ class EnvironmentMismatch(HyperPodLabError):
     to import, another major.minor version or event schema version; see
     ``hyperpod_lab.submit.envparity``), or the interpreter is missing: the submission is refused
     before anything is staged. The message names both versions and the fix."""
+
+
+class CheckpointStateMismatch(HyperPodLabError):
+    """A checkpoint is intact (its commit marker authenticated, every file matching it) but does
+    not fit the training state it is restored into: a key missing or added, a shape changed, a
+    data loader of another kind. Nothing is renamed, removed or overwritten and no older step is
+    tried in its place (that would silently restart the job from an older step, or from step 0,
+    and later saves would overwrite the newer steps). The message names the step, its directory,
+    DCP's reason and the fixes."""
+

@@ -69,6 +69,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from hyperpod_lab.errors import CheckpointStateMismatch
 from hyperpod_lab.events import EventKind
 from hyperpod_lab.jobdir import TIER_PERSISTENT, TIER_S3
 from hyperpod_lab.runtime.checkpoint.format import (
@@ -127,6 +128,19 @@ def thread_read_bytes() -> int | None:
         return None
     return None
 
+
+
+def state_mismatch(step: int, path: str, error: str) -> CheckpointStateMismatch:
+    """The error for an intact checkpoint (authenticated, verified) whose load into the training
+    state failed (:meth:`Checkpointer.load_dir`'s reason ``error``), naming ``step``, ``path``
+    and the fixes."""
+    return CheckpointStateMismatch(
+        f"the checkpoint of step {step} at {path} is intact (its commit marker and every file verified) but "
+        f"does not fit this job's training state: {error}. Nothing was changed and no older step was loaded in "
+        f"its place. Restore it with the state it was saved with (the same keys and shapes in the dict given to "
+        f"the checkpointer, the same model code, a data loader saved by this version), or, to start from an "
+        f"older step or from scratch on purpose, move {path} and the newer step directories out of the job's "
+        f"checkpoints folder")
 
 class Checkpointer:
     """Persistent-tier checkpoints of a job with DCP, asynchronous, committed, verified, retained.
@@ -221,11 +235,13 @@ class Checkpointer:
         (the marker's HMAC under ``ctx.checkpoint_key``, then size, CRC-32 and SHA-256 of every
         file it lists, the files split between the ranks) and only then loaded; an unsigned,
         tampered or foreign-key checkpoint is skipped with ``checkpoint.corrupt`` whose reason
-        says "authentication failed"; one that fails verification or whose load fails on any rank is skipped
+        says "authentication failed"; one that fails verification is skipped
         too (and renamed ``corrupt-step-...`` so a later save of that step starts clean). Each
         skip emits ``checkpoint.corrupt`` {tier: "persistent", step, path: the file at fault
-        (the missing marker, the bad shard, or ``.metadata`` when DCP's load failed), reason}
-        on rank 0, and the skipped directories newer than the one loaded are removed. The load
+        (the missing marker or the bad shard), reason} on rank 0, and the skipped directories
+        newer than the one loaded are removed. A checkpoint that verified but whose load fails
+        on any rank (it does not fit ``state``) raises :class:`CheckpointStateMismatch`: its
+        files are intact, so it is not skipped for an older one. The load
         goes into scratch copies applied only when every rank succeeded, so a failed attempt
         leaves ``state`` untouched.
 
@@ -248,6 +264,8 @@ class Checkpointer:
         Raises:
             TypeError: ``state`` holds an unsupported value.
             RuntimeError: a collective failed (a peer died) while agreeing on the result.
+            CheckpointStateMismatch: the newest intact checkpoint (local, or downloaded from S3)
+                does not fit ``state``; nothing was changed.
         """
         adapters = to_dcp(state)
         self.wait()
@@ -298,10 +316,8 @@ class Checkpointer:
                 skipped.append((path, True))
                 continue
             error = self.load_dir(adapters, path)
-            if error is not None:
-                self._corrupt(step, os.path.join(path, METADATA_FILE), error)
-                skipped.append((path, True))
-                continue
+            if error is not None:  # intact files that do not fit the state: the user's to decide
+                raise state_mismatch(step, path, error)
             seconds = time.monotonic() - t0
             read1 = thread_read_bytes()
             read = torch.tensor([read1 - read0 if read0 is not None and read1 is not None else -1], dtype=torch.int64)

@@ -80,7 +80,6 @@ from hyperpod_lab.runtime.checkpoint.format import (
     parse_marker,
     read_marker,
     safe_relpath,
-    set_aside,
     short_error,
     step_dir_name,
 )
@@ -640,12 +639,10 @@ class S3Tier:
             if checkpointer.broadcast(failure) is not None:
                 continue
             error = checkpointer.load_dir(dcp_state, path)  # the download verified every file
-            if error is not None:
-                if rank0:
-                    self.ctx.emit(EventKind.CHECKPOINT_CORRUPT, tier=TIER_S3, step=step,
-                                  path=f"{self.step_uri(step)}{METADATA_FILE}", reason=error)
-                    set_aside(path, committed=True)
-                continue
+            if error is not None:  # intact, but not this state's: an error, not an older step
+                from hyperpod_lab.runtime.checkpoint.persistent import state_mismatch
+
+                raise state_mismatch(step, f"{self.step_uri(step)} (downloaded to {path})", error)
             seconds = time.monotonic() - t0
             if rank0:
                 try:
