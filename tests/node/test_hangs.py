@@ -455,11 +455,11 @@ def test_dev_cluster_rank_stopped_in_its_first_steps_is_caught_within_its_budget
     job.until(lambda: job.step() >= 1, "step 1", timeout=600)
     t_stop = time.time()
     info = client.inject_fault(job_id, 1, kind="hang")
-    assert info["node"] == "n2" and info["how"].startswith("SIGSTOP to pid")
+    assert info["how"].startswith("SIGSTOP to pid")  # rank 1 is on n1 or n2: the rendezvous decides
     job.until(lambda: job.kinds("fault.detected", reason="hang"), "the hang", timeout=120)
     ev = job.kinds("fault.detected", reason="hang")[0]
     hang, detected = ev.data, ev.time - t_stop
-    assert hang["rank"] == 1 and hang["node"] == "n2" and hang["process_state"] == "stopped", hang
+    assert hang["rank"] == 1 and hang["node"] == info["node"] and hang["process_state"] == "stopped", hang
     assert hang["step"] is not None and hang["step"] <= 9, hang  # stopped within its first 10 steps
     assert hang["timeout_source"] == "early" and hang["hang_timeout_s"] >= 10.0, hang
     # within the budget (plus the monitor interval, the stacks and the event's write); the old
