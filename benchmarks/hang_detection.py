@@ -29,9 +29,13 @@ stopped at step ``--early-hang-at`` (3), long before the derived T exists (about
 
 * ``early_watchdog``: ``--startup-timeout 10``: caught by the early budget
   ``max(min(30 s, 10 s), 10 x the slowest step so far)``;
-* ``early_collective_timeout``: the baseline, no watchdog (``--startup-timeout`` and
-  ``--hang-timeout`` of a week; what every early hang got before issue 26): the collective
-  timeout, then (before the agent killed stopped ranks at once) torchrun's 30 s SIGTERM grace.
+* ``early_collective_timeout``: the baseline, no budget (``--startup-timeout`` and
+  ``--hang-timeout`` of a week; what every early hang got before issue 26): rank 0's collective
+  times out, and the agent then reports the stopped rank 1 (``timeout_source: "group-stop"``) and
+  SIGKILLs it at once; before issue 26 torchrun's 30 s SIGTERM grace for the stopped rank came on
+  top of this baseline.
+
+    .venv/bin/python benchmarks/hang_detection.py --only-early --steps 150   # ~3 min
 
 torch's own default collective timeout (``torch.distributed.constants``: 30 min for gloo; 10 min
 for NCCL, the documented default of ``init_process_group``) is too long to wait for: it is
