@@ -491,7 +491,10 @@ def check_checkpointless_step(o: dict, out: dict) -> None:
             store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
             os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(store.port)
             out["store"] = "an in-process TCPStore standing in for torchrun's (no launch agent here)"
-            ft = Checkpointless(ctx, model, opt, batches, checkpoint=False)
+            # overlap=True: the reduction overlapped with backward (the default off for CUDA until this
+            # check has run on a GPU: post-accumulate-grad hooks on autograd's device thread)
+            ft = Checkpointless(ctx, model, opt, batches, checkpoint=False, overlap=True)
+            out["overlap"] = True
             try:
                 step_s, losses, attempts = [], [], 0
                 while ft.step < o["ft_steps"] and attempts < 3 * o["ft_steps"]:
