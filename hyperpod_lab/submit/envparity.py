@@ -198,6 +198,16 @@ def recently_unanswered(profile) -> bool:
     return t is not None and time.monotonic() - t < CACHE_TTL_S
 
 
+def probe_answer(stdout: str) -> dict[str, Any] | None:
+    """The probe's answer, its last line of ``stdout`` as JSON (:mod:`hyperpod_lab.submit.envprobe`
+    of :data:`envprobe.PROBE_VERSION`), or None when that line is not one."""
+    try:
+        out = json.loads(stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+    return out if isinstance(out, dict) and out.get("probe") == envprobe.PROBE_VERSION else None
+
+
 def probe_cluster(profile, modules: list[str] = (), remote=None, use_cache: bool = True) -> dict[str, Any]:
     """The cluster interpreter's environment (``profile.python`` on the login node; on the
     local backend the profile's interpreter here), with ``modules`` looked up.
@@ -244,15 +254,12 @@ def probe_cluster(profile, modules: list[str] = (), remote=None, use_cache: bool
                                  e.exit_status, e.stderr) from None
     if res.exit_status == 127:
         raise EnvironmentMismatch(_no_python(profile))
-    try:
-        out = json.loads(res.stdout.strip().splitlines()[-1])
-        if not isinstance(out, dict) or out.get("probe") != envprobe.PROBE_VERSION:
-            raise ValueError
-    except (ValueError, IndexError):
+    out = probe_answer(res.stdout)
+    if out is None:
         raise EnvironmentMismatch(
             f"the cluster interpreter {profile.python} of '{profile.name}' did not answer the environment probe "
             f"(exit status {res.exit_status}: {(res.stderr or res.stdout).strip()[-500:]}); it must be a Python "
-            f"3.11+ with hyperpod-lab and torch: set 'python' in the cluster profile, or --skip-env-check") from None
+            f"3.11+ with hyperpod-lab and torch: set 'python' in the cluster profile, or --skip-env-check")
     out["modules_asked"] = modules
     with _cache_lock:
         _unanswered.pop(_key(profile), None)
@@ -319,15 +326,12 @@ def probe_image(profile, image: str, modules: list[str] = (), remote=None) -> di
         raise EnvironmentMismatch(
             f"cannot probe {where}: no node was free within 60 s to start the image on (srun: "
             f"{err_text.strip()[-300:]}); retry when a node is idle")
-    try:
-        out = json.loads(out_text.strip().splitlines()[-1])
-        if not isinstance(out, dict) or out.get("probe") != envprobe.PROBE_VERSION:
-            raise ValueError
-    except (ValueError, IndexError):
+    out = probe_answer(out_text)
+    if out is None:
         raise EnvironmentMismatch(
             f"{where}: its interpreter '{CONTAINER_PYTHON}' did not answer the environment probe (exit status "
             f"{status}: {(err_text or out_text).strip()[-500:]}); the image needs a Python 3.11+ with hyperpod-lab "
-            f"and torch on its PATH as '{CONTAINER_PYTHON}'") from None
+            f"and torch on its PATH as '{CONTAINER_PYTHON}'")
     out["modules_asked"] = modules
     out["container_image"] = image
     return out
