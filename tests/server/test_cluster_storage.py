@@ -354,8 +354,12 @@ def test_a_dead_link_fails_the_drive_call_and_never_blocks_the_server(server, re
     finally:
         relay.thaw()
     status, body = out["reply"]
-    assert status == 504 and "cluster 'flaky'" in body["message"] and "op_timeout_s" in body["message"], body
-    assert 2.5 < out["s"] < 15, out["s"]
+    assert status == 504 and "cluster 'flaky'" in body["message"], body
+    if "op_timeout_s" in body["message"]:  # the drive's open connection stopped answering
+        assert 2.5 < out["s"] < 15, out["s"]
+    else:  # the drive had dropped its idle connection and reconnected over the frozen link
+        # (fresh-clone run fresh9 on 5f1a76d: "SSH handshake failed (Error reading SSH protocol banner)")
+        assert "cannot reach login node" in body["message"] and out["s"] < 15, (body, out["s"])
     status, body = server.call("GET", f"/api/contents/{drive}:hyperpod-lab")  # reconnects
     assert status == 200 and body["type"] == "directory", body
 

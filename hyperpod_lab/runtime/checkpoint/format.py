@@ -64,6 +64,7 @@ import zlib
 from typing import Any
 
 from hyperpod_lab.atomicfile import write_json_atomic
+from hyperpod_lab.errors import CheckpointStateMismatch
 from hyperpod_lab.runtime.checkpoint.auth import sign, verify
 
 COMMIT_MARKER = "COMMITTED"
@@ -522,3 +523,16 @@ def short_error(exc: BaseException, limit: int = 500) -> str:
         text = f"{type(exc).__name__}: {exc}"
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def state_mismatch(step: int, path: str, error: str) -> CheckpointStateMismatch:
+    """The error for an intact checkpoint (authenticated, verified) whose load into the training
+    state failed (:meth:`Checkpointer.load_dir`'s reason ``error``), naming ``step``, ``path``
+    and the fixes."""
+    return CheckpointStateMismatch(
+        f"the checkpoint of step {step} at {path} is intact (its commit marker and every file verified) but "
+        f"does not fit this job's training state: {error}. Nothing was changed and no older step was loaded in "
+        f"its place. Restore it with the state it was saved with (the same keys and shapes in the dict given to "
+        f"the checkpointer, the same model code, a data loader saved by this version), or, to start from an "
+        f"older step or from scratch on purpose, move {path} and the newer step directories out of the job's "
+        f"checkpoints folder")

@@ -69,7 +69,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from hyperpod_lab.errors import CheckpointStateMismatch
 from hyperpod_lab.events import EventKind
 from hyperpod_lab.jobdir import TIER_PERSISTENT, TIER_S3
 from hyperpod_lab.runtime.checkpoint.format import (
@@ -85,6 +84,7 @@ from hyperpod_lab.runtime.checkpoint.format import (
     read_marker,
     set_aside,
     short_error,
+    state_mismatch,
     step_dir_name,
     write_marker,
 )
@@ -129,18 +129,6 @@ def thread_read_bytes() -> int | None:
     return None
 
 
-
-def state_mismatch(step: int, path: str, error: str) -> CheckpointStateMismatch:
-    """The error for an intact checkpoint (authenticated, verified) whose load into the training
-    state failed (:meth:`Checkpointer.load_dir`'s reason ``error``), naming ``step``, ``path``
-    and the fixes."""
-    return CheckpointStateMismatch(
-        f"the checkpoint of step {step} at {path} is intact (its commit marker and every file verified) but "
-        f"does not fit this job's training state: {error}. Nothing was changed and no older step was loaded in "
-        f"its place. Restore it with the state it was saved with (the same keys and shapes in the dict given to "
-        f"the checkpointer, the same model code, a data loader saved by this version), or, to start from an "
-        f"older step or from scratch on purpose, move {path} and the newer step directories out of the job's "
-        f"checkpoints folder")
 
 class Checkpointer:
     """Persistent-tier checkpoints of a job with DCP, asynchronous, committed, verified, retained.

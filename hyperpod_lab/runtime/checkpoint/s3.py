@@ -81,6 +81,7 @@ from hyperpod_lab.runtime.checkpoint.format import (
     read_marker,
     safe_relpath,
     short_error,
+    state_mismatch,
     step_dir_name,
 )
 
@@ -640,8 +641,6 @@ class S3Tier:
                 continue
             error = checkpointer.load_dir(dcp_state, path)  # the download verified every file
             if error is not None:  # intact, but not this state's: an error, not an older step
-                from hyperpod_lab.runtime.checkpoint.persistent import state_mismatch
-
                 raise state_mismatch(step, f"{self.step_uri(step)} (downloaded to {path})", error)
             seconds = time.monotonic() - t0
             if rank0:
