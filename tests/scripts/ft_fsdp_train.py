@@ -103,6 +103,18 @@ def reference_run(argv: list[str]) -> tuple[list[float], dict[str, torch.Tensor]
         torch.set_num_threads(threads)
 
 
+def backward(model, X, Y, plan) -> float:
+    """Forward and backward of this rank's micro-batches of ``plan`` (losses weighted so their sum
+    over the job is the effective batch's mean); returns the sum of the weighted losses."""
+    loss_sum = 0.0
+    for mb in plan.micro_batches:
+        idx = torch.tensor(mb, dtype=torch.long)
+        loss = F.mse_loss(model(X[idx]), Y[idx]) * plan.weight(len(mb))
+        loss.backward()
+        loss_sum += loss.item()
+    return loss_sum
+
+
 def _reference_run(a: argparse.Namespace) -> tuple[list[float], dict[str, torch.Tensor]]:
     X, Y, model, batches = setup(a)
     opt = optimizer(a, model)
@@ -112,12 +124,7 @@ def _reference_run(a: argparse.Namespace) -> tuple[list[float], dict[str, torch.
         for group in opt.param_groups:
             group["lr"] = plan.lr
         opt.zero_grad()
-        loss_sum = 0.0
-        for mb in plan.micro_batches:
-            idx = torch.tensor(mb, dtype=torch.long)
-            loss = F.mse_loss(model(X[idx]), Y[idx]) * plan.weight(len(mb))
-            loss.backward()
-            loss_sum += loss.item()
+        loss_sum = backward(model, X, Y, plan)
         opt.step()
         cursor += plan.effective_batch
         losses.append(loss_sum)
@@ -150,12 +157,7 @@ def main():
             with open(record, "a") as f:
                 f.write(json.dumps({"step": plan.step, "sha256": digest, "bytes": nbytes, "pid": os.getpid(),
                                     "overlapped": ft.overlapped}) + "\n")
-            loss_sum = 0.0
-            for mb in plan.micro_batches:
-                idx = torch.tensor(mb, dtype=torch.long)
-                loss = F.mse_loss(model(X[idx]), Y[idx]) * plan.weight(len(mb))
-                loss.backward()
-                loss_sum += loss.item()
+            loss_sum = backward(model, X, Y, plan)
             if a.step_sleep:
                 time.sleep(a.step_sleep)
             if ft.end_step(loss_sum):
