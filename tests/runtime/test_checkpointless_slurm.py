@@ -44,7 +44,9 @@ def test_checkpointless_elastic_job_on_slurm(dev_cluster, client):
           "rank 1 healing from its peer")
     rec1 = [e for e in kinds("recovery.completed", mode="checkpointless") if e.time > t1]
     assert rec1 and rec1[0].data["downtime_s"] < 10, rec1
-    assert [e for e in kinds("fault.detected") if e.time > t1 and e.data.get("node") == "n2"], kinds("fault.detected")
+    # the agent of the node that ran rank 1 reported it (Slurm may have placed the job on n1 and n3)
+    assert [e for e in kinds("fault.detected") if e.time > t1 and e.data.get("node") == info["node"]
+            and e.data.get("rank") == 1], (info, kinds("fault.detected"))
 
     # 2. node n2 is lost: its agent and worker die, nothing restarts them
     target = step() + 3
@@ -72,7 +74,6 @@ def test_checkpointless_elastic_job_on_slurm(dev_cluster, client):
     assert kinds("finished")[-1].data["steps"] == STEPS
     assert not [e for e in kinds("checkpoint.restored") if e.data["tier"] != "replica"]
     assert kinds("checkpoint.saved", tier="memory") and kinds("checkpoint.saved", tier="persistent")
-    assert info["node"] == "n2"
 
 
 def test_requeued_checkpointless_job_falls_back_to_its_tiered_checkpoint(dev_cluster, client):
