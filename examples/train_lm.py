@@ -453,7 +453,9 @@ def train_checkpointless(ctx, args, model, opt, train_set, heldout, device, warm
     replica groups, so a lost node doubles the survivors' gradient accumulation and keeps the
     global batch. The learning rate is the warmup/cosine schedule of the DDP path scaled by the
     plan's ``lr / --lr`` (``lr_rule`` of the effective batch). A rank that dies heals from a
-    live peer's memory (``checkpoint.restored`` tier ``replica``); the job's checkpoint policy is
+    live peer's memory (``checkpoint.restored`` tier ``replica``); an exception in a step is an
+    in-process restart (``ft.recoverable()``: the step is dropped in every group and redone in the
+    same processes, ``recovery.started`` {level: "in-process"}); the job's checkpoint policy is
     the fallback for when every replica is lost. The data position is the plan's cursor, healed
     with the model: a healed rank goes on with the exact sample order (docs/data.md).
     """
@@ -477,11 +479,12 @@ def train_checkpointless(ctx, args, model, opt, train_set, heldout, device, warm
         for group in opt.param_groups:
             group["lr"] = lr
         loss_sum = 0.0
-        for mb in plan.micro_batches:
-            batch = train_set.batch(mb)
-            loss = lm_loss(model, batch["x"].to(device), batch["y"].to(device)) * plan.weight(len(mb))
-            loss.backward()
-            loss_sum += loss.item()
+        with ft.recoverable():  # an exception here drops the step in every group; it is redone in this process
+            for mb in plan.micro_batches:
+                batch = train_set.batch(mb)
+                loss = lm_loss(model, batch["x"].to(device), batch["y"].to(device)) * plan.weight(len(mb))
+                loss.backward()
+                loss_sum += loss.item()
         if args.step_sleep > 0:
             time.sleep(args.step_sleep)
         if ft.end_step(loss_sum):  # all-reduce over the quorum, commit, optimizer step

@@ -99,6 +99,14 @@ class ResiliencyPolicy:
         storm_restarts: K of the restart-storm guard (``hyperpod_lab.node.storm``): the job
             stops retrying (``job.failed``, exit status 3, no requeue) when K restarts in a row
             made no step progress, or ended with the same fault and no new checkpoint. 1 to 1000.
+            In a checkpointless job it is also the no-progress K of in-process restarts.
+        in_process_restarts: checkpointless jobs: in-process restarts (a step that raised is
+            dropped in every replica group and redone in the same processes,
+            ``hyperpod_lab.runtime.checkpointless.inprocess``) allowed within
+            ``restart_window_s``; beyond, a fault restarts the rank's process (HyperPod's
+            ``numRestartBeforeFullJobRestart``). 0 to 1000, default 5; 0 disables the rung.
+        restart_window_s: seconds the in-process budget counts over (sliding; HyperPod's
+            ``evalPeriodSeconds``). 1 s to a week, default 3600.
     """
 
     auto_resume: bool = True
@@ -111,6 +119,8 @@ class ResiliencyPolicy:
     hang_timeout_s: float | None = None
     on_straggler: str = "report"
     startup_timeout_s: float | None = None
+    in_process_restarts: int = 5
+    restart_window_s: float = 3600.0
 
     def validate(self) -> None:
         if not isinstance(self.auto_resume, bool):
@@ -141,6 +151,16 @@ class ResiliencyPolicy:
                 raise SpecError(f"resiliency.{field_name}",
                                 f"must be seconds from 1 to {MAX_HANG_TIMEOUT_S:.0f} (a week), or unset to {unset}; "
                                 f"got {str(t)[:40]}; use {flag}")
+        if (isinstance(self.in_process_restarts, bool) or not isinstance(self.in_process_restarts, int)
+                or not 0 <= self.in_process_restarts <= MAX_STORM_RESTARTS):
+            raise SpecError("resiliency.in_process_restarts",
+                            f"must be a whole number from 0 to {MAX_STORM_RESTARTS}, got "
+                            f"{str(self.in_process_restarts)[:40]}; use --in-process-restarts 5 (0: off)")
+        w = self.restart_window_s
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or w != w or not 1.0 <= w <= MAX_HANG_TIMEOUT_S:
+            raise SpecError("resiliency.restart_window_s",
+                            f"must be seconds from 1 to {MAX_HANG_TIMEOUT_S:.0f} (a week), got {str(w)[:40]}; "
+                            "use --restart-window 3600")
         if self.on_straggler not in STRAGGLER_ACTIONS:
             raise SpecError("resiliency.on_straggler",
                             f"must be one of {', '.join(STRAGGLER_ACTIONS)}, got {str(self.on_straggler)[:40]!r}; "

@@ -189,8 +189,10 @@ class AgentEvents:
                        pid=failure.pid, root_cause=i == 0 and not any(hung.values()), **extra)
 
     def restarting(self, restart_count: int, reason: str) -> None:
-        """Emit ``recovery.started``."""
-        self._emit(EventKind.RECOVERY_STARTED, restart_count=restart_count, reason=reason, node=self.node)
+        """Emit ``recovery.started`` {level: "process"}: the node's worker processes restart (the
+        ladder's second rung, after in-process: ``hyperpod_lab.runtime.checkpointless.inprocess``)."""
+        self._emit(EventKind.RECOVERY_STARTED, restart_count=restart_count, reason=reason, node=self.node,
+                   level="process")
 
     def _emit(self, kind: EventKind, **data: Any) -> None:
         try:

@@ -216,6 +216,7 @@ class JobContext:
         self._last_print: float | None = None  # monotonic time of the last stdout step line
         self._closed = False
         self._checkpoint_key = checkpoint_key
+        self.fault_check_in_step = True  # False: Checkpointless.recoverable() looks for injected faults instead
         self._fault_check_at = 0.0  # monotonic time of the next look for an injected fault (0: the first step looks)
         # step timing (monotonic s): end of the previous step, waiting measured since, sections
         self.heartbeat = heartbeat
@@ -329,7 +330,8 @@ class JobContext:
         Other ranks only count. No collectives.
 
         First it calls :meth:`check_injected_fault` (at most one file look per
-        :data:`FAULT_CHECK_INTERVAL_S`). Then it times the step: ``step_s`` is the wall time since
+        :data:`FAULT_CHECK_INTERVAL_S`; not when :attr:`fault_check_in_step` is False: a
+        checkpointless loop's ``ft.recoverable()`` block looks instead). Then it times the step: ``step_s`` is the wall time since
         the previous call returned (since :func:`init` for the first), ``wait_s`` the part of it
         spent waiting (sections opened with ``wait=True`` such as :meth:`waiting`, the
         checkpointless quorum and all-reduce, the gradient all-reduce wait :meth:`watch_ddp`
@@ -348,7 +350,8 @@ class JobContext:
         Raises:
             InjectedFault: ``hyperpod-lab inject-fault --kind exception`` asked this rank to fail.
         """
-        self.check_injected_fault()
+        if self.fault_check_in_step:
+            self.check_injected_fault()
         self._beat_step(int(step))
         if self.tensorboard is not None:  # every step (SummaryWriter queues it for its own thread)
             self.tensorboard.step(int(step), loss, self.last_step_timing["step_s"], metrics)

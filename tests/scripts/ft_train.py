@@ -55,6 +55,9 @@ def main():
     p.add_argument("--no-checkpoint", action="store_true")
     p.add_argument("--s3-uri", default=None, help="S3 tier of the fallback checkpoint (s3://bucket/prefix)")
     p.add_argument("--s3-every", type=int, default=None, help="S3 interval in steps (a multiple of 10)")
+    p.add_argument("--bug-at-step", type=int, default=None, help="replica group --bug-group raises at this step, "
+                   "every attempt (a persistent bug: in-process restarts make no progress)")
+    p.add_argument("--bug-group", type=int, default=1)
     a = p.parse_args()
 
     g = torch.Generator().manual_seed(1234)
@@ -72,7 +75,12 @@ def main():
         ft = Checkpointless(ctx, model, opt, batches, checkpoint=policy)
         while ft.step < a.steps:
             plan = ft.begin_step()
-            finish_step(ctx, ft, plan, backward(model, X, Y, plan), a.step_sleep)
+            loss_sum = 0.0
+            with ft.recoverable():  # an exception here: the step is dropped everywhere and redone in this process
+                if a.bug_at_step is not None and plan.step == a.bug_at_step and ctx.replica_group == a.bug_group:
+                    raise RuntimeError(f"a bug that fails step {plan.step} every time (--bug-at-step)")
+                loss_sum = backward(model, X, Y, plan)
+            finish_step(ctx, ft, plan, loss_sum, a.step_sleep)
         torch.save({k: v.clone() for k, v in model.state_dict().items()},
                    os.path.join(ctx.job_dir, f"final-group-{ctx.replica_group}.pt"))
         ft.close()

@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -90,6 +91,7 @@ from hyperpod_lab.jobdir import (
     job_finished,
 )
 from hyperpod_lab.runtime.checkpointless.elastic import ElasticBatches, StepPlan
+from hyperpod_lab.runtime.checkpointless.inprocess import LEVEL_IN_PROCESS, NO_PROGRESS, InProcessRestarts
 from hyperpod_lab.runtime.context import env_seconds
 from hyperpod_lab.runtime.state import dtensor_type
 
@@ -102,6 +104,8 @@ DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_QUORUM_TIMEOUT_S = 60.0
 DEFAULT_HEARTBEAT_MS = 100  # a Lighthouse that published no timeout: heartbeat every 20 ms
 MAX_REPLICA_GROUPS = 1024
+_LOSS = MAX_REPLICA_GROUPS       # the member vector: [0, MAX) membership, then the loss sum,
+_FAILED = MAX_REPLICA_GROUPS + 1  # then how many ranks' step raised (in-process restart)
 BUCKET_BYTES = 25 << 20
 """Default size of one gradient bucket of :meth:`Checkpointless.end_step`, bytes (of fp32, as
 DDP's default bucket: 25 MiB)."""
@@ -706,6 +710,11 @@ class Checkpointless:
             ctx.world_size > 1, self.device.type == "cpu" if overlap is None else bool(overlap))
         self.overlapped = 0
         """Gradient buckets of the last :meth:`end_step` whose reduction started during backward."""
+        self._inproc = InProcessRestarts.from_spec(ctx.spec)
+        self._attempt_error: BaseException | None = None  # this rank's step raised (recoverable())
+        self._attempt_detected = 0.0  # when (epoch seconds)
+        self._in_process_open: dict[str, Any] | None = None  # an in-process restart not yet followed by a commit
+        self._guarded = False  # the loop uses recoverable(): injected exceptions are raised inside it
         self._register()  # after the Manager exists: a registered group is heartbeating
         if self._initial:
             self._await_initial_groups()
@@ -777,7 +786,8 @@ class Checkpointless:
             InjectedFault: ``inject-fault --kind exception`` asked this rank to fail
                 (``ctx.check_injected_fault``; a loop that never calls ``ctx.step`` still gets it).
         """
-        self.ctx.check_injected_fault()
+        if not self._guarded:
+            self.ctx.check_injected_fault()
         self.optimizer.zero_grad(set_to_none=False)
         t_quorum = time.time()
         with self.ctx.waiting("quorum"):  # waiting for the other replica groups (straggler timing, watchdog)
@@ -848,15 +858,22 @@ class Checkpointless:
         for p in self._params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        member = torch.zeros(MAX_REPLICA_GROUPS + 1, dtype=torch.float32, device=self.device)
+        member = torch.zeros(MAX_REPLICA_GROUPS + 2, dtype=torch.float32, device=self.device)
+        own_error, self._attempt_error = self._attempt_error, None
         if self.ctx.rank == 0:
             member[self.ctx.replica_group] = 1.0
-        member[MAX_REPLICA_GROUPS] = float(loss_sum)
+        member[_LOSS] = float(loss_sum) if own_error is None else 0.0
+        member[_FAILED] = 0.0 if own_error is None else 1.0
         red = self._reducer
-        changed = red.changed(self._names)
+        changed = None if own_error is not None else red.changed(self._names)
         with self.ctx.waiting("allreduce"):  # waiting for the others (straggler timing, watchdog)
             failed = red.finish(member)
         self.overlapped = red.overlapped
+        raised = int(round(float(member[_FAILED]))) if failed is None else (1 if own_error is not None else 0)
+        if raised:  # a rank's step raised: every group drops this step (no state diverges), then redoes it
+            red.release()
+            self._drop_failed_step(own_error, raised)
+            return False
         if changed is not None:  # every group drops the step (no hang), then the user's error
             red.release()
             err = GradientsChangedAfterReduction(changed)
@@ -876,12 +893,122 @@ class Checkpointless:
         red.release()
         self.optimizer.step()
         self.progress["cursor"] += self.plan.effective_batch
-        self.loss = float(member[-1])
+        self.loss = float(member[_LOSS])
+        self._inproc.committed()
+        if self._in_process_open is not None:
+            self._report_in_process_recovery()
         members = {int(i) for i in torch.nonzero(member[:MAX_REPLICA_GROUPS] > 0.5).flatten()}
         self._on_commit(members)
         if self.fallback is not None:
             self.fallback.maybe_save(self.step - 1, members=members)
         return True
+
+    # ---- in-process restart ------------------------------------------------------------------
+    def recoverable(self) -> "_StepGuard":
+        """A context manager around the step's work between :meth:`begin_step` and
+        :meth:`end_step` (forward, backward, data loading) that makes an exception there an
+        in-process restart (:mod:`~hyperpod_lab.runtime.checkpointless.inprocess`)::
+
+            plan = ft.begin_step()
+            loss_sum = 0.0
+            with ft.recoverable():
+                for mb in plan.micro_batches:
+                    loss = model.loss(data[list(mb)]) * plan.weight(len(mb))
+                    loss.backward()
+                    loss_sum += loss.item()
+            ft.end_step(loss_sum)
+
+        An ``Exception`` raised in the block is caught (its traceback goes to stderr, and
+        ``fault.detected`` {reason, exception, rank, node, pid, step, level: "in-process"} is
+        emitted at once); :meth:`end_step` then takes part in the step's all-reduce so that no
+        peer waits, and every replica group drops the step (returns False); the next
+        :meth:`begin_step` redoes it in this process. ``inject-fault --kind exception`` is raised
+        at the block's end (a loop that uses the block gets it there, not in ``begin_step``).
+
+        Not caught (the process ends, the launch agent restarts it: the process level):
+        ``BaseException`` that is not an ``Exception`` (``KeyboardInterrupt``, ``SystemExit``); any
+        exception in a replica group of several ranks (its peers may be inside an FSDP2
+        collective it will never join, and gloo cannot abort one); an exception when the
+        in-process budget (``resiliency.in_process_restarts`` per ``restart_window_s``) is spent
+        (raised again from :meth:`end_step`, after the all-reduce).
+
+        Raises (from :meth:`end_step`):
+            NoProgressStop: ``resiliency.storm_restarts`` in-process restarts in a row gained no
+                step; the job is stopped (``fault.detected`` {reason: "no progress"}, ``job.failed``).
+        """
+        self._guarded = True
+        self.ctx.fault_check_in_step = False  # ctx.step must not raise an injected exception outside the block
+        return _StepGuard(self)
+
+    def _caught(self, exc: BaseException) -> bool:
+        """The step's exception, from :class:`_StepGuard`: True to go on in process."""
+        if not isinstance(exc, Exception) or self.plan is None:
+            return False
+        if self.ctx.world_size > 1:
+            print(f"hyperpod-lab: rank {self.ctx.global_rank} step {self.plan.step} raised "
+                  f"{type(exc).__name__}; its replica group has {self.ctx.world_size} ranks whose in-group "
+                  "collectives gloo cannot abort: restarting the group's processes (process level)",
+                  file=sys.stderr, flush=True)
+            return False
+        import traceback
+
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+        now = time.time()
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+        self.ctx.emit(EventKind.FAULT_DETECTED, reason=reason, exception=type(exc).__name__,
+                      rank=self.ctx.global_rank, local_rank=self.ctx.local_rank, node=self.ctx.node,
+                      pid=os.getpid(), step=self.plan.step, replica_group=self.ctx.replica_group,
+                      level=LEVEL_IN_PROCESS, detected_by="rank", root_cause=True)
+        self._attempt_error, self._attempt_detected = exc, now
+        return True
+
+    def _drop_failed_step(self, own_error: BaseException | None, raised: int) -> None:
+        """Every group: the step is dropped because ``raised`` ranks' step raised; the ladder."""
+        err = own_error if isinstance(own_error, Exception) else RuntimeError(f"{raised} rank(s)' step raised")
+        self.manager.report_error(err)
+        self.manager.should_commit()  # False in every group: the step is not committed anywhere
+        step = self.plan.step if self.plan is not None else None
+        self._on_failed_step(f"{raised} rank(s)' step raised" if own_error is None
+                             else f"{type(own_error).__name__}: {own_error}")
+        verdict = self._inproc.failed_step(own=own_error is not None)
+        if verdict.action == NO_PROGRESS:
+            self._stop_no_progress(own_error, verdict.reason, step)
+        if own_error is None:
+            return
+        if verdict.action != LEVEL_IN_PROCESS:
+            print(f"hyperpod-lab: rank {self.ctx.global_rank} step {step}: {verdict.reason}; restarting the "
+                  "process (process level)", file=sys.stderr, flush=True)
+            raise own_error
+        self.ctx.emit(EventKind.RECOVERY_STARTED, level=LEVEL_IN_PROCESS, reason=verdict.reason, step=step,
+                      rank=self.ctx.global_rank, node=self.ctx.node, pid=os.getpid(),
+                      in_process_restarts=self._inproc.total, restart_count=self.ctx.restart_count)
+        if self._in_process_open is None:
+            self._in_process_open = {"detected": self._attempt_detected, "step": step, "dropped": 0}
+        self._in_process_open["dropped"] += 1
+
+    def _report_in_process_recovery(self) -> None:
+        """The first commit after this rank's in-process restart: ``recovery.completed``."""
+        rec, self._in_process_open = self._in_process_open, None
+        self.ctx.emit(EventKind.RECOVERY_COMPLETED, mode=RECOVERY_CHECKPOINTLESS, level=LEVEL_IN_PROCESS,
+                      restored_step=None, restored_from="none", resumed_step=self.step - 1,
+                      downtime_s=round(max(0.0, time.time() - rec["detected"]), 3), dropped_steps=rec["dropped"],
+                      rank=self.ctx.global_rank, pid=os.getpid(), in_process_restarts=self._inproc.total,
+                      restart_count=self.ctx.restart_count)
+
+    def _stop_no_progress(self, own_error: BaseException | None, why: str, step: int | None) -> None:
+        from hyperpod_lab.node.storm import STORM_EXIT, declare
+
+        last = None if own_error is None else " ".join(f"{type(own_error).__name__}: {own_error}".split())[:500]
+        if own_error is not None:
+            self.ctx.emit(EventKind.FAULT_DETECTED, reason=NO_PROGRESS, level=LEVEL_IN_PROCESS,
+                          restarts=self._inproc.without_progress, step=step, rank=self.ctx.global_rank,
+                          node=self.ctx.node, pid=os.getpid(), last_error=last, detected_by="rank", root_cause=True)
+        declare(self.ctx.job_dir, self.ctx.writer, {  # one job.failed and storm.json, by the first rank here
+            "reason": f"no progress: {why}", "restarts": self._inproc.without_progress, "fault": last,
+            "criterion": "no progress"})
+        print(f"hyperpod-lab: stopping the job: {why} (step {step}); delete storm.json in the job directory "
+              "to run it again after a fix", file=sys.stderr, flush=True)
+        raise NoProgressStop(STORM_EXIT)
 
     # ---- events ---------------------------------------------------------------------------
     def _on_failed_step(self, reason: str) -> None:
@@ -979,6 +1106,34 @@ class Checkpointless:
         """Leave the quorum (shuts the torchft manager down) and remove the gradient hooks."""
         self._reducer.close()
         self.manager.shutdown(wait=False)
+
+
+class _StepGuard:
+    """:meth:`Checkpointless.recoverable`'s context manager."""
+
+    def __init__(self, ft: Checkpointless):
+        self.ft = ft
+
+    def __enter__(self) -> "_StepGuard":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is None:
+            try:
+                self.ft.ctx.check_injected_fault()  # inject-fault --kind exception lands in the step
+            except Exception as injected:
+                return self.ft._caught(injected) or _reraise(injected)
+            return False
+        return self.ft._caught(exc)
+
+
+def _reraise(exc: BaseException) -> bool:
+    raise exc
+
+
+class NoProgressStop(SystemExit):
+    """The job stopped: in-process restarts made no progress (exit status
+    :data:`~hyperpod_lab.node.storm.STORM_EXIT`; see :mod:`~hyperpod_lab.runtime.checkpointless.inprocess`)."""
 
 
 class JobAlreadyFinished(SystemExit):
