@@ -12,6 +12,7 @@ import sys
 import time
 from typing import Any, Callable, TextIO
 
+from hyperpod_lab.cli.render import EventView, event_line, make_console, table
 from hyperpod_lab.errors import HyperPodLabError, SpecError
 from hyperpod_lab.jobdir import (
     DEFAULT_FAULT_KIND,
@@ -289,15 +290,15 @@ def spec_from_args(a: argparse.Namespace, script_args: list[str]) -> JobSpec:
     ).validate()
 
 
-def _table(rows: list[list[Any]], header: list[str]) -> str:
-    rows = [[("" if c is None else str(c)) for c in r] for r in rows]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    return "\n".join([fmt.format(*header)] + [fmt.format(*r) for r in rows])
-
-
-def run(argv: list[str], out: TextIO | None = None, client=None) -> Any:
+def run(argv: list[str], out: TextIO | None = None, client=None, console=None) -> Any:
     """Run one command. Returns a value for the magics (the job id for ``submit``).
+
+    Args:
+        argv: the command line after ``hyperpod-lab`` (a ``--`` starts the script's arguments).
+        out: where output goes (default: stdout).
+        client: the :class:`~hyperpod_lab.submit.client.Client` (default: a new one).
+        console: a ``rich`` Console for ``--follow``'s progress bar and summary table (default:
+            one on ``out`` when it is a terminal; plain lines otherwise; :mod:`hyperpod_lab.cli.render`).
 
     Raises HyperPodLabError (and SpecError) for bad input; ``main`` turns them into exit 2.
     """
@@ -339,7 +340,7 @@ def run(argv: list[str], out: TextIO | None = None, client=None) -> Any:
             say(json.dumps({n: {"orchestrator": p.orchestrator, "host": p.host, "port": p.port,
                                 "shared_root": p.shared_root} for n, p in profs.items()}, indent=2))
         else:
-            say(_table([[p.name, p.orchestrator, f"{p.host}:{p.port}" if p.host else "-", p.shared_root]
+            say(table([[p.name, p.orchestrator, f"{p.host}:{p.port}" if p.host else "-", p.shared_root]
                         for p in profs.values()], ["NAME", "ORCHESTRATOR", "LOGIN", "SHARED ROOT"]))
             say(f"(config: {config_path()})")
         return None
@@ -364,7 +365,8 @@ def run(argv: list[str], out: TextIO | None = None, client=None) -> Any:
             say(f"submitted {rec.name!r} to {rec.cluster} ({rec.orchestrator} job {rec.native_id}); "
                 f"events: hyperpod-lab events {rec.job_id} --follow")
         if a.follow:
-            _follow(client, rec.job_id, say, json_lines=False, timeout_s=None)
+            _follow(client, rec.job_id, say, json_lines=False, timeout_s=None, console=make_console(out, console),
+                    spec=rec.spec)
         say(rec.job_id)
         return rec.job_id
 
@@ -376,7 +378,7 @@ def run(argv: list[str], out: TextIO | None = None, client=None) -> Any:
         if a.json:
             say(json.dumps([json.loads(r.to_json()) for r in recs], indent=2))
         else:
-            say(_table([[r.job_id, r.cluster, r.native_id, r.status,
+            say(table([[r.job_id, r.cluster, r.native_id, r.status,
                          time.strftime("%Y-%m-%d %H:%M", time.localtime(r.submitted_at))] for r in recs],
                        ["JOB", "CLUSTER", "NATIVE ID", "STATE", "SUBMITTED"]))
         return None
@@ -389,11 +391,17 @@ def run(argv: list[str], out: TextIO | None = None, client=None) -> Any:
         return rec.status
 
     if a.cmd == "events":
+        spec = client.get(a.job).spec
         if a.follow:
-            _follow(client, a.job, say, json_lines=a.json, timeout_s=a.timeout)
+            _follow(client, a.job, say, json_lines=a.json, timeout_s=a.timeout,
+                    console=None if a.json else make_console(out, console), spec=spec)
         else:
+            from hyperpod_lab.fold.facts import JobFacts
+
+            facts = JobFacts(spec=spec)  # the total steps: the script's --steps N, a step event's total_steps
             for ev in client.event_reader(a.job).poll():
-                say(ev.to_json() if a.json else ev.describe())
+                facts.update(ev)
+                say(ev.to_json() if a.json else event_line(ev, facts.total_steps))
         return None
 
     if a.cmd == "logs" and (a.triage or a.grep):
@@ -531,7 +539,7 @@ def _env(a: argparse.Namespace, say, client) -> int:
     except envparity.EnvCheckUnsupported as e:
         say(f"not checked: {e}")
         return 0
-    say(json.dumps({k: v for k, v in report.items()}, indent=2) if a.json else envparity.format_table(report))
+    say(json.dumps({k: v for k, v in report.items()}, indent=2) if a.json else envparity.formattable(report))
     return 1 if report["summary"] == envparity.ERROR else 0
 
 
@@ -545,7 +553,7 @@ def _discover(a: argparse.Namespace, say) -> list:
     elif not found:
         say(f"no HyperPod clusters in region {a.region or '(default)'}; clusters are regional: try --region")
     else:
-        say(_table([[c.name, c.orchestrator, c.status, c.region,
+        say(table([[c.name, c.orchestrator, c.status, c.region,
                      ", ".join(f"{g['name']}:{g['instance_type']} {g['current_count']}/{g['target_count']}"
                                for g in c.instance_groups),
                      ", ".join(f"{k} {v}" for k, v in sorted(c.node_health.items())) or "-"] for c in found],
@@ -562,16 +570,14 @@ def _discover(a: argparse.Namespace, say) -> list:
     return found
 
 
-def _follow(client, job_id, say, json_lines: bool, timeout_s) -> list:
-    from hyperpod_lab.submit.client import summarize
-
-    events = []
-    for ev in client.follow(job_id, timeout_s=timeout_s):
-        events.append(ev)
-        say(ev.to_json() if json_lines else ev.describe())
-    if not json_lines:
-        say("summary: " + json.dumps(summarize(events)))
-    return events
+def _follow(client, job_id, say, json_lines: bool, timeout_s, console=None, spec: dict | None = None) -> list:
+    """Show the job's events until it finishes (:class:`~hyperpod_lab.cli.render.EventView`: a
+    progress bar on ``console``, else plain lines; JSON lines with ``json_lines``), then its summary."""
+    with EventView(say, console=console, spec=spec, json_lines=json_lines) as view:
+        for ev in client.follow(job_id, timeout_s=timeout_s):
+            view.show(ev)
+    view.summary()
+    return view.events
 
 
 def main(argv: list[str] | None = None) -> int:

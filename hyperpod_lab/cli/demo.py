@@ -23,6 +23,7 @@ import threading
 import time
 from typing import Callable
 
+from hyperpod_lab.cli.render import MAX_LINE, event_line, human_bytes
 from hyperpod_lab.errors import HyperPodLabError, JobStateError
 from hyperpod_lab.events import Event
 from hyperpod_lab.jobdir import DEFAULT_FAULT_KIND
@@ -161,26 +162,14 @@ def compare_recoveries(client, *job_ids: str, incident: int = 0) -> list[dict]:
     return [{"job_id": j, **recovery_row(client.event_reader(j).poll(), incident)} for j in job_ids]
 
 
-def _bytes(n: int | None) -> str:
-    if n is None:
-        return "unknown"
-    if n < 1024:
-        return f"{n} B"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        n /= 1024
-        if n < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}"
-    return str(n)
-
-
 def format_comparison(rows: list[dict]) -> str:
     """The rows of :func:`compare_recoveries` as a fixed-width text table (what the notebook and
     ``hyperpod-lab demo`` print)."""
     head = ["recovery mode", "downtime (s)", "steps lost (redone)", "storage reads", "restarts", "restored from",
             "fault after step"]
     body = [[r["label"], f"{r['downtime_s']:.2f}", str(r["steps_lost"]),
-             _bytes(r["storage_read_bytes"]) + ("" if not r["storage_read_bytes"] else f" ({r['storage_read_bytes']:,} B)"),
-             str(r["restarts"]), ", ".join(f"{t} ({_bytes(r['restored_bytes'])})" for t in r["restored_from"]) or "-",
+             human_bytes(r["storage_read_bytes"]) + ("" if not r["storage_read_bytes"] else f" ({r['storage_read_bytes']:,} B)"),
+             str(r["restarts"]), ", ".join(f"{t} ({human_bytes(r['restored_bytes'])})" for t in r["restored_from"]) or "-",
              str(r["fault_step"])]
             for r in rows]
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
@@ -224,7 +213,7 @@ def flagship_verdict(rows: list[dict], statuses: dict[str, str] | None = None,
         return False, f"need one checkpoint-restart and one checkpointless job, got {sorted(by)}"
     cl, cr = by["checkpointless"], by["restart"]
     if cl["storage_read_bytes"] != 0:
-        return False, f"checkpointless recovery read {_bytes(cl['storage_read_bytes'])} from storage (expected 0)"
+        return False, f"checkpointless recovery read {human_bytes(cl['storage_read_bytes'])} from storage (expected 0)"
     if not cl["downtime_s"] < cr["downtime_s"]:
         return False, (f"checkpointless downtime {cl['downtime_s']:.2f} s is not lower than checkpoint-restart's "
                        f"{cr['downtime_s']:.2f} s")
@@ -234,7 +223,7 @@ def flagship_verdict(rows: list[dict], statuses: dict[str, str] | None = None,
             return False, f"the checkpointless job did not scale 2 -> 1 -> 2 replica groups: {seq}"
     return True, (f"checkpointless: {cl['downtime_s']:.2f} s downtime, {cl['steps_lost']} steps lost, 0 bytes read "
                   f"from storage; checkpoint-restart: {cr['downtime_s']:.2f} s, {cr['steps_lost']} steps lost, "
-                  f"{_bytes(cr['storage_read_bytes'])} read")
+                  f"{human_bytes(cr['storage_read_bytes'])} read")
 
 
 def execute_notebook(path: str, timeout_s: float, cwd: str | None = None):
@@ -332,7 +321,8 @@ def run_demo(notebook: str, say: Callable[[str], None], timeout_s: float = 900.0
                     continue  # step events: at most one line per second per job
                 if ev.kind == "step":
                     last_step_line[jid] = time.time()
-                say(f"[{jid[:28]}] {ev.describe()}")
+                prefix = f"[{jid[:28]}] "
+                say(prefix + event_line(ev, width=MAX_LINE - len(prefix)))
                 if ev.kind == "finished":
                     done.add(jid)
 

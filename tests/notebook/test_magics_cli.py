@@ -55,7 +55,7 @@ def test_cell_magic_runs_the_cell_locally_with_torchrun(shell, capsys):
     job_id = shell.run_cell_magic("hyperpod", "run --local --nproc 2 --name cellrun", CELL)
     out = capsys.readouterr().out
     assert job_id and job_id.startswith("cellrun-")
-    assert "started" in out and "finished" in out and '"status": "succeeded"' in out
+    assert "started" in out and "finished" in out and "summary: succeeded" in out
     from hyperpod_lab.submit.client import Client
 
     events = Client().event_reader(job_id).poll()
