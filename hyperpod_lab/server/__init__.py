@@ -14,10 +14,12 @@ import re
 from dataclasses import dataclass, field
 
 from jupyter_server.utils import url_path_join
-from traitlets import List, TraitError, Unicode, validate
+from traitlets import Bool, List, TraitError, Unicode, validate
 from traitlets.config import Config, LoggingConfigurable
 
 from hyperpod_lab.server import redact
+from hyperpod_lab.server.alerts import Alerts, setup_alerts
+from hyperpod_lab.server.metrics import ServerMetrics, server_metrics
 from hyperpod_lab.server.watch.watcher import Watcher
 from hyperpod_lab.submit.client import Client
 
@@ -25,7 +27,7 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class HyperPodLab(LoggingConfigurable):
-    """The server extension's trust settings, read from Jupyter's config under ``HyperPodLab``
+    """The server extension's settings (trust, metrics, alerts), read from Jupyter's config under ``HyperPodLab``
     (``jupyter_server_config.json``/``.py`` or ``--HyperPodLab.<name>=...``). The same section
     also holds the :class:`Watcher` arguments (:func:`watcher_settings`)."""
 
@@ -39,6 +41,16 @@ class HyperPodLab(LoggingConfigurable):
         Submissions from a notebook kernel or the CLI (the magics, ``Client``) are not
         affected: there ``secret_env`` comes from the submitting process's own environment.
         Example: ``c.HyperPodLab.secret_env_allowlist = ["HF_TOKEN", "WANDB_API_KEY"]``.
+        """).tag(config=True)
+
+    alerts_file = Unicode("", help="""
+        The user's notification rules and webhook (TOML, ``docs/alerts.md``). Empty (default):
+        ``alerts.toml`` beside the cluster config file. No file: no alerts.
+        """).tag(config=True)
+
+    metrics = Bool(True, help="""
+        Add the extension's metrics (jobs by state, fault-detection latency, recovery downtime,
+        event lag, status poll time; ``docs/metrics.md``) to the server's ``/metrics``.
         """).tag(config=True)
 
     @validate("secret_env_allowlist")
@@ -67,6 +79,8 @@ class HyperPodApp:
     watcher: Watcher
     root_dir: str
     secret_env_allowlist: frozenset[str] = field(default_factory=frozenset)
+    metrics: ServerMetrics | None = None
+    alerts: Alerts | None = None
 
 
 def watcher_settings(server_app) -> dict:
@@ -99,8 +113,12 @@ def setup(server_app) -> HyperPodApp:
     client = Client()
     watcher = Watcher(client, **watcher_settings(server_app))
     root_dir = os.path.abspath(os.path.expanduser(getattr(server_app, "root_dir", None) or os.getcwd()))
+    metrics = server_metrics() if trust.metrics else None
+    if metrics is not None:
+        watcher.observers.append(metrics)
+    alerts = setup_alerts(trust.alerts_file or None, watcher)
     app = HyperPodApp(client=client, watcher=watcher, root_dir=root_dir,
-                      secret_env_allowlist=frozenset(trust.secret_env_allowlist))
+                      secret_env_allowlist=frozenset(trust.secret_env_allowlist), metrics=metrics, alerts=alerts)
     web_app.settings["hyperpod_lab"] = app
     base_url = web_app.settings["base_url"]
     web_app.add_handlers(".*$", [(url_path_join(base_url, path), cls) for path, cls in handlers()])

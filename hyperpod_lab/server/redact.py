@@ -21,9 +21,25 @@ _BANNER = ("is running at", "copy and paste one of these URLs", "open this file 
 _HEADER = re.compile(r"(?i)(authorization['\"]?\s*[:=]\s*['\"]?(?:token|bearer|basic)?\s*)[^\s'\",}]+")
 
 
+_LITERALS: set[str] = set()  # secrets known by value (add_secret), e.g. a webhook URL
+
+
+def add_secret(value: str) -> None:
+    """Have :func:`redact` replace every occurrence of ``value`` (e.g. a webhook URL, whose path
+    is its credential) by :data:`SECRET`. Values under 8 characters are refused (ValueError): they
+    would blank out ordinary words."""
+    if len(value) < 8:
+        raise ValueError("a secret to redact must have at least 8 characters")
+    _LITERALS.add(value)
+
+
 def redact(text: str) -> str:
-    """``text`` with credential query parameters and Authorization values replaced by
-    :data:`SECRET` (``GET /x?token=abc&limit=1`` -> ``GET /x?token=[secret]&limit=1``)."""
+    """``text`` with credential query parameters, Authorization values and the secrets given to
+    :func:`add_secret` replaced by :data:`SECRET` (``GET /x?token=abc&limit=1`` ->
+    ``GET /x?token=[secret]&limit=1``)."""
+    for s in sorted(_LITERALS, key=len, reverse=True):  # a URL before its path
+        if s in text:
+            text = text.replace(s, SECRET)
     return _HEADER.sub(lambda m: m.group(1) + SECRET, _PARAM.sub(lambda m: m.group(1) + SECRET, text))
 
 

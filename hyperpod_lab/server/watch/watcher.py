@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import time
 from collections import OrderedDict
@@ -70,6 +71,7 @@ from hyperpod_lab.errors import HyperPodLabError
 from hyperpod_lab.events import Event, EventKind, EventReader
 from hyperpod_lab.fold.progress import Progress
 from hyperpod_lab.goodput.measure import GoodputMeter
+from hyperpod_lab.server.cursors import CursorStore
 from hyperpod_lab.server.watch.notifier import DirNotifier
 from hyperpod_lab.server.watch.tailer import (
     Message,
@@ -154,6 +156,14 @@ class Watcher:
         self.notifier: DirNotifier | None = None
         self.notify_wakeups = 0
         self.notify_misses = 0
+        # what watches the jobs beside the subscribers (server/metrics.py, server/alerts.py), called on
+        # the IOLoop thread: on_status(recs, poll_s) after each status tick; before_fold(tailer) and
+        # after_fold(tailer, before, located, first) around each batch of events read
+        self.observers: list[Any] = []
+        self._poll_s: dict[str, float] = {}  # seconds of each cluster's refresh in the current tick
+        # cursors of bounded size: big ones are tokens kept beside the job store (server/cursors.py)
+        root = getattr(self.store, "root", None)
+        self.cursors = CursorStore(os.path.join(root, "cursors") if root else None)
 
     # ---- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
@@ -418,7 +428,7 @@ class Watcher:
         if len(t.subs) >= self.max_subscribers:
             raise TooManySubscribers(f"job {job_id} has {len(t.subs)} subscribers, the most this server takes "
                                      f"(max_subscribers); close a tab or reconnect later")
-        sub = Subscription(job_id, cursor, send, pending, close)
+        sub = Subscription(job_id, cursor, send, pending, close, chain=self.cursors.chain(job_id))
         if sub.send({"type": "status", "job": self.view(rec)}) is False:
             return sub
         t.subs.append(sub)
@@ -430,6 +440,8 @@ class Watcher:
 
     def unsubscribe(self, sub: Subscription) -> None:
         sub.gone = True
+        if sub.chain is not None:
+            sub.chain.flush()
         t = self.tailers.get(sub.job_id)
         if t is not None and sub in t.subs:
             t.subs.remove(sub)
@@ -508,6 +520,7 @@ class Watcher:
                     continue
                 over_since = last_pending = None
                 if t.covers(sub.cursor):
+                    sub.leftover = None  # the window holds what a cut page left
                     for ev, fname, end in list(t.items):
                         if sub.over(cap):
                             break
@@ -520,27 +533,35 @@ class Watcher:
                             self._end(t, sub)
                         return
                     continue
-                try:
-                    run = self.run_on_files if t.local_events else self.run_on
-                    located, cursor = await run(rec.cluster, self._read_page, rec, dict(sub.cursor), sub)
-                except (HyperPodLabError, OSError, EOFError) as e:
-                    log.warning("hyperpod_lab: history of %s not read: %s", rec.job_id, e)
-                    await asyncio.sleep(1.0)
-                    continue
+                if sub.leftover is not None:  # the rest of a page cut by backpressure: not read again
+                    located, cursor = sub.leftover
+                    sub.leftover = None
+                else:
+                    try:
+                        run = self.run_on_files if t.local_events else self.run_on
+                        located, cursor = await run(rec.cluster, self._read_page, rec, dict(sub.cursor), sub)
+                    except (HyperPodLabError, OSError, EOFError) as e:
+                        log.warning("hyperpod_lab: history of %s not read: %s", rec.job_id, e)
+                        await asyncio.sleep(1.0)
+                        continue
                 if sub.gone:
                     return
-                for ev, fname, end in located:
+                for i, (ev, fname, end) in enumerate(located):
                     if sub.over(cap):
+                        sub.leftover = (located[i:], cursor)
                         break
                     if sub.deliver(ev, fname, end) is False:
                         self.unsubscribe(sub)
                         return
                 else:  # the whole page went out: also pass what it skipped (malformed lines)
                     stuck = not located and all(cursor.get(f, 0) <= sub.cursor.get(f, 0) for f in cursor)
+                    before = dict(sub.cursor)
                     for f, off in cursor.items():
                         sub.cursor[f] = max(sub.cursor.get(f, 0), off)
                     if stuck:  # nothing more on disk before the window (files gone): go live
                         sub.cursor.update({f: max(sub.cursor.get(f, 0), off) for f, off in t.base.items()})
+                    if sub.cursor != before and sub.chain is not None:
+                        sub.chain.reset()  # moved other than event by event: the next token is a new root
                 await asyncio.sleep(0)  # let the IOLoop run between pages
         except asyncio.CancelledError:
             pass
@@ -560,8 +581,10 @@ class Watcher:
     # ---- status loop -----------------------------------------------------------------
     def _refresh_cluster(self, cluster: str, group: list[JobRecord]) -> bool:
         """One batched refresh of ``cluster``'s jobs (on its worker thread). Returns False on error."""
+        started = time.monotonic()
         try:
             self.client.refresh(group)
+            self._poll_s[cluster] = time.monotonic() - started
             return True
         except (HyperPodLabError, OSError, EOFError) as e:
             log.warning("hyperpod_lab: status of %d job(s) on %s not refreshed: %s", len(group), cluster, e)
@@ -578,6 +601,7 @@ class Watcher:
         by_cluster: dict[str, list[JobRecord]] = {}
         for r in active:
             by_cluster.setdefault(r.cluster, []).append(r)
+        self._poll_s = {}
         oks = await asyncio.gather(*(self.run_on(c, self._refresh_cluster, c, g) for c, g in by_cluster.items()))
         changed = [r for r in recs if (r.status, r.exit_code, r.reason) != before[r.job_id]]
         self._seen = {r.job_id: (r.status, r.exit_code, r.reason) for r in recs}
@@ -592,6 +616,8 @@ class Watcher:
             except Exception:  # never let the loop die
                 log.exception("hyperpod_lab: status refresh failed")
                 changed, recs, error = [], [], True
+            if recs:
+                self._observe("on_status", recs, dict(self._poll_s))
             now = time.monotonic()
             for rec in changed:
                 t = self.tailers.get(rec.job_id) or self._ensure_tailer(rec)
@@ -685,9 +711,10 @@ class Watcher:
             log.warning("hyperpod_lab: events of %s not read: %s", t.job_id, error)
             t.idle_interval = min(t.idle_interval * 2, self.idle_max_interval_s)
             return
-        t.polled = True
+        first, t.polled = not t.polled, True
         t.more = more
         cap = self.send_queue_bytes
+        before = [(o, self._observe("before_fold", t, observer=o)) for o in self.observers] if located else []
         for ev, fname, end in located:
             if t.subs:
                 t.keep((ev, fname, end))
@@ -705,6 +732,8 @@ class Watcher:
                 # a fault opened or recovered (the sidebar notifies from it), a node was excluded
                 # or failed its health checks (the sidebar lists them)
                 self._send_status(t)
+        for o, snap in before:
+            self._observe("after_fold", t, snap, located, first, observer=o)
         if located or cursor != t.cursor:
             t.dirty = True
         t.cursor = dict(cursor)
@@ -721,6 +750,19 @@ class Watcher:
             final = self._final_status(t) if live else None  # one read and view for all tabs
             for sub in live:
                 self._end(t, sub, final)
+
+    def _observe(self, hook: str, *args, observer: Any = None):
+        """Call ``hook(*args)`` of one observer (``observer``) or of each; an observer's error is
+        logged, never the watcher's. Returns the one observer's answer (None on error)."""
+        for o in ([observer] if observer is not None else list(self.observers)):
+            try:
+                out = getattr(o, hook)(*args)
+            except Exception:
+                log.exception("hyperpod_lab: %s.%s failed", type(o).__name__, hook)
+                out = None
+            if observer is not None:
+                return out
+        return None
 
     def _send_status(self, t: Tailer) -> None:
         """Send ``{"type": "status", "job": JobView}`` to every subscriber of ``t``'s job."""
