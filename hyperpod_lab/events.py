@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Iterable, Iterator, Protocol
 
+from hyperpod_lab import tails as _tails
 from hyperpod_lab.errors import SpecError
+from hyperpod_lab.tails import read_span
 
 SCHEMA_VERSION = 1
 EVENTS_DIRNAME = "events"
@@ -243,6 +245,38 @@ class FileAccess(Protocol):
 
     def create_new(self, path: str) -> bool: ...  # create an empty file (0600) unless it exists; True if created
 
+    # optional: ``read_tails(directory, starts, wants, max_bytes)``, every grown file's bytes in
+    # one call (:func:`read_tails`); without it a reader lists and reads file by file
+
+
+def read_tails(files: FileAccess, directory: str, starts: dict[str, int], wants: dict[str, int] | None = None,
+               max_bytes: int | None = None) -> tuple[dict[str, int], dict[str, bytes], dict[str, str]]:
+    """``(sizes, data, errors)`` of ``directory``'s event files (:func:`hyperpod_lab.tails.read_tails`):
+    every regular file's size (bytes), and the bytes of each ``*.jsonl`` file past its offset in
+    ``starts`` (0 when missing), at most ``wants[name]`` (else ``max_bytes``; None: to the end)
+    extended to the end of a longer first line; ``errors``: files not readable, and why.
+
+    In one call where ``files`` has ``read_tails`` (local files; over SSH one remote command:
+    :meth:`hyperpod_lab.schedulers.remote.SSHRemote.read_tails`), else one ``list_files`` and
+    one ``read_from`` per grown file. Raises OSError or ClusterUnreachable for the listing."""
+    rt = getattr(files, "read_tails", None)
+    if rt is not None:
+        return rt(directory, starts, wants, max_bytes)
+    wants = wants or {}
+    sizes = files.list_files(directory)
+    data: dict[str, bytes] = {}
+    errors: dict[str, str] = {}
+    for name, size in sorted(sizes.items()):
+        start, want = starts.get(name, 0), wants.get(name, max_bytes)
+        if not name.endswith(".jsonl") or size <= start or (want is not None and want <= 0):
+            continue
+        path = f"{directory}/{name}"
+        try:
+            data[name] = read_span(lambda o, n: files.read_from(path, o, n), start, size, want)
+        except OSError as e:
+            errors[name] = str(e)
+    return sizes, data, errors
+
 
 class LocalFiles:
     """FileAccess over this machine's file system.
@@ -278,6 +312,13 @@ class LocalFiles:
             data = f.read() if length is None else f.read(max(0, length))
         LocalFiles.bytes_read += len(data)
         return data
+
+    def read_tails(self, directory: str, starts: dict[str, int], wants: dict[str, int] | None = None,
+                   max_bytes: int | None = None) -> tuple[dict[str, int], dict[str, bytes], dict[str, str]]:
+        """Every grown event file's bytes past ``starts`` in one call (:func:`read_tails`)."""
+        sizes, data, errors = _tails.read_tails(directory, starts, wants, max_bytes)
+        LocalFiles.bytes_read += sum(len(b) for b in data.values())
+        return sizes, data, errors
 
     def append_bytes(self, path: str, data: bytes) -> None:
         """Append all of ``data`` on an ``O_APPEND`` descriptor (``write()`` again after a short
@@ -484,25 +525,39 @@ class EventReader:
         truncated_at: list[float] = []  # time of the last event read of each file with more to read
         held, self._held = self._held, {}
         self.more = False
-        for name, size in sorted(self.files.list_files(self.dir).items()):
+        # what to read of each file: from its cursor, or (a page held back of it) after the held
+        # events, up to max_bytes from the cursor; all files in one call (read_tails)
+        read_at: dict[str, int] = dict(self.cursor)
+        wants: dict[str, int] = {}
+        for name, kept in list(held.items()):
+            if kept[0] != self.cursor.get(name, 0):
+                del held[name]  # the cursor moved: read again
+                continue
+            read_at[name] = kept[1]
+            if max_bytes is not None:
+                wants[name] = kept[0] + max(1, int(max_bytes)) - kept[1]
+        sizes, chunks, errors = read_tails(self.files, self.dir, read_at, wants, max_bytes)
+        for name, why in errors.items():
+            self.skipped.append((name, f"not readable as an event file: {why}"))
+        for name, size in sorted(sizes.items()):
             # regular files only: a directory or a link named x.jsonl (which could point out of
             # the job directory) is not an event file
             off = self.cursor.get(name, 0)
-            if not name.endswith(".jsonl") or size <= off:
+            if not name.endswith(".jsonl") or size <= off or name in errors:
                 continue  # nothing new: no read
             kept = held.get(name)
-            if kept is not None and (kept[0] != off or size < kept[1]):
-                kept = None  # the cursor moved, or the file is not the one read: read again
             path = f"{self.dir}/{name}"
             try:
+                if kept is not None and size < kept[1]:  # not the file read: read it again
+                    kept = None
+                    chunk = read_span(lambda o, n: self.files.read_from(path, o, n), off, size, max_bytes)
+                else:
+                    chunk = chunks.get(name, b"")
                 if kept is None:
-                    chunk, end = self._read_lines(path, off, size, max_bytes)
                     located, pos = [], off
                 else:  # the events held back last time, then what follows them in this page
                     located, pos = list(kept[2]), kept[1]
-                    want = None if max_bytes is None else off + max(1, int(max_bytes)) - pos
-                    chunk = self.files.read_from(path, pos, want) if (want is None or want > 0) and pos < size else b""
-                    end = chunk.rfind(b"\n")
+                end = chunk.rfind(b"\n")
             except OSError as e:  # replaced by a link since the listing, or vanished
                 self.skipped.append((name, f"not readable as an event file: {e}"))
                 continue
@@ -557,24 +612,6 @@ class EventReader:
                 located.append((Event.from_json(line), name, pos))
             except EventSchemaError as e:
                 self.skipped.append((name, str(e)))
-
-    def _read_lines(self, path: str, off: int, size: int, max_bytes: int | None) -> tuple[bytes, int]:
-        """Bytes from ``off`` (at most ``max_bytes``, extended to the end of a longer first line)
-        and the index of their last newline (-1: none)."""
-        if max_bytes is None:
-            chunk = self.files.read_from(path, off)
-            return chunk, chunk.rfind(b"\n")
-        want = max(1, int(max_bytes))
-        chunk = self.files.read_from(path, off, want)
-        end = chunk.rfind(b"\n")
-        while end < 0 and len(chunk) >= want and off + len(chunk) < size:  # one line longer than max_bytes
-            more = self.files.read_from(path, off + len(chunk), want)
-            if not more:
-                break
-            chunk += more
-            end = chunk.rfind(b"\n")
-            want *= 2
-        return chunk, end
 
     def follow(self, interval_s: float = 0.5, until: Iterable[str] = (EventKind.FINISHED.value,),
                timeout_s: float | None = None, stop=None) -> Iterator[Event]:

@@ -113,6 +113,14 @@ class MountedRemote(Remote):
         files, p = self._on(path)
         return files.read_from(p, offset, length)
 
+    def read_tails(self, directory, starts, wants=None, max_bytes=None):
+        """Every grown event file's bytes in one call: here for a directory below the mount,
+        else the wrapped Remote's (see :func:`hyperpod_lab.events.read_tails`)."""
+        from hyperpod_lab.events import read_tails
+
+        files, p = self._on(directory)
+        return read_tails(files, p, starts, wants, max_bytes)
+
     def listdir(self, path):
         files, p = self._on(path)
         return files.listdir(p)

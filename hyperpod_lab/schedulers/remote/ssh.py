@@ -158,6 +158,10 @@ class SSHRemote(Remote):
         self._gen = 1
         self._sftp = None
         self.last_drop: str | None = None
+        #: why :meth:`read_tails` reads over SFTP (None: it runs its one command)
+        self.tails_fallback: str | None = None
+        self._tails = None  # (OpenRoute, channel, its stdout) of the reader program
+        self._tails_lock = threading.Lock()
 
     # ---- the connection --------------------------------------------------------------
     @property
@@ -468,6 +472,89 @@ class SSHRemote(Remote):
 
         return self._call("read", path, lambda sftp, attempt: _unless_missing(read, sftp, path))
 
+    def read_tails(self, directory, starts, wants=None, max_bytes=None):
+        """Every grown event file's bytes past ``starts`` in **one request and its answer** on
+        the login node: :mod:`hyperpod_lab.tails` runs there as one command
+        (``<profile.python> -I -S -c <its source>``), started once per connection and kept, each
+        request one line of JSON on its standard input (so ``directory`` never reaches a shell),
+        each reply on its standard output. A poll costs one round trip however many writer files
+        the job has, where SFTP costs a listing and five requests (``lstat``, ``open``,
+        ``fstat``, ``read``, ``close``) per grown file. Counted in ``ops["exec"]`` and
+        ``ops["tails"]``. Returns ``(sizes, data, errors)`` as :func:`hyperpod_lab.events.read_tails`.
+
+        Where the login node cannot run it (no such ``python``, a reply that is not the
+        program's), this and every later call fall back to SFTP (one listing, then ``read_from``
+        per grown file) and ``tails_fallback`` says why (logged once).
+
+        Raises:
+            ClusterUnreachable: as :meth:`run` (it only reads: retried after a reconnect).
+        """
+        from hyperpod_lab import events, tails
+
+        if self.tails_fallback is None:
+            req = tails.request(directory, starts, wants, max_bytes)
+            try:
+                self.ops["tails"] += 1
+                return self._call("tails", directory, lambda o, attempt: self._tails_request(o, req), sftp=False,
+                                  idempotent=True)
+            except _TailsUnavailable as e:
+                self.tails_fallback = str(e)
+                log.warning("hyperpod_lab: %s: event files are read over SFTP, file by file (%s); set the "
+                            "profile's python to a Python 3 on the login node", self._where(), self.tails_fallback)
+        return events.read_tails(_FilesOnly(self), directory, starts, wants, max_bytes)
+
+    def _tails_request(self, o, req: bytes):
+        """One request to the connection's reader program (started on first use, or again when
+        it ended): ``(sizes, data, errors)``. Raises _TailsUnavailable when a fresh one cannot
+        answer; socket.timeout / EOFError as a command's (the link)."""
+        from hyperpod_lab import tails
+
+        with self._tails_lock:
+            for fresh in (False, True):
+                kept = self._tails
+                if fresh or kept is None or kept[0] is not o or kept[1].closed:
+                    if kept is not None:
+                        self._tails = None
+                        try:
+                            kept[1].close()
+                        except Exception:
+                            pass
+                    if not fresh and kept is not None and kept[0] is o:
+                        continue  # (closed: start it again below)
+                    chan = o.transport.open_session(timeout=self.op_timeout_s)
+                    chan.settimeout(self.op_timeout_s)
+                    line = quote_argv(tails.program_argv(self.profile.python))
+                    answered_within(chan, self.op_timeout_s, lambda: chan.exec_command(line), "the exec request")
+                    kept = self._tails = (o, chan, chan.makefile("rb"))
+                _, chan, out = kept
+                try:
+                    chan.sendall(req)
+                    head = out.readline()
+                    n = int(head) if head.strip().isdigit() else -1
+                    body = out.read(n) if n >= 0 else b""
+                    if n < 0 or len(body) != n:
+                        raise EOFError(f"the reader program ended ({head[:100]!r})")
+                    return tails.parse_reply(body)
+                except (EOFError, OSError, ValueError) as e:
+                    if isinstance(e, (TimeoutError, socket.timeout)):
+                        raise
+                    self._tails = None
+                    try:
+                        chan.close()
+                    except Exception:
+                        pass
+                    if not o.active:
+                        raise EOFError(o.dead_reason or "the connection closed during a read_tails request") from None
+                    if fresh:
+                        err = b""
+                        try:
+                            err = chan.makefile_stderr("rb").read(300)
+                        except Exception:
+                            pass
+                        raise _TailsUnavailable(f"`{self.profile.python} -c <hyperpod_lab.tails>` gave no answer: "
+                                                f"{e}; {err.decode(errors='replace').strip()}") from None
+            raise _TailsUnavailable("unreachable")
+
     def listdir(self, path):
         return self._call("list", path, lambda sftp, attempt: _unless_missing(
             lambda s: s.listdir(path), sftp, path, missing=list))
@@ -574,6 +661,12 @@ class SSHRemote(Remote):
         return _SFTPTreeOps(self)
 
     def close(self):
+        kept, self._tails = self._tails, None
+        if kept is not None:
+            try:
+                kept[1].close()
+            except Exception:
+                pass
         with self._conn_lock:
             o, sftp = self._open, self._sftp
             self._open, self._sftp = None, None
@@ -585,6 +678,18 @@ class SSHRemote(Remote):
                 pass
         if o is not None:
             self._close_quietly(o)  # the login node's client, then jump hosts and proxy commands
+
+
+class _TailsUnavailable(Exception):
+    """Internal: the login node cannot run :mod:`hyperpod_lab.tails` (read over SFTP instead)."""
+
+
+class _FilesOnly:
+    """An :class:`SSHRemote`'s ``list_files`` and ``read_from`` only (SFTP), without its
+    ``read_tails``: what :meth:`SSHRemote.read_tails` falls back to."""
+
+    def __init__(self, remote: SSHRemote):
+        self.list_files, self.read_from = remote.list_files, remote.read_from
 
 
 class _SFTPTreeOps:

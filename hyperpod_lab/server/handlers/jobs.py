@@ -14,7 +14,6 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.utils import ensure_async
 
 from hyperpod_lab.errors import NotAllowed, SpecError
-from hyperpod_lab.events import decode_cursor, encode_cursor
 from hyperpod_lab.jobdir import DEFAULT_FAULT_KIND, fault_kind, slow_factor
 from hyperpod_lab.schedulers.base import DEFAULT_LOG_TAIL, LogChunk
 from hyperpod_lab.server.handlers.base import (
@@ -150,11 +149,12 @@ class EventsHandler(HyperPodHandler):
     @tornado.web.authenticated
     @authorized
     async def get(self, job_id: str):
-        cursor = decode_cursor(self.get_query_argument("cursor", None))
+        # the old form, or a token of the server's cursor store (bounded: server/cursors.py)
+        cursor = self.hp.watcher.cursors.resolve(job_id, self.get_query_argument("cursor", None))
         limit = self.int_arg("limit", MAX_EVENTS, low=1, high=MAX_EVENTS)
         events, new_cursor, more = await self.hp.watcher.run_for_job(job_id, read_events, self.hp.client, job_id,
                                                                      cursor, limit)
-        self.reply({"events": events, "cursor": encode_cursor(new_cursor), "more": more})
+        self.reply({"events": events, "cursor": self.hp.watcher.cursors.issue(job_id, new_cursor), "more": more})
 
 
 class DiscoverHandler(HyperPodHandler):

@@ -4,7 +4,8 @@ Query parameters (all optional; contract in ``docs/openapi.yaml``):
 
 * ``ranks``: ``0,2,4-7`` (default: every rank that started; at most 256).
 * ``cursor``: the reply's ``cursor``, to read on from where it stopped (follow mode: only new
-  lines; a search: the next part of the logs).
+  lines; a search: the next part of the logs). At most 2 KiB whatever the rank count: a big
+  one is a token of the server's cursor store (:mod:`hyperpod_lab.server.cursors`).
 * ``length``: bytes read per rank and log file, 1 to 1 MiB (default 64 KiB); a view reads at
   most 8 MiB and returns at most 20,000 lines per request, all ranks together
   (``logtriage.VIEW_BYTES`` / ``VIEW_LINES``; the reply's ``truncated`` says when they cut it).
@@ -51,7 +52,9 @@ class LogTriageHandler(HyperPodHandler):
     @authorized
     async def get(self, job_id: str):
         ranks = logtriage.parse_ranks(self.get_query_argument("ranks", None))
-        cursor = logtriage.decode_log_cursor(self.get_query_argument("cursor", None))
+        # the old form, or a token of the server's cursor store (bounded whatever the rank count)
+        cursors = self.hp.watcher.cursors
+        cursor = cursors.resolve(job_id, self.get_query_argument("cursor", None), decode=logtriage.decode_log_cursor)
         length = self.int_arg("length", logtriage.DEFAULT_LENGTH, low=1, high=logtriage.MAX_LENGTH)
         scan = self.int_arg("scan", logtriage.DEFAULT_SCAN, low=1, high=logtriage.MAX_SCAN)
         limit = self.int_arg("limit", 200, low=1, high=logtriage.MAX_MATCHES)
@@ -79,4 +82,6 @@ class LogTriageHandler(HyperPodHandler):
             job_id, logtriage.triage, self.hp.client, job_id, ranks=ranks, cursor=cursor, length=length,
             tail=tail, q=q, regex=regex, scan=scan, limit=limit, around_traceback=around == "traceback",
             near_time=near_time, failure=failure)
+        if isinstance(reply.get("cursor"), str) and len(reply["cursor"]) > 1024:  # a big one: a token
+            reply["cursor"] = cursors.issue(job_id, logtriage.decode_log_cursor(reply["cursor"]))
         self.reply(reply)

@@ -10,7 +10,10 @@ The server pushes JSON text messages:
   client notifies from the server's count instead of counting events itself;
 * ``{"type": "event", "event": Event, "cursor": str}`` for each event after ``cursor``
   (history first, then live); reconnecting with the last ``cursor`` resumes with no loss and
-  no duplicates;
+  no duplicates (after a crash of the server, a big job's cursor may give the last 0.5 s of
+  events again: :mod:`hyperpod_lab.server.cursors`). A cursor is at most 2 KiB whatever the
+  rank count (a short token of the server's cursor store for a job of more than 32 event
+  files), so each message is of bounded size too;
 * ``{"type": "end"}`` once the job is terminal and every event was sent; then the server closes.
 
 All tabs share the job's one :class:`~hyperpod_lab.server.watch.tailer.Tailer`; a socket only holds
@@ -38,7 +41,6 @@ from jupyter_server.base.websocket import WebSocketMixin
 from tornado import web, websocket
 
 from hyperpod_lab.errors import HyperPodLabError
-from hyperpod_lab.events import decode_cursor
 from hyperpod_lab.server.handlers.base import AUTH_RESOURCE, error_body, status_of
 from hyperpod_lab.server.watch.tailer import TooManySubscribers
 
@@ -67,8 +69,9 @@ class StreamHandler(WebSocketMixin, JupyterHandler, websocket.WebSocketHandler):
         await self.pre_get()
         self.job_id = job_id
         try:  # bad input answers before the upgrade, as the REST handlers would
-            self.cursor = decode_cursor(self.get_query_argument("cursor", None))
             self.hp.client.get(job_id)
+            # the old form, or a token of this server's cursor store (bounded: server/cursors.py)
+            self.cursor = self.hp.watcher.cursors.resolve(job_id, self.get_query_argument("cursor", None))
             watcher = self.hp.watcher
             if watcher.subscribers(job_id) >= watcher.max_subscribers:
                 raise TooManySubscribers(f"job {job_id} has {watcher.subscribers(job_id)} subscribers, the most "

@@ -14,6 +14,7 @@ from hyperpod_lab.fold.aggregate import JobAggregate
 from hyperpod_lab.fold.progress import Progress
 from hyperpod_lab.fold.progress import event_dict as _event_dict
 from hyperpod_lab.goodput.measure import GoodputMeter
+from hyperpod_lab.server.cursors import CursorChain
 from hyperpod_lab.submit.jobs import JobRecord
 
 Message = dict[str, Any]
@@ -42,14 +43,20 @@ class Subscription:
             for a transport without one (then nothing is held back).
         close: closes the transport with a reason (a subscriber stalled over the cap).
 
+        chain: makes the ``cursor`` of each event message (bounded tokens for big cursors,
+            :class:`~hyperpod_lab.server.cursors.CursorChain`); None: the old form.
+
     Attributes:
         live: True once the history is sent: events then come from the tailer as read; False
             while the subscriber replays (or catches up after falling behind) from its cursor.
     """
 
     def __init__(self, job_id: str, cursor: dict[str, int], send: Callable[[Message], bool],
-                 pending: Callable[[], int] | None = None, close: Callable[[str], None] | None = None):
+                 pending: Callable[[], int] | None = None, close: Callable[[str], None] | None = None,
+                 chain: CursorChain | None = None):
         self.job_id, self.cursor, self.send = job_id, dict(cursor), send
+        self.chain = chain  # the tokens of its cursors (None: always the old form)
+        self.leftover: tuple[list, dict[str, int]] | None = None  # a replay page's undelivered rest
         self.pending, self.close = pending, close
         self.ended = False
         self.live = False
@@ -65,7 +72,8 @@ class Subscription:
         if end <= self.cursor.get(fname, 0):
             return True  # already seen by this subscriber
         self.cursor[fname] = end
-        return self.send({"type": "event", "event": _event_dict(ev), "cursor": encode_cursor(self.cursor)})
+        token = self.chain.advance(self.cursor, fname, end) if self.chain is not None else encode_cursor(self.cursor)
+        return self.send({"type": "event", "event": _event_dict(ev), "cursor": token})
 
 
 class Tailer:

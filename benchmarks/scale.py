@@ -1,0 +1,178 @@
+"""Reading a job's events at 2, 64, 512 and 2,048 ranks (issue 27, items 1-2 and 6 in part).
+
+Synthetic jobs written by the project's own :class:`~hyperpod_lab.events.EventWriter` (one file per
+writer, as a real job): ``step`` events from rank 0 only (as the runtime writes them), a
+``checkpoint.saved`` (memory tier) per rank every 5 steps, one agent per node of 8 ranks, the
+supervisor's ``started``, the client's ``submitted``, and one fault (``fault.detected``,
+``recovery.started``/``completed`` from node 0's agent). Each job is read with an
+:class:`~hyperpod_lab.events.EventReader`:
+
+* ``local``: this machine's files (:class:`~hyperpod_lab.events.LocalFiles`);
+* ``ssh``: the dev cluster's sshd on loopback (``hyperpod_lab.devcluster.profile_for()``; nothing
+  is submitted to Slurm), through :class:`~hyperpod_lab.schedulers.remote.SSHRemote`: once with
+  its one-command read (``read_tails``, :mod:`hyperpod_lab.tails`) and once file by file over
+  SFTP (``--no-sftp`` skips it; the old path, as a baseline in the same run).
+
+Measured per job and path: the first read (every event, s), a steady poll after 10 % of the
+rank writers appended one event (s), an idle poll (nothing new), the round trips of each
+(``SSHRemote.ops``: one per command or SFTP request), and the cursor's size as clients get it
+(the old base64 JSON form, and the server's bounded form, :mod:`hyperpod_lab.server.cursors`).
+Ratios against the 2-rank job of the same run. JSON to ``benchmarks/results/scale.json``.
+
+Run: ``.venv/bin/python benchmarks/scale.py [--ranks 2,64,512,2048] [--steps 100]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks._common import write_results
+from hyperpod_lab.events import EventReader, EventWriter, LocalFiles, encode_cursor
+
+RANKS_PER_NODE = 8
+
+
+def write_job(job_dir: str, job_id: str, ranks: int, steps: int = 100, every: int = 5, t0: float = 1.7e9,
+              step_s: float = 0.1) -> int:
+    """Write a synthetic job of ``ranks`` ranks into ``job_dir/events`` (see the module docstring)
+    with EventWriter; ``steps`` steps of ``step_s`` s from ``t0``. Returns the events written."""
+    now = [t0]
+    clock = lambda: now[0]  # noqa: E731
+    nodes = max(1, (ranks + RANKS_PER_NODE - 1) // RANKS_PER_NODE)
+    client = EventWriter(job_dir, "client", job_id, clock=clock)
+    sup = EventWriter(job_dir, "supervisor", job_id, clock=clock)
+    agents = [EventWriter(job_dir, f"agent-n{i}", job_id, clock=clock) for i in range(nodes)]
+    rank_w = [EventWriter(job_dir, f"rank-{r}", job_id, clock=clock) for r in range(ranks)]
+    client.emit("submitted", nodes=nodes)
+    now[0] += 0.5
+    sup.emit("started", nodes=nodes, world_size=ranks)
+    n = 2
+    for step in range(steps):
+        now[0] = t0 + 1 + step * step_s
+        rank_w[0].emit("step", step=step, loss=1.0 / (step + 1), step_time_s=step_s)
+        n += 1
+        if step % every == every - 1:
+            for r, w in enumerate(rank_w):
+                now[0] = t0 + 1 + step * step_s + 0.01 + r * 1e-6
+                w.emit("checkpoint.saved", tier="memory", step=step, rank=r, bytes=1 << 20)
+                n += 1
+        if step == steps // 2:
+            now[0] += 0.02
+            agents[0].emit("fault.detected", rank=1 % ranks, node="n0", reason="exception", exitcode=1)
+            agents[0].emit("recovery.started", rank=1 % ranks)
+            now[0] += 0.03
+            agents[0].emit("recovery.completed", downtime_s=0.05)
+            n += 3
+    return n
+
+
+def grow(job_dir: str, job_id: str, ranks: int, fraction: float = 0.1, t: float = 2e9) -> int:
+    """Append one ``checkpoint.saved`` to ``fraction`` of the rank files (at least one). Returns how many."""
+    k = max(1, int(ranks * fraction))
+    for r in range(0, ranks, max(1, ranks // k))[:k]:
+        EventWriter(job_dir, f"rank-{r}", job_id, clock=lambda: t).emit("checkpoint.saved", tier="memory", step=10**6,
+                                                                        rank=r)
+    return k
+
+
+class _SFTPOnly:
+    """The SSHRemote's SFTP listing and reads only (no ``read_tails``): the file-by-file baseline."""
+
+    def __init__(self, remote):
+        self.list_files, self.read_from, self.ops = remote.list_files, remote.read_from, remote.ops
+
+
+def _ops(files) -> int:
+    ops = getattr(files, "ops", None)
+    return 0 if ops is None else ops["exec"] + ops["sftp"]
+
+
+def measure(job_dir: str, job_id: str, ranks: int, files, label: str) -> dict:
+    """First read, steady and idle poll of one job through ``files`` (see the module docstring)."""
+    from hyperpod_lab.server.cursors import CursorStore
+
+    reader = EventReader(job_dir, files)
+    o, t = _ops(files), time.perf_counter()
+    events = reader.poll()
+    first_s, first_ops = time.perf_counter() - t, _ops(files) - o
+    grown = grow(job_dir, job_id, ranks, t=2e9 + time.time() % 1000)
+    o, t = _ops(files), time.perf_counter()
+    new = reader.poll()
+    steady_s, steady_ops = time.perf_counter() - t, _ops(files) - o
+    o, t = _ops(files), time.perf_counter()
+    idle = reader.poll()
+    idle_s, idle_ops = time.perf_counter() - t, _ops(files) - o
+    assert len(new) == grown and not idle, (label, len(new), grown, len(idle))
+    old_cursor = encode_cursor(reader.cursor)
+    token = CursorStore(None).issue(job_id, reader.cursor)
+    return {"path": label, "ranks": ranks, "files": len(reader.cursor), "events": len(events),
+            "first_read_s": round(first_s, 4), "first_read_round_trips": first_ops,
+            "steady_poll_s": round(steady_s, 5), "steady_round_trips": steady_ops, "steady_grown_writers": grown,
+            "idle_poll_s": round(idle_s, 5), "idle_round_trips": idle_ops,
+            "cursor_old_chars": len(old_cursor), "cursor_chars": len(token)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ranks", default="2,64,512,2048", help="comma-separated rank counts (the first is the baseline)")
+    ap.add_argument("--steps", type=int, default=100, help="steps of each synthetic job (checkpoint every 5)")
+    ap.add_argument("--no-ssh", action="store_true", help="local files only")
+    ap.add_argument("--no-sftp", action="store_true", help="skip the file-by-file SFTP baseline")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "scale.json"))
+    args = ap.parse_args(argv)
+    ranks = [int(x) for x in args.ranks.split(",")]
+    remote = base = None
+    if not args.no_ssh:
+        from hyperpod_lab import devcluster
+        from hyperpod_lab.schedulers.remote import SSHRemote
+
+        profile = devcluster.profile_for()
+        base = os.path.join(profile.shared_root, "hyperpod-lab-bench")
+        os.makedirs(base, mode=0o700, exist_ok=True)
+        remote = SSHRemote(profile)
+    work = tempfile.mkdtemp(prefix="scale-", dir=base)
+    rows = []
+    try:
+        for n in ranks:
+            job_dir, job_id = os.path.join(work, f"job-{n}"), f"scale-{n}"
+            t = time.perf_counter()
+            written = write_job(job_dir, job_id, n, steps=args.steps)
+            write_s = time.perf_counter() - t
+            print(f"{n} ranks: {written} events written in {write_s:.1f} s", flush=True)
+            paths = [("local", LocalFiles())]
+            if remote is not None:
+                paths.append(("ssh", remote))
+                if not args.no_sftp:
+                    paths.append(("sftp", _SFTPOnly(remote)))
+            for label, files in paths:
+                row = measure(job_dir, job_id, n, files, label)
+                row["events_written"] = written
+                rows.append(row)
+                print(f"  {label:5s} first {row['first_read_s']:.3f} s ({row['first_read_round_trips']} round trips), "
+                      f"steady {row['steady_poll_s'] * 1e3:.1f} ms ({row['steady_round_trips']}), idle "
+                      f"{row['idle_poll_s'] * 1e3:.1f} ms ({row['idle_round_trips']}), cursor "
+                      f"{row['cursor_old_chars']} -> {row['cursor_chars']} chars", flush=True)
+            shutil.rmtree(job_dir, ignore_errors=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if remote is not None:
+            remote.close()
+    base_rows = {r["path"]: r for r in rows if r["ranks"] == ranks[0]}
+    for r in rows:
+        b = base_rows.get(r["path"])
+        if b:
+            for k in ("first_read_s", "steady_poll_s", "idle_poll_s", "steady_round_trips", "cursor_chars"):
+                r[f"{k}_ratio"] = round(r[k] / b[k], 3) if b[k] else None
+    return write_results(args.out, {"benchmark": "scale", "steps": args.steps, "ranks": ranks,
+                                    "loadavg": os.getloadavg(), "rows": rows})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""A job of 2,048 ranks is read like a 2-rank one (issue 27, items 1-2).
+
+All real: jobs written by the project's own EventWriter (``benchmarks/scale.py``'s ``write_job``:
+one file per rank, per node agent, the supervisor and the client), a private OpenSSH ``sshd`` on
+127.0.0.1 (``internal-sftp``) for the login node, and a real jupyter server driven over REST and
+its WebSocket. No dev Slurm cluster is used.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+
+import pytest
+from test_storage_confinement import _sshd
+
+from benchmarks._common import track_local_job
+from benchmarks.scale import grow, write_job
+from hyperpod_lab.events import EventReader, LocalFiles, encode_cursor
+from hyperpod_lab.submit.clusters import ClusterProfile
+
+BIG = 2048
+
+
+def _keys(events):
+    return [(e["writer"], e["seq"]) for e in events]
+
+
+def test_a_poll_costs_one_round_trip_at_2_and_at_2048_writers(tmp_path):
+    """Round trips per poll over SSH, counted in the file-access layer (``SSHRemote.ops``):
+    the first read, a steady poll after 10 % of the rank writers appended, and an idle one each
+    cost one request, at 2 writers and at 2,048, and return what a local reader returns. The
+    file-by-file SFTP path (the fallback, and the only path before) costs one call per grown
+    file: shown on the same job as the baseline."""
+    from hyperpod_lab.schedulers.remote import SSHRemote
+
+    proc, ssh = _sshd(str(tmp_path))
+    remote = SSHRemote(ClusterProfile(name="scale", orchestrator="slurm", shared_root=str(tmp_path),
+                                      python=sys.executable, **ssh).validate())
+    try:
+        per_poll = {}
+        for ranks in (2, BIG):
+            job_dir, job_id = str(tmp_path / f"job-{ranks}"), f"scale-{ranks}"
+            written = write_job(job_dir, job_id, ranks, steps=10)
+            reader = EventReader(job_dir, remote)
+            before = Counter(remote.ops)
+            first = reader.poll()
+            first_ops = Counter(remote.ops) - before
+            local = EventReader(job_dir, LocalFiles()).poll()
+            assert [e.key for e in first] == [e.key for e in local] and len(first) == written
+            grown = grow(job_dir, job_id, ranks)
+            before = Counter(remote.ops)
+            new = reader.poll()
+            steady_ops = Counter(remote.ops) - before
+            before = Counter(remote.ops)
+            assert reader.poll() == []
+            idle_ops = Counter(remote.ops) - before
+            assert len(new) == grown and all(e.kind == "checkpoint.saved" for e in new)
+            per_poll[ranks] = (first_ops, steady_ops, idle_ops)
+            if ranks == BIG:  # the old path on the same job: a call per grown file
+                baseline = EventReader(job_dir, _SFTPOnly(remote), dict(reader.cursor))
+                grow(job_dir, job_id, ranks, t=3e9)
+                before = Counter(remote.ops)
+                assert len(baseline.poll()) == grown
+                sftp_ops = Counter(remote.ops) - before
+        assert remote.tails_fallback is None
+        for ranks, ops in per_poll.items():
+            for o in ops:
+                assert o == Counter({"exec": 1, "tails": 1}), (ranks, per_poll)
+        assert per_poll[2] == per_poll[BIG]
+        assert sftp_ops["sftp"] == 1 + grown, sftp_ops  # the baseline: a listing and a read per grown file
+    finally:
+        remote.close()
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_without_python_on_the_login_node_reads_over_sftp(tmp_path):
+    """A login node without the profile's python: the reader says why once and reads the same
+    events file by file over SFTP."""
+    from hyperpod_lab.schedulers.remote import SSHRemote
+
+    proc, ssh = _sshd(str(tmp_path))
+    remote = SSHRemote(ClusterProfile(name="nopy", orchestrator="slurm", shared_root=str(tmp_path),
+                                      python="/nonexistent/python3", **ssh).validate())
+    try:
+        job_dir = str(tmp_path / "job")
+        written = write_job(job_dir, "nopy-1", 4, steps=10)
+        events = EventReader(job_dir, remote).poll()
+        assert len(events) == written
+        assert remote.tails_fallback and "/nonexistent/python3" in remote.tails_fallback
+        assert remote.ops["sftp list"] >= 1
+    finally:
+        remote.close()
+        proc.terminate()
+        proc.wait(10)
+
+
+class _SFTPOnly:
+    """The remote's SFTP listing and reads only (no ``read_tails``)."""
+
+    def __init__(self, remote):
+        self.list_files, self.read_from = remote.list_files, remote.read_from
+
+
+# ---- on a real jupyter server ----------------------------------------------------------------
+# ``server``: a real jupyter server for the module (tests/conftest.py)
+
+
+@pytest.fixture(scope="module")
+def big_job(tmp_path_factory):
+    job_dir = str(tmp_path_factory.mktemp("big") / "job")
+    rec = track_local_job(job_dir, "scale-2048")
+    written = write_job(job_dir, rec.job_id, BIG, steps=10)
+    return rec, written
+
+
+def test_rest_events_and_the_websocket_work_with_cursors_at_2048_writers(server, big_job):
+    """REST events page through a 2,048-writer job with cursors, and the WebSocket resumes from
+    one of its cursors with exactly the rest; every cursor is a short token, where the old form
+    of the same cursor is over tornado's 64 KiB limit on a request's headers."""
+    rec, written = big_job
+    pages, cursor, lengths = [], None, []
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        q = "?limit=1000" + (f"&cursor={cursor}" if cursor else "")
+        status, body = server.call("GET", f"/hyperpod/jobs/{rec.job_id}/events{q}", timeout_s=120)
+        assert status == 200, (status, str(body)[:300])
+        pages += body["events"]
+        cursor = body["cursor"]
+        lengths.append(len(cursor))
+        if not body["events"] and not body["more"]:
+            break
+    assert len(pages) == written and len(set(_keys(pages))) == written
+    assert max(lengths) <= 64, lengths
+    full = EventReader(rec.job_dir).poll()
+    assert len(encode_cursor({f"{e.writer}.jsonl": 10**5 for e in full})) > 65536  # the old form would not pass
+    # the WebSocket from the cursor of the REST page that ended at event 2,000
+    status, body = server.call("GET", f"/hyperpod/jobs/{rec.job_id}/events?limit=1000", timeout_s=120)
+    status, body2 = server.call("GET", f"/hyperpod/jobs/{rec.job_id}/events?limit=1000&cursor={body['cursor']}",
+                                timeout_s=120)
+    assert status == 200 and len(body["events"]) + len(body2["events"]) == 2000
+    seen = set(_keys(body["events"] + body2["events"]))
+    rest_expected = [k for k in _keys(pages) if k not in seen]
+    ws = server.ws(f"/hyperpod/jobs/{rec.job_id}/stream?cursor={body2['cursor']}", timeout_s=120)
+    got, biggest, msgs = [], 0, 0
+    try:
+        while len(got) < len(rest_expected) and time.monotonic() < deadline:
+            text = ws.recv()
+            m = json.loads(text)
+            msgs += 1
+            biggest = max(biggest, len(text))
+            if m["type"] == "event":
+                got.append((m["event"]["writer"], m["event"]["seq"]))
+                assert len(m["cursor"]) <= 64, m["cursor"]
+                last_cursor = m["cursor"]
+    finally:
+        ws.close()
+    assert sorted(got) == sorted(rest_expected) and len(set(got)) == len(got)
+    assert biggest < 4096, biggest  # each message bounded: no per-file cursor in it
+    # the last message's cursor resumes with nothing more (the job's events were all sent)
+    status, body = server.call("GET", f"/hyperpod/jobs/{rec.job_id}/events?cursor={last_cursor}", timeout_s=120)
+    assert status == 200 and body["events"] == [], body["events"][:3]
