@@ -521,8 +521,10 @@ class EventView:
 
     Args:
         say: writes one plain line (the CLI's ``say``).
-        console: a ``rich`` Console (:func:`make_console`): a progress bar with step/total, steps/s
-            and ETA under the event lines (``step`` events move the bar instead of printing a line),
+        console: a ``rich`` Console (:func:`make_console`): a progress bar with the steps done of the
+            total (``12/30 steps``), steps/s (the newest ``step`` event's ``steps_per_s``) and the ETA
+            (the steps left at that rate) under the event lines (``step`` events move the bar instead of
+            printing a line),
             and a summary table. None: plain lines, a ``step`` line with ``ETA H:MM:SS`` when the
             total is known, and ``summary: ...`` lines.
         spec: the job's JobSpec dict, for the total steps (its script's ``--steps N``; a ``step``
@@ -543,10 +545,10 @@ class EventView:
             from rich.progress import BarColumn, Progress, TextColumn
 
             self._progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[steps]}"),
-                                      TextColumn("{task.fields[rate]}"), TextColumn("ETA {task.fields[eta]}"),
-                                      console=self.console, refresh_per_second=4)
+                                      TextColumn("•"), TextColumn("{task.fields[rate]}"), TextColumn("•"),
+                                      TextColumn("ETA {task.fields[eta]}"), console=self.console, refresh_per_second=4)
             self._progress.start()
-            self._task = self._progress.add_task("waiting", total=self.facts.total_steps, steps="step -",
+            self._task = self._progress.add_task("waiting", total=self.facts.total_steps, steps="- steps",
                                                  rate="- steps/s", eta="?")
         return self
 
@@ -598,7 +600,7 @@ class EventView:
             what = "starting" if f.started_time is not None else "waiting"
         total = f.total_steps
         fields = dict(completed=done, total=total, description=what,
-                      steps=f"step {done}" + (f"/{total}" if total is not None else ""),
+                      steps=f"{done}" + (f"/{total}" if total is not None else "") + " steps",  # done, not the index
                       rate=f"{self.rate:.3g} steps/s" if self.rate else "- steps/s", eta=_eta(self.eta_s()))
         # drawn again only when it changed (a step: at most one a second), so the lines printed under
         # it never show a stale bar, and a replay of many events does not draw it for each

@@ -215,8 +215,8 @@ def test_terminal_follow_draws_a_progress_bar_and_a_summary_table():
     assert "\x1b[" in raw  # styled: a terminal's output
     text = ANSI.sub("", raw).replace("\r", "\n")
     # the bar: step/total, steps/s, ETA; at the end 25 of 25 done
-    assert re.search(r"━+ step 25/25 4 steps/s ETA 0:00:00", text), text[-2000:]
-    assert re.search(r"━+ step 3/25 4 steps/s ETA 0:00:06", text), text[-4000:]
+    assert re.search(r"━+ 25/25 steps • 4 steps/s • ETA 0:00:00", text), text[-2000:]
+    assert re.search(r"━+ 3/25 steps • 4 steps/s • ETA 0:00:06", text), text[-4000:]
     # event lines above it, but no line per step (the bar shows them)
     assert "fault.detected      rank 0 on n1: Signal 9 (SIGKILL)" in text
     assert "health.checked      n1 passed: gpu skipped, shm 23.5 GiB free, storage 1.9 ms, clock +6.7 ms" in text
