@@ -105,6 +105,8 @@ def _who(d: dict) -> str:
     parts = []
     if d.get("rank") is not None:
         parts.append(_ranks(d["rank"]))
+    elif d.get("ranks"):  # the EKS operator's list of faulty ranks
+        parts.append(_ranks(d["ranks"]))
     if d.get("node") is not None:
         parts.append(("on " if parts else "") + _clean(d["node"]))
     return " ".join(parts)
@@ -256,7 +258,10 @@ def _recovery_completed(d: dict) -> str:
                      f"{_plural(d.get('replicas', '?'), 'replica')}",
                      f"lost replica groups {_num(lost)}" if lost else "", downtime)
     head = f"restart {_num(d['restart_count'])}: " if d.get("restart_count") is not None else ""
-    restored = f"step {_num(d.get('restored_step', '?'))} restored from {_clean(d.get('restored_from', '?'))}"
+    if "restored_step" in d and d["restored_step"] is None and d.get("restored_from") is None:
+        restored = "running again"  # the EKS operator's report: pods back, no step yet
+    else:
+        restored = f"step {_num(d.get('restored_step', '?'))} restored from {_clean(d.get('restored_from', '?'))}"
     return head + _join(restored, downtime)
 
 
@@ -275,7 +280,8 @@ def _elastic_scaled(d: dict) -> str:
     if lr and d.get("lr_rule"):
         lr += f" ({_clean(d['lr_rule'])})"
     return _join(f"at step {_num(d['step'])}" if d.get("step") is not None else "",
-                 change("ranks", "old_world_size", "new_world_size"), change("replicas", "old_replicas", "new_replicas"),
+                 change("nodes", "old_nodes", "new_nodes"), change("ranks", "old_world_size", "new_world_size"),
+                 change("replicas", "old_replicas", "new_replicas"),
                  change("accumulation", "old_accumulation_steps", "accumulation_steps"),
                  f"global batch {_num(d['global_batch_size'])}" if d.get("global_batch_size") is not None else "", lr)
 
@@ -346,7 +352,8 @@ def _finished(d: dict) -> str:
     rest = [_plural(d["steps"], "step") if d.get("steps") is not None else "",
             f"final loss {_num(d['final_loss'])}" if d.get("final_loss") is not None else "",
             f"eval loss {_num(d['eval_loss'])}" if d.get("eval_loss") is not None else "",
-            f"exit {_num(d['exit_code'])}" if d.get("exit_code") not in (None, 0) else ""]
+            f"exit {_num(d['exit_code'])}" if d.get("exit_code") not in (None, 0) else "",
+            _clean(d["reason"]) if d.get("reason") else ""]
     rest = _join(*rest)
     return parts[0] + (f": {rest}" if rest else "")
 
@@ -386,9 +393,11 @@ def event_text(ev: Event, total_steps: int | None = None) -> str:
     d = ev.data if isinstance(ev.data, dict) else {}
     fn = _TEXT.get(ev.kind, _generic)
     try:
-        return fn(d, total_steps) if fn is _step else fn(d)
+        text = fn(d, total_steps) if fn is _step else fn(d)
     except (KeyError, TypeError, ValueError, AttributeError):
         return _generic(d)
+    # a report written on the job's behalf (the EKS backend's translation of the operator's status)
+    return f"{text} ({_clean(d['source'])})" if fn is not _generic and d.get("source") else text
 
 
 def _ellipsis(s: str, width: int) -> str:

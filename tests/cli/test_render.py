@@ -114,6 +114,20 @@ def test_special_fault_reasons_hang_and_node_down():
     assert event_text(ckless) == "checkpointless: step 8 redone with 1 replica, lost replica groups 1, downtime 1.50 s"
 
 
+def test_the_eks_operators_reports_and_a_client_written_end():
+    src = {"source": "operator"}
+    fault = _ev("fault.detected", {"rank": None, "ranks": [1, 2], "pods": ["p-1"], "restart_type": "job", "node": None,
+                                   "reason": "the operator restarted the job (job), restart 1", **src}, writer="operator")
+    assert event_text(fault) == "ranks 1, 2: the operator restarted the job (job), restart 1 (operator)"
+    back = _ev("recovery.completed", {"restart_count": 1, "downtime_s": 12.5, "restored_step": None,
+                                      "restored_from": None, **src}, writer="operator")
+    assert event_text(back) == "restart 1: running again, downtime 12.5 s (operator)"
+    scaled = _ev("elastic.scaled", {"old_nodes": 4, "new_nodes": 2, "old_world_size": 32, "new_world_size": 16, **src})
+    assert event_text(scaled) == "nodes 4 -> 2, ranks 32 -> 16 (operator)"
+    end = _ev("finished", {"status": "failed", "exit_code": 1, "reason": "NodeFail"}, writer="client")
+    assert event_text(end) == "failed: exit 1, NodeFail"
+
+
 def test_failed_health_check_comes_first_with_its_detail():
     checks = dict(HEALTH_CHECKS, shm={"status": "failed", "detail": "/dev/shm has 1.0 MiB free, needs 64.0 MiB",
                                       "seconds": 0.01, "free_bytes": 2**20})
