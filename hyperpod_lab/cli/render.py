@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import os
 import time
-import unicodedata
 from typing import Any, Callable, Iterable, TextIO
 
 from hyperpod_lab.events import Event, EventKind
 from hyperpod_lab.fold.facts import JobFacts
 from hyperpod_lab.node.health import CHECKS, FAILED, PASSED, SKIPPED
 
-__all__ = ["MAX_LINE", "EventView", "event_line", "human_bytes", "human_seconds", "make_console", "summary_rows",
-           "table"]
+__all__ = ["MAX_LINE", "EventView", "event_line", "event_text", "human_bytes", "human_seconds", "make_console",
+           "summary_rows", "table"]
 
 MAX_LINE = 200
 """The most characters of one event line (without ``--json``); longer ones end in ``…``."""
@@ -83,11 +82,12 @@ def _num(v: Any) -> str:
 
 
 def _clean(v: Any) -> str:
-    """``str(v)`` on one line: control characters (escape sequences, new lines) become spaces."""
+    """``str(v)`` on one line: what is not printable (control characters: escape sequences, new
+    lines; line and paragraph separators) becomes a space, runs of white space one space."""
     s = str(v)
     if s.isprintable():
         return s
-    return " ".join("".join(" " if unicodedata.category(c)[0] == "C" else c for c in s).split())
+    return " ".join("".join(c if c.isprintable() else " " for c in s).split())
 
 
 def _plural(n: Any, word: str) -> str:
