@@ -14,7 +14,7 @@ supervisor's ``started``, the client's ``submitted``, and one fault (``fault.det
   SFTP (``--no-sftp`` skips it; the old path, as a baseline in the same run).
 
 Measured per job and path: the first read (every event, s), a steady poll after 10 % of the
-rank writers appended one event (s), an idle poll (nothing new), the round trips of each
+rank writers appended one event (s; the median of 5), an idle poll (nothing new), the round trips of each
 (``SSHRemote.ops``: one per command or SFTP request), and the cursor's size as clients get it
 (the old base64 JSON form, and the server's bounded form, :mod:`hyperpod_lab.server.cursors`).
 Ratios against the 2-rank job of the same run. JSON to ``benchmarks/results/scale.json``.
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -94,7 +95,7 @@ def _ops(files) -> int:
     return 0 if ops is None else ops["exec"] + ops["sftp"]
 
 
-def measure(job_dir: str, job_id: str, ranks: int, files, label: str) -> dict:
+def measure(job_dir: str, job_id: str, ranks: int, files, label: str, repeat: int = 5) -> dict:
     """First read, steady and idle poll of one job through ``files`` (see the module docstring)."""
     from hyperpod_lab.server.cursors import CursorStore
 
@@ -102,13 +103,19 @@ def measure(job_dir: str, job_id: str, ranks: int, files, label: str) -> dict:
     o, t = _ops(files), time.perf_counter()
     events = reader.poll()
     first_s, first_ops = time.perf_counter() - t, _ops(files) - o
-    grown = grow(job_dir, job_id, ranks, t=2e9 + time.time() % 1000)
-    o, t = _ops(files), time.perf_counter()
-    new = reader.poll()
-    steady_s, steady_ops = time.perf_counter() - t, _ops(files) - o
-    o, t = _ops(files), time.perf_counter()
-    idle = reader.poll()
-    idle_s, idle_ops = time.perf_counter() - t, _ops(files) - o
+    steady, idle_t = [], []
+    for i in range(repeat):  # medians: this machine is shared
+        grown = grow(job_dir, job_id, ranks, t=2e9 + i)
+        o, t = _ops(files), time.perf_counter()
+        new = reader.poll()
+        steady.append(time.perf_counter() - t)
+        steady_ops = _ops(files) - o
+        assert len(new) == grown, (label, len(new), grown)
+        o, t = _ops(files), time.perf_counter()
+        idle = reader.poll()
+        idle_t.append(time.perf_counter() - t)
+        idle_ops = _ops(files) - o
+    steady_s, idle_s = statistics.median(steady), statistics.median(idle_t)
     assert len(new) == grown and not idle, (label, len(new), grown, len(idle))
     old_cursor = encode_cursor(reader.cursor)
     token = CursorStore(None).issue(job_id, reader.cursor)

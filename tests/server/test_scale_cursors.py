@@ -163,3 +163,58 @@ def test_rest_events_and_the_websocket_work_with_cursors_at_2048_writers(server,
     # the last message's cursor resumes with nothing more (the job's events were all sent)
     status, body = server.call("GET", f"/hyperpod/jobs/{rec.job_id}/events?cursor={last_cursor}", timeout_s=120)
     assert status == 200 and body["events"] == [], body["events"][:3]
+
+
+def test_a_replay_cut_by_backpressure_reads_each_byte_once(tmp_path):
+    """A subscriber replaying a 256-writer job through a small send queue: every page cut by
+    backpressure continues from the events already read and parsed (``Subscription.leftover``,
+    the reader kept), so the replay reads the job's bytes about once (the tailer's own first
+    read is the other once), where each cut page used to start a new reader from the cursor."""
+    import asyncio
+    import os
+
+    from hyperpod_lab.server.watch.watcher import Watcher
+    from hyperpod_lab.submit.client import Client
+    from hyperpod_lab.submit.jobs import JobStore
+
+    client = Client(JobStore(str(tmp_path / "store")))
+    rec = track_local_job(str(tmp_path / "job"), "replay", store=client.store)
+    written = write_job(rec.job_dir, rec.job_id, 256, steps=100)
+    events_dir = os.path.join(rec.job_dir, "events")
+    job_bytes = sum(os.path.getsize(os.path.join(events_dir, f)) for f in os.listdir(events_dir))
+
+    async def scenario():
+        w = Watcher(client, stream_interval_s=0.05, page_bytes=64 << 10, send_queue_bytes=16 << 10,
+                    window_events=64, stall_timeout_s=60)
+        w.start()
+        t = w.tailers[rec.job_id]
+        deadline = time.monotonic() + 120
+        while (not t.polled or t.more) and time.monotonic() < deadline:  # the tailer has read the job
+            await asyncio.sleep(0.05)
+        got, queued = [], [0]
+
+        def send(m):
+            queued[0] += len(json.dumps(m))
+            if m["type"] == "event":
+                got.append((m["event"]["writer"], m["event"]["seq"], len(m["cursor"])))
+            return True
+
+        async def drain():  # a client that reads everything every few milliseconds
+            while True:
+                queued[0] = 0
+                await asyncio.sleep(0.005)
+
+        drainer = asyncio.get_running_loop().create_task(drain())
+        b0 = LocalFiles.bytes_read
+        await w.subscribe(rec.job_id, {}, send, pending=lambda: queued[0])
+        while len(got) < written and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        read = LocalFiles.bytes_read - b0
+        drainer.cancel()
+        await w.stop()
+        return got, read
+
+    got, read = asyncio.run(scenario())
+    assert len(got) == written and len({g[:2] for g in got}) == written
+    assert read <= 1.2 * job_bytes, (read, job_bytes)
+    assert max(g[2] for g in got) <= 2048  # (the old form up to 32 files, then a token)
