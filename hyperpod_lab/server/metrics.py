@@ -119,9 +119,9 @@ class ServerMetrics:
 
     def after_fold(self, tailer, before: tuple[int, int], located: list, first: bool,
                    now: float | None = None) -> None:
-        """After ``located`` (``(Event, file, end)`` triples) were folded into ``tailer.progress``:
-        count the incidents that opened or ended in them, and the events' lag unless this was
-        the tailer's ``first`` read."""
+        """After ``located`` (``(Event, file, end)`` triples, possibly none) were folded into
+        ``tailer.progress``: count the incidents that opened or ended in them, and the events' lag
+        unless this was the tailer's ``first`` read."""
         cluster = tailer.cluster
         now = time.time() if now is None else now
         if not first and located:

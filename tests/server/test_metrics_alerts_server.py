@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 
@@ -22,6 +23,7 @@ from hyperpod_lab.fold.facts import fold
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(REPO, "examples", "train_lm.py")
+DASHBOARD = os.path.join(REPO, "docs", "grafana", "hyperpod-lab-server.json")
 
 
 def scrape(srv) -> dict[tuple[str, tuple], float]:
@@ -53,7 +55,8 @@ def world(tmp_path_factory):
     data = work / "data"
     alerts = work / "alerts.toml"
     alerts.write_text('[webhook]\nurl_env = "HYPERPOD_TEST_WEBHOOK"\nbackoff_s = 0.2\n\n'
-                      '[[rules]]\non = "job_failed"\n\n[[rules]]\non = "fault"\n')
+                      '[[rules]]\non = "job_failed"\n\n[[rules]]\non = "fault"\n\n'
+                      '[[rules]]\non = "low_goodput"\npercent = 99.9\n')
     srv = JupyterServer(str(root), str(work))
     with open(srv.config) as f:
         cfg = json.load(f)
@@ -86,8 +89,6 @@ def test_metrics_show_the_fault_and_recovery_and_one_webhook_message_per_alert(w
     srv, recv, client, data = world
     job = _submit(srv, script="train_lm.py", name="metrics-fault", procs_per_node=1,
                   args=["--steps", "30", "--step-sleep", "0.1"], checkpoint={"every_steps": 5})
-    failing = _submit(srv, script="fail.py", name="metrics-failing", procs_per_node=1,
-                      resiliency={"max_retries": 0, "auto_resume": False})
 
     # inject the fault after the first checkpoint; scrape while the job still runs
     reader = client.event_reader(job)
@@ -113,6 +114,9 @@ def test_metrics_show_the_fault_and_recovery_and_one_webhook_message_per_alert(w
     assert value(s, "hyperpod_lab_jobs", cluster="local", state="running") >= 1
 
     assert client.wait(job, timeout_s=120).status == "completed"
+    # then a job that fails (its rank exits 3, no restart)
+    failing = _submit(srv, script="fail.py", name="metrics-failing", procs_per_node=1,
+                      resiliency={"max_retries": 0, "auto_resume": False})
     assert client.wait(failing, timeout_s=120).status == "failed"
 
     # after: the recovery, its downtime, the detection latency, event lag, poll time, job states
@@ -145,10 +149,16 @@ def test_metrics_show_the_fault_and_recovery_and_one_webhook_message_per_alert(w
     assert value(s, "hyperpod_lab_event_lag_seconds_count", cluster="local") > 10
     assert value(s, "hyperpod_lab_status_poll_seconds_count", cluster="local") >= 1
     assert value(s, "hyperpod_lab_jobs", cluster="local", state="running") == 0
+    # every series the Grafana dashboard in docs/ queries is served
+    with open(DASHBOARD) as f:
+        wanted = set(re.findall(r"hyperpod_lab_[a-z_]+", f.read()))
+    served = {name for name, _ in s}
+    assert wanted and wanted <= served, sorted(wanted - served)
 
-    # the webhook: one message for the failed job, one per fault; the first POST was answered
-    # 500 twice and retried
-    expected = 1 + faults
+    # the webhook: one message for the failed job, one per fault, one for the recovered job's
+    # goodput (below 99.9 %: it lost time to the fault); the first POST was answered 500 twice
+    # and retried
+    expected = 1 + faults + 1
     deadline = time.monotonic() + 30
     while len(recv.delivered()) < expected and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -157,6 +167,7 @@ def test_metrics_show_the_fault_and_recovery_and_one_webhook_message_per_alert(w
     assert len([t for t in got if failing in t and t.endswith(")") and " failed (" in t]) == 1, got
     assert len([t for t in got if job in t and "fault 1 detected" in t]) == 1, got
     assert len([t for t in got if job in t and "failed" in t]) == 0, got
+    assert len([t for t in got if job in t and "ended with goodput" in t]) == 1, got
     assert len(got) == expected, got
     assert recv.statuses().count(500) == 2 and len(recv.posts) == expected + 2, recv.statuses()
     for _, path, headers, body in recv.posts:

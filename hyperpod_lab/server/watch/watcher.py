@@ -158,7 +158,8 @@ class Watcher:
         self.notify_misses = 0
         # what watches the jobs beside the subscribers (server/metrics.py, server/alerts.py), called on
         # the IOLoop thread: on_status(recs, poll_s) after each status tick; before_fold(tailer) and
-        # after_fold(tailer, before, located, first) around each batch of events read
+        # after_fold(tailer, before, located, first) around each batch of events read (after_fold
+        # also once, with no events, when the tailer becomes complete)
         self.observers: list[Any] = []
         self._poll_s: dict[str, float] = {}  # seconds of each cluster's refresh in the current tick
         # cursors of bounded size: big ones are tokens kept beside the job store (server/cursors.py)
@@ -714,7 +715,8 @@ class Watcher:
         first, t.polled = not t.polled, True
         t.more = more
         cap = self.send_queue_bytes
-        before = [(o, self._observe("before_fold", t, observer=o)) for o in self.observers] if located else []
+        was_complete = t.complete
+        before = [(o, self._observe("before_fold", t, observer=o)) for o in self.observers]
         for ev, fname, end in located:
             if t.subs:
                 t.keep((ev, fname, end))
@@ -732,8 +734,6 @@ class Watcher:
                 # a fault opened or recovered (the sidebar notifies from it), a node was excluded
                 # or failed its health checks (the sidebar lists them)
                 self._send_status(t)
-        for o, snap in before:
-            self._observe("after_fold", t, snap, located, first, observer=o)
         if located or cursor != t.cursor:
             t.dirty = True
         t.cursor = dict(cursor)
@@ -750,6 +750,9 @@ class Watcher:
             final = self._final_status(t) if live else None  # one read and view for all tabs
             for sub in live:
                 self._end(t, sub, final)
+        if located or t.complete != was_complete:  # new events, or the last read of a job that ended
+            for o, snap in before:
+                self._observe("after_fold", t, snap, located, first, observer=o)
 
     def _observe(self, hook: str, *args, observer: Any = None):
         """Call ``hook(*args)`` of one observer (``observer``) or of each; an observer's error is
