@@ -17,7 +17,8 @@ Measured per job and path: the first read (every event, s), a steady poll after 
 rank writers appended one event (s; the median of 5), an idle poll (nothing new), the round trips of each
 (``SSHRemote.ops``: one per command or SFTP request), and the cursor's size as clients get it
 (the old base64 JSON form, and the server's bounded form, :mod:`hyperpod_lab.server.cursors`).
-Ratios against the 2-rank job of the same run. JSON to ``benchmarks/results/scale.json``.
+The SSH reader program's start (once per connection) is measured apart
+(``ssh_reader_start_s``). Ratios against the 2-rank job of the same run. JSON to ``benchmarks/results/scale.json``.
 
 Run: ``.venv/bin/python benchmarks/scale.py [--ranks 2,64,512,2048] [--steps 100]``.
 """
@@ -146,6 +147,13 @@ def main(argv: list[str] | None = None) -> int:
         remote = SSHRemote(profile)
     work = tempfile.mkdtemp(prefix="scale-", dir=base)
     rows = []
+    reader_start_s = None
+    if remote is not None:  # the connection and its reader program start once, not per job
+        remote.list_files(work)
+        t = time.perf_counter()
+        remote.read_tails(work, {}, None, 0)
+        reader_start_s = round(time.perf_counter() - t, 4)
+        print(f"reader program started on the login node in {reader_start_s:.3f} s", flush=True)
     try:
         for n in ranks:
             job_dir, job_id = os.path.join(work, f"job-{n}"), f"scale-{n}"
@@ -178,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             for k in ("first_read_s", "steady_poll_s", "idle_poll_s", "steady_round_trips", "cursor_chars"):
                 r[f"{k}_ratio"] = round(r[k] / b[k], 3) if b[k] else None
     return write_results(args.out, {"benchmark": "scale", "steps": args.steps, "ranks": ranks,
+                                    "ssh_reader_start_s": reader_start_s,
                                     "loadavg": os.getloadavg(), "rows": rows})
 
 

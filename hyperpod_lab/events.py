@@ -252,7 +252,8 @@ class FileAccess(Protocol):
 def read_tails(files: FileAccess, directory: str, starts: dict[str, int], wants: dict[str, int] | None = None,
                max_bytes: int | None = None) -> tuple[dict[str, int], dict[str, bytes], dict[str, str]]:
     """``(sizes, data, errors)`` of ``directory``'s event files (:func:`hyperpod_lab.tails.read_tails`):
-    every regular file's size (bytes), and the bytes of each ``*.jsonl`` file past its offset in
+    the size (bytes) of every regular file, or at least of every one whose size is not its
+    offset in ``starts`` (a file left out is as ``starts`` says), and the bytes of each ``*.jsonl`` file past its offset in
     ``starts`` (0 when missing), at most ``wants[name]`` (else ``max_bytes``; None: to the end)
     extended to the end of a longer first line; ``errors``: files not readable, and why.
 

@@ -20,8 +20,8 @@ where to read from; missing names: 0), ``wants`` (``{file name: bytes}``: a smal
 file, <= 0: no read; missing names: ``max_bytes``), ``max_bytes`` (most bytes read of one file,
 extended to the end of a longer first line; null: to the end), ``suffix`` (only names ending so
 are read). Reply: ``{"sizes": {name: bytes}, "data": {name: base64}, "errors": {name: text}}``;
-``sizes`` lists every regular file (symbolic links and directories left out; {} for a missing
-directory). A file is opened with ``O_NOFOLLOW`` and read only when it still is a regular file.
+``sizes`` lists every regular file whose size is not its start (symbolic links and directories
+left out; {} for a missing directory). A file is opened with ``O_NOFOLLOW`` and read only when it still is a regular file.
 
 Standard library only (it runs on the login node with the profile's ``python``).
 """
@@ -81,7 +81,8 @@ def read_tails(directory: str, starts: dict[str, int], wants: dict[str, int] | N
                max_bytes: int | None = None, suffix: str = ".jsonl"
                ) -> tuple[dict[str, int], dict[str, bytes], dict[str, str]]:
     """This machine's files: ``(sizes, data, errors)`` as the module docstring's reply (data as
-    bytes). ``sizes``: every regular file of ``directory`` (bytes); ``data``: the bytes read of
+    bytes). ``sizes``: every regular file of ``directory`` whose size (bytes) is not its start
+    offset (so an idle poll's reply is empty whatever the number of files); ``data``: the bytes read of
     each file named ``*suffix`` whose size is past its start; ``errors``: a file that could not
     be read (replaced by a link, vanished) and why. Never raises for one file."""
     wants = wants or {}
@@ -96,6 +97,8 @@ def read_tails(directory: str, starts: dict[str, int], wants: dict[str, int] | N
                     continue
     except (FileNotFoundError, NotADirectoryError):
         return {}, {}, {}
+    # only what changed comes back: a file at its start offset is left out (the caller knows it)
+    sizes = {k: v for k, v in sizes.items() if v != starts.get(k, 0)}
     data: dict[str, bytes] = {}
     errors: dict[str, str] = {}
     for name in sorted(sizes):

@@ -79,6 +79,21 @@ def answered_within(chan, timeout_s: float, request, what: str) -> None:
 
 
 
+def _no_delay(o):
+    """Turn Nagle's algorithm off on the connection's TCP socket (where it is one; a proxy
+    command's pipe is not) and return ``o``. A request of more than one SSH packet (a
+    ``read_tails`` request names every event file: 44 KB at 2,048 ranks) otherwise waits for the
+    peer's delayed ACK: measured on the dev cluster's sshd, 51.7 ms per idle poll with it, 7.6 ms
+    without (OpenSSH's client sets TCP_NODELAY for interactive sessions too)."""
+    sock = getattr(getattr(o, "transport", None), "sock", None)
+    if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+    return o
+
+
 def _unless_missing(op, sftp, path: str, missing=None):
     """``op(sftp)``; an SFTP "no such file" (``ENOENT``) becomes ``missing()`` where given, else
     FileNotFoundError(path). Other errors propagate."""
@@ -154,7 +169,7 @@ class SSHRemote(Remote):
         # key is verified (RejectPolicy), errors name the hop
         self.route = resolve_route(profile)
         self._open_route = open_route
-        self._open = open_route(self.route, profile.name)
+        self._open = _no_delay(open_route(self.route, profile.name))
         self._gen = 1
         self._sftp = None
         self.last_drop: str | None = None
@@ -195,7 +210,7 @@ class SSHRemote(Remote):
                 self.last_drop = o.dead_reason or "the connection had closed when a call began"
                 self._close_quietly(o)
                 self._open, self._sftp = None, None
-            self._open = self._open_route(self.route, self.profile.name)
+            self._open = _no_delay(self._open_route(self.route, self.profile.name))
             self._gen += 1
             self.reconnects += 1
             log.info("hyperpod_lab: reconnected to %s (was: %s)", self._where(), self.last_drop)
