@@ -3,7 +3,9 @@
 :func:`setup` builds the domain objects once (a :class:`~hyperpod_lab.submit.client.Client` over the
 durable JobStore and one :class:`~hyperpod_lab.server.watch.watcher.Watcher`), keeps them in
 ``web_app.settings["hyperpod_lab"]`` and registers the handlers. The API is described in
-``docs/openapi.yaml``.
+``docs/openapi.yaml``. The watcher also feeds the extension's Prometheus metrics on the server's
+``/metrics`` (:mod:`hyperpod_lab.server.metrics`, ``docs/metrics.md``) and the user's alert rules
+(:mod:`hyperpod_lab.server.alerts`, ``docs/alerts.md``).
 """
 
 from __future__ import annotations
