@@ -20,6 +20,10 @@ rank writers appended one event (s; the median of 5), an idle poll (nothing new)
 The SSH reader program's start (once per connection) is measured apart
 (``ssh_reader_start_s``). Ratios against the 2-rank job of the same run. JSON to ``benchmarks/results/scale.json``.
 
+``--server``: the same jobs through a real jupyter server (local files): every event by REST
+pages of 1,000 with cursors, and a WebSocket replay from the first event (events/s, the longest
+cursor and message).
+
 Run: ``.venv/bin/python benchmarks/scale.py [--ranks 2,64,512,2048] [--steps 100]``.
 """
 
@@ -127,12 +131,53 @@ def measure(job_dir: str, job_id: str, ranks: int, files, label: str, repeat: in
             "cursor_old_chars": len(old_cursor), "cursor_chars": len(token)}
 
 
+def serve(url: str, token: str, job_id: str, events: int, timeout_s: float = 600.0) -> dict:
+    """Through a real jupyter server: every event of job ``job_id`` by REST pages of 1,000 with
+    cursors, then by a WebSocket replay from the first event (``events`` expected). Returns the
+    times (s), rates (events/s), the longest cursor (chars) and message (bytes)."""
+    import json
+    import urllib.request
+
+    import websocket
+
+    hdr = {"Authorization": f"token {token}"}
+    t, cursor, got, longest = time.perf_counter(), None, 0, 0
+    while True:
+        q = "?limit=1000" + (f"&cursor={cursor}" if cursor else "")
+        req = urllib.request.Request(f"{url}/hyperpod/jobs/{job_id}/events{q}", headers=hdr)
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            body = json.loads(r.read())
+        got += len(body["events"])
+        cursor = body["cursor"]
+        longest = max(longest, len(cursor))
+        if not body["events"] and not body["more"]:
+            break
+    rest_s = time.perf_counter() - t
+    assert got == events, (got, events)
+    ws = websocket.create_connection(url.replace("http", "ws") + f"/hyperpod/jobs/{job_id}/stream",
+                                     header=[f"Authorization: token {token}"], timeout=timeout_s)
+    t, n, biggest = time.perf_counter(), 0, 0
+    try:
+        while n < events and time.perf_counter() - t < timeout_s:
+            text = ws.recv()
+            biggest = max(biggest, len(text))
+            n += json.loads(text)["type"] == "event"
+    finally:
+        ws.close()
+    ws_s = time.perf_counter() - t
+    return {"rest_s": round(rest_s, 3), "rest_events_per_s": round(got / rest_s), "rest_cursor_max_chars": longest,
+            "ws_replay_s": round(ws_s, 3), "ws_events": n, "ws_events_per_s": round(n / ws_s),
+            "ws_message_max_bytes": biggest}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", default="2,64,512,2048", help="comma-separated rank counts (the first is the baseline)")
     ap.add_argument("--steps", type=int, default=100, help="steps of each synthetic job (checkpoint every 5)")
     ap.add_argument("--no-ssh", action="store_true", help="local files only")
     ap.add_argument("--no-sftp", action="store_true", help="skip the file-by-file SFTP baseline")
+    ap.add_argument("--server", action="store_true", help="also REST events and a WebSocket replay through a "
+                                                            "real jupyter server (local files)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "scale.json"))
     args = ap.parse_args(argv)
     ranks = [int(x) for x in args.ranks.split(",")]
@@ -147,6 +192,14 @@ def main(argv: list[str] | None = None) -> int:
         remote = SSHRemote(profile)
     work = tempfile.mkdtemp(prefix="scale-", dir=base)
     rows = []
+    served = []
+    server = None
+    if args.server:
+        from benchmarks._common import start_jupyter_server
+
+        data_dir = os.path.join(work, "data")
+        os.makedirs(data_dir, mode=0o700)
+        server = start_jupyter_server(work, work, {"HYPERPOD_LAB_DATA_DIR": data_dir})
     reader_start_s = None
     if remote is not None:  # the connection and its reader program start once, not per job
         remote.list_files(work)
@@ -174,8 +227,25 @@ def main(argv: list[str] | None = None) -> int:
                       f"steady {row['steady_poll_s'] * 1e3:.1f} ms ({row['steady_round_trips']}), idle "
                       f"{row['idle_poll_s'] * 1e3:.1f} ms ({row['idle_round_trips']}), cursor "
                       f"{row['cursor_old_chars']} -> {row['cursor_chars']} chars", flush=True)
+            if server is not None:
+                from benchmarks._common import track_local_job
+                from hyperpod_lab.submit.jobs import JobStore
+
+                sdir = os.path.join(work, f"served-{n}")
+                rec = track_local_job(sdir, f"scale-{n}", store=JobStore(os.path.join(work, "data", "jobs")))
+                count = write_job(sdir, rec.job_id, n, steps=args.steps)
+                row = {"ranks": n, "events": count, **serve(server[1], server[2], rec.job_id, count)}
+                served.append(row)
+                print(f"  server: REST {row['rest_s']:.2f} s ({row['rest_events_per_s']} events/s, cursor <= "
+                      f"{row['rest_cursor_max_chars']} chars), WebSocket replay {row['ws_replay_s']:.2f} s "
+                      f"({row['ws_events_per_s']} events/s, messages <= {row['ws_message_max_bytes']} bytes)", flush=True)
+                shutil.rmtree(sdir, ignore_errors=True)
             shutil.rmtree(job_dir, ignore_errors=True)
     finally:
+        if server is not None:
+            from benchmarks._common import stop_procs
+
+            stop_procs([server[0]])
         shutil.rmtree(work, ignore_errors=True)
         if remote is not None:
             remote.close()
@@ -186,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
             for k in ("first_read_s", "steady_poll_s", "idle_poll_s", "steady_round_trips", "cursor_chars"):
                 r[f"{k}_ratio"] = round(r[k] / b[k], 3) if b[k] else None
     return write_results(args.out, {"benchmark": "scale", "steps": args.steps, "ranks": ranks,
-                                    "ssh_reader_start_s": reader_start_s,
+                                    "ssh_reader_start_s": reader_start_s, "server": served,
                                     "loadavg": os.getloadavg(), "rows": rows})
 
 
