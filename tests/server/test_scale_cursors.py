@@ -218,3 +218,31 @@ def test_a_replay_cut_by_backpressure_reads_each_byte_once(tmp_path):
     assert len(got) == written and len({g[:2] for g in got}) == written
     assert read <= 1.2 * job_bytes, (read, job_bytes)
     assert max(g[2] for g in got) <= 2048  # (the old form up to 32 files, then a token)
+
+
+def test_rest_pages_continue_from_what_the_last_page_read(tmp_path):
+    """Paging through a 256-writer job by REST (``read_events``, the events route's worker-thread
+    part) reads the job's bytes about once: a request at the cursor where the last page stopped
+    goes on with that page's reader and unreturned events, where each page used to read up to a
+    page of every writer file again."""
+    import os
+
+    from hyperpod_lab.server.handlers.jobs import read_events
+    from hyperpod_lab.submit.client import Client
+    from hyperpod_lab.submit.jobs import JobStore
+
+    client = Client(JobStore(str(tmp_path / "store")))
+    rec = track_local_job(str(tmp_path / "job"), "pages", store=client.store)
+    written = write_job(rec.job_dir, rec.job_id, 256, steps=100)
+    events_dir = os.path.join(rec.job_dir, "events")
+    job_bytes = sum(os.path.getsize(os.path.join(events_dir, f)) for f in os.listdir(events_dir))
+    b0 = LocalFiles.bytes_read
+    cursor, got, more = {}, [], True
+    while more:
+        events, cursor, more = read_events(client, rec.job_id, cursor, 200)
+        assert len(events) <= 200
+        got += _keys(events)
+    read = LocalFiles.bytes_read - b0
+    assert len(got) == written and len(set(got)) == written
+    assert read <= 1.2 * job_bytes, (read, job_bytes)
+    assert read_events(client, rec.job_id, cursor, 200) == ([], cursor, False)
