@@ -63,6 +63,13 @@ ENV_SHARED_ROOT = "HYPERPOD_LAB_SHARED_ROOT"
 ENV_REPLICA_GROUP = "HYPERPOD_LAB_REPLICA_GROUP"
 """Checkpointless: this agent's data-parallel replica group number, or ``slurm`` (derive it
 from ``$SLURM_NODEID`` plus :data:`ENV_REPLICA_GROUP_OFFSET`)."""
+ENV_HOT_SPARE = "HYPERPOD_LAB_HOT_SPARE"
+"""Checkpointless: set (to ``1``) for a hot spare's processes. They start, import and run the
+script up to ``hp.init()``, which waits there for the supervisor's assignment
+(:meth:`JobPaths.spare_assignment`) and then joins as that replica group."""
+ENV_HOT_SPARES = "HYPERPOD_LAB_HOT_SPARES"
+"""Checkpointless on Slurm: ``0`` turns hot spares off (a spare then starts cold when it replaces a
+group: a new srun, interpreter, imports, model build); anything else, or unset, leaves them on."""
 ENV_REPLICA_GROUPS = "HYPERPOD_LAB_REPLICA_GROUPS"
 """Checkpointless: how many replica groups the job starts with."""
 ENV_REPLICA_GROUP_OFFSET = "HYPERPOD_LAB_REPLICA_GROUP_OFFSET"
@@ -470,6 +477,11 @@ class JobPaths:
     def tensorboard_rank(self, rank: int) -> str:
         """``tensorboard/rank-R``: rank R's TensorBoard folder when every rank writes."""
         return self.path("tensorboard", f"rank-{int(rank)}")
+
+    def spare_assignment(self, node: str) -> str:
+        """``spares/<node>.json``: the supervisor's assignment of the hot spare on ``node``
+        (``node`` a safe name): ``{"group": G, "time": epoch s}``, written atomically."""
+        return self.path("spares", node + ".json")
 
     def replica_group(self, group: int) -> str:
         """``replicas/group-G.json``: what replica group ``group`` registered (node, pid)."""

@@ -85,6 +85,7 @@ from __future__ import annotations
 import atexit
 import errno
 import fcntl
+import json
 import logging
 import os
 import random
@@ -105,6 +106,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, r
 from hyperpod_lab.events import EventKind, EventWriter, agent_writer
 from hyperpod_lab.jobdir import (
     ENV_HEARTBEAT_DIR,
+    ENV_HOT_SPARE,
     ENV_JOB_DIR,
     ENV_JOB_ID,
     ENV_REPLICA_GROUP,
@@ -177,7 +179,7 @@ class AgentEvents:
                        signal=None, reason=f"worker group {result.state.name.lower()}", pid=None, root_cause=True)
             return
         items = sorted(result.failures.items(), key=lambda kv: root_cause_key(kv[0], kv[1]))
-        group = os.environ.get(ENV_REPLICA_GROUP)  # checkpointless: ranks are numbered per replica group
+        group = os.environ.get(ENV_REPLICA_GROUP) or self._spare_group()  # checkpointless: per replica group
         extra = {} if not group else {"replica_group": int(group)}
         hung = {f.pid: self.killed_reason(f.pid) for _, f in items}
         for i, (global_rank, failure) in enumerate(items):
@@ -187,6 +189,17 @@ class AgentEvents:
             self._emit(EventKind.FAULT_DETECTED, rank=global_rank, local_rank=failure.local_rank, node=self.node,
                        exitcode=failure.exitcode, signal=sig, reason=hung[failure.pid] or failure_reason(failure, sig),
                        pid=failure.pid, root_cause=i == 0 and not any(hung.values()), **extra)
+
+    def _spare_group(self) -> str | None:
+        """A hot spare's agent (its workers got their group from the supervisor's assignment
+        file, ``runtime.context``): that group, or None."""
+        if not os.environ.get(ENV_HOT_SPARE):
+            return None
+        try:
+            with open(JobPaths(self.job_dir).spare_assignment(safe_name(self.node))) as f:
+                return str(int(json.load(f)["group"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     def restarting(self, restart_count: int, reason: str) -> None:
         """Emit ``recovery.started`` {level: "process"}: the node's worker processes restart (the

@@ -85,7 +85,15 @@ from hyperpod_lab.events import (
     EventWriter,
     FaultReason,
 )
-from hyperpod_lab.jobdir import ENV_REPLICA_GROUP, ENV_REPLICA_GROUPS, RECOVERY_CHECKPOINTLESS, RECOVERY_RESTART, JobPaths
+from hyperpod_lab.jobdir import (
+    ENV_HOT_SPARE,
+    ENV_HOT_SPARES,
+    ENV_REPLICA_GROUP,
+    ENV_REPLICA_GROUPS,
+    RECOVERY_CHECKPOINTLESS,
+    RECOVERY_RESTART,
+    JobPaths,
+)
 from hyperpod_lab.node import storm as _storm
 
 FAULTS_TO_EXCLUDE = 2
@@ -93,6 +101,7 @@ FAULTS_TO_EXCLUDE = 2
 
 SAME_INCIDENT_S = 1.0  # worker deaths on one node this close together (one failure round of its agent) are one fault, s
 POLL_S = 0.2  # how often running steps are polled (seconds)
+NODE_POLL_S = 1.0  # checkpointless: how often Slurm's view of the training nodes is read (seconds; 2 RPCs)
 STORM_GRACE_S = 10.0  # after an agent declared a storm, its peers get this long to exit (seconds)
 EVENTS_POLL_S = 1.0  # how often the job's events are read for agents' faults (seconds)
 LOST_STATES = ("down", "drain", "fail", "not_responding", "power", "maint", "reboot", "unknown")
@@ -209,6 +218,7 @@ class Step:
     proc: subprocess.Popen
     group: int | None = None  # checkpointless: its replica group
     started: float = field(default_factory=time.time)
+    lost: bool = False  # its node was reported lost (and its group replaced) while the step still ran
 
 
 class Supervisor:
@@ -240,9 +250,12 @@ class Supervisor:
         self.events = EventWriter(job_dir, SUPERVISOR_WRITER, job_id)
         self.reader = EventReader(job_dir)
         self.steps: list[Step] = []
+        self.hot: dict[str, Step] = {}  # checkpointless: node -> its hot spare's step, waiting for a group
+        self.hot_spares = mode == RECOVERY_CHECKPOINTLESS and os.environ.get(ENV_HOT_SPARES, "1") != "0"
         self.next_group = nodes
         self.finished_rc: int | None = None
         self._last_events = 0.0
+        self._last_node_poll = time.monotonic()
         self._last_fault_time: dict[str, float] = {}
         self._finished = False  # a rank's 'finished' event was read (training_finished)
 
@@ -348,6 +361,49 @@ class Supervisor:
         argv = ["srun", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1",
                 f"--nodelist={','.join(nodes)}", *self.srun_opts, *command]
         return subprocess.Popen(argv, env={**os.environ, **(env or {})})
+
+    def start_hot_spares(self) -> None:
+        """Checkpointless: start a hot spare on each spare node that has none: the launch command
+        with ``$HYPERPOD_LAB_HOT_SPARE`` and no replica group, so its processes start, import and
+        run the script up to ``hp.init()`` and wait there (``runtime.context``) for
+        :meth:`replace_group` to assign them a group."""
+        if not self.hot_spares:
+            return
+        busy = [n for st in self.steps if st.proc.poll() is None for n in st.nodes] + list(self.hot)
+        for node in self.usable(busy)[:max(0, self.spares - len(self.hot))]:
+            say(f"hot spare on {node}: started, waiting for a replica group")
+            env = {k: v for k, v in os.environ.items() if k != ENV_REPLICA_GROUP}
+            env[ENV_HOT_SPARE] = "1"
+            argv = ["srun", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1", f"--nodelist={node}",
+                    *self.srun_opts, *self.launch]
+            self.hot[node] = Step([node], subprocess.Popen(argv, env=env))
+
+    def _assign(self, node: str, group: int) -> bool:
+        """Tell the hot spare on ``node`` its replica group (``spares/<node>.json``, atomic);
+        False when the shared storage refused (the spare then starts cold)."""
+        path = JobPaths(self.job_dir).spare_assignment(node)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            write_json_atomic(path, {"group": group, "time": time.time()})
+            return True
+        except OSError as e:
+            say(f"could not assign the hot spare on {node} ({e}); starting the group cold")
+            return False
+
+    def stop_hot_spares(self) -> None:
+        """Stop the hot spares still waiting (they also leave by themselves within a second of
+        the job's ``finished``)."""
+        for node, step in list(self.hot.items()):
+            if step.proc.poll() is None:
+                step.proc.send_signal(signal.SIGINT)  # srun: the first SIGINT reports, a second within 1 s kills
+                time.sleep(0.3)
+                step.proc.send_signal(signal.SIGINT)
+            try:
+                step.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                step.proc.kill()
+                step.proc.wait()
+            del self.hot[node]
 
     def start_group(self, node: str, group: int) -> None:
         say(f"replica group {group} on {node}")
@@ -460,6 +516,7 @@ class Supervisor:
         """
         first = not self.storm_stopped
         self.storm_stopped = True
+        self.stop_hot_spares()
         for step in self.steps:
             if step.proc.poll() is None:
                 step.proc.terminate()
@@ -505,13 +562,17 @@ class Supervisor:
     def _spare(self) -> str | None:
         busy = [n for s in self.steps if s.proc.poll() is None for n in s.nodes]
         free = self.usable(busy)
-        return free[0] if free else None
+        warm = [n for n in free if n in self.hot and self.hot[n].proc.poll() is None]
+        return (warm or free or [None])[0]
 
     def run_checkpointless(self, active: list[str]) -> int:
         for group, node in enumerate(active):
             self.start_group(node, group)
+        self.start_hot_spares()
         rcs: list[int] = []
         while True:
+            for node in [n for n, st in self.hot.items() if st.proc.poll() is not None]:
+                say(f"hot spare on {node} ended ({self.hot.pop(node).proc.returncode})")
             running = [s for s in self.steps if s.proc.poll() is None]
             for step in [s for s in self.steps if s.proc.returncode is not None and s not in running]:
                 self.steps.remove(step)
@@ -522,7 +583,9 @@ class Supervisor:
             if not any(s.proc.poll() is None for s in self.steps):
                 break
             self.maybe_read_events()
+            self.maybe_find_lost_nodes()
             time.sleep(POLL_S)
+        self.stop_hot_spares()
         if self.training_finished():
             return 0
         bad = [rc for rc in rcs if rc != 0]
@@ -531,6 +594,9 @@ class Supervisor:
     def on_group_ended(self, step: Step) -> None:
         node, rc = step.nodes[0], step.proc.returncode
         if self.storm_stopped:
+            return
+        if step.lost:  # reported and replaced while slurmctld was still killing it
+            say(f"replica group {step.group} on lost node {node} ended ({rc})")
             return
         if self.training_finished():
             say(f"replica group {step.group} on {node} ended ({rc})")
@@ -548,8 +614,26 @@ class Supervisor:
             self.count_fault(node)
         self.replace_group(step)
 
-    def replace_group(self, step: Step) -> None:
-        if not self.relaunch_allowed(_storm.Fault(step.group, step.nodes[0], f"exit {step.proc.returncode}")):
+    def maybe_find_lost_nodes(self) -> None:
+        """Every :data:`NODE_POLL_S`: a training node that Slurm marked DOWN (or took from the
+        job) is reported and its group replaced at once, not when its ``srun`` step ends (slurmctld
+        kills that step, but its end can come seconds later)."""
+        now = time.monotonic()
+        if now - self._last_node_poll < NODE_POLL_S:
+            return
+        self._last_node_poll = now
+        live = {s.nodes[0]: s for s in self.steps if s.proc.poll() is None and not s.lost}
+        if not live:
+            return
+        for node, state in self.lost_nodes(list(live)).items():
+            step = live[node]
+            step.lost = True
+            self.report_lost(node, state, step.group)
+            if not self.training_finished():
+                self.replace_group(step, FaultReason.NODE_DOWN.value)
+
+    def replace_group(self, step: Step, reason: str | None = None) -> None:
+        if not self.relaunch_allowed(_storm.Fault(step.group, step.nodes[0], reason or f"exit {step.proc.returncode}")):
             self.stop_storm()  # a restart storm: no replacement, the other groups stop too
             return
         spare = self._spare()
@@ -557,8 +641,16 @@ class Supervisor:
             say(f"no spare node for replica group {step.group}; the other groups go on")
             return
         group, self.next_group = self.next_group, self.next_group + 1
-        say(f"spare node {spare} joins as replica group {group} (replacing group {step.group} on {step.nodes[0]})")
-        self.start_group(spare, group)
+        hot = self.hot.pop(spare, None)
+        if hot is not None and hot.proc.poll() is None and self._assign(spare, group):
+            hot.group, hot.started = group, time.time()
+            self.steps.append(hot)
+            say(f"spare node {spare} joins as replica group {group} (hot spare; replacing group {step.group} "
+                f"on {step.nodes[0]})")
+        else:
+            say(f"spare node {spare} joins as replica group {group} (replacing group {step.group} on {step.nodes[0]})")
+            self.start_group(spare, group)
+        self.start_hot_spares()  # another spare node left: warm it up
 
     def excluded_running(self) -> bool:
         """Stop a checkpointless group whose node was excluded while it ran (a spare replaces it)."""

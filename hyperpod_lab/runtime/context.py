@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import json
 import math
 import os
 import signal
@@ -55,6 +56,7 @@ from hyperpod_lab.jobdir import (
     ENV_CHECKPOINT_TIMEOUT,
     ENV_COLLECTIVE_TIMEOUT,
     ENV_HEARTBEAT_DIR,
+    ENV_HOT_SPARE,
     ENV_JOB_DIR,
     ENV_JOB_ID,
     ENV_REPLICA_GROUP,
@@ -63,6 +65,7 @@ from hyperpod_lab.jobdir import (
     FaultKind,
     FaultRequest,
     JobPaths,
+    job_finished,
     node_name,
     safe_name,
 )
@@ -706,6 +709,48 @@ def _load_spec(job_dir: str) -> JobSpec | None:
         return JobSpec.from_json(f.read())
 
 
+SPARE_POLL_S = 0.02
+"""Seconds between a waiting hot spare's looks for its assignment (one ``open`` each)."""
+
+
+def _await_spare_assignment(env, paths: JobPaths) -> None:
+    """A hot spare's process (``$HYPERPOD_LAB_HOT_SPARE`` set; Slurm: the supervisor starts one
+    per spare node of a checkpointless job) waits here, with the interpreter up, torch and the
+    script's imports loaded and whatever the script does before ``hp.init()`` done, until the
+    supervisor assigns its node a replica group (``spares/<node>.json``, every
+    :data:`SPARE_POLL_S`); then it joins as that group (``$HYPERPOD_LAB_REPLICA_GROUP``). No
+    heartbeat yet, so the hang watchdog does not count the wait. Exits 0 when the job finished,
+    3 (``STORM_EXIT``) when a restart storm stopped it, while waiting.
+    """
+    if not env.get(ENV_HOT_SPARE):
+        return
+    from hyperpod_lab.node.storm import STORM_EXIT, declared
+
+    node = safe_name(node_name())
+    path = paths.spare_assignment(node)
+    print(f"hyperpod-lab: hot spare on {node}: waiting for a replica group", flush=True)
+    next_look = 0.0
+    while True:
+        try:
+            with open(path) as f:
+                group = int(json.load(f)["group"])
+            break
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            pass  # not yet (or being written: written atomically, so only a torn read of nothing)
+        now = time.monotonic()
+        if now >= next_look:
+            next_look = now + 1.0
+            if job_finished(paths.folder):
+                print("hyperpod-lab: hot spare: the job finished", flush=True)
+                raise SystemExit(0)
+            if declared(paths.folder) is not None:
+                raise SystemExit(STORM_EXIT)
+        time.sleep(SPARE_POLL_S)
+    env[ENV_REPLICA_GROUP] = str(group)
+    del env[ENV_HOT_SPARE]
+    print(f"hyperpod-lab: hot spare on {node} joins as replica group {group}", flush=True)
+
+
 def _replica_group(env) -> int | None:
     """``$HYPERPOD_LAB_REPLICA_GROUP`` as an int in [0, 1024), or None when unset.
 
@@ -768,6 +813,7 @@ def init() -> JobContext:
     paths = JobPaths(job_dir, join=os.path.join)
     os.makedirs(paths.ranks, exist_ok=True)
     spec = _load_spec(job_dir)
+    _await_spare_assignment(env, paths)  # a hot spare: started, imported, script run up to here
 
     local_rank = int(env.get("LOCAL_RANK", 0)) if in_torchrun else 0
     if torch.cuda.is_available():

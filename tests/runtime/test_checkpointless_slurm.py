@@ -1,8 +1,10 @@
 """Checkpointless recovery, tiered checkpointing and elastic training together, on the real 2-node
 dev cluster (Slurm over SSH): one replica group per node under the job's torchft Lighthouse.
 
-1. rank 1's process is SIGKILLed (``inject-fault``): torchrun on n2 restarts it, it heals from
-   n1's live state (tier ``replica``) while n1 goes on;
+0. rank 1 raises in its step (``inject-fault --kind exception``): an in-process restart, the step
+   dropped in both groups and redone in the same processes;
+1. rank 1's process is SIGKILLed (``inject-fault``): torchrun on n2 restarts it (the process
+   level), it heals from n1's live state (tier ``replica``) while n1 goes on;
 2. node n2's processes are all killed (agent and worker: the node is gone): n1 trains alone, the
    global batch kept by accumulation (``elastic.scaled`` 2 -> 1);
 3. ``hyperpod-lab scale --add-nodes 1``: a second allocation joins the same Lighthouse as replica
@@ -36,14 +38,33 @@ def test_checkpointless_elastic_job_on_slurm(dev_cluster, client):
     job = Follow(client, job_id)
     until, step, kinds = job.until, job.step, job.kinds
 
-    # 1. a rank's process dies; it is restarted and heals from its live peer
-    until(lambda: step() >= 8, "step 8", timeout=600)  # includes waiting in the queue
+    # 0. an exception in rank 1's step (inject-fault --kind exception): an in-process restart. Every
+    #    group drops that step and redoes it in the same processes (issue 26: the pid is the same,
+    #    at most one step lost, job-wide downtime <= 2 x one step + 0.5 s)
+    until(lambda: step() >= 5, "step 5", timeout=600)  # includes waiting in the queue
+    slurm = client.scheduler("local-slurm")
+    pid = slurm.rank_info(client.get(job_id), 1)["pid"]
+    t0 = time.time()
+    client.inject_fault(job_id, 1, kind="exception")
+    until(lambda: [e for e in kinds("recovery.completed", level="in-process") if e.time > t0], "the in-process restart")
+    done = [e for e in kinds("recovery.completed", level="in-process") if e.time > t0][0].data
+    rates = sorted(e.data["steps_per_s"] for e in kinds("step") if e.time < t0 and e.data.get("steps_per_s"))
+    step_s = 1.0 / rates[len(rates) // 2]
+    assert done["dropped_steps"] == 1 and done["downtime_s"] <= 2 * step_s + 0.5, (done, step_s)
+    assert done["pid"] == pid == slurm.rank_info(client.get(job_id), 1)["pid"], "rank 1 is a new process"
+    assert [e.data["level"] for e in kinds("recovery.started") if e.time > t0] == ["in-process"]
+    print(f"in-process restart on the dev cluster: downtime {done['downtime_s']} s at {step_s:.3f} s steps")
+
+    # 1. a rank's process dies: beyond the in-process rung, torchrun restarts it (the process level)
+    #    and it heals from its live peer
+    until(lambda: step() >= 10, "step 10")
     t1 = time.time()
     info = client.inject_fault(job_id, 1)
     until(lambda: [e for e in kinds("checkpoint.restored", tier="replica", replica_group=1) if e.time > t1],
           "rank 1 healing from its peer")
     rec1 = [e for e in kinds("recovery.completed", mode="checkpointless") if e.time > t1]
     assert rec1 and rec1[0].data["downtime_s"] < 10, rec1
+    assert [e for e in kinds("recovery.started", level="process") if e.time > t1 and e.data["node"] == info["node"]]
     # the agent of the node that ran rank 1 reported it (Slurm may have placed the job on n1 and n3)
     assert [e for e in kinds("fault.detected") if e.time > t1 and e.data.get("node") == info["node"]
             and e.data.get("rank") == 1], (info, kinds("fault.detected"))
