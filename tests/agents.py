@@ -107,3 +107,28 @@ def assert_same(a, b, where: str = "") -> None:
             assert_same(x, y, f"{where}[{i}]")
     else:
         assert a == b, f"{a!r} != {b!r} at {where}"
+
+
+def assert_global_sample_order(job_dir: str, steps: int, *, samples: int = 1024, global_batch: int = 32,
+                               micro_batch: int = 4, seed: int = 7) -> None:
+    """The sample ids ``tests/scripts/ft_train.py --record-samples`` recorded (``<job_dir>/samples/``)
+    are, step by step, the global batch of a run without a fault: the union over the ranks that
+    committed step s is the s-th global batch of the seeded order (``ElasticBatches.positions``),
+    each id once, for every step 0..steps-1, whatever ranks restarted, healed or joined."""
+    import glob
+    from collections import defaultdict
+
+    from hyperpod_lab.runtime.checkpointless.elastic import ElasticBatches
+
+    ref = ElasticBatches(samples, global_batch, micro_batch, seed=seed, base_lr=0.01)
+    seen: dict[int, dict[str, list[int]]] = defaultdict(dict)
+    for path in glob.glob(os.path.join(job_dir, "samples", "rank-*.jsonl")):
+        with open(path) as f:
+            for line in f:
+                rec = json.loads(line)
+                seen[rec["step"]][path] = rec["samples"]  # a redone step: the committed attempt's ids
+    assert sorted(seen) == list(range(steps)), f"steps with recorded samples: {sorted(seen)[:5]}..."
+    for step in range(steps):
+        ids = [i for part in seen[step].values() for i in part]
+        want = [int(i) for i in ref.positions(step * global_batch, global_batch)]
+        assert sorted(ids) == sorted(want), f"step {step}: the job saw {sorted(ids)}, a run without faults {sorted(want)}"

@@ -21,6 +21,7 @@ import subprocess
 import time
 
 import pytest
+from agents import assert_global_sample_order
 from slurm_jobs import Follow, scontrol
 
 from hyperpod_lab import cli, devcluster
@@ -69,17 +70,17 @@ def sacct_state(native_id: str) -> str:
     return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
 
 
-def submit(client, script: str, *opts: str, steps: int, sleep: float) -> str:
+def submit(client, script: str, *opts: str, steps: int, sleep: float, script_args: list[str] = ()) -> str:
     return cli.run(["submit", script, "--cluster", "local-slurm", "--procs-per-node", "1", *opts,
-                    "--env", "RUST_LOG=warn", "--", "--steps", str(steps), "--step-sleep", str(sleep)],
+                    "--env", "RUST_LOG=warn", "--", "--steps", str(steps), "--step-sleep", str(sleep), *script_args],
                    client=client)
 
 
-def running_ft_job(client, name: str, *opts: str, steps: int, at_step: int = 15) -> Follow:
+def running_ft_job(client, name: str, *opts: str, steps: int, at_step: int = 15, script_args: list[str] = ()) -> Follow:
     """ft_train.py on 2 nodes with checkpointless recovery (``opts`` added after ``--nodes 2``),
     ``steps`` steps 0.2 s apart, named ``name``; followed until it reached step ``at_step``."""
     job = Follow(client, submit(client, FT, "--nodes", "2", *opts, "--recovery", "checkpointless", "--name", name,
-                                steps=steps, sleep=0.2))
+                                steps=steps, sleep=0.2, script_args=script_args))
     job.until(lambda: job.step() >= at_step, f"step {at_step}", timeout=600)
     return job
 
@@ -126,7 +127,7 @@ def test_a_spare_node_takes_over_a_lost_replica_group(cluster3, client, n2_back)
     detection, with 0 bytes read from storage."""
     steps = 150
     job = running_ft_job(client, "spare-ft", "--spares", "1", "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001",
-                         steps=steps)
+                         steps=steps, script_args=["--record-samples"])
     job_id = job.job_id
     assert "hot spare on n3: started, waiting for a replica group" in client.logs(job_id)
     t_down = mark_down("n2")
@@ -150,6 +151,7 @@ def test_a_spare_node_takes_over_a_lost_replica_group(cluster3, client, n2_back)
     finish(client, job, steps)
     assert restarts(client.get(job_id).native_id) == 0  # no requeue, no wait in the queue
     assert not [e for e in job.kinds("checkpoint.restored") if e.data["tier"] != "replica"]
+    assert_global_sample_order(client.get(job_id).job_dir, steps)  # the spare went on with the exact order
 
 
 def test_a_restart_job_resumes_on_its_spare_from_the_peer_tier(cluster3, client, n2_back):

@@ -15,7 +15,7 @@ import time
 
 import pytest
 import torch
-from agents import kinds
+from agents import assert_global_sample_order, kinds
 from test_checkpointless import STEPS, Job
 
 from hyperpod_lab.errors import SpecError
@@ -36,7 +36,7 @@ def inject_exception(job_dir: str, rank: int) -> None:
 
 
 def test_an_exception_in_a_step_is_redone_in_the_same_process_and_the_groups_stay_equal(tmp_path):
-    job = Job(tmp_path, groups=2, args=["--step-sleep", "0.2"])
+    job = Job(tmp_path, groups=2, args=["--step-sleep", "0.2", "--record-samples"])
     try:
         job.wait_step(10)
         pid = job.worker_pid(1)
@@ -65,6 +65,7 @@ def test_an_exception_in_a_step_is_redone_in_the_same_process_and_the_groups_sta
     b = torch.load(os.path.join(job.job_dir, "final-group-1.pt"))
     for k in a:
         assert torch.equal(a[k], b[k]), f"{k}: the groups diverged"
+    assert_global_sample_order(job.job_dir, STEPS)  # the redone step took the same samples
     print(f"in-process restart: downtime {done[0]['data']['downtime_s']} s at {typical:.3f} s steps")
 
 

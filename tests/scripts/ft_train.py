@@ -7,6 +7,7 @@ of each replica group go to ``<job_dir>/final-group-<G>.pt``.
 """
 
 import argparse
+import json
 import os
 import time
 
@@ -31,14 +32,21 @@ def backward(model, X, Y, plan) -> float:
     return loss_sum
 
 
-def finish_step(ctx, ft, plan, loss_sum: float, step_sleep: float) -> None:
+def finish_step(ctx, ft, plan, loss_sum: float, step_sleep: float, record: bool = False) -> None:
     """Sleep ``step_sleep`` seconds (tests slow the job so faults land mid-run), then end the step;
-    a committed step is reported as a ``step`` event."""
+    a committed step is reported as a ``step`` event and, with ``record``, its sample ids go to
+    ``<job_dir>/samples/rank-<global rank>.jsonl`` ({step, samples})."""
     if step_sleep:
         time.sleep(step_sleep)
     if ft.end_step(loss_sum):
         ctx.step(ft.step - 1, ft.loss, replicas=plan.replicas, lr=plan.lr,
                  accumulation_steps=plan.accumulation_steps)
+        if record:
+            folder = os.path.join(ctx.job_dir, "samples")
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, f"rank-{ctx.global_rank}.jsonl"), "a") as f:
+                f.write(json.dumps({"step": plan.step, "samples": [int(i) for mb in plan.micro_batches for i in mb]})
+                        + "\n")
 
 
 def main():
@@ -58,6 +66,7 @@ def main():
     p.add_argument("--bug-at-step", type=int, default=None, help="replica group --bug-group raises at this step, "
                    "every attempt (a persistent bug: in-process restarts make no progress)")
     p.add_argument("--bug-group", type=int, default=1)
+    p.add_argument("--record-samples", action="store_true", help="write each committed step's sample ids")
     a = p.parse_args()
 
     g = torch.Generator().manual_seed(1234)
@@ -80,7 +89,7 @@ def main():
                 if a.bug_at_step is not None and plan.step == a.bug_at_step and ctx.replica_group == a.bug_group:
                     raise RuntimeError(f"a bug that fails step {plan.step} every time (--bug-at-step)")
                 loss_sum = backward(model, X, Y, plan)
-            finish_step(ctx, ft, plan, loss_sum, a.step_sleep)
+            finish_step(ctx, ft, plan, loss_sum, a.step_sleep, a.record_samples)
         torch.save({k: v.clone() for k, v in model.state_dict().items()},
                    os.path.join(ctx.job_dir, f"final-group-{ctx.replica_group}.pt"))
         ft.close()
