@@ -98,6 +98,62 @@ def test_without_python_on_the_login_node_reads_over_sftp(tmp_path):
         proc.wait(10)
 
 
+def _descendants_running(root_pid: int, marker: bytes) -> list[int]:
+    """Processes below ``root_pid`` (our private sshd) whose command line holds ``marker``."""
+    import os
+
+    def parent(pid: int) -> int:
+        with open(f"/proc/{pid}/status") as f:
+            return int(next(line.split()[1] for line in f if line.startswith("PPid:")))
+
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if marker not in f.read():
+                    continue
+            pid = int(name)
+            while pid > 1 and pid != root_pid:
+                pid = parent(pid)
+        except (OSError, StopIteration, ValueError):
+            continue
+        if pid == root_pid:
+            found.append(int(name))
+    return found
+
+
+def test_a_killed_reader_program_is_started_again(tmp_path):
+    """The login node's reader program killed between polls (an OOM kill, an admin): the next
+    poll starts a new one on the same connection and misses nothing; no fall back to SFTP."""
+    import os
+    import signal
+
+    from hyperpod_lab.schedulers.remote import SSHRemote
+
+    proc, ssh = _sshd(str(tmp_path))
+    remote = SSHRemote(ClusterProfile(name="kill", orchestrator="slurm", shared_root=str(tmp_path),
+                                      python=sys.executable, **ssh).validate())
+    try:
+        job_dir = str(tmp_path / "job")
+        written = write_job(job_dir, "kill-1", 16, steps=10)
+        reader = EventReader(job_dir, remote)
+        assert len(reader.poll()) == written
+        pids = _descendants_running(proc.pid, b"def read_tails(")
+        assert len(pids) == 1, pids
+        os.kill(pids[0], signal.SIGKILL)
+        grown = grow(job_dir, "kill-1", 16)
+        assert len(reader.poll()) == grown
+        assert remote.tails_fallback is None and remote.ops["sftp"] == 0, (remote.tails_fallback, remote.ops)
+        again = _descendants_running(proc.pid, b"def read_tails(")
+        assert len(again) == 1 and again != pids, (pids, again)
+    finally:
+        remote.close()
+        proc.terminate()
+        proc.wait(10)
+
+
 class _SFTPOnly:
     """The remote's SFTP listing and reads only (no ``read_tails``)."""
 

@@ -558,6 +558,10 @@ class SSHRemote(Remote):
                         chan.close()
                     except Exception:
                         pass
+                    if fresh:  # a link going down shows a moment later: not a reason to stop using the program
+                        settle = time.monotonic() + 1.0
+                        while o.active and time.monotonic() < settle:
+                            time.sleep(0.05)
                     if not o.active:
                         raise EOFError(o.dead_reason or "the connection closed during a read_tails request") from None
                     if fresh:
