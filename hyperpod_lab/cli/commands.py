@@ -120,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start-up budget: a rank with no progress from hp.init() to its first step for S seconds is "
                         "hung, as is one stalled in its first steps for max(min(30, S), 10 x its slowest step) "
                         "(twice that while it runs: it may wait for a stopped peer; default 600)")
+    s.add_argument("--in-process-restarts", type=_int, default=ResiliencyPolicy.in_process_restarts, metavar="N",
+                   help="checkpointless: a step that raised is dropped in every replica group and redone in the same "
+                        "processes, up to N times per --restart-window; beyond, the rank's process restarts "
+                        "(0: always restart the process; default 5)")
+    s.add_argument("--restart-window", type=float, default=ResiliencyPolicy.restart_window_s, metavar="S",
+                   dest="restart_window_s", help="seconds the in-process budget counts over (default 3600)")
     s.add_argument("--on-straggler", choices=["report", "exclude"], default=ResiliencyPolicy.on_straggler,
                    help="a rank consistently slower than the others: report it (straggler.detected), or also "
                         "exclude its node (Slurm: a spare replaces it, else the next placement avoids it)")
@@ -280,7 +286,9 @@ def spec_from_args(a: argparse.Namespace, script_args: list[str]) -> JobSpec:
                                     spares=a.spares, health_checks=not a.no_health_checks,
                                     storm_restarts=a.storm_restarts,
                                     hang_timeout_s=a.hang_timeout_s, on_straggler=a.on_straggler,
-                                    startup_timeout_s=a.startup_timeout_s),
+                                    startup_timeout_s=a.startup_timeout_s,
+                                    in_process_restarts=a.in_process_restarts,
+                                    restart_window_s=a.restart_window_s),
         checkpoint=CheckpointPolicy(every_steps=a.checkpoint_every, keep_last=a.checkpoint_keep,
                                     memory_every_steps=a.checkpoint_memory_every, s3_uri=a.checkpoint_s3,
                                     s3_every_steps=a.checkpoint_s3_every),

@@ -18,6 +18,7 @@ import torch
 from agents import assert_global_sample_order, kinds
 from test_checkpointless import STEPS, Job
 
+from hyperpod_lab import cli
 from hyperpod_lab.errors import SpecError
 from hyperpod_lab.jobdir import FaultRequest, JobPaths
 from hyperpod_lab.node.storm import STORM_EXIT
@@ -119,6 +120,10 @@ def test_spec_fields_of_the_ladder():
     spec = JobSpec(script="t.py", resiliency=ResiliencyPolicy(in_process_restarts=0, restart_window_s=60))
     back = JobSpec.from_json(spec.to_json()).resiliency
     assert (back.in_process_restarts, back.restart_window_s) == (0, 60)
+    a = cli.build_parser().parse_args(["submit", "t.py", "--in-process-restarts", "0", "--restart-window", "60"])
+    assert (cli.spec_from_args(a, []).resiliency.in_process_restarts, a.restart_window_s) == (0, 60.0)
+    a = cli.build_parser().parse_args(["submit", "t.py"])
+    assert cli.spec_from_args(a, []).resiliency.in_process_restarts == 5
     for field, bad, msg in (("in_process_restarts", -1, "use --in-process-restarts 5"),
                             ("in_process_restarts", True, "whole number"),
                             ("restart_window_s", 0.5, "use --restart-window 3600")):
