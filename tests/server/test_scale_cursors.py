@@ -302,3 +302,35 @@ def test_rest_pages_continue_from_what_the_last_page_read(tmp_path):
     assert len(got) == written and len(set(got)) == written
     assert read <= 1.2 * job_bytes, (read, job_bytes)
     assert read_events(client, rec.job_id, cursor, 200) == ([], cursor, False)
+
+
+def test_triage_follow_with_a_cursor_of_256_ranks(server, tmp_path):
+    """Log triage's follow cursor of 256 ranks x 2 logs (about 10 KB in the old form) comes back
+    as a short token and reads on with only the new lines."""
+    from hyperpod_lab.submit.client import Client
+    from hyperpod_lab.submit.jobs import JobRecord, new_job_id
+
+    ranks = 256
+    job_dir = tmp_path / "triage"
+    (job_dir / "ranks").mkdir(parents=True)
+    for r in range(ranks):
+        slot = job_dir / "logs" / "torchrun" / "run1" / "attempt_0" / str(r)
+        slot.mkdir(parents=True)
+        (slot / "stdout.log").write_bytes(f"[rank{r}]: step 1 loss 2.0\n".encode())
+        (slot / "stderr.log").write_bytes(b"")
+        (job_dir / "ranks" / f"rank-{r}.json").write_text(json.dumps({"log_file": str(slot / "stdout.log"),
+                                                                      "node": f"n{r // 8}"}))
+    job_id = new_job_id("triage")
+    Client().store.put(JobRecord(job_id, "triage", "local", "local", "0", str(job_dir), {}, status="failed"))
+    url = f"/hyperpod/jobs/{job_id}/logs/triage?ranks=0-{ranks - 1}&failure=0"
+    status, first = server.call("GET", url, timeout_s=120)
+    assert status == 200, first
+    assert len(first["cursor"]) <= 64, len(first["cursor"])
+    for r in (3, 200):
+        with open(job_dir / "logs" / "torchrun" / "run1" / "attempt_0" / str(r) / "stdout.log", "ab") as f:
+            f.write(f"[rank{r}]: step 2 loss 1.5\n".encode())
+    status, nxt = server.call("GET", f"{url}&cursor={first['cursor']}", timeout_s=120)
+    assert status == 200, nxt
+    texts = json.dumps(nxt["lines"])
+    assert "step 2 loss 1.5" in texts and "step 1 loss" not in texts, texts[:500]
+    assert len(nxt["cursor"]) <= 64
