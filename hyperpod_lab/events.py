@@ -540,7 +540,9 @@ class EventReader:
         sizes, chunks, errors = read_tails(self.files, self.dir, read_at, wants, max_bytes)
         for name, why in errors.items():
             self.skipped.append((name, f"not readable as an event file: {why}"))
-        for name, size in sorted(sizes.items()):
+        # a file left out of ``sizes`` is at its start: one with events held back is still read
+        for name in sorted(set(sizes) | set(held)):
+            size = sizes.get(name, read_at.get(name, 0))
             # regular files only: a directory or a link named x.jsonl (which could point out of
             # the job directory) is not an event file
             off = self.cursor.get(name, 0)

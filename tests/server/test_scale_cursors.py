@@ -334,3 +334,29 @@ def test_triage_follow_with_a_cursor_of_256_ranks(server, tmp_path):
     texts = json.dumps(nxt["lines"])
     assert "step 2 loss 1.5" in texts and "step 1 loss" not in texts, texts[:500]
     assert len(nxt["cursor"]) <= 64
+
+
+def test_pages_stay_in_time_order_when_a_file_read_to_its_end_has_events_held_back(tmp_path):
+    """A page cut in one file holds back another file's later events although that file was
+    read to its end: the next page (whose one-call read leaves out the unchanged file) still
+    returns them in time order, none lost or repeated."""
+    from hyperpod_lab.events import EventWriter
+
+    now = [0.0]
+    a = EventWriter(str(tmp_path), "rank-0", "j", clock=lambda: now[0])
+    b = EventWriter(str(tmp_path), "rank-1", "j", clock=lambda: now[0])
+    for i in range(100):
+        now[0] = float(i)
+        a.emit("step", step=i, pad="x" * 100)
+        if i in (5, 50, 60):
+            b.emit("checkpoint.saved", step=i, tier="memory")
+    reader = EventReader(str(tmp_path), LocalFiles())
+    got = []
+    for _ in range(100):
+        page = reader.poll(max_bytes=2048)
+        got += page
+        if not reader.more and not page:
+            break
+    assert len(got) == 103 and len({e.key for e in got}) == 103
+    times = [e.time for e in got]
+    assert times == sorted(times)
