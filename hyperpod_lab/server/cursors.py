@@ -115,7 +115,8 @@ class CursorStore:
     def _append(self, rid: str, items: list[tuple[str, int]]) -> None:
         if self.dir is None or not items:
             return
-        with open(os.path.join(self.dir, rid + ".log"), "a", encoding="ascii") as f:
+        fd = os.open(os.path.join(self.dir, rid + ".log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        with open(fd, "a", encoding="ascii") as f:
             f.write("".join(f"{name} {end}\n" for name, end in items))
 
     def _prune(self) -> None:
