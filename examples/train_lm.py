@@ -332,6 +332,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (0: only at the end)")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep after each step (tests)")
     p.add_argument("--num-workers", type=int, default=0, help="data loader worker processes per rank (0: none)")
+    p.add_argument("--no-data-cache", action="store_true",
+                   help="read the corpus from shared storage instead of this node's copy in /dev/shm (benchmarks)")
     p.add_argument("--fsdp", action="store_true",
                    help="shard model and optimizer state with FSDP2 (checkpointless: within each replica group, HSDP)")
     args = p.parse_args(argv)
@@ -370,7 +372,7 @@ def train(ctx, hp, args: argparse.Namespace) -> None:
     barrier(world)
     if rank != 0 and not path.is_file():
         build_corpus(path)
-    local = hp.NodeCache(ctx).fetch(path).path  # this node's copy in /dev/shm (logs hit or miss)
+    local = path if args.no_data_cache else hp.NodeCache(ctx).fetch(path).path  # this node's copy in /dev/shm
     train_data, heldout = load_corpus(local)
     if len(heldout) < args.seq_len + 2:
         raise SystemExit(f"held-out split ({len(heldout)} bytes) is shorter than --seq-len {args.seq_len}")

@@ -444,10 +444,11 @@ class Watchdog:
         t = derived_hang_timeout(self.samples)
         return (t, "derived") if t is not None else (None, "warm-up")
 
-    def budget(self, w: _Watched, beat: Beat) -> tuple[float, str]:
+    def budget(self, w: _Watched, beat: Beat, sections: bool = True) -> tuple[float, str]:
         """``(seconds, source)``: how long local worker ``w`` (whose newest heartbeat is
-        ``beat``) may go without progress now (see the module doc for the rules)."""
-        if beat.section and beat.section_timeout > 0:
+        ``beat``) may go without progress now (see the module doc for the rules); ``sections``
+        False: as if it were in no section (what a stopped rank gets, :meth:`_judge`)."""
+        if sections and beat.section and beat.section_timeout > 0:
             return beat.section_timeout, "section"
         if beat.steps == 0:
             return self.startup_timeout_s, "startup"
@@ -505,9 +506,19 @@ class Watchdog:
         """``(w, beat, stalled_s, budget, source, process state)`` when the rank is hung, else None."""
         t, source = self.budget(w, beat)
         stalled = now - beat.last_progress
+        state = None
         if stalled < t:
-            return None
-        state = process_state(w.worker.pid)
+            if source != "section" or not beat.section_wait:
+                return None
+            # a wait section's own timeout spares a rank that waits for a peer (torchft bounds that
+            # wait itself); a stopped rank waits for nobody: it gets the budget outside sections
+            t, source = self.budget(w, beat, sections=False)
+            if stalled < t:
+                return None
+            state = process_state(w.worker.pid)
+            if state not in ("T", "t"):
+                return None
+        state = state or process_state(w.worker.pid)
         if state in (None, "Z"):
             return None  # gone: torchrun's monitor reports it
         stopped = state in ("T", "t")

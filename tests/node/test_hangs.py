@@ -115,7 +115,9 @@ BEATER = textwrap.dedent("""
     def stuck_here():
         if mode == "wait":
             hb.section("allreduce", wait=True)
-        if mode in ("wait", "sleep"):
+        if mode.startswith("quorum"):  # a wait with its own timeout (Checkpointless: torchft's + 5 s)
+            hb.section("quorum", wait=True, timeout_s=60.0)
+        if mode in ("wait", "sleep", "quorum-wait"):
             time.sleep(3600)
         os.kill(os.getpid(), signal.SIGSTOP)
         time.sleep(3600)
@@ -229,6 +231,31 @@ def test_a_rank_waiting_in_a_collective_gets_twice_the_timeout(tmp_path):
         assert hangs and hangs[0]["section"] == "allreduce" and hangs[0]["stalled_s"] >= 2.0, hangs
         assert hangs[0]["process_state"] == "sleeping"
         assert "Thread" in log.read_text() and "stuck_here" in log.read_text()  # py-spy on a live process
+    finally:
+        proc.kill()
+
+
+def test_a_wait_sections_timeout_spares_a_waiting_rank_but_not_a_stopped_one(tmp_path):
+    """A checkpointless rank waits in its quorum/all-reduce sections with torchft's own timeout
+    (plus 5 s) as the section's budget, so that a short ``hang_timeout_s`` does not kill a survivor
+    waiting there for a stopped peer (seen in benchmarks/recovery_ladder.py: the survivor killed at
+    2 x T, the stopped rank left alone). A *stopped* rank in such a section waits for nobody: it
+    gets the budget outside sections (here the spec's T = 1 s)."""
+    proc, log = start_beater(tmp_path, 40, mode="quorum-stop")
+    try:
+        dog, events = watch(tmp_path, proc, log, hang_timeout_s=1.0)
+        hangs, waited = run_until(dog, 20)
+        assert len(hangs) == 1 and waited < 1.0 + 2, (hangs, waited)
+        assert hangs[0]["timeout_source"] == "spec" and hangs[0]["section"] == "quorum", hangs
+        assert hangs[0]["process_state"] == "stopped"
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        proc.kill()
+    proc, log = start_beater(tmp_path, 40, mode="quorum-wait")
+    try:
+        dog, events = watch(tmp_path, proc, log, hang_timeout_s=1.0)
+        hangs, waited = run_until(dog, 3.0)  # 3 x T, beyond the 2 x T a victim gets outside the section
+        assert hangs == [] and proc.poll() is None, hangs
     finally:
         proc.kill()
 

@@ -104,6 +104,7 @@ DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_QUORUM_TIMEOUT_S = 60.0
 DEFAULT_HEARTBEAT_MS = 100  # a Lighthouse that published no timeout: heartbeat every 20 ms
 MAX_REPLICA_GROUPS = 1024
+SECTION_MARGIN_S = 5.0  # the hang watchdog's budget for a quorum/all-reduce wait: torchft's own timeout plus this
 _LOSS = MAX_REPLICA_GROUPS       # the member vector: [0, MAX) membership, then the loss sum,
 _FAILED = MAX_REPLICA_GROUPS + 1  # then how many ranks' step raised (in-process restart)
 BUCKET_BYTES = 25 << 20
@@ -683,6 +684,12 @@ class Checkpointless:
             self.fallback = TieredCheckpointer(ctx, state, policy, replicas=0)
         self.timeout = timedelta(seconds=env_seconds(ENV_FT_TIMEOUT, DEFAULT_TIMEOUT_S))
         quorum_timeout = timedelta(seconds=env_seconds(ENV_FT_QUORUM_TIMEOUT, DEFAULT_QUORUM_TIMEOUT_S))
+        # the hang watchdog's budget for this rank's waits on the other groups: torchft bounds them
+        # itself (a quorum by its quorum timeout, each collective by its timeout), so a rank waiting
+        # there for a stopped peer is a victim the watchdog must not kill before torchft gives up
+        # (a short resiliency.hang_timeout_s would otherwise kill the survivor at 2 x T)
+        self._quorum_wait_s = quorum_timeout.total_seconds() + SECTION_MARGIN_S
+        self._reduce_wait_s = 3 * self.timeout.total_seconds() + SECTION_MARGIN_S
         self._healed: dict[str, Any] | None = None
         if job_finished(ctx.job_dir):  # a group that joins (or restarts) after the job ended
             raise JobAlreadyFinished(0)
@@ -790,7 +797,7 @@ class Checkpointless:
             self.ctx.check_injected_fault()
         self.optimizer.zero_grad(set_to_none=False)
         t_quorum = time.time()
-        with self.ctx.waiting("quorum"):  # waiting for the other replica groups (straggler timing, watchdog)
+        with self.ctx.waiting("quorum", timeout_s=self._quorum_wait_s):  # waiting for the other replica groups (straggler timing, watchdog)
             self.manager.start_quorum()
         if self._healed is not None and self._first and self._initial:
             self._healed = None  # the initial weight sync
@@ -866,7 +873,7 @@ class Checkpointless:
         member[_FAILED] = 0.0 if own_error is None else 1.0
         red = self._reducer
         changed = None if own_error is not None else red.changed(self._names)
-        with self.ctx.waiting("allreduce"):  # waiting for the others (straggler timing, watchdog)
+        with self.ctx.waiting("allreduce", timeout_s=self._reduce_wait_s):  # waiting for the others (straggler timing, watchdog)
             failed = red.finish(member)
         self.overlapped = red.overlapped
         raised = int(round(float(member[_FAILED]))) if failed is None else (1 if own_error is not None else 0)
