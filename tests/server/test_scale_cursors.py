@@ -360,3 +360,52 @@ def test_pages_stay_in_time_order_when_a_file_read_to_its_end_has_events_held_ba
     assert len(got) == 103 and len({e.key for e in got}) == 103
     times = [e.time for e in got]
     assert times == sorted(times)
+
+
+def test_a_replay_page_is_bounded_whatever_the_number_of_files(tmp_path, monkeypatch):
+    """A replay page of a 256-writer job reads at most about ``PAGE_TOTAL_BYTES`` (here 1 MiB)
+    all files together, where each page read up to ``page_bytes`` of every file (here the whole
+    5 MB job in one page), and the replay still reads the job about once."""
+    import asyncio
+    import os
+
+    from hyperpod_lab.server.watch import watcher as watcher_mod
+    from hyperpod_lab.server.watch.watcher import Watcher
+    from hyperpod_lab.submit.client import Client
+    from hyperpod_lab.submit.jobs import JobStore
+
+    monkeypatch.setattr(watcher_mod, "PAGE_TOTAL_BYTES", 1 << 20)
+    client = Client(JobStore(str(tmp_path / "store")))
+    rec = track_local_job(str(tmp_path / "job"), "pages", store=client.store)
+    written = write_job(rec.job_dir, rec.job_id, 256, steps=500)
+    events_dir = os.path.join(rec.job_dir, "events")
+    job_bytes = sum(os.path.getsize(os.path.join(events_dir, f)) for f in os.listdir(events_dir))
+    assert job_bytes > 4 << 20
+
+    async def scenario():
+        w = Watcher(client, stream_interval_s=0.05, page_bytes=1 << 20, window_events=64)
+        w.start()
+        t = w.tailers[rec.job_id]
+        deadline = time.monotonic() + 120
+        while (not t.polled or t.more) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        pages, read_page = [], w._read_page
+
+        def counted(*args, **kwargs):
+            b = LocalFiles.bytes_read
+            out = read_page(*args, **kwargs)
+            pages.append(LocalFiles.bytes_read - b)
+            return out
+
+        w._read_page = counted
+        got = []
+        await w.subscribe(rec.job_id, {}, lambda m: (m["type"] == "event" and got.append(m)) or True)
+        while len(got) < written and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await w.stop()
+        return got, pages
+
+    got, pages = asyncio.run(scenario())
+    assert len(got) == written
+    assert len(pages) > 1 and max(pages) <= 1.2 * (1 << 20), pages
+    assert sum(pages) <= 1.2 * job_bytes, (sum(pages), job_bytes)

@@ -87,6 +87,9 @@ from hyperpod_lab.submit.jobs import JobRecord
 
 log = logging.getLogger("hyperpod_lab.server")
 
+#: most bytes one replay page reads, all event files together (see Watcher.page_file_bytes)
+PAGE_TOTAL_BYTES = 16 << 20
+
 
 class Watcher:
     """Job state and events for the server. Construct once per server; ``start()`` on the IOLoop.
@@ -101,7 +104,8 @@ class Watcher:
             subscriber) are read first in their own call, so their latency does not grow with
             the number of tracked jobs.
         read_bytes: most bytes a tailer reads of one event file per call.
-        page_bytes: most bytes of one event file per page of a subscriber's replay.
+        page_bytes: most bytes of one event file per page of a subscriber's replay (less for a job
+            of many files: at most :data:`PAGE_TOTAL_BYTES` a page, :meth:`page_file_bytes`).
         window_events: newest events a watched job's tailer keeps in memory.
         send_queue_bytes: a subscriber whose transport holds this many bytes unsent gets no
             more until it drained to half (then it catches up from its cursor).
@@ -488,12 +492,20 @@ class Watcher:
                 return
             sub.task = asyncio.get_running_loop().create_task(self._catch_up(t, sub, rec))
 
+    def page_file_bytes(self, job_id: str, cursor: dict[str, int]) -> int:
+        """Bytes of each event file a replay page reads: ``page_bytes``, less for a job of many
+        files so that a page holds at most about ``PAGE_TOTAL_BYTES`` whatever the rank count
+        (at least 4 KiB a file; the files counted from the tailer's cursor or ``cursor``)."""
+        t = self.tailers.get(job_id)
+        files = max(len(cursor), len(t.cursor) if t is not None else 0, 1)
+        return max(4096, min(self.page_bytes, PAGE_TOTAL_BYTES // files))
+
     def _read_page(self, rec: JobRecord, cursor: dict[str, int], sub: Subscription | None = None
                    ) -> tuple[list, dict[str, int]]:
         """One page of a job's events after ``cursor`` (``page_bytes`` per file); worker thread.
         ``sub``: the subscriber replaying, whose reader is kept for its next page."""
         reader = self._reader(rec, cursor, sub.reader if sub is not None else None)
-        located = reader.poll_located(max_bytes=self.page_bytes)
+        located = reader.poll_located(max_bytes=self.page_file_bytes(rec.job_id, cursor))
         if sub is not None:
             sub.reader = reader
         return located, dict(reader.cursor)
