@@ -29,7 +29,8 @@ t_R + 3 S + downtime: detection, restart, restore or heal, recomputed steps and 
 step's lost work, as the job saw them. For the node fault, ``spare_first_step_s`` is the time from
 the first ``fault.detected`` to the first step with the spare. Ratios against checkpoint-restart in
 the same run. ``rank_back_s``: from the fault to the first step the faulted rank takes part in
-again (checkpointless: a step with both replica groups; restart: the first step beyond R). For
+again (the first step after its heal from a live peer or its in-process restart; restart: after
+the restart's ``recovery.completed``). For
 ``exception`` the fault's time is its ``fault.detected`` (the rank raises at its next look for the
 request, within 0.5 s). JSON to ``benchmarks/results/recovery_ladder.json``.
 
@@ -114,6 +115,27 @@ def figures(steps: list[tuple[float, int]], t_fault: float) -> dict:
             "steps_lost": max(0, reached - after[0][1] + 1)}
 
 
+def rank_back(job: Job, t: float, reached: int, *, restart_mode: bool):
+    """A function giving the time of the first step after the faulted rank is back, or None yet.
+    Back: restart, the restart's ``recovery.completed`` (rank 0, every rank restored);
+    checkpointless, the faulted rank's own return: its heal from a live peer
+    (``checkpoint.restored`` tier replica, a restarted process or a spare) or its in-process
+    restart's ``recovery.completed`` {level: "in-process"}."""
+    def first() -> float | None:
+        ev = job.poll()
+        if restart_mode:
+            marks = [e.time for e in ev if e.kind == "recovery.completed" and e.time > t]
+        else:
+            marks = [e.time for e in ev if e.time > t and (
+                (e.kind == "checkpoint.restored" and e.data.get("tier") == "replica")
+                or (e.kind == "recovery.completed" and e.data.get("level") == "in-process"))]
+        if not marks:
+            return None
+        later = [e.time for e in ev if e.kind == "step" and e.time >= min(marks) and e.data["step"] > reached]
+        return min(later) if later else None
+    return first
+
+
 def run_config(client, name: str, opts: list[str], hot: str, no_cache: bool, step_sleep: float) -> dict:
     job = Job(client, name.replace("+ ", "ladder-").replace(" ", "-"), opts, hot, no_cache, step_sleep)
     out: dict[str, dict] = {}
@@ -133,13 +155,10 @@ def run_config(client, name: str, opts: list[str], hot: str, no_cache: bool, ste
                 t = min(e.time for e in job.events if e.kind == "fault.detected" and e.time > t)
             reached = max(s for tt, s in job.steps() if tt <= t)
             job.wait(lambda: [s for tt, s in job.steps() if tt > t and s >= reached + AFTER], f"recovery from {fault}")
-            restart_mode = opts[1] == "restart"
-            job.wait(lambda: [e for e in job.poll() if e.kind == "step" and e.time > t and e.data["step"] > reached
-                              and (restart_mode or e.data.get("replicas") == 2)], "the faulted rank back")
+            back = rank_back(job, t, reached, restart_mode=opts[1] == "restart")
+            job.wait(lambda: back() is not None, "the faulted rank back")
             out[fault] = figures(job.steps(), t)
-            out[fault]["rank_back_s"] = round(min(e.time for e in job.events if e.kind == "step" and e.time > t
-                                                  and e.data["step"] > reached
-                                                  and (restart_mode or e.data.get("replicas") == 2)) - t, 3)
+            out[fault]["rank_back_s"] = round(back() - t, 3)
             detected = [e.time for e in job.poll() if e.kind == "fault.detected" and e.time >= t]
             out[fault]["detected_after_s"] = round(min(detected) - t, 3) if detected else None
             if fault == "node":
@@ -157,6 +176,23 @@ def run_config(client, name: str, opts: list[str], hot: str, no_cache: bool, ste
         client.cancel(job.job_id)
         _scontrol("update", "NodeName=n2", "State=RESUME")
     return {"faults": out, "storage_restores": len(storage), "job_id": job.job_id}
+
+
+def make_table(res: dict) -> str:
+    """The README's table: per configuration and fault, the job-wide downtime with its reduction
+    against checkpoint-restart (same run), then when the faulted rank was back."""
+    base = res["configs"].get("checkpoint-restart")
+    rows = ["job-wide downtime (reduction vs checkpoint-restart) / faulted rank back",
+            "| configuration | " + " | ".join(FAULTS) + " |", "|---|" + "---:|" * len(FAULTS)]
+    for name, r in res["configs"].items():
+        cells = []
+        for f in FAULTS:
+            d, back = r["faults"][f]["downtime_s"], r["faults"][f]["rank_back_s"]
+            b = base["faults"][f]["downtime_s"] if base else None
+            ratio = f" ({1 - d / b:.0%} less)" if b and name != "checkpoint-restart" else ""
+            cells.append(f"{d:.2f} s{ratio} / {back:.2f} s")
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
 
 
 def main() -> None:
@@ -177,18 +213,7 @@ def main() -> None:
         print(f"{name} ...", flush=True)
         res["configs"][name] = run_config(client, name, opts, hot, no_cache, a.step_sleep)
         time.sleep(5)  # the cancelled job's steps end; n2 back in service
-    base = res["configs"].get("checkpoint-restart")
-    rows = ["job-wide downtime / faulted rank back (reduction of the latter vs checkpoint-restart)",
-            "| configuration | " + " | ".join(FAULTS) + " |", "|---|" + "---:|" * len(FAULTS)]
-    for name, r in res["configs"].items():
-        cells = []
-        for f in FAULTS:
-            d, back = r["faults"][f]["downtime_s"], r["faults"][f]["rank_back_s"]
-            b = base["faults"][f]["rank_back_s"] if base else None
-            ratio = f" ({1 - back / b:.0%} less)" if b and name != "checkpoint-restart" else ""
-            cells.append(f"{d:.2f} s / {back:.2f} s{ratio}")
-        rows.append(f"| {name} | " + " | ".join(cells) + " |")
-    res["table"] = "\n".join(rows)
+    res["table"] = make_table(res)
     print(res["table"])
     write_results(a.out, res, said="wrote")
 
