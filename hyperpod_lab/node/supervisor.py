@@ -394,15 +394,7 @@ class Supervisor:
         """Stop the hot spares still waiting (they also leave by themselves within a second of
         the job's ``finished``)."""
         for node, step in list(self.hot.items()):
-            if step.proc.poll() is None:
-                step.proc.send_signal(signal.SIGINT)  # srun: the first SIGINT reports, a second within 1 s kills
-                time.sleep(0.3)
-                step.proc.send_signal(signal.SIGINT)
-            try:
-                step.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                step.proc.kill()
-                step.proc.wait()
+            _stop_srun(step.proc)
             del self.hot[node]
 
     def start_group(self, node: str, group: int) -> None:
@@ -657,14 +649,7 @@ class Supervisor:
         for step in self.steps:
             if step.proc.poll() is None and step.nodes[0] in self.placement.excluded and self._spare():
                 say(f"stopping replica group {step.group} on excluded node {step.nodes[0]}")
-                step.proc.send_signal(signal.SIGINT)  # srun: the first SIGINT reports, a second within 1 s kills
-                time.sleep(0.3)
-                step.proc.send_signal(signal.SIGINT)
-                try:
-                    step.proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    step.proc.kill()
-                    step.proc.wait()
+                _stop_srun(step.proc)
                 return True
         return False
 
@@ -702,6 +687,20 @@ class Supervisor:
             survivors = [n for n in active if n in usable]
             active = (survivors + [n for n in usable if n not in survivors])[:self.nodes]
             say(f"resuming on {','.join(active)} without a requeue")
+
+
+def _stop_srun(proc: subprocess.Popen) -> None:
+    """Stop an ``srun`` step and wait for it: SIGINT twice (srun: the first SIGINT reports, a
+    second within 1 s kills the step), then SIGKILL after 30 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
