@@ -60,6 +60,93 @@ def build(job_dir: str, ranks: int, mb: int, failing: int) -> None:
                        "log_file": os.path.join(slot, "stdout.log"), "world_size": ranks}, f)
 
 
+WARNING = "/shared/train.py:12: UserWarning: TypedStorage is deprecated. It will be removed in the future."
+RANKS_PER_NODE = 8
+
+
+def write_rank_logs(job_dir: str, ranks: int, failing: int, kb: int = 64, ranks_per_node: int = RANKS_PER_NODE) -> int:
+    """Per-rank logs of a synthetic job of ``ranks`` ranks in torchrun's layout, one run folder
+    per node (``logs/torchrun/n<node>/attempt_0/<local rank>/{stdout,stderr}.log``) and each
+    rank's ``ranks/rank-R.json`` (``log_file``, ``node``): every rank's ``stdout.log`` holds
+    ~``kb`` KB (the lines every rank prints, one of its own, step lines), its ``stderr.log``
+    the same :data:`WARNING` (every rank), and rank ``failing``'s a Python traceback after it.
+    The events beside them: :func:`benchmarks.scale.write_job`. Returns the bytes written."""
+    os.makedirs(os.path.join(job_dir, "ranks"), exist_ok=True)
+    steps = "".join(f"step {i} loss {1.0 / (i + 1):.6f} tokens/s 123456\n" for i in range(100)).encode()
+    reps = max(1, kb * 1000 // len(steps))
+    total = 0
+    for r in range(ranks):
+        node, local = r // ranks_per_node, r % ranks_per_node
+        slot = os.path.join(job_dir, "logs", "torchrun", f"n{node}", "attempt_0", str(local))
+        os.makedirs(slot, exist_ok=True)
+        out = b"loading data...\n" + f"rank {r} says hello\n".encode() + steps * reps
+        err = (WARNING + "\n" + (TRACEBACK.format(r=r) if r == failing else "")).encode()
+        with open(os.path.join(slot, "stdout.log"), "wb") as f:
+            f.write(out)
+        with open(os.path.join(slot, "stderr.log"), "wb") as f:
+            f.write(err)
+        with open(os.path.join(job_dir, "ranks", f"rank-{r}.json"), "w") as f:
+            json.dump({"rank": r, "local_rank": local, "node": f"n{node}", "host": f"n{node}",
+                       "log_file": os.path.join(slot, "stdout.log"), "world_size": ranks}, f)
+        total += len(out) + len(err)
+    return total
+
+
+class CountingFiles:
+    """A file-access layer (a scheduler's ``remote``: local, mounted or SSH) that counts what goes
+    through it: ``opened`` (paths read: every ``read_from`` and each file ``read_tails`` returned
+    bytes of), ``listings`` (``list_files``/``listdir`` calls), ``calls`` (all of them: round
+    trips over SSH, a ``read_tails`` being one). Everything else is the wrapped object's."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self.reset()
+
+    def reset(self) -> None:
+        self.opened: list[str] = []
+        self.listings = 0
+        self.calls = 0
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def read_from(self, path, offset=0, length=None):
+        self.calls += 1
+        self.opened.append(path)
+        return self._inner.read_from(path, offset, length)
+
+    def list_files(self, path):
+        self.calls += 1
+        self.listings += 1
+        return self._inner.list_files(path)
+
+    def listdir(self, path):
+        self.calls += 1
+        self.listings += 1
+        return self._inner.listdir(path)
+
+    def read_tails(self, directory, starts, wants=None, max_bytes=None):
+        self.calls += 1
+        self.listings += 1
+        sizes, data, errors = self._inner.read_tails(directory, starts, wants, max_bytes)
+        self.opened.extend(f"{directory}/{n}" for n in data)
+        return sizes, data, errors
+
+
+class FixedClient:
+    """What :func:`hyperpod_lab.submit.logtriage.triage` needs of a Client for one job record and
+    one scheduler (a job read over the dev cluster's sshd without submitting it to Slurm)."""
+
+    def __init__(self, rec, sched):
+        self.rec, self.sched = rec, sched
+
+    def get(self, job_id):
+        return self.rec
+
+    def scheduler(self, cluster):
+        return self.sched
+
+
 def timed(fn, repeat: int):
     runs, out = [], None
     for _ in range(repeat):

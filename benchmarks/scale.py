@@ -46,9 +46,10 @@ RANKS_PER_NODE = 8
 
 
 def write_job(job_dir: str, job_id: str, ranks: int, steps: int = 100, every: int = 5, t0: float = 1.7e9,
-              step_s: float = 0.1) -> int:
+              step_s: float = 0.1, fault_rank: int = 1) -> int:
     """Write a synthetic job of ``ranks`` ranks into ``job_dir/events`` (see the module docstring)
-    with EventWriter; ``steps`` steps of ``step_s`` s from ``t0``. Returns the events written."""
+    with EventWriter; ``steps`` steps of ``step_s`` s from ``t0``; the fault is rank
+    ``fault_rank`` (modulo ``ranks``)'s, reported by its node's agent. Returns the events written."""
     now = [t0]
     clock = lambda: now[0]  # noqa: E731
     nodes = max(1, (ranks + RANKS_PER_NODE - 1) // RANKS_PER_NODE)
@@ -71,10 +72,12 @@ def write_job(job_dir: str, job_id: str, ranks: int, steps: int = 100, every: in
                 n += 1
         if step == steps // 2:
             now[0] += 0.02
-            agents[0].emit("fault.detected", rank=1 % ranks, node="n0", reason="exception", exitcode=1)
-            agents[0].emit("recovery.started", rank=1 % ranks)
+            fr = fault_rank % ranks
+            agent = agents[fr // RANKS_PER_NODE]
+            agent.emit("fault.detected", rank=fr, node=f"n{fr // RANKS_PER_NODE}", reason="exception", exitcode=1)
+            agent.emit("recovery.started", rank=fr)
             now[0] += 0.03
-            agents[0].emit("recovery.completed", downtime_s=0.05)
+            agent.emit("recovery.completed", downtime_s=0.05)
             n += 3
     return n
 

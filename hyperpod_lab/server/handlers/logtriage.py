@@ -2,7 +2,11 @@
 
 Query parameters (all optional; contract in ``docs/openapi.yaml``):
 
-* ``ranks``: ``0,2,4-7`` (default: every rank that started; at most 256).
+* ``ranks``: ``0,2,4-7`` (at most 256). Default: the failing ranks the job's ``fault.detected``
+  events name (the first failure first; from the watcher's fold of the job when it has read
+  every event, else from the event files) and 4 healthy ranks spread over the rest, for
+  contrast: a view opens a constant number of files whatever the rank count (a search goes
+  through every rank, bounded per request; a follow poll reads the ranks its cursor names).
 * ``cursor``: the reply's ``cursor``, to read on from where it stopped (follow mode: only new
   lines; a search: the next part of the logs). At most 2 KiB whatever the rank count: a big
   one is a token of the server's cursor store (:mod:`hyperpod_lab.server.cursors`).
@@ -13,7 +17,8 @@ Query parameters (all optional; contract in ``docs/openapi.yaml``):
 * ``q``: search (case-insensitive substring; with ``regex=1`` a regular expression in RE2's
   syntax, matched in linear time: backreferences and lookaround are a 400 naming them),
   ``scan`` (bytes scanned per request, default 8 MiB, at most 64 MiB), ``limit`` (matches, at
-  most 1000).
+  most 1000); a search also visits at most 64 ranks per request, and a reply cut by any bound
+  says ``truncated`` with a ``note`` (narrow the search, or send the cursor to go on).
 * ``around``: ``traceback``: the window around the first failing rank's traceback; ``time``
   (seconds since the epoch, e.g. a ``fault.detected`` event's) picks the traceback nearest it.
 * ``failure``: ``0`` skips finding the first failure (follow polls).
@@ -48,6 +53,15 @@ class LogTriageHandler(HyperPodHandler):
             return True
         raise SpecError(name, f"must be 0 or 1, got {raw[:40]!r}")
 
+    def _folded_faults(self, job_id: str) -> list[dict] | None:
+        """The job's ``fault.detected`` events from the watcher's fold of it (its tailer's
+        aggregate, every writer's files folded: no file read here), when the tailer has read
+        all the events there are; None otherwise (triage then reads the event files)."""
+        t = self.hp.watcher.tailers.get(job_id)
+        if t is None or t.agg is None or not t.polled or t.more:
+            return None
+        return logtriage.faults_from_aggregate(t.agg)
+
     @tornado.web.authenticated
     @authorized
     async def get(self, job_id: str):
@@ -81,7 +95,7 @@ class LogTriageHandler(HyperPodHandler):
         reply = await self.hp.watcher.run_for_job(
             job_id, logtriage.triage, self.hp.client, job_id, ranks=ranks, cursor=cursor, length=length,
             tail=tail, q=q, regex=regex, scan=scan, limit=limit, around_traceback=around == "traceback",
-            near_time=near_time, failure=failure)
+            near_time=near_time, failure=failure, faults=self._folded_faults(job_id))
         if isinstance(reply.get("cursor"), str) and len(reply["cursor"]) > 1024:  # a big one: a token
             reply["cursor"] = cursors.issue(job_id, logtriage.decode_log_cursor(reply["cursor"]))
         self.reply(reply)

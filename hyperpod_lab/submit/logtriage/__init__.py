@@ -24,7 +24,6 @@ count, 0 first), source (one log file of a rank), offset (bytes from the start o
 
 from __future__ import annotations
 
-import json
 import re
 from collections import deque
 from itertools import islice
@@ -47,7 +46,6 @@ from hyperpod_lab.submit.logtriage.parse import (
     MAX_RANKS,
     MAX_SCAN,
     MAX_SOURCES,
-    SECONDARY,
     VIEW_BYTES,
     VIEW_LINES,
     Line,
@@ -59,10 +57,23 @@ from hyperpod_lab.submit.logtriage.parse import (
     split_lines,
     strip_prefix,
 )
+from hyperpod_lab.submit.logtriage.select import (
+    FAULT_EVENT_BYTES,
+    MAX_FAILING,
+    SAMPLE_HEALTHY,
+    SMALL_EVENT_FILE,
+    cursor_ranks,
+    fault_order,
+    fault_ranks,
+    faults_from_aggregate,
+    read_fault_events,
+    view_ranks,
+)
 from hyperpod_lab.submit.logtriage.sources import RankLogs, Source, raw_bytes
 
 __all__ = ["DEFAULT_LENGTH", "DEFAULT_SCAN", "FAILURE_BYTES", "FAILURE_LINES", "MAX_LENGTH", "MAX_MATCHES", "MAX_SCAN",
-           "VIEW_BYTES", "VIEW_LINES", "JOB_LOG", "Line", "RankLogs", "Source", "Traceback", "collapse", "find_tracebacks", "split_lines", "strip_prefix", "around", "compile_query", "decode_log_cursor", "first_failure", "format_matches", "format_view", "parse_ranks", "rank_set_label", "read_fault_events", "read_view", "search", "triage"]
+           "VIEW_BYTES", "VIEW_LINES", "JOB_LOG", "FAULT_EVENT_BYTES", "MAX_FAILING", "SAMPLE_HEALTHY", "SMALL_EVENT_FILE",
+           "SEARCH_RANKS", "faults_from_aggregate", "Line", "RankLogs", "Source", "Traceback", "collapse", "find_tracebacks", "split_lines", "strip_prefix", "around", "compile_query", "decode_log_cursor", "first_failure", "format_matches", "format_view", "rank_badge", "parse_ranks", "rank_set_label", "read_fault_events", "read_view", "search", "triage"]
 
 
 def decode_log_cursor(text: str | None, name: str = "cursor") -> dict[str, int]:
@@ -118,8 +129,8 @@ def read_view(logs: RankLogs, ranks: list[int], cursor: dict[str, int], length: 
     Lines are collapsed per attempt and stream (the same attempt's ``stdout`` of every rank
     together), groups in attempt order.
 
-    Returns ``{"lines": [{"text", "ranks", "offsets": {R: byte}, "attempt", "stream",
-    "sources": {R: name}}], "cursor": {key: offset} (where the next read of each source starts:
+    Returns ``{"lines": [{"text", "ranks", "count" (how many ranks printed it: ``len(ranks)``),
+    "offsets": {R: byte}, "attempt", "stream", "sources": {R: name}}], "cursor": {key: offset} (where the next read of each source starts:
     follow mode asks again with it and gets only new lines), "sizes": {R: {name: bytes}},
     "read": {R: bytes read}, "more": whether some source has bytes past the cursor,
     "truncated": whether the request's budget cut the view, "budget": {"bytes", "lines"}}``.
@@ -190,6 +201,7 @@ def read_view(logs: RankLogs, ranks: list[int], cursor: dict[str, int], length: 
     out = []
     for gk in sorted(groups):
         for entry in collapse(groups[gk]):
+            entry["count"] = len(entry["ranks"])
             entry["attempt"] = None if gk[0] < 0 else gk[0]
             entry["stream"] = gk[2]
             entry["sources"] = {r: names[gk][r] for r in entry["ranks"]}
@@ -231,18 +243,13 @@ def first_failure(logs: RankLogs, ranks: list[int], faults: list[dict] | None = 
     or its log holds no traceback.
     """
     wanted = set(ranks)
-    event = None
-    def order(e: dict) -> tuple:
-        d = e.get("data") or {}
-        # each node's agent names its own root cause: a peer's "connection closed" is a consequence
-        # (the agent's root_cause is its own guess by error-file age; seen wrong within a second)
-        return (bool(SECONDARY.search(str(d.get("reason") or ""))), not d.get("root_cause"),
-                d.get("detected_at") or e.get("time") or 0)
-
-    for ev in sorted(faults or [], key=order):
-        r = (ev.get("data") or {}).get("rank")
-        if isinstance(r, int) and not isinstance(r, bool) and r in wanted:
-            event = ev
+    event, event_rank = None, None
+    # each node's agent names its own root cause: a peer's "connection closed" is a consequence
+    # (the agent's root_cause is its own guess by error-file age; seen wrong within a second)
+    for ev in sorted(faults or [], key=fault_order):
+        r = next((x for x in fault_ranks(ev) if x in wanted), None)
+        if r is not None:
+            event, event_rank = ev, r
             break
 
     def looked_at(r: int) -> list[Source]:
@@ -284,7 +291,7 @@ def first_failure(logs: RankLogs, ranks: list[int], faults: list[dict] | None = 
         return (primary or cands)[0]
 
     if event is not None:
-        r = event["data"]["rank"]
+        r = event_rank
         budget["sources"] = len(looked_at(r))
         c = pick(tracebacks(r), (event.get("data") or {}).get("reason"), near_time)
         found_by, when, node = "event", event.get("time"), (event.get("data") or {}).get("node") or logs.node(r)
@@ -388,7 +395,7 @@ def around(logs: RankLogs, failure: dict, length: int, max_lines: int = VIEW_LIN
         after.append(ln)
     lines = [*before, *after]
     nxt = lines[-1].end if lines else chunk.offset
-    return {"lines": [{"text": ln.text, "ranks": [r], "offsets": {r: ln.offset}, "attempt": src.attempt,
+    return {"lines": [{"text": ln.text, "ranks": [r], "count": 1, "offsets": {r: ln.offset}, "attempt": src.attempt,
                        "stream": src.stream, "sources": {r: src.name}} for ln in lines],
             "cursor": {src.key: nxt}, "sizes": {r: {src.name: chunk.size}}, "read": {r: len(data)},
             "more": chunk.size is not None and nxt < chunk.size, "truncated": cut, "budget": budget}
@@ -465,22 +472,41 @@ def compile_query(q: str, regex: bool) -> Callable[[str], object]:
     return lambda s: (s.lower().find(low) + 1) or None
 
 
+SEARCH_RANKS = 64  #: most ranks one search request visits (their sources listed and read); the cursor goes on
+
+
 def search(logs: RankLogs, ranks: list[int], q: str, regex: bool = False, cursor: dict[str, int] | None = None,
-           scan: int = DEFAULT_SCAN, limit: int = 200, chunk_bytes: int = 1 << 20) -> dict:
+           scan: int = DEFAULT_SCAN, limit: int = 200, chunk_bytes: int = 1 << 20,
+           max_ranks: int = SEARCH_RANKS) -> dict:
     """Lines of ``ranks``' sources that match ``q`` (see :func:`compile_query`), scanning at most
     ``scan`` bytes in this call (reads of ``chunk_bytes``), sources in rank order and each from
-    its ``cursor`` offset (0 where not named), and at most ``limit`` matches. Lines are split
-    and matched one at a time (memory: one ``chunk_bytes`` read and the matches).
+    its ``cursor`` offset (0 where not named), at most ``limit`` matches and at most
+    ``max_ranks`` ranks visited (:data:`SEARCH_RANKS`). Lines are split and matched one at a
+    time (memory: one ``chunk_bytes`` read and the matches).
+
+    A continued search starts at the highest rank its cursor names (the ranks before it were
+    searched to their end, in rank order) without listing or reading the ranks before it, and
+    the cursor it returns names only the rank it stopped in: whatever the rank count, a request
+    opens the files of at most ``max_ranks`` ranks and the cursor stays small. Lines a rank
+    before that one writes later are not searched by the continued search (search again).
 
     Returns ``{"matches": [{"rank", "source", "attempt", "stream", "offset", "text"}], "cursor":
     {key: offset} (send it back to continue where this call stopped), "scanned": bytes read,
-    "done": True when every source was searched to its end}``.
+    "done": True when every source was searched to its end, "truncated": not ``done``,
+    "note": what cut it and how to go on (None when done)}``.
     """
     match = compile_query(q, regex)
     cur = dict(cursor or {})
+    resume = max(cursor_ranks(cur), default=None)
+    todo = [r for r in ranks if resume is None or r >= resume]
     matches: list[dict] = []
-    scanned, done = 0, True
-    for r in ranks:
+    scanned, done, visited, last = 0, True, 0, None
+    for r in todo:
+        if visited >= max_ranks:
+            done = False
+            break
+        visited += 1
+        last = r
         for src in logs.sources(r):
             pos = cur.get(src.key, 0)
             while True:
@@ -513,21 +539,55 @@ def search(logs: RankLogs, ranks: list[int], q: str, regex: bool = False, cursor
                 break
         if not done:
             break
-    return {"matches": matches, "cursor": cur, "scanned": scanned, "done": done}
+    if last is not None:  # the ranks before the one it stopped in are done: their keys go
+        cur = {k: v for k, v in cur.items() if int(k.split(":", 1)[0]) >= last} if not done else cur
+    note = None
+    if not done:
+        why = (f"{limit} matches" if len(matches) >= limit else f"{scanned} bytes scanned (scan={scan})"
+               if scanned >= scan else f"{max_ranks} ranks visited")
+        upto = f"rank {last}" if last is not None else "the first rank"
+        note = (f"truncated at this request's bound ({why}), in {upto}: send the cursor to go on, or narrow the "
+                f"search (ranks, a more specific q)")
+    return {"matches": matches, "cursor": cur, "scanned": scanned, "done": done, "truncated": not done,
+            "note": note}
+
+
+def rank_badge(ranks: list[int], count: int | None = None) -> str:
+    """The badge of a collapsed line: ``rank 3``, ``ranks 0-1``, or from three ranks on the
+    count first and a few rank ids: ``x5 ranks 0,512,1024,…`` (``x2048 ranks 0-2047``)."""
+    n = len(ranks) if count is None else count
+    if n == 1 and ranks:
+        return f"rank {ranks[0]}"
+    label = rank_set_label(ranks)
+    if n <= 2:
+        return f"ranks {label}"
+    if len(label) > 24:
+        label = ",".join(str(r) for r in sorted(ranks)[:3]) + ",…"
+    return f"x{n} ranks {label}"
 
 
 def format_view(view: dict, failure: dict | None, width: int = 12) -> str:
-    """The collapsed view as text, for the CLI: ``[ranks 0-3] loading data...`` per line, a
-    heading per attempt and stream, then the first failure."""
+    """The collapsed view as text, for the CLI: which ranks it read (the failing ones first,
+    and the healthy sample of a big job), ``[ranks 0-1] loading data...`` or ``[x5 ranks
+    0,512,1024,…] UserWarning: ...`` per line (:func:`rank_badge`), a heading per attempt and
+    stream, then the first failure."""
     out, head = [], None
+    if view.get("sampled"):
+        failing = view.get("failing_ranks") or []
+        what = (f"failing rank{'s' if len(failing) > 1 else ''} {', '.join(map(str, failing))}" if failing
+                else "no failing rank in the events")
+        sample = view.get("sample_ranks") or []
+        out.append(f"=== {what}; healthy ranks for contrast: {rank_set_label(sample) or 'none'} "
+                   f"({len(view.get('ranks') or [])} of {view.get('rank_count')} ranks read; --ranks to choose) ===")
     for ln in view.get("lines", []):
         h = (ln.get("attempt"), ln.get("stream"))
         if h != head:
             head = h
             out.append(f"--- attempt {h[0]} {h[1]} ---" if h[0] is not None else f"--- {h[1]} ---")
-        rs = ln["ranks"]
-        badge = f"[rank {rs[0]}]" if len(rs) == 1 else f"[ranks {rank_set_label(rs)}]"
+        badge = f"[{rank_badge(ln['ranks'], ln.get('count'))}]"
         out.append(f"{badge:<{width}} {ln['text']}")
+    if view.get("truncated"):
+        out.append("... (cut at this request's budget: narrow the ranks or use --length)")
     if failure:
         out.append("")
         where = f" on {failure['node']}" if failure.get("node") else ""
@@ -540,45 +600,32 @@ def format_view(view: dict, failure: dict | None, width: int = 12) -> str:
 
 
 def format_matches(result: dict) -> str:
-    """Search matches as text, for the CLI: ``rank R source:offset: line``."""
+    """Search matches as text, for the CLI: ``rank R source:offset: line``, then the marker
+    of a search cut at its bounds (``truncated ... narrow the search``)."""
     lines = [f"[rank {m['rank']}] {m['source']}:{m['offset']}: {m['text']}" for m in result["matches"]]
     if not result["done"]:
-        lines.append(f"... (scanned {result['scanned']} bytes; more to search)")
+        lines.append(f"... {result.get('note') or 'truncated: more to search'} (scanned {result['scanned']} bytes)")
     return "\n".join(lines) + ("\n" if lines else "")
 
 
 # ---------------------------------------------------------------------------- one request
-FAULT_EVENT_BYTES = 4 << 20  #: most bytes of each event file read to find fault.detected events
-SMALL_EVENT_FILE = 1 << 20  #: rank-*.jsonl files (steps) larger than this are not read for faults
-
-
-def read_fault_events(files, job_dir: str, max_bytes: int = FAULT_EVENT_BYTES) -> list[dict]:
-    """The job's ``fault.detected`` events as dicts (``hyperpod_lab.events`` schema), read with at
-    most ``max_bytes`` bytes of each event file. The ranks' own files (``rank-*.jsonl``: mostly
-    steps) are read only while under :data:`SMALL_EVENT_FILE` bytes: the launch agents' and the
-    supervisor's files carry the faults."""
-    from hyperpod_lab.events import RANK_WRITER_PREFIX, EventReader, events_dir
-
-    try:
-        listing = files.list_files(events_dir(job_dir))
-    except (OSError, HyperPodLabError):
-        return []
-    skip = {n: s for n, s in listing.items() if n.startswith(RANK_WRITER_PREFIX) and s > SMALL_EVENT_FILE}
-    try:
-        evs = EventReader(job_dir, files, skip).poll(max_bytes=max_bytes)
-    except (OSError, HyperPodLabError):
-        return []
-    return [json.loads(e.to_json()) for e in evs if e.kind == "fault.detected"]
-
-
 def triage(client, job_id: str, ranks: list[int] | None = None, cursor: dict[str, int] | None = None,
            length: int = DEFAULT_LENGTH, tail: bool = False, q: str | None = None, regex: bool = False,
            scan: int = DEFAULT_SCAN, limit: int = 200, around_traceback: bool = False,
-           near_time: float | None = None, failure: bool = True) -> dict:
+           near_time: float | None = None, failure: bool = True, faults: list[dict] | None = None) -> dict:
     """One triage request of job ``job_id`` through ``client`` (a :class:`hyperpod_lab.submit.client.Client`).
 
+    Which ranks (``ranks`` None): a view reads the *failing* ranks the job's ``fault.detected``
+    events name (the first failure first, at most :data:`MAX_FAILING`) and
+    :data:`SAMPLE_HEALTHY` healthy ranks spread evenly over the rest, for contrast
+    (:mod:`hyperpod_lab.submit.logtriage.select`); never every rank's files, so the files it
+    opens are bounded by a constant whatever the rank count. Without a fault event, the root
+    cause torchelastic's report in the whole job's log names is the failing rank. A follow
+    poll (a ``cursor``, no ``ranks``) reads the ranks its cursor names; a search goes through
+    every rank, bounded per request (:func:`search`).
+
     Args:
-        ranks: the ranks to show (None: every rank that started).
+        ranks: the ranks to show (None: the failing ranks and the sample, as above).
         cursor: per-source byte offsets from an earlier reply (follow mode: only new lines).
         length: bytes read per source, 1 to :data:`MAX_LENGTH`.
         tail: sources the cursor does not name are read from their last ``length`` bytes
@@ -590,15 +637,20 @@ def triage(client, job_id: str, ranks: list[int] | None = None, cursor: dict[str
             without a traceback (SIGKILL, a lost node): the tail of its files.
         near_time: seconds since the epoch: pick the failing rank's traceback nearest it.
         failure: also find the first failure (:func:`first_failure`).
+        faults: the job's ``fault.detected`` events as dicts, where the caller has them (the
+            server's fold: :func:`faults_from_aggregate`); None: read from the event files
+            (:func:`read_fault_events`, one ``read_tails`` call).
 
     Returns:
-        ``{"job_id", "ranks", "nodes": {R: node}, "lines" | "matches", "cursor", "sizes",
-        "read", "more" | "done", "truncated"? "budget"? (a view), "scanned"? (a search),
-        "first_failure", "bytes_read"}`` (see :func:`read_view`, :func:`search`,
-        :func:`first_failure`); ``bytes_read`` counts every byte read for the reply. Whatever
-        the number of ranks, a view reads at most :data:`VIEW_BYTES` bytes and keeps
-        :data:`VIEW_LINES` lines, the first failure reads :data:`FAILURE_BYTES` bytes, a search
-        ``scan`` bytes (one line held at a time).
+        ``{"job_id", "ranks" (the ranks read, ascending), "failing_ranks" (the first failure
+        first), "sample_ranks" (the healthy ranks read for contrast), "sampled" (True: not every
+        rank that started was read), "rank_count" (ranks that started), "known_ranks", "nodes":
+        {R: node}, "lines" | "matches", "cursor", "sizes", "read", "more" | "done", "truncated",
+        "budget"? (a view), "scanned"?, "note"? (a search), "first_failure", "bytes_read"}`` (see
+        :func:`read_view`, :func:`search`, :func:`first_failure`); ``bytes_read`` counts every
+        byte read for the reply. Whatever the number of ranks, a view reads at most
+        :data:`VIEW_BYTES` bytes and keeps :data:`VIEW_LINES` lines, the first failure reads
+        :data:`FAILURE_BYTES` bytes, a search ``scan`` bytes (one line held at a time).
 
     Raises:
         UnknownJob; SpecError for a bad ``q``; ClusterUnreachable and the like from the backend.
@@ -607,18 +659,42 @@ def triage(client, job_id: str, ranks: list[int] | None = None, cursor: dict[str
     sched = client.scheduler(rec.cluster)
     logs = RankLogs(sched, rec)
     known = logs.ranks()
-    chosen = known if ranks is None else ranks
     try:
         from hyperpod_lab.submit.jobs import JobStatus
 
         over = JobStatus(rec.status).is_terminal()
     except ValueError:
         over = False
-    out: dict = {"job_id": job_id, "ranks": chosen, "known_ranks": known}
+    pick = ranks is None and not q and not cursor  # a first view: the failing ranks and a sample
+    if faults is None and (failure or around_traceback or pick):
+        faults = read_fault_events(sched.remote, rec.job_dir) if getattr(sched, "remote", None) else []
+    failing, sample = view_ranks(known, faults or [])
+    job_log_fail = None
+    if pick and not failing and len(known) > SAMPLE_HEALTHY and (failure or around_traceback):
+        # no fault event: torchelastic's report in the job's log names the root cause (one file)
+        job_log_fail = _job_log_failure(logs, set(known), max(length, DEFAULT_LENGTH))
+        if job_log_fail is not None:
+            failing, sample = view_ranks(known, [{"data": {"rank": job_log_fail["rank"]}}])
+    if ranks is not None:
+        chosen = ranks
+    elif q:
+        chosen = known
+    elif cursor:
+        chosen = [r for r in cursor_ranks(cursor) if r in set(known)] or known[:1]
+    else:
+        chosen = sorted({*failing, *sample})
+    shown = set(chosen)
+    out: dict = {"job_id": job_id, "ranks": chosen, "failing_ranks": [r for r in failing if r in shown],
+                 "sample_ranks": [r for r in sample if r in shown and not q], "sampled": len(shown) < len(known),
+                 "rank_count": len(known), "known_ranks": known}
     fail = None
     if failure or around_traceback:
-        faults = read_fault_events(sched.remote, rec.job_dir) if getattr(sched, "remote", None) else []
-        fail = first_failure(logs, chosen, faults, max(length, DEFAULT_LENGTH), near_time)
+        # a search of every rank looks only at the failing ones (or a small job's ranks)
+        look = chosen if not q else ([r for r in failing if r in shown]
+                                     or (chosen if len(chosen) <= MAX_FAILING + SAMPLE_HEALTHY else []))
+        fail = first_failure(logs, look, faults, max(length, DEFAULT_LENGTH), near_time) if look else None
+        if fail is None and job_log_fail is not None and job_log_fail["rank"] in shown:
+            fail = job_log_fail
     out["first_failure"] = fail
     if q:
         out.update(search(logs, chosen, q, regex, cursor, scan, limit))
@@ -632,7 +708,8 @@ def triage(client, job_id: str, ranks: list[int] | None = None, cursor: dict[str
                         "budget": {"bytes": VIEW_BYTES, "lines": VIEW_LINES}})
     else:
         out.update(read_view(logs, chosen, cursor or {}, length, tail, over))
-    out["nodes"] = {r: logs.node(r) for r in chosen}
+    shown_now = chosen if not q else sorted({m["rank"] for m in out["matches"]} | ({fail["rank"]} if fail else set()))
+    out["nodes"] = {r: logs.node(r) for r in shown_now}
     out["cursor"] = encode_cursor(out["cursor"])
     out["bytes_read"] = logs.bytes_read
     return out
