@@ -17,6 +17,19 @@ Printed: seconds and bytes read of each, ratios against the baseline; written as
 
 Usage: .venv/bin/python benchmarks/log_triage.py [--ranks 4] [--mb 50] [--repeat 3]
        [--out benchmarks/results/log_triage.json]
+
+``--scale 2,64,512,2048`` (issue 27, item 4): the triage *first view* of synthetic jobs of that
+many ranks, each with rank 1,337 (modulo the size) failing: events by the project's EventWriter
+(:func:`benchmarks.scale.write_job`), per-rank logs of ``--kb`` KB in torchrun's layout
+(:func:`write_rank_logs`). Per job and path (``local`` files; with ``--ssh`` also the dev
+cluster's sshd on loopback, read-only: nothing is submitted to Slurm): the first view as the
+Lab's first request makes it (``triage(tail=True)``: the failing ranks, 4 healthy ones, the
+first failure; the first call and the median of ``--repeat``), the CLI's ``logs --triage``,
+one search request, the files opened and the round trips (counted in the file-access layer,
+:class:`CountingFiles`), bytes read and the reply's size; ratios against the first (smallest)
+job of the same run. JSON to ``benchmarks/results/log_triage_scale.json``.
+
+Usage: .venv/bin/python benchmarks/log_triage.py --scale 2,64,512,2048 [--kb 190] [--steps 20] [--ssh]
 """
 
 from __future__ import annotations
@@ -156,13 +169,125 @@ def timed(fn, repeat: int):
     return statistics.median(runs), out
 
 
+FAILING = 1337
+
+
+def measure_scale(client, job_id: str, files: CountingFiles, repeat: int) -> dict:
+    """The first view, the CLI's view and one search of job ``job_id`` (see the module docstring)."""
+    import io
+
+    from hyperpod_lab import cli
+    from hyperpod_lab.submit import logtriage as lt
+
+    def view():
+        files.reset()
+        t = time.perf_counter()
+        reply = lt.triage(client, job_id, tail=True)
+        return time.perf_counter() - t, reply, len(files.opened), files.calls
+
+    first_s, reply, opened, calls = view()
+    runs = [view() for _ in range(repeat)]
+    out = io.StringIO()
+    t = time.perf_counter()
+    cli.run(["logs", job_id, "--triage"], client=client, out=out)
+    cli_s = time.perf_counter() - t
+    files.reset()
+    t = time.perf_counter()
+    sea = lt.triage(client, job_id, q="no such text", failure=False)
+    search_s = time.perf_counter() - t
+    warn = [ln for ln in reply["lines"] if ln["text"] == WARNING]
+    return {"first_view_first_call_s": round(first_s, 4), "first_view_s": round(statistics.median(r[0] for r in runs), 4),
+            "files_opened": opened, "round_trips": calls, "bytes_read": reply["bytes_read"],
+            "reply_bytes": len(json.dumps(reply)), "ranks_read": reply["ranks"], "first_failure_rank":
+            (reply["first_failure"] or {}).get("rank"), "warning_entries": len(warn),
+            "warning_count": warn[0]["count"] if warn else 0, "cli_s": round(cli_s, 4), "cli_chars": len(out.getvalue()),
+            "search_s": round(search_s, 4), "search_files_opened": len(files.opened), "search_round_trips": files.calls,
+            "search_scanned": sea["scanned"], "search_note": sea.get("note")}
+
+
+def main_scale(a) -> int:
+    from benchmarks.scale import write_job
+    from hyperpod_lab.schedulers import for_profile
+    from hyperpod_lab.submit.client import Client
+    from hyperpod_lab.submit.jobs import JobRecord, JobStore
+
+    sizes = [int(x) for x in a.scale.split(",")]
+    base = profile = None
+    if a.ssh:
+        from hyperpod_lab import devcluster
+
+        profile = devcluster.profile_for()
+        base = os.path.join(profile.shared_root, "hyperpod-lab-bench")
+        os.makedirs(base, mode=0o700, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="triage-scale-", dir=base)
+    os.environ.setdefault("HYPERPOD_LAB_CONFIG", os.path.join(work, "clusters.toml"))
+    os.environ.setdefault("HYPERPOD_LAB_DATA_DIR", os.path.join(work, "data"))
+    rows = []
+    ssh_sched = for_profile(profile) if profile is not None else None
+    try:
+        for n in sizes:
+            job_dir, job_id = os.path.join(work, f"job-{n}"), f"triage-{n}"
+            t = time.perf_counter()
+            events = write_job(job_dir, job_id, n, steps=a.steps, fault_rank=FAILING)
+            log_bytes = write_rank_logs(job_dir, n, FAILING % n, kb=a.kb)
+            print(f"{n} ranks: {events} events, {log_bytes / 1e6:.1f} MB of logs written in "
+                  f"{time.perf_counter() - t:.1f} s", flush=True)
+            store = JobStore(os.path.join(work, "jobs"))
+            rec = JobRecord(job_id, job_id, "local", "local", "0", job_dir, {}, status="failed")
+            store.put(rec)
+            local = Client(store)
+            sched = local.scheduler("local")
+            if not isinstance(sched.remote, CountingFiles):
+                sched.remote = CountingFiles(sched.remote)
+            paths = [("local", local, sched.remote)]
+            if ssh_sched is not None:
+                if not isinstance(ssh_sched.remote, CountingFiles):
+                    ssh_sched.remote = CountingFiles(ssh_sched.remote)
+                srec = JobRecord(job_id, job_id, profile.name, "slurm", "0", job_dir, {}, status="failed")
+                paths.append(("ssh", FixedClient(srec, ssh_sched), ssh_sched.remote))
+            for label, client, files in paths:
+                row = {"path": label, "ranks": n, "events": events, "log_bytes": log_bytes,
+                       **measure_scale(client, job_id, files, a.repeat)}
+                rows.append(row)
+                print(f"  {label:5s} first view {row['first_view_s'] * 1e3:.1f} ms (first call "
+                      f"{row['first_view_first_call_s'] * 1e3:.1f} ms), {row['files_opened']} files opened, "
+                      f"{row['round_trips']} round trips, {row['bytes_read'] / 1e3:.0f} kB read, reply "
+                      f"{row['reply_bytes'] / 1e3:.0f} kB; rank {row['first_failure_rank']} first, ranks read "
+                      f"{row['ranks_read']}, warning: {row['warning_entries']} entry x{row['warning_count']}; CLI "
+                      f"{row['cli_s'] * 1e3:.1f} ms; search {row['search_s'] * 1e3:.1f} ms "
+                      f"({row['search_files_opened']} files)", flush=True)
+            shutil.rmtree(job_dir, ignore_errors=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if ssh_sched is not None:
+            ssh_sched.remote.close()
+    first = {r["path"]: r for r in rows if r["ranks"] == sizes[0]}
+    for r in rows:
+        b = first.get(r["path"])
+        for k in ("first_view_s", "files_opened", "round_trips", "reply_bytes", "cli_s"):
+            r[f"{k}_ratio"] = round(r[k] / b[k], 3) if b and b[k] else None
+    return write_results(a.out, {"benchmark": "log_triage_scale", "sizes": sizes, "kb_per_rank": a.kb,
+                                 "steps": a.steps, "repeat": a.repeat, "failing_rank": FAILING,
+                                 "machine": platform.node(), "cpus": os.cpu_count(), "loadavg": os.getloadavg(),
+                                 "rows": rows}, said="wrote")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--mb", type=int, default=50, help="MB of each rank's stdout.log")
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "log_triage.json"))
+    p.add_argument("--scale", help="comma-separated rank counts: the first-view measurement of issue 27 item 4")
+    p.add_argument("--kb", type=int, default=190, help="--scale: KB of each rank's stdout.log")
+    p.add_argument("--steps", type=int, default=20, help="--scale: steps of each synthetic job's events")
+    p.add_argument("--ssh", action="store_true", help="--scale: also over the dev cluster's sshd (read-only)")
+    p.add_argument("--out", default=None)
     a = p.parse_args()
+    if a.scale:
+        a.out = a.out or os.path.join(ROOT, "benchmarks", "results", "log_triage_scale.json")
+        main_scale(a)
+        return
+    a.out = a.out or os.path.join(ROOT, "benchmarks", "results", "log_triage.json")
 
     tmp = tempfile.mkdtemp(prefix="hyperpod-lab-bench-triage-")
     os.environ.setdefault("HYPERPOD_LAB_CONFIG", os.path.join(tmp, "clusters.toml"))
