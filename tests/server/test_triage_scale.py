@@ -185,3 +185,55 @@ def test_the_server_takes_the_failing_rank_from_its_fold(server, tmp_path):
     assert body["first_failure"]["rank"] == FAILING and "illegal memory access" in body["first_failure"]["exception"]
     assert len(body["ranks"]) <= lt.MAX_FAILING + lt.SAMPLE_HEALTHY
     assert sum(ln["text"] == WARNING for ln in body["lines"]) == 1
+
+
+def test_the_sample_is_spread_and_fixed_and_the_failing_ranks_come_root_cause_first():
+    assert lt.healthy_sample(list(range(2048)), [FAILING]) == [0, 511, 1023, 1536]
+    assert lt.healthy_sample([0, 1, 2], [1]) == [0, 2]
+    faults = [{"time": 5.0, "data": {"rank": 7, "reason": "Connection closed by peer"}},  # a consequence
+              {"time": 9.0, "data": {"rank": [40, 41], "reason": "replica group lost"}},  # a group's ranks
+              {"time": 6.0, "data": {"rank": 12, "reason": "exception", "root_cause": True}},
+              {"time": 1.0, "data": {"rank": True, "reason": "exception"}}]  # not a rank
+    assert lt.failing_ranks(faults) == [12, 40, 41, 7]
+    assert lt.failing_ranks(faults, known=range(41)) == [12, 40, 7]
+    assert lt.failing_ranks(faults, limit=2) == [12, 40]
+
+
+def test_without_fault_events_the_job_logs_report_names_the_failing_rank(tmp_path):
+    """No event names a rank (a SIGKILL, agents that wrote nothing): torchelastic's report in the
+    whole job's log (one file) names rank 1,337, and only it and the sample are read."""
+    job_dir = tmp_path / "noevents"
+    write_rank_logs(str(job_dir), 2048, -1, kb=2)  # no traceback anywhere
+    (job_dir / "events").mkdir()
+    report = ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n" + "=" * 60 + "\n"
+              "train.py FAILED\nRoot Cause (first observed failure):\n[0]:\n  time      : 2026-11-27_08:00:00\n"
+              f"  host      : n167\n  rank      : {FAILING} (local_rank: 1)\n  exitcode  : -9 (pid: 4242)\n"
+              "  traceback : Signal 9 (SIGKILL) received by PID 4242\n" + "=" * 60 + "\n")
+    (job_dir / "logs" / "launcher.log").write_text("starting\n" + report)
+    store = JobStore(str(tmp_path / "jobs"))
+    store.put(JobRecord("noevents", "noevents", "local", "local", "0", str(job_dir), {}, status="failed"))
+    client = Client(store)
+    sched = client.scheduler("local")
+    sched.remote = files = CountingFiles(sched.remote)
+    reply = lt.triage(client, "noevents", tail=True)
+    assert reply["failing_ranks"] == [FAILING] and FAILING in reply["ranks"] and len(reply["ranks"]) == 5
+    f = reply["first_failure"]
+    assert f["rank"] == FAILING and f["source"] == lt.JOB_LOG and "SIGKILL" in f["exception"], f
+    assert len(files.opened) <= MAX_OPENED, files.opened
+
+
+def test_a_small_jobs_follow_poll_reads_ranks_that_started_after_its_first_view(tmp_path):
+    job_dir = tmp_path / "small"
+    write_rank_logs(str(job_dir), 4, 3, kb=1)
+    (job_dir / "events").mkdir()
+    late = job_dir / "ranks" / "rank-3.json"
+    later = tmp_path / "rank-3.json"
+    late.rename(later)  # rank 3 has not started yet
+    store = JobStore(str(tmp_path / "jobs"))
+    store.put(JobRecord("small", "small", "local", "local", "0", str(job_dir), {}, status="running"))
+    client = Client(store)
+    first = lt.triage(client, "small", tail=True, failure=False)
+    assert first["ranks"] == [0, 1, 2] and first["sampled"] is False
+    later.rename(late)
+    nxt = lt.triage(client, "small", cursor=lt.decode_log_cursor(first["cursor"]), failure=False)
+    assert nxt["ranks"] == [0, 1, 2, 3] and any(3 in ln["ranks"] for ln in nxt["lines"])

@@ -92,10 +92,13 @@ class LogTriageHandler(HyperPodHandler):
                 near_time = math.nan
             if not math.isfinite(near_time) or near_time < 0:
                 raise SpecError("time", f"must be seconds since the epoch (a number >= 0), got {near[:40]!r}")
+        # the fault events pick the ranks of a first view and find the first failure
+        needs_faults = failure or around == "traceback" or (ranks is None and not cursor and q is None)
         reply = await self.hp.watcher.run_for_job(
             job_id, logtriage.triage, self.hp.client, job_id, ranks=ranks, cursor=cursor, length=length,
             tail=tail, q=q, regex=regex, scan=scan, limit=limit, around_traceback=around == "traceback",
-            near_time=near_time, failure=failure, faults=self._folded_faults(job_id))
+            near_time=near_time, failure=failure,
+            faults=self._folded_faults(job_id) if needs_faults else None)
         if isinstance(reply.get("cursor"), str) and len(reply["cursor"]) > 1024:  # a big one: a token
             reply["cursor"] = cursors.issue(job_id, logtriage.decode_log_cursor(reply["cursor"]))
         self.reply(reply)

@@ -63,9 +63,11 @@ from hyperpod_lab.submit.logtriage.select import (
     SAMPLE_HEALTHY,
     SMALL_EVENT_FILE,
     cursor_ranks,
+    failing_ranks,
     fault_order,
     fault_ranks,
     faults_from_aggregate,
+    healthy_sample,
     read_fault_events,
     view_ranks,
 )
@@ -73,7 +75,7 @@ from hyperpod_lab.submit.logtriage.sources import RankLogs, Source, raw_bytes
 
 __all__ = ["DEFAULT_LENGTH", "DEFAULT_SCAN", "FAILURE_BYTES", "FAILURE_LINES", "MAX_LENGTH", "MAX_MATCHES", "MAX_SCAN",
            "VIEW_BYTES", "VIEW_LINES", "JOB_LOG", "FAULT_EVENT_BYTES", "MAX_FAILING", "SAMPLE_HEALTHY", "SMALL_EVENT_FILE",
-           "SEARCH_RANKS", "faults_from_aggregate", "Line", "RankLogs", "Source", "Traceback", "collapse", "find_tracebacks", "split_lines", "strip_prefix", "around", "compile_query", "decode_log_cursor", "first_failure", "format_matches", "format_view", "rank_badge", "parse_ranks", "rank_set_label", "read_fault_events", "read_view", "search", "triage"]
+           "SEARCH_RANKS", "SMALL_JOB", "failing_ranks", "faults_from_aggregate", "healthy_sample", "Line", "RankLogs", "Source", "Traceback", "collapse", "find_tracebacks", "split_lines", "strip_prefix", "around", "compile_query", "decode_log_cursor", "first_failure", "format_matches", "format_view", "rank_badge", "parse_ranks", "rank_set_label", "read_fault_events", "read_view", "search", "triage"]
 
 
 def decode_log_cursor(text: str | None, name: str = "cursor") -> dict[str, int]:
@@ -472,6 +474,7 @@ def compile_query(q: str, regex: bool) -> Callable[[str], object]:
     return lambda s: (s.lower().find(low) + 1) or None
 
 
+SMALL_JOB = MAX_FAILING + SAMPLE_HEALTHY  #: a job of at most this many ranks: a view reads every rank
 SEARCH_RANKS = 64  #: most ranks one search request visits (their sources listed and read); the cursor goes on
 
 
@@ -615,7 +618,8 @@ def triage(client, job_id: str, ranks: list[int] | None = None, cursor: dict[str
            near_time: float | None = None, failure: bool = True, faults: list[dict] | None = None) -> dict:
     """One triage request of job ``job_id`` through ``client`` (a :class:`hyperpod_lab.submit.client.Client`).
 
-    Which ranks (``ranks`` None): a view reads the *failing* ranks the job's ``fault.detected``
+    Which ranks (``ranks`` None): a job of at most :data:`SMALL_JOB` ranks, every rank; a
+    bigger one's view reads the *failing* ranks the job's ``fault.detected``
     events name (the first failure first, at most :data:`MAX_FAILING`) and
     :data:`SAMPLE_HEALTHY` healthy ranks spread evenly over the rest, for contrast
     (:mod:`hyperpod_lab.submit.logtriage.select`); never every rank's files, so the files it
@@ -665,7 +669,7 @@ def triage(client, job_id: str, ranks: list[int] | None = None, cursor: dict[str
         over = JobStatus(rec.status).is_terminal()
     except ValueError:
         over = False
-    pick = ranks is None and not q and not cursor  # a first view: the failing ranks and a sample
+    pick = ranks is None and not q and not cursor and len(known) > SMALL_JOB  # the failing ranks and a sample
     if faults is None and (failure or around_traceback or pick):
         faults = read_fault_events(sched.remote, rec.job_dir) if getattr(sched, "remote", None) else []
     failing, sample = view_ranks(known, faults or [])
@@ -677,10 +681,11 @@ def triage(client, job_id: str, ranks: list[int] | None = None, cursor: dict[str
             failing, sample = view_ranks(known, [{"data": {"rank": job_log_fail["rank"]}}])
     if ranks is not None:
         chosen = ranks
-    elif q:
+    elif q or len(known) <= SMALL_JOB:  # a small job: every rank (ranks that start later too)
         chosen = known
     elif cursor:
-        chosen = [r for r in cursor_ranks(cursor) if r in set(known)] or known[:1]
+        have = set(known)
+        chosen = [r for r in cursor_ranks(cursor) if r in have] or sorted({*failing, *sample})
     else:
         chosen = sorted({*failing, *sample})
     shown = set(chosen)
