@@ -547,7 +547,7 @@ def _env(a: argparse.Namespace, say, client) -> int:
     except envparity.EnvCheckUnsupported as e:
         say(f"not checked: {e}")
         return 0
-    say(json.dumps({k: v for k, v in report.items()}, indent=2) if a.json else envparity.formattable(report))
+    say(json.dumps({k: v for k, v in report.items()}, indent=2) if a.json else envparity.format_table(report))
     return 1 if report["summary"] == envparity.ERROR else 0
 
 

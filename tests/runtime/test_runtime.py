@@ -155,7 +155,7 @@ def test_recovery_events_in_order(killed_run):
     assert fault["data"]["pid"] == victim["pid"] and fault["data"]["node"] == "n2"
     assert fault["data"]["local_rank"] == 0 and fault["data"]["reason"]
     started = next(e for e in ev if e["kind"] == "recovery.started" and e["writer"] == "agent-n2")
-    assert started["data"] == {"restart_count": 1, "reason": "local worker failed", "node": "n2"}
+    assert started["data"] == {"restart_count": 1, "reason": "local worker failed", "node": "n2", "level": "process"}
     # the other agent restarts too: its worker failed on the dead peer, or it saw n2 re-rendezvous
     other = next(e for e in ev if e["kind"] == "recovery.started" and e["writer"] == "agent-n1")
     assert other["data"]["reason"] in ("local worker failed", "peer re-rendezvous")
