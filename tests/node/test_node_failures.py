@@ -15,6 +15,7 @@ the tests still RESUME it in a ``finally`` in case it stays down.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import subprocess
@@ -152,6 +153,16 @@ def test_a_spare_node_takes_over_a_lost_replica_group(cluster3, client, n2_back)
     assert restarts(client.get(job_id).native_id) == 0  # no requeue, no wait in the queue
     assert not [e for e in job.kinds("checkpoint.restored") if e.data["tier"] != "replica"]
     assert_global_sample_order(client.get(job_id).job_dir, steps)  # the spare went on with the exact order
+    # issue 29: `hyperpod-lab events JOB` of a dev-cluster job (health checks, a node DOWN, a spare
+    # joining) prints one readable line per event, none over 200 characters; --json the raw lines
+    out = io.StringIO()
+    cli.run(["events", job_id], out=out, client=client)
+    lines = out.getvalue().splitlines()
+    assert len(lines) >= len(job.events) and max(len(x) for x in lines) <= 200, max(lines, key=len)
+    assert [x for x in lines if "health.checked" in x and "n3 passed" in x], lines[:10]
+    out = io.StringIO()
+    cli.run(["events", job_id, "--json"], out=out, client=client)
+    assert max(len(x) for x in out.getvalue().splitlines()) > 200  # the raw health.checked lines
 
 
 def test_a_restart_job_resumes_on_its_spare_from_the_peer_tier(cluster3, client, n2_back):
