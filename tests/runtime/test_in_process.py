@@ -129,3 +129,30 @@ def test_spec_fields_of_the_ladder():
                             ("restart_window_s", 0.5, "use --restart-window 3600")):
         with pytest.raises(SpecError, match=msg):
             JobSpec(script="t.py", resiliency=ResiliencyPolicy(**{field: bad})).validate()
+
+
+def test_an_exception_in_a_group_of_several_ranks_goes_to_the_process_level(tmp_path):
+    """FSDP2 groups of 2 ranks: rank 3 (group 1) raises inside ``ft.recoverable()``. Its peer in the
+    group may be inside an in-group collective it will never join and gloo cannot abort one, so
+    the exception is not handled in place: the rank says why in its log, torchrun restarts group 1
+    (``recovery.started`` level process) and both its ranks heal their shards from group 0."""
+    from test_checkpointless_fsdp import FsdpJob
+
+    job = FsdpJob(tmp_path, 2, ["--fsdp", "--steps", "30", "--step-sleep", "0.2"])
+    try:
+        job.wait_step(8)
+        t0 = time.time()
+        inject_exception(job.job_dir, 3)
+        job.wait(timeout=300)
+        assert all(a.returncode == 0 for a in job.agents.values()), job.logs()
+    finally:
+        job.stop()
+    ev = job.events()
+    assert [e["data"].get("level") for e in kinds(ev, "recovery.started") if e["time"] > t0] == ["process"]
+    assert any("InjectedFault" in str(e["data"].get("reason")) and e["data"].get("rank") == 3
+               for e in kinds(ev, "fault.detected") if e["writer"].startswith("agent-")), kinds(ev, "fault.detected")
+    with open(os.path.join(job.job_dir, "agent-1.log"), errors="replace") as f:
+        assert "gloo cannot abort" in f.read()  # the rank said why (torchrun copies its output here)
+    assert [e for e in kinds(ev, "checkpoint.restored", tier="replica") if e["time"] > t0
+            and e["data"]["replica_group"] == 1]
+    assert sorted({e["data"]["step"] for e in kinds(ev, "step")}) == list(range(30))

@@ -157,7 +157,9 @@ def main():
             with open(record, "a") as f:
                 f.write(json.dumps({"step": plan.step, "sha256": digest, "bytes": nbytes, "pid": os.getpid(),
                                     "overlapped": ft.overlapped}) + "\n")
-            loss_sum = backward(model, X, Y, plan)
+            loss_sum = 0.0
+            with ft.recoverable():  # a group of several ranks: an exception goes to the process level
+                loss_sum = backward(model, X, Y, plan)
             if a.step_sleep:
                 time.sleep(a.step_sleep)
             if ft.end_step(loss_sum):
