@@ -25,7 +25,8 @@ many ranks, each with rank 1,337 (modulo the size) failing: events by the projec
 cluster's sshd on loopback, read-only: nothing is submitted to Slurm): the first view as the
 Lab's first request makes it (``triage(tail=True)``: the failing ranks, 4 healthy ones, the
 first failure; the first call and the median of ``--repeat``), the CLI's ``logs --triage``,
-one search request, the files opened and the round trips (counted in the file-access layer,
+one search request (``--baseline``: also a view of every rank's files, at most 512, as the
+code before made the first view), the files opened and the round trips (counted in the file-access layer,
 :class:`CountingFiles`), bytes read and the reply's size; ratios against the first (smallest)
 job of the same run. JSON to ``benchmarks/results/log_triage_scale.json``.
 
@@ -172,8 +173,10 @@ def timed(fn, repeat: int):
 FAILING = 1337
 
 
-def measure_scale(client, job_id: str, files: CountingFiles, repeat: int) -> dict:
-    """The first view, the CLI's view and one search of job ``job_id`` (see the module docstring)."""
+def measure_scale(client, job_id: str, files: CountingFiles, repeat: int, every: bool = False) -> dict:
+    """The first view, the CLI's view and one search of job ``job_id`` (see the module docstring);
+    ``every``: also the baseline, a view of every rank's files (at most 512) as the code before
+    this change made its first view."""
     import io
 
     from hyperpod_lab import cli
@@ -195,13 +198,27 @@ def measure_scale(client, job_id: str, files: CountingFiles, repeat: int) -> dic
     t = time.perf_counter()
     sea = lt.triage(client, job_id, q="no such text", failure=False)
     search_s = time.perf_counter() - t
+    search_opened, search_calls = len(files.opened), files.calls
     warn = [ln for ln in reply["lines"] if ln["text"] == WARNING]
-    return {"first_view_first_call_s": round(first_s, 4), "first_view_s": round(statistics.median(r[0] for r in runs), 4),
+    base = {}
+    if every:  # the first view as the code before made it: every rank's files (at most 512)
+        files.reset()
+        t = time.perf_counter()
+        rec = client.get(job_id)
+        logs = lt.RankLogs(client.scheduler(rec.cluster), rec)
+        known = logs.ranks()
+        fail = lt.first_failure(logs, known, lt.read_fault_events(files, logs.rec.job_dir))
+        v = lt.read_view(logs, known, {}, lt.DEFAULT_LENGTH, True, True)
+        v["nodes"] = {r: logs.node(r) for r in known}
+        base = {"every_rank_view_s": round(time.perf_counter() - t, 4), "every_rank_files_opened": len(files.opened),
+                "every_rank_round_trips": files.calls, "every_rank_reply_bytes": len(json.dumps(v)),
+                "every_rank_first_failure_rank": (fail or {}).get("rank")}
+    return {**base, "first_view_first_call_s": round(first_s, 4), "first_view_s": round(statistics.median(r[0] for r in runs), 4),
             "files_opened": opened, "round_trips": calls, "bytes_read": reply["bytes_read"],
             "reply_bytes": len(json.dumps(reply)), "ranks_read": reply["ranks"], "first_failure_rank":
             (reply["first_failure"] or {}).get("rank"), "warning_entries": len(warn),
             "warning_count": warn[0]["count"] if warn else 0, "cli_s": round(cli_s, 4), "cli_chars": len(out.getvalue()),
-            "search_s": round(search_s, 4), "search_files_opened": len(files.opened), "search_round_trips": files.calls,
+            "search_s": round(search_s, 4), "search_files_opened": search_opened, "search_round_trips": search_calls,
             "search_scanned": sea["scanned"], "search_note": sea.get("note")}
 
 
@@ -247,8 +264,12 @@ def main_scale(a) -> int:
                 paths.append(("ssh", FixedClient(srec, ssh_sched), ssh_sched.remote))
             for label, client, files in paths:
                 row = {"path": label, "ranks": n, "events": events, "log_bytes": log_bytes,
-                       **measure_scale(client, job_id, files, a.repeat)}
+                       **measure_scale(client, job_id, files, a.repeat, every=a.baseline)}
                 rows.append(row)
+                if "every_rank_view_s" in row:
+                    print(f"  {label:5s} baseline, every rank's files: {row['every_rank_view_s'] * 1e3:.1f} ms, "
+                          f"{row['every_rank_files_opened']} files opened, reply "
+                          f"{row['every_rank_reply_bytes'] / 1e3:.0f} kB", flush=True)
                 print(f"  {label:5s} first view {row['first_view_s'] * 1e3:.1f} ms (first call "
                       f"{row['first_view_first_call_s'] * 1e3:.1f} ms), {row['files_opened']} files opened, "
                       f"{row['round_trips']} round trips, {row['bytes_read'] / 1e3:.0f} kB read, reply "
@@ -266,6 +287,8 @@ def main_scale(a) -> int:
         b = first.get(r["path"])
         for k in ("first_view_s", "files_opened", "round_trips", "reply_bytes", "cli_s"):
             r[f"{k}_ratio"] = round(r[k] / b[k], 3) if b and b[k] else None
+        if "every_rank_view_s" in r:
+            r["every_rank_over_first_view"] = round(r["every_rank_view_s"] / r["first_view_s"], 1)
     return write_results(a.out, {"benchmark": "log_triage_scale", "sizes": sizes, "kb_per_rank": a.kb,
                                  "steps": a.steps, "repeat": a.repeat, "failing_rank": FAILING,
                                  "machine": platform.node(), "cpus": os.cpu_count(), "loadavg": os.getloadavg(),
@@ -281,6 +304,8 @@ def main() -> None:
     p.add_argument("--kb", type=int, default=190, help="--scale: KB of each rank's stdout.log")
     p.add_argument("--steps", type=int, default=20, help="--scale: steps of each synthetic job's events")
     p.add_argument("--ssh", action="store_true", help="--scale: also over the dev cluster's sshd (read-only)")
+    p.add_argument("--baseline", action="store_true", help="--scale: also the view of every rank's files, as "
+                                                             "the code before made the first view")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     if a.scale:

@@ -546,7 +546,7 @@ def search(logs: RankLogs, ranks: list[int], q: str, regex: bool = False, cursor
         cur = {k: v for k, v in cur.items() if int(k.split(":", 1)[0]) >= last} if not done else cur
     note = None
     if not done:
-        why = (f"{limit} matches" if len(matches) >= limit else f"{scanned} bytes scanned (scan={scan})"
+        why = (f"{limit} matches" if len(matches) >= limit else f"{scanned} bytes scanned, the scan bound"
                if scanned >= scan else f"{max_ranks} ranks visited")
         upto = f"rank {last}" if last is not None else "the first rank"
         note = (f"truncated at this request's bound ({why}), in {upto}: send the cursor to go on, or narrow the "
