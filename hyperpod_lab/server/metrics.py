@@ -82,22 +82,24 @@ class ServerMetrics:
     def __init__(self, registry: CollectorRegistry = REGISTRY):
         self.job_counts: dict[tuple[str, str], int] = {}
         labels = ["cluster"]
+
+        def histogram(name: str, doc: str, buckets: tuple) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=registry)
+
         self.faults = Counter("hyperpod_lab_faults", "Failure incidents read (job facts fold)", labels,
                               registry=registry)
         self.recoveries = Counter("hyperpod_lab_recoveries", "Failure incidents recovered (job facts fold)", labels,
                                   registry=registry)
-        self.detection = Histogram("hyperpod_lab_fault_detection_latency_seconds",
-                                   "Seconds from the last step event before an incident to its detection", labels,
-                                   buckets=LATENCY_BUCKETS, registry=registry)
-        self.downtime = Histogram("hyperpod_lab_recovery_downtime_seconds",
-                                  "Seconds from an incident's detection to the first step after its recovery", labels,
-                                  buckets=DOWNTIME_BUCKETS, registry=registry)
-        self.lag = Histogram("hyperpod_lab_event_lag_seconds",
-                             "Seconds from an event's time (its writer's clock) to the server reading it", labels,
-                             buckets=LAG_BUCKETS, registry=registry)
-        self.poll = Histogram("hyperpod_lab_status_poll_seconds",
-                              "Seconds of one batched status refresh (squeue/sacct) of a cluster's jobs", labels,
-                              buckets=POLL_BUCKETS, registry=registry)
+        self.detection = histogram("hyperpod_lab_fault_detection_latency_seconds",
+                                   "Seconds from the last step event before an incident to its detection",
+                                   LATENCY_BUCKETS)
+        self.downtime = histogram("hyperpod_lab_recovery_downtime_seconds",
+                                  "Seconds from an incident's detection to the first step after its recovery",
+                                  DOWNTIME_BUCKETS)
+        self.lag = histogram("hyperpod_lab_event_lag_seconds",
+                             "Seconds from an event's time (its writer's clock) to the server reading it", LAG_BUCKETS)
+        self.poll = histogram("hyperpod_lab_status_poll_seconds",
+                              "Seconds of one batched status refresh (squeue/sacct) of a cluster's jobs", POLL_BUCKETS)
         registry.register(_JobsCollector(self))
 
     # ---- the watcher's hooks (IOLoop thread) --------------------------------------------
