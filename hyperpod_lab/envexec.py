@@ -367,23 +367,31 @@ def main(argv: list | None = None) -> int:
     return 127  # not reached
 
 
-_SOURCE: list = []
+_SOURCES: dict = {}
+
+
+def source_argv(python: str, path: str, module: str) -> list:
+    """``[python, "-I", "-S", "-c", <the text of the file at path>]``: the argv that runs one of
+    this package's standalone programs (standard library only: this module,
+    :mod:`hyperpod_lab.tails`) on a login node that need not have the package. Falls back to
+    ``[python, "-m", module]`` (which needs the package there) when the file cannot be read. Each
+    file is read once (cached by ``path``)."""
+    if path not in _SOURCES:
+        try:
+            with open(os.path.abspath(path), encoding="utf-8") as f:
+                _SOURCES[path] = f.read()
+        except OSError:
+            _SOURCES[path] = ""
+    # -I -S: isolated from PYTHON* variables and the user's site, and no site-packages at all
+    # (standard library only; the startup of a big environment's .pth files is skipped too)
+    return [python, "-I", "-S", "-c", _SOURCES[path]] if _SOURCES[path] else [python, "-m", module]
 
 
 def program_argv(python: str, stage: bool = False) -> list:
     """The argv that runs this program with ``python`` on a login node: ``python -I -S -c <this
-    file's source> [--stage] --`` (the command's words follow). Falls back to ``-m hyperpod_lab.envexec``
-    (which needs the package there) when the source cannot be read."""
-    if not _SOURCE:
-        try:
-            with open(os.path.abspath(__file__), encoding="utf-8") as f:
-                _SOURCE.append(f.read())
-        except (OSError, NameError):
-            _SOURCE.append("")
-    # -I -S: isolated from PYTHON* variables and the user's site, and no site-packages at all
-    # (standard library only; the startup of a big environment's .pth files is skipped too)
-    head = [python, "-I", "-S", "-c", _SOURCE[0]] if _SOURCE[0] else [python, "-m", "hyperpod_lab.envexec"]
-    return head + (["--stage", "--"] if stage else ["--"])
+    file's source> [--stage] --`` (the command's words follow), by :func:`source_argv` (``-m
+    hyperpod_lab.envexec`` when the source cannot be read)."""
+    return source_argv(python, __file__, "hyperpod_lab.envexec") + (["--stage", "--"] if stage else ["--"])
 
 
 if __name__ == "__main__":

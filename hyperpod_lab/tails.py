@@ -147,18 +147,11 @@ def parse_reply(text: str | bytes) -> tuple[dict[str, int], dict[str, bytes], di
 
 def program_argv(python: str) -> list[str]:
     """``python -I -S -c <this file's source>``: the argv that runs :func:`main` on a login node
-    (its request on standard input). Falls back to ``-m hyperpod_lab.tails`` (which needs the
-    package there) when the source cannot be read."""
-    if not _SOURCE:
-        try:
-            with open(os.path.abspath(__file__), encoding="utf-8") as f:
-                _SOURCE.append(f.read())
-        except (OSError, NameError):
-            _SOURCE.append("")
-    return [python, "-I", "-S", "-c", _SOURCE[0]] if _SOURCE[0] else [python, "-m", "hyperpod_lab.tails"]
+    (its request on standard input), by :func:`hyperpod_lab.envexec.source_argv` (``-m
+    hyperpod_lab.tails``, which needs the package there, when the source cannot be read)."""
+    from hyperpod_lab.envexec import source_argv  # here, not above: the login node runs this file alone
 
-
-_SOURCE: list = []
+    return source_argv(python, __file__, "hyperpod_lab.tails")
 
 
 def reply(req: dict) -> bytes:
