@@ -56,8 +56,9 @@ MIN_EXCESS_S = 0.005
 """Least extra compute time (s per step) over the others' median for a flag (timer noise)."""
 PUBLISH_S = 1.0
 """Seconds between two summaries of a node's ranks (and two judgements)."""
-STALE_S = 30.0
-"""A summary older than this (s, wall clock) is ignored."""
+STALE_S = 30 * PUBLISH_S
+"""A summary older than this (s, wall clock: 30 s, thirty publications missed: a node that is gone)
+is ignored."""
 
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 
