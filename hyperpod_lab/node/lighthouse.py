@@ -196,15 +196,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quorum-tick-ms", type=int, default=DEFAULT_QUORUM_TICK_MS)
     p.add_argument("--max-restarts", type=int, default=DEFAULT_MAX_RESTARTS,
                    help="restarts of a crashed torchft_lighthouse, on the same port")
+    p.add_argument("--port", type=int, default=None,
+                   help="TCP port to listen on (default: a free one); EKS: the port its Service forwards to")
+    p.add_argument("--until-finished", action="store_true",
+                   help="exit 0 once the job has a 'finished' event (EKS: the Lighthouse pod then completes)")
     a = p.parse_args(argv)
     return supervise(a.job_dir, a.min_replicas, host=a.host, heartbeat_ms=a.heartbeat_ms,
-                     join_timeout_ms=a.join_timeout_ms, quorum_tick_ms=a.quorum_tick_ms, max_restarts=a.max_restarts)
+                     join_timeout_ms=a.join_timeout_ms, quorum_tick_ms=a.quorum_tick_ms, max_restarts=a.max_restarts,
+                     port=a.port, until_finished=a.until_finished)
 
 
 def supervise(job_dir: str, min_replicas: int, *, host: str | None = None, heartbeat_ms: int | None = None,
               join_timeout_ms: int = DEFAULT_JOIN_TIMEOUT_MS, quorum_tick_ms: int = DEFAULT_QUORUM_TICK_MS,
-              max_restarts: int = DEFAULT_MAX_RESTARTS) -> int:
+              max_restarts: int = DEFAULT_MAX_RESTARTS, port: int | None = None,
+              until_finished: bool = False) -> int:
     """Run the job's Lighthouse until SIGTERM; restart it on the same port if it crashes.
+
+    ``port``: listen there (default: a free port). ``until_finished``: also stop (status 0) once
+    the job has a ``finished`` event plus :data:`FINISHED_GRACE_S`, for a Lighthouse that runs as
+    its own pod (EKS), which must complete for the job to.
 
     The replica groups keep the published address, so a restarted Lighthouse is found again:
     measured here, a Lighthouse SIGKILLed mid-run and back 3 s later cost one quorum timeout
@@ -218,7 +228,7 @@ def supervise(job_dir: str, min_replicas: int, *, host: str | None = None, heart
     """
     state = {"stopping": False}
     host = host or os.environ.get(ENV_LIGHTHOUSE_HOST) or socket.gethostbyname(socket.gethostname())
-    port = _free_port(bind_address(host))  # kept for every restart: the published address stays valid
+    port = port or _free_port(bind_address(host))  # kept for every restart: the published address stays valid
     proc = start(job_dir, min_replicas, host=host, heartbeat_ms=heartbeat_ms, join_timeout_ms=join_timeout_ms,
                  quorum_tick_ms=quorum_tick_ms, log=sys.stdout, port=port)
 
@@ -228,8 +238,15 @@ def supervise(job_dir: str, min_replicas: int, *, host: str | None = None, heart
 
     signal.signal(signal.SIGTERM, on_term)
     restarts = 0
+    finished = _FinishedWatch(job_dir) if until_finished else None
     while True:
-        rc = proc.wait()
+        try:
+            rc = proc.wait(timeout=1.0 if finished else None)
+        except subprocess.TimeoutExpired:
+            if finished.seen():
+                print("hyperpod-lab: the job finished; stopping its Lighthouse", flush=True)
+                on_term()
+            continue
         if state["stopping"]:
             return 0
         if restarts >= max_restarts:
@@ -244,6 +261,26 @@ def supervise(job_dir: str, min_replicas: int, *, host: str | None = None, heart
                      quorum_tick_ms=quorum_tick_ms, log=sys.stdout, port=port)
         if state["stopping"]:  # SIGTERM arrived while it was being restarted
             proc.terminate()
+
+
+FINISHED_GRACE_S = 5.0
+"""With ``--until-finished``: how long the Lighthouse stays after the job's ``finished`` event
+(the other replica groups' last quorum and exit), seconds."""
+
+
+class _FinishedWatch:
+    """Whether the job in ``job_dir`` has had a ``finished`` event for :data:`FINISHED_GRACE_S`
+    (an incremental reader: each look reads only what was appended since)."""
+
+    def __init__(self, job_dir: str):
+        from hyperpod_lab.events import EventKind, EventReader
+
+        self._reader, self._kind, self._at = EventReader(job_dir), EventKind.FINISHED.value, None
+
+    def seen(self) -> bool:
+        if self._at is None and any(e.kind == self._kind for e in self._reader.poll()):
+            self._at = time.monotonic()
+        return self._at is not None and time.monotonic() - self._at >= FINISHED_GRACE_S
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from hyperpod_lab.schedulers.eks.manifest import (
     render_hyperpod_pytorch_job,
     render_job_configmap,
     render_kubeflow_pytorch_job,
+    render_lighthouse_service,
     to_yaml,
 )
 from hyperpod_lab.spec import ElasticPolicy, JobSpec, ResiliencyPolicy
@@ -53,6 +54,10 @@ SPECS = {
                        elastic=ElasticPolicy(min_nodes=1, max_nodes=4, global_batch_size=64), time_limit_min=90),
     "no_resume": JobSpec(script="train_lm.py", name="once", cluster="hp-eks", nodes=1, procs_per_node=1,
                          resiliency=ResiliencyPolicy(auto_resume=False, max_retries=2, health_checks=False)),
+    # issue 28: replica groups as pods under the Lighthouse's pod (and Service), elastic 1..3 groups
+    "checkpointless": JobSpec(script="train_lm.py", name="ft", cluster="hp-eks", nodes=2, procs_per_node=2,
+                              args=["--steps", "40", "$(id)"], resiliency=ResiliencyPolicy(recovery="checkpointless"),
+                              elastic=ElasticPolicy(min_nodes=1, max_nodes=3, global_batch_size=16)),
 }
 
 
@@ -82,6 +87,7 @@ def rendered():
     assert JobSpec.from_json(cm["data"]["spec.json"]) == SPECS["fixed"]  # the spec travels whole
     cm["data"]["spec.json"] = "<JobSpec.to_json()>"  # its fields belong to spec.py, not to this golden file
     out["configmap.yaml"] = cm
+    out["lighthouse_service.yaml"] = render_lighthouse_service(SPECS["checkpointless"], JOB_ID, p)
     return out
 
 
@@ -95,7 +101,7 @@ def test_every_rendered_resource_is_valid_for_the_sdk():
     hp = [r["spec"] for n, r in sorted(res.items()) if n.startswith("hyperpod_")]
     templates = [rs["template"] for n, r in sorted(res.items()) if n.startswith("kubeflow_")
                  for rs in r["spec"]["pytorchReplicaSpecs"].values()]
-    assert len(hp) == 3 and len(templates) == 4
+    assert len(hp) == 4 and len(templates) == 6
     assert sdk_validate(jobs=hp, templates=templates) == []
 
 
@@ -220,10 +226,11 @@ def test_missing_profile_fields_and_big_scripts_are_clear_errors():
         for_profile(profile(image="FILL-IN: image", pvc="FILL-IN: claim"))
     with pytest.raises(SpecError, match="file name 'my train.py'"):
         render_job_configmap(JobSpec(script="my train.py").validate(), JOB_ID, profile(), b"")
-    if hasattr(ResiliencyPolicy(), "recovery"):  # checkpointless recovery runs on Slurm only
-        cpl = JobSpec(script="t.py", nodes=2, resiliency=ResiliencyPolicy(recovery="checkpointless"))
-        with pytest.raises(SpecError, match="not available on EKS"):
-            render_hyperpod_pytorch_job(cpl, JOB_ID, profile())
+    # checkpointless hot spares run on Slurm only: on EKS the operator replaces the lost group's pod
+    cpl = JobSpec(script="t.py", nodes=2, resiliency=ResiliencyPolicy(recovery="checkpointless", spares=1)).validate()
+    for render in (render_hyperpod_pytorch_job, render_kubeflow_pytorch_job):
+        with pytest.raises(SpecError, match="hot spares of a checkpointless job run on Slurm only"):
+            render(cpl, JOB_ID, profile())
 
 
 def test_the_notebooks_dry_run_cell_renders_for_an_eks_profile(monkeypatch):
@@ -403,3 +410,80 @@ def test_elastic_jobs_use_the_min_max_nnodes_form():
     kf = render_kubeflow_pytorch_job(SPECS["elastic"], JOB_ID, profile(operator="kubeflow"))["spec"]
     assert not any(w.startswith("--nnodes") for w in kf["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
                    ["containers"][0]["command"])
+
+
+# ---- checkpointless on EKS (issue 28 items 2 and 3) -------------------------------------------
+def _k8s_unescape(text: str) -> str:
+    """What the kubelet passes for a command word without variable references: ``$$`` -> ``$``
+    (Kubernetes API reference, Container ``command``/``args``: "Double $$ are reduced to a single $")."""
+    return text.replace("$$", "$")
+
+
+def test_checkpointless_renders_groups_as_pods_under_the_lighthouses_service():
+    """One pod per replica group running our launch agent (``--standalone``, the Slurm step's
+    options), the Lighthouse's own pod selected by the Service whose DNS name the groups get as
+    ``$TORCHFT_LIGHTHOUSE``; a fault restarts one pod, never the whole job."""
+    from hyperpod_lab.schedulers.eks.manifest import LIGHTHOUSE_PORT, ROLE_LABEL
+
+    spec = SPECS["checkpointless"]
+    svc = render_lighthouse_service(spec, JOB_ID, profile())
+    for job in (render_hyperpod_pytorch_job(spec, JOB_ID, profile()),
+                render_kubeflow_pytorch_job(spec, JOB_ID, profile(operator="kubeflow"))):
+        body = job["spec"]
+        if job["kind"] == "HyperPodPyTorchJob":
+            (lh, groups) = body["replicaSpecs"]
+            assert (lh["name"], lh["replicas"], groups["name"], groups["replicas"], groups["maxReplicas"]) == (
+                "lighthouse", 1, "workers", 2, 3)
+            assert body["runPolicy"]["restartPolicy"]["maxFullJobRestarts"] == 0  # pod restarts only
+            assert body["elasticPolicy"]["minReplicas"] == 1 and body["elasticPolicy"]["maxReplicas"] == 3
+        else:  # Kubeflow: the Master is the Lighthouse (the job succeeds with it), Worker i is group i
+            lh, groups = body["pytorchReplicaSpecs"]["Master"], body["pytorchReplicaSpecs"]["Worker"]
+            assert lh["replicas"] == 1 and groups["replicas"] == 2
+            assert lh["restartPolicy"] == groups["restartPolicy"] == "OnFailure"
+            assert body["elasticPolicy"] == {"minReplicas": 1, "maxReplicas": 3, "maxRestarts": 3}
+        lh_pod, g_pod = lh["template"], groups["template"]
+        # the Service selects the Lighthouse's pod and no group's
+        sel = svc["spec"]["selector"].items()
+        assert sel <= lh_pod["metadata"]["labels"].items() and not sel <= g_pod["metadata"]["labels"].items()
+        assert lh_pod["metadata"]["labels"][ROLE_LABEL] == "lighthouse"
+        lc, gc = lh_pod["spec"]["containers"][0], g_pod["spec"]["containers"][0]
+        assert lc["command"][:3] == ["python", "-m", "hyperpod_lab.node.lighthouse"]
+        assert f"--port={LIGHTHOUSE_PORT}" in lc["command"] and "--until-finished" in lc["command"]
+        assert "--min-replicas=1" in lc["command"] and lc["ports"] == [{"containerPort": LIGHTHOUSE_PORT}]
+        assert {"name": "HYPERPOD_LAB_LIGHTHOUSE_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} \
+            in lc["env"]
+        assert "resources" not in lc  # no GPUs for the Lighthouse
+        env = {e["name"]: e.get("value") for e in gc["env"]}
+        assert env["TORCHFT_LIGHTHOUSE"] == f"http://{svc['metadata']['name']}.ml.svc:{LIGHTHOUSE_PORT}"
+        assert svc["spec"]["ports"][0]["targetPort"] == LIGHTHOUSE_PORT
+        assert env["HYPERPOD_LAB_REPLICA_GROUPS"] == "2" and env["HYPERPOD_LAB_JOB_DIR"] == f"/fsx/hyperpod-lab/jobs/{JOB_ID}"
+        assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in gc["env"]
+        assert gc["command"][:2] == ["/bin/sh", "-c"] and gc["command"][3:] == ["hyperpod-lab-group", "--steps", "40",
+                                                                                "$$(id)"]
+        assert "exec python -m hyperpod_lab.node.launch --standalone --nnodes=1 --nproc-per-node=2 " \
+               "--max-restarts=3 --monitor-interval=0.1" in _k8s_unescape(gc["command"][2])
+        assert "hyperpodrun" not in json.dumps(job)  # our agent in every pod
+    assert sdk_validate(jobs=[render_hyperpod_pytorch_job(spec, JOB_ID, profile())["spec"]]) == []
+    assert crd_errors(render_kubeflow_pytorch_job(spec, JOB_ID, profile(operator="kubeflow"))) == []
+
+
+def test_the_group_command_takes_the_group_from_the_pod_name(tmp_path):
+    """The rendered ``/bin/sh -c`` text run by a real /bin/sh, as the kubelet passes it: the
+    trailing index of ``$POD_NAME`` becomes ``$HYPERPOD_LAB_REPLICA_GROUP`` (and the log folder),
+    the script's arguments arrive as given (``$(id)`` not expanded); a pod name without an index
+    stops with exit 2. ``python`` on PATH is a STAND-IN here that prints its argv and the group."""
+    spec = SPECS["checkpointless"]
+    cmd = [_k8s_unescape(w) for w in render_kubeflow_pytorch_job(spec, JOB_ID, profile(operator="kubeflow"))[
+        "spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]]
+    stub = tmp_path / "python"
+    stub.write_text('#!/bin/sh\necho "group=$HYPERPOD_LAB_REPLICA_GROUP"\nfor a in "$@"; do echo "arg=$a"; done\n')
+    stub.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "POD_NAME": f"{JOB_ID}-worker-12"}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=30)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == f"hyperpod-lab: pod {JOB_ID}-worker-12 runs replica group 12" and lines[1] == "group=12"
+    assert f"arg=--log-dir=/fsx/hyperpod-lab/jobs/{JOB_ID}/logs/torchrun/group-12" in lines
+    assert lines[-4:] == ["arg=/opt/hyperpod-lab/job/train_lm.py", "arg=--steps", "arg=40", "arg=$(id)"]
+    bad = subprocess.run(cmd, capture_output=True, text=True, env={**env, "POD_NAME": "lighthouse"}, timeout=30)
+    assert bad.returncode == 2 and "ends in no replica group number" in bad.stderr

@@ -10,6 +10,15 @@ Two custom resources run the same JobSpec on an EKS cluster:
   the Kubeflow operator passes the rendezvous settings as ``PET_*`` environment variables,
   which torchrun's parser reads.
 
+Checkpointless jobs (``resiliency.recovery: checkpointless``), with either operator: the job's
+torchft Lighthouse runs in its own pod (``python -m hyperpod_lab.node.lighthouse``) behind a
+Service (:func:`render_lighthouse_service`), and every other pod is one data-parallel replica
+group running our launch agent ``--standalone`` (hang watchdog, stragglers, storm guard,
+in-process restarts), its group number taken from its pod name. The Lighthouse's pod plays the
+Slurm supervisor's part that EKS still needs (the Lighthouse, the end of the job); the operator
+plays the rest (it restarts or recreates the one faulty pod, which heals from the live groups,
+and scales the groups within ``elasticPolicy``; the runtime keeps the global batch).
+
 Where the script goes, and why a ConfigMap: the training script and ``spec.json`` travel in a
 ConfigMap (rendered by :func:`render_job_configmap`) mounted read-only at :data:`JOB_MOUNT`.
 Creating it needs only the Kubernetes API the job itself needs; writing to the FSx volume
@@ -28,13 +37,14 @@ import base64
 import copy
 import posixpath
 import re
+import shlex
 from typing import Any
 
 from hyperpod_lab import jobdir
 from hyperpod_lab._version import __version__
 from hyperpod_lab.errors import ConfigError, SpecError
 from hyperpod_lab.jobdir import JobPaths
-from hyperpod_lab.spec import RECOVERY_RESTART, JobSpec
+from hyperpod_lab.spec import RECOVERY_CHECKPOINTLESS, RECOVERY_RESTART, JobSpec
 from hyperpod_lab.submit.clusters import ClusterProfile
 
 HYPERPOD_GROUP, HYPERPOD_VERSION, HYPERPOD_KIND, HYPERPOD_PLURAL = (
@@ -68,6 +78,18 @@ JOB_ID_LABEL = "hyperpod-lab.io/job-id"
 AGENT_PORT = 8080  # the HyperPod elastic agent's port
 CONFIGMAP_MAX_BYTES = 1024 * 1024
 SPEC_KEY = "spec.json"
+
+# Checkpointless jobs (see render_checkpointless_replicas): one pod per data-parallel replica group
+# plus the Lighthouse's pod, told apart by ROLE_LABEL; the groups reach the Lighthouse through its
+# Service, <name>-lighthouse.<namespace>.svc:LIGHTHOUSE_PORT (Kubernetes docs, "DNS for Services
+# and Pods": a Service gets the record <service>.<namespace>.svc.<cluster domain>, and a pod's
+# resolver searches <namespace>.svc.<cluster domain> first).
+ROLE_LABEL = "hyperpod-lab.io/role"
+ROLE_LIGHTHOUSE, ROLE_GROUP = "lighthouse", "replica-group"
+LIGHTHOUSE_PORT = 29510
+LIGHTHOUSE_REPLICA = "lighthouse"  # the HyperPodPyTorchJob replica spec of the Lighthouse pod
+TORCHFT_LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"  # torchft's own variable (hyperpod_lab.runtime.checkpointless.ft)
+POD_NAME_ENV, POD_IP_ENV = "POD_NAME", "POD_IP"  # downward API (fieldRef metadata.name / status.podIP)
 
 # Hang detection. The pattern matches the step line local rank 0 of every pod prints through the
 # runtime's ``JobContext.step`` (``hyperpod-lab: rank 0 step 3 loss 2.1234``, at most once per
@@ -156,16 +178,23 @@ def _require(profile: ClusterProfile, key: str, example: str) -> str:
     return value
 
 
-def job_env(spec: JobSpec, job_id: str, shared_mount: str) -> list[dict[str, str]]:
+def job_env(spec: JobSpec, job_id: str, shared_mount: str, extra: dict[str, str] | None = None,
+            fields: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """The container environment: the same ``HYPERPOD_LAB_*`` variables ``render_sbatch``
-    exports (job id, job dir, spec path, shared root), then the spec's own ``env``."""
+    exports (job id, job dir, spec path, shared root), ``extra`` (the renderer's own, e.g. a
+    checkpointless group's), then the spec's own ``env``; ``fields``: variables from the
+    downward API (``{name: fieldPath}``, Kubernetes docs "Expose Pod Information to Containers
+    Through Environment Variables"); secrets by ``secretKeyRef``."""
     env = {
         **jobdir.job_env(job_id, pod_job_dir(job_id, shared_mount), posixpath.join(JOB_MOUNT, SPEC_KEY), shared_mount),
         "OMP_NUM_THREADS": "1",
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        **(extra or {}),
     }
     env.update(spec.env)
-    out: list[dict[str, Any]] = [{"name": k, "value": k8s_literal(v)} for k, v in env.items()]
+    out: list[dict[str, Any]] = [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+                                 for k, path in (fields or {}).items()]
+    out += [{"name": k, "value": k8s_literal(v)} for k, v in env.items()]
     # secrets by reference: the values live in the job's Secret, never in the pod spec
     out += [{"name": k, "valueFrom": {"secretKeyRef": {"name": secret_name(job_id), "key": k}}}
             for k in spec.secret_env]
@@ -178,52 +207,147 @@ def _script_path(spec: JobSpec) -> str:
 
 def _pod_template(spec: JobSpec, job_id: str, profile: ClusterProfile, command: list[str],
                   container: str, port: int | None, deep_health_check: bool,
-                  hyperpod: bool = True) -> dict[str, Any]:
+                  hyperpod: bool = True, env: dict[str, str] | None = None, fields: dict[str, str] | None = None,
+                  role: str | None = None) -> dict[str, Any]:
+    """A pod template running ``command``; ``role`` (checkpointless) labels it
+    (:data:`ROLE_LABEL`); the Lighthouse's pod gets no GPU or EFA devices and no ``/dev/shm``."""
     image = _require(profile, "image", '"123456789012.dkr.ecr.us-west-2.amazonaws.com/train:latest"')
     pvc = _require(profile, "pvc", '"fsx-claim"')
     mount = profile.shared_mount or DEFAULT_SHARED_MOUNT
+    lighthouse = role == ROLE_LIGHTHOUSE
     c: dict[str, Any] = {
         "name": container,
         "image": image,
         "command": command,
-        "env": job_env(spec, job_id, mount),
+        "env": job_env(spec, job_id, mount, env, fields),
         "volumeMounts": [{"name": "fsx", "mountPath": mount},
                          {"name": "job", "mountPath": JOB_MOUNT, "readOnly": True}],
     }
     if port is not None:
         c["ports"] = [{"containerPort": port}]
     devices: dict[str, int] = {}
-    if profile.gpus_per_node:
+    if profile.gpus_per_node and not lighthouse:
         devices["nvidia.com/gpu"] = int(profile.gpus_per_node)
-    if profile.efa:  # EFA devices and the libfabric settings AWS's examples pass with them
+    if profile.efa and not lighthouse:  # EFA devices and the libfabric settings AWS's examples pass with them
         devices[EFA_RESOURCE] = int(profile.efa_per_node)
         c["env"] = [{"name": k, "value": v} for k, v in EFA_ENV.items() if k not in spec.env] + c["env"]
     if devices:
         c["resources"] = {"limits": dict(devices), "requests": dict(devices)}
-    # /dev/shm memory-backed (as AWS's examples mount it): the memory checkpoint tier lives there,
-    # NCCL and DataLoader workers use it; a container's own /dev/shm is 64 MiB
-    c["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
-    shm: dict[str, Any] = {"medium": "Memory"}
-    if profile.shm_size:
-        shm["sizeLimit"] = profile.shm_size
     pod: dict[str, Any] = {
         "containers": [c],
         "volumes": [{"name": "fsx", "persistentVolumeClaim": {"claimName": pvc}},
-                    {"name": "job", "configMap": {"name": configmap_name(job_id)}},
-                    {"name": "dshm", "emptyDir": shm}],
+                    {"name": "job", "configMap": {"name": configmap_name(job_id)}}],
     }
+    if not lighthouse:
+        # /dev/shm memory-backed (as AWS's examples mount it): the memory checkpoint tier lives there,
+        # NCCL and DataLoader workers use it; a container's own /dev/shm is 64 MiB
+        c["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
+        shm: dict[str, Any] = {"medium": "Memory"}
+        if profile.shm_size:
+            shm["sizeLimit"] = profile.shm_size
+        pod["volumes"].append({"name": "dshm", "emptyDir": shm})
     selector = {NODE_HEALTH_LABEL: NODE_SCHEDULABLE} if hyperpod else {}
     if deep_health_check:
         selector[DEEP_HEALTH_CHECK_LABEL] = "Passed"
     if selector:
         pod["nodeSelector"] = selector
-    return {"metadata": {"labels": {JOB_ID_LABEL: resource_name(job_id)}}, "spec": pod}
+    labels = {JOB_ID_LABEL: resource_name(job_id)}
+    if role:
+        labels[ROLE_LABEL] = role
+    return {"metadata": {"labels": labels}, "spec": pod}
 
 
 def _check_supported(spec: JobSpec) -> None:
-    if getattr(spec.resiliency, "recovery", RECOVERY_RESTART) != RECOVERY_RESTART:
-        raise SpecError("resiliency.recovery", f"{spec.resiliency.recovery!r} recovery is not available on EKS yet "
-                                               f"(only 'restart'); submit with --recovery restart, or to a Slurm cluster")
+    recovery = getattr(spec.resiliency, "recovery", RECOVERY_RESTART)
+    if recovery not in (RECOVERY_RESTART, RECOVERY_CHECKPOINTLESS):
+        raise SpecError("resiliency.recovery", f"{recovery!r} recovery is not available on EKS "
+                                               f"(only 'restart' and 'checkpointless')")
+    if recovery == RECOVERY_CHECKPOINTLESS and spec.resiliency.spares:
+        raise SpecError("resiliency.spares", "hot spares of a checkpointless job run on Slurm only: on EKS the "
+                                             "operator replaces a lost replica group's pod, which heals from the live "
+                                             "groups; submit with --spares 0, or to a Slurm cluster")
+
+
+def is_checkpointless(spec: JobSpec) -> bool:
+    return getattr(spec.resiliency, "recovery", RECOVERY_RESTART) == RECOVERY_CHECKPOINTLESS
+
+
+def lighthouse_service_name(job_id: str) -> str:
+    """The Service in front of a checkpointless job's Lighthouse pod (a DNS-1035 label of at most
+    60 characters: :data:`NAME_MAX` + ``-lighthouse``)."""
+    return resource_name(job_id) + "-lighthouse"
+
+
+def lighthouse_url(job_id: str, profile: ClusterProfile) -> str:
+    """``http://<name>-lighthouse.<namespace>.svc:<port>``: the groups' ``$TORCHFT_LIGHTHOUSE``."""
+    ns = profile.namespace or DEFAULT_NAMESPACE
+    return f"http://{lighthouse_service_name(job_id)}.{ns}.svc:{LIGHTHOUSE_PORT}"
+
+
+def group_command(spec: JobSpec, job_id: str, mount: str) -> list[str]:
+    """A checkpointless replica group's container command (pure): ``/bin/sh -c`` takes the
+    group's number from the pod's name (``$POD_NAME``, the downward API's ``metadata.name``; the
+    operators name pods ``<job>-<replica type>-<index>``: the index is the group, and a pod the
+    operator recreates keeps its name, so its group) into ``$HYPERPOD_LAB_REPLICA_GROUP``, then
+    ``exec``s the launch agent as the Slurm step does (``--standalone``: each group is its own
+    torchrun; hang watchdog, stragglers, storm guard, in-process restarts). The script's
+    arguments reach it as ``"$@"``, never as shell text; every ``$`` is doubled for the kubelet."""
+    paths = JobPaths(pod_job_dir(job_id, mount))
+    group = f"${jobdir.ENV_REPLICA_GROUP}"
+    launch = jobdir.launcher_argv("python", _script_path(spec), [], nproc_per_node=spec.procs_per_node,
+                                  max_restarts=jobdir.effective_restarts(spec.resiliency),
+                                  log_dir=shlex.quote(paths.path("logs", "torchrun")) + f'/group-"{group}"',
+                                  standalone=True, monitor_interval=0.1, quote=shlex.quote)
+    script = "; ".join([
+        f'export {jobdir.ENV_REPLICA_GROUP}="${{{POD_NAME_ENV}##*-}}"',
+        f'case "{group}" in ""|*[!0-9]*) echo "hyperpod-lab: pod name ${POD_NAME_ENV} ends in no replica '
+        f'group number" >&2; exit 2;; esac',
+        f'echo "hyperpod-lab: pod ${POD_NAME_ENV} runs replica group {group}"',
+        "exec " + " ".join(launch) + ' "$@"',
+    ])
+    return ["/bin/sh", "-c", k8s_literal(script), "hyperpod-lab-group", *map(k8s_literal, spec.args)]
+
+
+def lighthouse_command(spec: JobSpec, job_id: str, mount: str) -> list[str]:
+    """The Lighthouse pod's command (pure): :mod:`hyperpod_lab.node.lighthouse` on
+    :data:`LIGHTHOUSE_PORT` of the pod's own address (``$HYPERPOD_LAB_LIGHTHOUSE_HOST`` from the
+    downward API's ``status.podIP``), restarted on the same port if it crashes, stopping once the
+    job has finished (``--until-finished``: the pod completes, and with it the job)."""
+    el = spec.elastic
+    argv = jobdir.lighthouse_argv("python", pod_job_dir(job_id, mount), min_replicas=el.min_nodes if el.enabled else 1,
+                                  host="")
+    argv = argv[:argv.index("--host")]  # the address comes from $HYPERPOD_LAB_LIGHTHOUSE_HOST
+    return [*map(k8s_literal, argv), f"--port={LIGHTHOUSE_PORT}", "--until-finished"]
+
+
+def _checkpointless_templates(spec: JobSpec, job_id: str, profile: ClusterProfile,
+                              hyperpod: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the Lighthouse's pod template, a replica group's pod template)."""
+    mount = profile.shared_mount or DEFAULT_SHARED_MOUNT
+    res = spec.resiliency
+    lighthouse = _pod_template(spec, job_id, profile, lighthouse_command(spec, job_id, mount), "pytorch",
+                               LIGHTHOUSE_PORT, False, hyperpod=hyperpod,
+                               fields={jobdir.ENV_LIGHTHOUSE_HOST: "status.podIP"}, role=ROLE_LIGHTHOUSE)
+    group = _pod_template(spec, job_id, profile, group_command(spec, job_id, mount), "pytorch", None,
+                          res.deep_health_check, hyperpod=hyperpod,
+                          env={jobdir.ENV_REPLICA_GROUPS: str(spec.nodes),
+                               TORCHFT_LIGHTHOUSE_ENV: lighthouse_url(job_id, profile)},
+                          fields={POD_NAME_ENV: "metadata.name"}, role=ROLE_GROUP)
+    return lighthouse, group
+
+
+def render_lighthouse_service(spec: JobSpec, job_id: str, profile: ClusterProfile) -> dict[str, Any]:
+    """The ``Service`` (``v1``, ClusterIP) in front of a checkpointless job's Lighthouse pod: it
+    selects the pod by the job's label and :data:`ROLE_LABEL` = ``lighthouse`` and forwards
+    :data:`LIGHTHOUSE_PORT`, so the groups' ``$TORCHFT_LIGHTHOUSE`` (:func:`lighthouse_url`)
+    stays valid when the operator recreates the Lighthouse pod at another address."""
+    name = resource_name(job_id)
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": lighthouse_service_name(job_id), "namespace": profile.namespace or DEFAULT_NAMESPACE,
+                         "labels": {JOB_ID_LABEL: name, "app.kubernetes.io/managed-by": "hyperpod-lab"}},
+            "spec": {"selector": {JOB_ID_LABEL: name, ROLE_LABEL: ROLE_LIGHTHOUSE},
+                     "ports": [{"name": "lighthouse", "port": LIGHTHOUSE_PORT, "targetPort": LIGHTHOUSE_PORT,
+                                "protocol": "TCP"}]}}
 
 
 def _metadata(spec: JobSpec, job_id: str, profile: ClusterProfile) -> dict[str, Any]:
@@ -259,13 +383,19 @@ def render_hyperpod_pytorch_job(spec: JobSpec, job_id: str, profile: ClusterProf
 
     Raises:
         ConfigError: the profile lacks ``image`` or ``pvc``.
-        SpecError: ``resiliency.recovery`` is not ``restart`` (checkpointless runs on Slurm only).
+        SpecError: a checkpointless job with ``resiliency.spares`` (hot spares run on Slurm only).
+
+    Checkpointless (``resiliency.recovery``): a ``lighthouse`` replica (the Lighthouse's pod,
+    behind :func:`render_lighthouse_service`) before the ``workers``, one pod per replica group
+    running our launch agent (:func:`group_command`), and ``maxFullJobRestarts: 0``: a fault
+    restarts the faulty pod, never the live groups.
     """
     _check_supported(spec)
     el, res = spec.elastic, spec.resiliency
     max_nodes = el.max_nodes if el.enabled else spec.nodes
     retries = jobdir.effective_restarts(res)
     mount = profile.shared_mount or DEFAULT_SHARED_MOUNT
+    checkpointless = is_checkpointless(spec)
     # the operator coordinates the rendezvous (--rdzv-backend hyperpod). No --inprocess-restart:
     # that mode needs the script to handle restarts in process; ours restarts the processes and
     # the runtime resumes from its newest checkpoint tier.
@@ -273,10 +403,14 @@ def render_hyperpod_pytorch_job(spec: JobSpec, job_id: str, profile: ClusterProf
                f"--nproc-per-node={spec.procs_per_node}", "--rdzv-backend=hyperpod", "--tee=3",
                f"--log-dir={JobPaths(pod_job_dir(job_id, mount)).hyperpodrun_logs}"]
     command += [k8s_literal(_script_path(spec)), *map(k8s_literal, spec.args)]
-    replica: dict[str, Any] = {
-        "name": "workers", "replicas": spec.nodes,
-        "template": _pod_template(spec, job_id, profile, command, "pytorch", AGENT_PORT, res.deep_health_check),
-    }
+    replicas: list[dict[str, Any]] = []
+    if checkpointless:  # the Lighthouse's pod, then one pod per replica group running our launch agent
+        lighthouse, tmpl = _checkpointless_templates(spec, job_id, profile, hyperpod=True)
+        replicas.append({"name": LIGHTHOUSE_REPLICA, "replicas": 1, "template": lighthouse})
+    else:
+        tmpl = _pod_template(spec, job_id, profile, command, "pytorch", AGENT_PORT, res.deep_health_check)
+    replica: dict[str, Any] = {"name": "workers", "replicas": spec.nodes, "template": tmpl}
+    replicas.append(replica)
     if el.enabled:
         replica["maxReplicas"] = max_nodes
     if res.spares:
@@ -295,12 +429,14 @@ def render_hyperpod_pytorch_job(spec: JobSpec, job_id: str, profile: ClusterProf
         ],
     }
     if retries:
+        # checkpointless: a fault restarts the faulty pod only (the live groups hold the state and
+        # heal it), never the whole job, which would drop every live copy
         run_policy["restartPolicy"] = {"evalPeriodSeconds": RESTART_EVAL_PERIOD_S,
                                        "numRestartBeforeFullJobRestart": retries,
-                                       "maxFullJobRestarts": 1}
+                                       "maxFullJobRestarts": 0 if checkpointless else 1}
     if spec.time_limit_min:
         run_policy["activeDeadlineSeconds"] = spec.time_limit_min * 60
-    body: dict[str, Any] = {"nprocPerNode": str(spec.procs_per_node), "replicaSpecs": [replica],
+    body: dict[str, Any] = {"nprocPerNode": str(spec.procs_per_node), "replicaSpecs": replicas,
                             "runPolicy": run_policy}
     if el.enabled:
         body["elasticPolicy"] = {"minReplicas": el.min_nodes, "maxReplicas": el.max_nodes,
@@ -317,11 +453,14 @@ def render_kubeflow_pytorch_job(spec: JobSpec, job_id: str, profile: ClusterProf
     replicas only, the kind the operator scales), ``nprocPerNode`` = ``procs_per_node``;
     elastic -> ``elasticPolicy`` {rdzvBackend: c10d, minReplicas, maxReplicas, maxRestarts};
     ``runPolicy.backoffLimit`` = ``max_retries``. Same environment,
-    volumes and node selector as :func:`render_hyperpod_pytorch_job`.
+    volumes and node selector as :func:`render_hyperpod_pytorch_job`. Checkpointless: the
+    ``Master`` is the Lighthouse's pod (the job succeeds when it exits 0, once training finished),
+    ``Worker`` i is replica group i (:func:`group_command`), both ``restartPolicy: OnFailure``;
+    elastic -> ``elasticPolicy`` without ``rdzvBackend`` (no rendezvous across pods).
 
     Raises:
         ConfigError: the profile lacks ``image`` or ``pvc``.
-        SpecError: ``resiliency.recovery`` is not ``restart`` (checkpointless runs on Slurm only).
+        SpecError: ``resiliency.spares`` (no spare replicas in a PyTorchJob).
     """
     _check_supported(spec)
     if spec.resiliency.spares:
@@ -336,14 +475,24 @@ def render_kubeflow_pytorch_job(spec: JobSpec, job_id: str, profile: ClusterProf
                                    quote=k8s_literal)
     check_pod_names(job_id, el.max_nodes if el.enabled else spec.nodes)
     restart = "OnFailure" if retries else "Never"
-    tmpl = _pod_template(spec, job_id, profile, command, "pytorch", None, res.deep_health_check, hyperpod=False)
-    if el.enabled:  # an elastic job scales its Worker replicas; a Master cannot scale
-        replicas: dict[str, Any] = {"Worker": {"replicas": spec.nodes, "restartPolicy": restart, "template": tmpl}}
+    replicas: dict[str, Any]
+    if is_checkpointless(spec):
+        # Master: the Lighthouse (the job succeeds when its Master does, and it exits 0 once the
+        # training finished); Worker i: replica group i. OnFailure: the kubelet restarts a failed
+        # group's container in its pod, and the operator recreates a deleted pod under its name:
+        # one group restarts, the others go on
+        lighthouse, tmpl = _checkpointless_templates(spec, job_id, profile, hyperpod=False)
+        replicas = {"Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": lighthouse},
+                    "Worker": {"replicas": spec.nodes, "restartPolicy": restart, "template": tmpl}}
     else:
-        replicas = {"Master": {"replicas": 1, "restartPolicy": restart, "template": tmpl}}
-        if spec.nodes > 1:
-            replicas["Worker"] = {"replicas": spec.nodes - 1, "restartPolicy": restart,
-                                  "template": copy.deepcopy(tmpl)}  # no YAML anchors in the output
+        tmpl = _pod_template(spec, job_id, profile, command, "pytorch", None, res.deep_health_check, hyperpod=False)
+        if el.enabled:  # an elastic job scales its Worker replicas; a Master cannot scale
+            replicas = {"Worker": {"replicas": spec.nodes, "restartPolicy": restart, "template": tmpl}}
+        else:
+            replicas = {"Master": {"replicas": 1, "restartPolicy": restart, "template": tmpl}}
+            if spec.nodes > 1:
+                replicas["Worker"] = {"replicas": spec.nodes - 1, "restartPolicy": restart,
+                                      "template": copy.deepcopy(tmpl)}  # no YAML anchors in the output
     body: dict[str, Any] = {"nprocPerNode": str(spec.procs_per_node), "pytorchReplicaSpecs": replicas,
                             "runPolicy": {"cleanPodPolicy": "All", "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_S,
                                           "backoffLimit": retries}}
@@ -352,6 +501,8 @@ def render_kubeflow_pytorch_job(spec: JobSpec, job_id: str, profile: ClusterProf
     if el.enabled:
         body["elasticPolicy"] = {"rdzvBackend": "c10d", "minReplicas": el.min_nodes, "maxReplicas": el.max_nodes,
                                  "maxRestarts": retries}
+        if is_checkpointless(spec):  # no torchrun rendezvous across pods: the Lighthouse's quorum
+            del body["elasticPolicy"]["rdzvBackend"]
     return {"apiVersion": f"{KUBEFLOW_GROUP}/{KUBEFLOW_VERSION}", "kind": KUBEFLOW_KIND,
             "metadata": _metadata(spec, job_id, profile), "spec": body}
 
