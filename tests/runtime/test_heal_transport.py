@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import io
 import os
-import threading
 import urllib.request
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
+from loopback_http import LoopbackHTTP
 
 TIMEOUT = timedelta(seconds=10)
 STEP = 3
@@ -56,37 +55,22 @@ def _signed(body: bytes, key: bytes, path: str) -> bytes:
     return body + hmac.new(key, HEAL_DOMAIN + b"\n" + path.encode() + b"\n" + body, hashlib.sha256).digest()
 
 
-class Hostile:
+class Hostile(LoopbackHTTP):
     """A real HTTP server on 127.0.0.1 that answers every GET with ``body(path)``: what a process
     on the network that the quorum names (or one in between) can send."""
 
     def __init__(self, body):
-        outer = self
         self.requests: list[str] = []
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                outer.requests.append(self.path)
-                data = body(self.path)
-                self.send_response(200)
-                self.send_header("Content-type", "application/octet-stream")
-                self.end_headers()
-                self.wfile.write(data)
+        def answer(request) -> tuple[int, str, bytes]:
+            self.requests.append(request.path)
+            return 200, "application/octet-stream", body(request.path)
 
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        super().__init__(answer)
 
     @property
     def metadata(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/checkpoint/"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        return f"http://127.0.0.1:{self.port}/checkpoint/"
 
 
 @pytest.fixture()

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from loopback_http import LoopbackHTTP
 
 TOKEN = "T0TESTSECRET/B0TESTSECRET/xoxTESTWEBHOOKTOKEN1234567890"
 """The secret part of the receiver's URL (what a Slack incoming webhook's path is)."""
 
 
-class Receiver:
+class Receiver(LoopbackHTTP):
     """``url`` takes POSTs at ``/services/<TOKEN>``; ``answers`` is consumed one per POST (then
     200). ``posts``: every request as ``(status answered, path, headers, body bytes)``."""
 
@@ -20,29 +21,19 @@ class Receiver:
         self.answers = list(answers or [])
         self.posts: list[tuple[int, str, dict, bytes]] = []
         self.lock = threading.Lock()
-        owner = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                with owner.lock:
-                    status = owner.answers.pop(0) if owner.answers else 200
-                    owner.posts.append((status, self.path, dict(self.headers), body))
-                self.send_response(status)
-                self.send_header("Content-Type", "text/plain")
-                self.end_headers()
-                self.wfile.write(b"ok" if status == 200 else b"try again")
+        def answer(request) -> tuple[int, str, bytes]:
+            body = request.rfile.read(int(request.headers.get("Content-Length") or 0))
+            with self.lock:
+                status = self.answers.pop(0) if self.answers else 200
+                self.posts.append((status, request.path, dict(request.headers), body))
+            return status, "text/plain", b"ok" if status == 200 else b"try again"
 
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
+        super().__init__(answer, methods=("POST",))
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/services/{TOKEN}"
+        return f"http://127.0.0.1:{self.port}/services/{TOKEN}"
 
     def delivered(self) -> list[str]:
         """Texts of the messages answered 200 (``{"text": ...}`` bodies)."""
@@ -52,7 +43,3 @@ class Receiver:
     def statuses(self) -> list[int]:
         with self.lock:
             return [s for s, _, _, _ in self.posts]
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
