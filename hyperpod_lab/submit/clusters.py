@@ -60,6 +60,16 @@ Shared storage mounted on this machine too (SageMaker Studio with the cluster's 
     shared_root = "/fsx"              # the cluster's path
     local_mount = "/mnt/fsx"          # the same directory here; or "auto": found by a probe file
 
+A Studio space that mounts only a sub-directory of the FSx (``FileSystemPath``) at its own path::
+
+    [clusters.hp-studio-team]
+    orchestrator = "slurm"
+    host = "login"
+    shared_root = "/fsx/team-a/alice" # the cluster's path; jobs in <shared_root>/hyperpod-lab/<user>/jobs
+    local_mount = "/mnt/studio-fsx"   # where the space shows it (look with `df` / `mount` in a terminal)
+    local_mount_cluster_path = "/fsx/team-a"  # the cluster directory local_mount shows; or "auto"
+    alerts_webhook_url_env = "TEAM_A_WEBHOOK"  # this cluster's jobs alert there (docs/alerts.md)
+
 A built-in profile named ``local`` (the local backend: torchrun on this machine) always exists.
 A value starting with :data:`PLACEHOLDER` (written by ``clusters discover`` for what the
 SageMaker API cannot know, such as a Slurm login node) must be filled in before submitting.
@@ -87,6 +97,7 @@ PLACEHOLDER = "FILL-IN"
 # the separators SageMaker uses, never starting with '-' (which aws would read as an option)
 _SSM_TARGET = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,255}")
 _SHELL_META = re.compile(r"[\s'\"`$;&|<>*?(){}!\\#~]")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _AWS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+=@,-]{0,127}")
 
 
@@ -149,6 +160,17 @@ class ClusterProfile:
             carries only scheduler commands; the server learns of new events from file-system
             notifications (``schedulers/remote/__init__.py``'s ``MountedRemote``). The files are written
             as this machine's user, who must be the cluster user (same uid) there. Unset: SFTP.
+        local_mount_cluster_path: (slurm, with a ``local_mount`` path) the cluster directory that
+            ``local_mount`` shows (absolute POSIX path; default ``shared_root``): a SageMaker
+            Studio space mounts a domain's FSx at its own path and may expose only a
+            sub-directory (``FSxLustreFileSystemConfig.FileSystemPath``). It may be above
+            ``shared_root`` or below it, as long as the user's job tree
+            ``<shared_root>/hyperpod-lab/<user>/jobs`` is inside it (else connecting raises
+            ConfigError). ``"auto"``: found by the probe file (``schedulers/remote/mounted.py``).
+        alerts_webhook_url_env: the name of an environment variable of the Jupyter server
+            holding the webhook URL that this cluster's jobs' alerts go to, instead of
+            ``alerts.toml``'s (``server/alerts.py``, ``docs/alerts.md``). Only the name is kept here;
+            the URL is never logged nor shown in an error.
         defaults: partition / nodes / procs_per_node defaults.
         kube_context, kubeconfig: (eks) a kubeconfig context, and the kubeconfig file
             (default ``$KUBECONFIG`` or ``~/.kube/config``).
@@ -192,6 +214,8 @@ class ClusterProfile:
     connect_timeout_s: float = 10.0
     op_timeout_s: float = 30.0
     local_mount: str | None = None
+    local_mount_cluster_path: str | None = None
+    alerts_webhook_url_env: str | None = None
     defaults: ClusterDefaults = field(default_factory=ClusterDefaults)
     kube_context: str | None = None
     kubeconfig: str | None = None
@@ -253,10 +277,25 @@ class ClusterProfile:
                                                         and os.path.isabs(os.path.expanduser(lm))):
                 raise ConfigError(f"{where}: local_mount must be the absolute local path of shared_root on this "
                                   f"machine (e.g. \"/mnt/fsx\") or \"auto\", got {lm!r}")
+            lcp = self.local_mount_cluster_path
+            if lcp is not None:
+                if not lm or lm == "auto":
+                    raise ConfigError(f"{where}: local_mount_cluster_path says which cluster directory local_mount "
+                                      f"shows, so it needs local_mount set to a local path"
+                                      + (" (local_mount = \"auto\" finds both; remove local_mount_cluster_path)"
+                                         if lm == "auto" else ""))
+                if lcp != "auto" and not (isinstance(lcp, str) and lcp.startswith("/") and "\0" not in lcp):
+                    raise ConfigError(f"{where}: local_mount_cluster_path must be the absolute cluster path that "
+                                      f"local_mount shows (e.g. \"/fsx/team-a\") or \"auto\", got {lcp!r}")
             for key in ("region", "aws_profile"):
                 v = getattr(self, key)
                 if v is not None and (not isinstance(v, str) or not _AWS_NAME.fullmatch(v)):
                     raise ConfigError(f"{where}: '{key}' must be a plain name such as us-west-2, got {v!r}")
+        env = self.alerts_webhook_url_env
+        if env is not None and not (isinstance(env, str) and _ENV_NAME.fullmatch(env)):
+            raise ConfigError(f"{where}: alerts_webhook_url_env must name an environment variable of the Jupyter "
+                              f"server (letters, digits, _), e.g. \"TEAM_A_WEBHOOK\"; the URL itself never goes in "
+                              f"this file")
         if self.orchestrator == "eks":
             if not (self.kube_context or self.kubeconfig or self.eks_cluster):
                 raise ConfigError(f"{where}: an eks cluster needs 'kube_context' (a context of your kubeconfig) "

@@ -19,12 +19,12 @@ import threading
 
 from hyperpod_lab.schedulers.remote.base import CommandOutcomeUnknown, CommandResult, Remote, StagedFile, Staging, quote_argv
 from hyperpod_lab.schedulers.remote.local import LocalRemote
-from hyperpod_lab.schedulers.remote.mounted import MountedRemote, detect_local_mount, mount_candidates, with_local_mount
+from hyperpod_lab.schedulers.remote.mounted import MountedRemote, MountMap, detect_local_mount, mount_candidates, with_local_mount
 from hyperpod_lab.schedulers.remote.ssh import RECONNECT_DELAYS_S, SSHRemote, answered_within
 from hyperpod_lab.submit.clusters import ClusterProfile
 
 __all__ = ["CommandOutcomeUnknown", "CommandResult", "Remote", "StagedFile", "Staging", "quote_argv", "LocalRemote",
-           "MountedRemote", "detect_local_mount", "mount_candidates", "with_local_mount", "RECONNECT_DELAYS_S", "SSHRemote",
+           "MountedRemote", "MountMap", "detect_local_mount", "mount_candidates", "with_local_mount", "RECONNECT_DELAYS_S", "SSHRemote",
            "answered_within", "connect", "close_all"]
 
 _CONNECTIONS: dict[str, Remote] = {}
@@ -34,20 +34,22 @@ _CONN_LOCK = threading.Lock()  # guards the two dicts only, never held while con
 
 def connect(profile: ClusterProfile) -> Remote:
     """The Remote of a profile: one reused SSH connection per slurm cluster (reopened in place
-    if it was dropped), or LocalRemote. With the profile's ``local_mount`` (a path, or
-    ``"auto"`` and the probe found one), a :class:`MountedRemote` over that connection: files
-    on this machine, commands over SSH.
+    if it was dropped), or LocalRemote. With the profile's ``local_mount`` (a path, and the
+    cluster directory it shows: ``local_mount_cluster_path``; or ``"auto"`` and the probe found
+    one), a :class:`MountedRemote` over that connection: files on this machine, commands over SSH.
 
     Connecting to one cluster never waits for another's connect (a lock per profile).
 
     Raises:
-        ClusterUnreachable, HostKeyError, ConfigError: as :class:`SSHRemote`.
+        ClusterUnreachable, HostKeyError, ConfigError: as :class:`SSHRemote`; ConfigError also
+            as :func:`with_local_mount` (the mount does not show the user's job tree).
     """
     if profile.orchestrator == "local":
         return LocalRemote()
     key = (f"{profile.name}|{profile.host}|{profile.port}|{profile.user}|{profile.ssh_config}|"
            f"{profile.ssm_target}|{profile.key_file}|{profile.known_hosts}|{profile.connect_timeout_s}|"
-           f"{getattr(profile, 'op_timeout_s', None)}|{profile.shared_root}|{getattr(profile, 'local_mount', None)}")
+           f"{getattr(profile, 'op_timeout_s', None)}|{profile.shared_root}|{getattr(profile, 'local_mount', None)}|"
+           f"{getattr(profile, 'local_mount_cluster_path', None)}")
     with _CONN_LOCK:
         lock = _KEY_LOCKS.setdefault(key, threading.Lock())
     with lock:
