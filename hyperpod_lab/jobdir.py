@@ -352,6 +352,7 @@ class JobPaths:
         <folder>/stragglers/<writer>.json, stragglers/exclude/<node>.json   straggler summaries; exclusions
         <folder>/health/<node>/, health/<run id>/<node>.json   health probes; pre-flight results
         <folder>/tensorboard/[rank-R/]  TensorBoard event files
+        <folder>/mlflow-run.json        the job's MLflow run (JobSpec tracking "mlflow")
         <folder>/replicas/group-G.json  checkpointless: replica group G's registration
         <folder>/runs/<restart>.<step>/node-N   Slurm: each node's start counter of a step
         <folder>/operator-state.json    EKS: the operator status of the last look
@@ -430,6 +431,10 @@ class JobPaths:
         "Nodes a launch agent asked to exclude as stragglers: ``<node>.json``."))
     health = _At("health", doc="Pre-flight health checks: ``<node>/`` probes, ``<run id>/<node>.json`` results.")
     tensorboard = _At("tensorboard", doc="TensorBoard event files (rank 0's; ``rank-R/`` with all ranks).")
+    mlflow_run = _At("mlflow-run.json", doc=(
+        "The job's one MLflow run (JobSpec ``tracking`` \"mlflow\"): {run_id, experiment_id, tracking_uri}, written "
+        "atomically by rank 0 when it creates the run; every later start (a torchrun restart, a requeue) logs to "
+        "that run (``hyperpod_lab.runtime.mlflow_tracking``)."))
     replicas = _At("replicas", doc="Checkpointless: ``group-G.json``, what each replica group registered.")
     runs = _At("runs", doc="Slurm: ``<restart>.<step id>/node-N``, each node's start counter of a step.")
     operator_state = _At("operator-state.json", doc="EKS: the operator status events of the last look (JSON).")

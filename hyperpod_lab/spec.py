@@ -52,6 +52,13 @@ TENSORBOARD_RANK0 = "rank0"
 TENSORBOARD_ALL_RANKS = "all-ranks"
 TENSORBOARD_MODES = (TENSORBOARD_OFF, TENSORBOARD_RANK0, TENSORBOARD_ALL_RANKS)
 """``tensorboard``: none, rank 0 only (``<job>/tensorboard``), every rank (``<job>/tensorboard/rank-R``)."""
+TRACKING_OFF = "off"
+TRACKING_MLFLOW = "mlflow"
+TRACKING_MODES = (TRACKING_OFF, TRACKING_MLFLOW)
+"""``tracking``: no experiment tracker, or MLflow (:mod:`hyperpod_lab.runtime.mlflow_tracking`)."""
+ENV_MLFLOW_TRACKING_URI = "MLFLOW_TRACKING_URI"
+"""MLflow's own variable: the submitting environment's tracking URI when ``tracking_uri`` is unset."""
+MAX_TRACKING_URI_CHARS = 2000
 MAX_HANG_TIMEOUT_S = 7 * 24 * 3600.0  # a week: anything longer is no hang detection
 
 
@@ -384,6 +391,16 @@ class JobSpec:
             (default), ``"rank0"`` (the rank that reports the job's steps) or ``"all-ranks"``
             (``rank-<R>`` subdirectories); ``true``/``false`` are read as ``"rank0"``/``"off"``.
             Needs the ``tensorboard`` package where the spec is validated and where the job runs.
+        tracking: ``"off"`` (default) or ``"mlflow"``: rank 0 logs the job to one MLflow run
+            (the spec as params, the step metrics, checkpoint/fault/recovery markers, goodput and
+            the final state; :mod:`hyperpod_lab.runtime.mlflow_tracking`, docs/tracking.md).
+            Needs the ``mlflow`` (or ``mlflow-skinny``) package where the spec is validated and
+            where the job runs.
+        tracking_uri: the MLflow tracking URI (``http://host:5000``, ``databricks``...), at most
+            2,000 characters, no password in it (use ``--secret-env MLFLOW_TRACKING_PASSWORD``).
+            Unset with ``tracking="mlflow"``: :meth:`validate` takes ``$MLFLOW_TRACKING_URI`` of
+            the validating (submitting) process and records it here, so the job's ``spec.json``
+            names the server the job logs to; neither set is a :class:`SpecError`.
         container_image: Slurm: run the training step in this container through pyxis/enroot
             (``srun --container-image``), with the shared root and ``/dev/shm`` mounted (see
             ``docs/containers.md``): a registry image (``nvcr.io/nvidia/pytorch:25.01-py3``) or the
@@ -406,6 +423,8 @@ class JobSpec:
     checkpoint: CheckpointPolicy = field(default_factory=CheckpointPolicy)
     elastic: ElasticPolicy = field(default_factory=ElasticPolicy)
     tensorboard: str = TENSORBOARD_OFF
+    tracking: str = TRACKING_OFF
+    tracking_uri: str | None = None
     container_image: str | None = None
     version: int = SPEC_VERSION
 
@@ -457,6 +476,7 @@ class JobSpec:
         self.resiliency.validate()
         self.checkpoint.validate()
         self._validate_tensorboard()
+        self._validate_tracking()
         self.elastic.validate()
         if self.elastic.enabled and not (self.elastic.min_nodes <= self.nodes <= self.elastic.max_nodes):
             raise SpecError("nodes", f"{self.nodes} is outside --elastic {self.elastic.min_nodes}:{self.elastic.max_nodes}")
@@ -477,6 +497,41 @@ class JobSpec:
             raise SpecError("tensorboard", "needs the tensorboard package (torch's SummaryWriter writes through "
                                            "it), which is not installed in this Python environment; "
                                            "pip install tensorboard, or submit without --tensorboard")
+
+    def _validate_tracking(self) -> None:
+        """``tracking`` and ``tracking_uri`` (resolved from ``$MLFLOW_TRACKING_URI`` when unset)."""
+        if self.tracking not in TRACKING_MODES:
+            raise SpecError("tracking", f"must be one of {', '.join(TRACKING_MODES)}, got {str(self.tracking)[:40]!r}; "
+                                        "use --tracking mlflow")
+        uri = self.tracking_uri
+        if uri is not None:
+            if not isinstance(uri, str) or not uri.strip():
+                raise SpecError("tracking_uri", "must be a non-empty string such as http://mlflow.example:5000, "
+                                                "or unset")
+            if len(uri) > MAX_TRACKING_URI_CHARS or _CONTROL_CHARS.search(uri):
+                raise SpecError("tracking_uri", f"must be at most {MAX_TRACKING_URI_CHARS} printable characters "
+                                                "with no newlines or control characters")
+            userinfo = uri.partition("://")[2].split("/", 1)[0].rpartition("@")[0]
+            if ":" in userinfo:  # user:password@host: the spec is written to the job's files
+                raise SpecError("tracking_uri", "contains a password (user:password@host), and the spec is "
+                                                "written to the job's files; give the URI without it and pass "
+                                                "the password with --secret-env MLFLOW_TRACKING_PASSWORD "
+                                                "(and MLFLOW_TRACKING_USERNAME)")
+        if self.tracking == TRACKING_OFF:
+            return
+        if uri is None:
+            env_uri = os.environ.get(ENV_MLFLOW_TRACKING_URI, "").strip()
+            if not env_uri:
+                raise SpecError("tracking_uri", "tracking mlflow needs the tracking server's URI: give it with "
+                                                "--tracking-uri URI (JobSpec tracking_uri), or set "
+                                                f"{ENV_MLFLOW_TRACKING_URI} in the submitting environment")
+            self.tracking_uri = env_uri
+            self._validate_tracking()  # the same checks on the URI taken from the environment
+            return
+        if importlib.util.find_spec("mlflow") is None:
+            raise SpecError("tracking", "needs the mlflow package (its client logs the run), which is not "
+                                        "installed in this Python environment; pip install mlflow-skinny "
+                                        "(or mlflow), or submit without --tracking mlflow")
 
     # ---- JSON round trip -------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

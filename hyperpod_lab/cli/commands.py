@@ -27,6 +27,8 @@ from hyperpod_lab.spec import (
     TENSORBOARD_ALL_RANKS,
     TENSORBOARD_OFF,
     TENSORBOARD_RANK0,
+    TRACKING_MODES,
+    TRACKING_OFF,
     CheckpointPolicy,
     ElasticPolicy,
     JobSpec,
@@ -142,6 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(needs 'pip install tensorboard'; docs/tensorboard.md)")
     s.add_argument("--tensorboard-all-ranks", action="store_const", const=TENSORBOARD_ALL_RANKS, dest="tensorboard",
                    help="as --tensorboard, every rank into <job_dir>/tensorboard/rank-N")
+    s.add_argument("--tracking", choices=TRACKING_MODES, default=TRACKING_OFF,
+                   help="mlflow: rank 0 logs the job to one MLflow run (params, step metrics, checkpoint, fault "
+                        "and recovery markers, goodput, final state; docs/tracking.md)")
+    s.add_argument("--tracking-uri", metavar="URI",
+                   help="the MLflow tracking server (default: $MLFLOW_TRACKING_URI here, recorded in the spec)")
     s.add_argument("--dry-run", action="store_true", help="print the rendered submission; submit nothing")
     s.add_argument("--json", action="store_true", help="print the whole job record")
     s.add_argument("--follow", action="store_true", help="stream events until the job finishes")
@@ -294,7 +301,8 @@ def spec_from_args(a: argparse.Namespace, script_args: list[str]) -> JobSpec:
                                     s3_every_steps=a.checkpoint_s3_every),
         elastic=ElasticPolicy(min_nodes=lo, max_nodes=hi, global_batch_size=a.global_batch_size,
                               lr_rule=a.lr_rule),
-        tensorboard=a.tensorboard, container_image=a.container_image,
+        tensorboard=a.tensorboard, tracking=a.tracking, tracking_uri=a.tracking_uri,
+        container_image=a.container_image,
     ).validate()
 
 

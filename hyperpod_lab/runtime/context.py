@@ -72,6 +72,7 @@ from hyperpod_lab.jobdir import (
 from hyperpod_lab.node.watchdog import FAULTHANDLER_SIGNAL, HeartbeatWriter, heartbeat_file
 from hyperpod_lab.private_dir import ensure_private_dir
 from hyperpod_lab.procs import process_start
+from hyperpod_lab.runtime import mlflow_tracking
 from hyperpod_lab.runtime.checkpoint.auth import create_key, load_or_create_key, read_key
 from hyperpod_lab.runtime.tensorboard import TensorBoardLog, log_dir
 from hyperpod_lab.spec import JobSpec
@@ -188,6 +189,8 @@ class JobContext:
         slow_factor: 1.0, or the factor ``inject-fault --kind slow`` set.
         tensorboard: this rank's :class:`~hyperpod_lab.runtime.tensorboard.TensorBoardLog` when
             the spec's ``tensorboard`` has it write (rank 0, or every rank), else None.
+        mlflow: global rank 0's :class:`~hyperpod_lab.runtime.mlflow_tracking.MlflowTracking`
+            when the spec's ``tracking`` is ``"mlflow"`` (fed every event this rank emits), else None.
     """
 
     def __init__(self, *, rank: int, world_size: int, local_rank: int, local_world_size: int,
@@ -232,6 +235,7 @@ class JobContext:
         self.slow_factor = 1.0
         self.last_step_timing: dict[str, Any] | None = None
         self.tensorboard: TensorBoardLog | None = None  # set by init() from the spec
+        self.mlflow: mlflow_tracking.MlflowTracking | None = None  # set by init() from the spec
 
     @property
     def checkpoint_key(self) -> bytes:
@@ -313,6 +317,8 @@ class JobContext:
             elif ev.kind == EventKind.RECOVERY_COMPLETED.value:
                 self.tensorboard.marker("recovery/downtime_s", clean.get("downtime_s"),
                                         self._steps_done - 1 if self._steps_done else None)
+        if self.mlflow is not None:  # queued for its own thread
+            self.mlflow.event(ev, self._steps_done - 1 if self._steps_done else None)
         return ev
 
     def step(self, step: int, loss: float, **metrics: Any) -> None:
@@ -603,6 +609,8 @@ class JobContext:
         self._checkpointers.clear()
         if self.tensorboard is not None:  # flushes the event file
             self.tensorboard.close()
+        if self.mlflow is not None:  # sends what is queued (at most CLOSE_TIMEOUT_S)
+            self.mlflow.close()
         if self.heartbeat is not None:
             self.heartbeat.close()
             self.heartbeat = None
@@ -623,6 +631,8 @@ class JobContext:
             self.finish()
             return False
         _record_exception(exc)
+        if self.mlflow is not None:
+            self.mlflow.failed(exc)
         self._teardown()
         return False
 
@@ -868,6 +878,7 @@ def init() -> JobContext:
     tb_dir = log_dir(job_dir, spec.tensorboard, global_rank) if spec is not None else None
     if tb_dir is not None:  # TensorBoardMissing (pip install tensorboard) here, before training starts
         ctx.tensorboard = TensorBoardLog(tb_dir, purge_first=ctx.is_restart)
+    ctx.mlflow = mlflow_tracking.start(spec, job_dir, job_id, global_rank, ctx.is_restart)
     if global_rank == 0 and not ctx.is_restart:
         script = spec.script if spec is not None else (sys.argv[0] if sys.argv and sys.argv[0] else "<interactive>")
         ctx.emit(EventKind.STARTED, world_size=world_size, nodes=nodes, script=script, restart_count=restart_count)
