@@ -22,7 +22,7 @@ from hyperpod_lab.submit.clusters import ClusterProfile, save_profile
 from hyperpod_lab.submit.jobs import JobStatus
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the helpers
-from fake_k8s import FakeKube
+from k8s_standin import K8sStandIn as FakeKube
 from moto_server import CREDENTIALS, MotoServer, without_aws_credentials
 from ports import free_port
 from test_eks_render import sdk_validate

@@ -23,7 +23,7 @@ from hyperpod_lab.errors import SpecError
 from hyperpod_lab.events import EventReader
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the helpers
-from fake_k8s import FakeKube
+from k8s_standin import K8sStandIn as FakeKube
 from test_eks_render import sdk_validate
 from test_eks_scheduler import HP, eks_profile
 
