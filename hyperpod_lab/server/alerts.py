@@ -31,6 +31,13 @@ the cluster config, ``$HYPERPOD_LAB_CONFIG``'s directory or ``~/.config/hyperpod
     [[rules]]
     on = "straggler"                       # a rank flagged as a straggler
 
+A cluster profile may send its jobs' alerts elsewhere: ``alerts_webhook_url_env = "NAME"`` in
+its ``[clusters.X]`` table names an environment variable of the Jupyter server that holds the
+URL (:func:`profile_webhook_url`); that cluster's alerts go there instead of ``[webhook]``'s
+(which stays required: the other clusters' URL, and the timeouts and retries of every POST). The
+profile is read when an alert is sent, so a changed clusters.toml applies without a restart; a
+variable that is not set fails that alert (logged, naming the variable and the fix).
+
 Each rule may have a ``name`` (default: its ``on``); two rules need two names. An alert is one
 rule and one occurrence (a job, an incident, a flagged rank): it is sent once. What was sent is
 kept in ``alerts-sent.json`` in the data directory (``$HYPERPOD_LAB_DATA_DIR``), so a restarted
@@ -39,7 +46,7 @@ with rules) are never sent. A POST that failed is retried ``retries`` times with
 backoff; then the alert is recorded as failed and not sent again. A POST that timed out after the
 receiver took it is retried too: such a receiver can get a message twice.
 
-The webhook URL (its path is the credential) is never logged nor written anywhere: it is given
+A webhook URL (its path is the credential; the file's or a profile's) is never logged nor written anywhere: it is given
 to :func:`hyperpod_lab.server.redact.add_secret`, so every log line through the server's handlers
 shows ``[secret]`` instead, and no error message of this module contains it. Messages carry
 the job's name, id, cluster and the numbers of the rule, never its spec, environment or logs; a
@@ -69,7 +76,7 @@ from urllib.parse import urlsplit
 from hyperpod_lab.atomicfile import write_atomic
 from hyperpod_lab.errors import ConfigError
 from hyperpod_lab.server import redact
-from hyperpod_lab.submit.clusters import config_path, data_dir
+from hyperpod_lab.submit.clusters import config_path, data_dir, get_profile, load_profiles
 from hyperpod_lab.submit.jobs import JobStatus
 
 log = logging.getLogger("hyperpod_lab.server")
@@ -231,14 +238,57 @@ def load_settings(path: str | None = None, environ: dict[str, str] | None = None
 
 
 # ---- the rules over the facts -------------------------------------------------------------
+def _hide(url: str) -> None:
+    """Have every log line through the redacting filter show ``[secret]`` for ``url`` and for
+    its path and query (the credential), wherever they appear."""
+    redact.add_secret(url)
+    parts = urlsplit(url)
+    secret_part = parts.path + ("?" + parts.query if parts.query else "")
+    if len(secret_part) >= 8:
+        redact.add_secret(secret_part)
+
+
+def profile_webhook_url(cluster: str, environ: dict[str, str] | None = None) -> str | None:
+    """The webhook URL a cluster profile gives its jobs' alerts: the value of the server's
+    environment variable named by the profile's ``alerts_webhook_url_env``; None when the
+    profile sets none (or there is no such profile: ``[webhook]``'s URL applies). The URL is
+    given to the redactor before it is returned.
+
+    Raises:
+        ConfigError: the variable is not set, or holds no http(s) URL; the message names the
+            cluster, the variable and the fix, never the value.
+    """
+    try:
+        prof = get_profile(cluster)
+    except Exception:  # UnknownCluster, a malformed config: the file's URL
+        return None
+    name = getattr(prof, "alerts_webhook_url_env", None)
+    if not name:
+        return None
+    environ = os.environ if environ is None else environ
+    where = f"cluster profile '{cluster}' in {config_path()}"
+    if not environ.get(name):
+        raise ConfigError(f"{where}: alerts_webhook_url_env names {name}, which is not set in the Jupyter server's "
+                          f"environment; export it before starting the server, or remove the setting")
+    parts = urlsplit(environ[name].strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{where}: the environment variable {name} (alerts_webhook_url_env) is not an http(s) URL "
+                          f"with a host (value not shown)")
+    url = environ[name].strip()
+    _hide(url)
+    return url
+
+
 @dataclass
 class Alert:
     """One occurrence of one rule: ``key`` (``rule|job|what``, the dedupe key), the message
-    ``text`` and ``at`` (epoch s: when it occurred)."""
+    ``text``, ``at`` (epoch s: when it occurred) and the job's ``cluster`` (whose profile may
+    name its own webhook; "" for none)."""
 
     key: str
     text: str
     at: float
+    cluster: str = ""
 
 
 def _get(facts: Any, name: str, default: Any = None) -> Any:
@@ -326,6 +376,8 @@ def evaluate(rules: list[Rule], job: Any, facts: Any = None, goodput: float | No
                 text = (f"hyperpod-lab: {_label(job)}: rank {s.get('rank')}{where} is a straggler"
                         + (f" ({excess:.2f} s a step slower)" if isinstance(excess, (int, float)) else ""))
                 out.append(Alert(key + f"straggler:{s.get('rank')}:{at}", _clean(text), float(at)))
+    for a in out:
+        a.cluster = job.cluster
     return out
 
 
@@ -354,11 +406,7 @@ class Alerts:
     def __init__(self, settings: AlertSettings, sent_path: str | None = None, watcher: Any = None):
         self.watcher = watcher
         self.settings, self.rules, self.hook = settings, settings.rules, settings.webhook
-        redact.add_secret(self.hook.url)
-        parts = urlsplit(self.hook.url)
-        secret_part = parts.path + ("?" + parts.query if parts.query else "")
-        if len(secret_part) >= 8:
-            redact.add_secret(secret_part)
+        _hide(self.hook.url)
         self.sent_path = sent_path or os.path.join(data_dir(), SENT_FILE)
         self.lock = threading.Lock()
         self.state = self._load()
@@ -484,8 +532,8 @@ class Alerts:
             # an occurrence at or before a forgotten one is never sent again
             self.state["since"] = max(self.state["since"], float(v.get("at", 0.0)) + 1e-6)
 
-    def _post(self, body: bytes) -> int:
-        req = urllib.request.Request(self.hook.url, data=body, method="POST",
+    def _post(self, body: bytes, url: str) -> int:
+        req = urllib.request.Request(url, data=body, method="POST",
                                      headers={"Content-Type": "application/json",
                                               "User-Agent": "hyperpod-lab-alerts"})
         try:
@@ -499,12 +547,18 @@ class Alerts:
         """POST one alert with retries. Returns ``"delivered"``, ``"failed: ..."``, or None when
         the sender is stopping."""
         body = json.dumps({"text": alert.text}).encode()
+        try:
+            url = (profile_webhook_url(alert.cluster) if alert.cluster else None) or self.hook.url
+        except ConfigError as e:
+            self.failed += 1
+            log.error("hyperpod_lab: alert %s not sent: %s", alert.key, e)
+            return f"failed: {e}"
         tries = self.hook.retries + 1
         why = ""
         for attempt in range(tries):
             self.attempts += 1
             try:
-                status = self._post(body)
+                status = self._post(body, url)
                 if 200 <= status < 300:
                     self.delivered += 1
                     return "delivered"
@@ -525,6 +579,20 @@ class Alerts:
         return f"failed: {why}"
 
 
+def _check_profiles() -> None:
+    """Resolve every profile's ``alerts_webhook_url_env`` once at start: its URL is redacted from
+    then on, and an unset variable is logged now (naming it and the fix), not first at an alert."""
+    try:
+        names = [n for n, p in load_profiles().items() if getattr(p, "alerts_webhook_url_env", None)]
+    except ConfigError:
+        return  # the cluster config's own error is reported where it is used
+    for name in names:
+        try:
+            profile_webhook_url(name)
+        except ConfigError as e:
+            log.error("hyperpod_lab: alerts of cluster '%s' cannot be sent: %s", name, e)
+
+
 def setup_alerts(path: str | None, watcher) -> Alerts | None:
     """The server's :class:`Alerts` from the alerts file at ``path`` (default
     :func:`default_path`), observing ``watcher`` and started; None when there is no file or it is
@@ -540,6 +608,7 @@ def setup_alerts(path: str | None, watcher) -> Alerts | None:
     if not any(isinstance(f, redact.RedactingFilter) for f in log.filters):
         log.addFilter(redact.RedactingFilter())  # records of this logger itself, whatever handler takes them
     alerts = Alerts(settings, watcher=watcher)
+    _check_profiles()
     watcher.observers.append(alerts)
     log.info("hyperpod_lab: %d alert rule(s) from %s, sent to the webhook [secret]", len(settings.rules),
              settings.path)
