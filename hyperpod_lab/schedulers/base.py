@@ -87,6 +87,12 @@ def read_log_range(files, path: str, offset: int | None, length: int | None) -> 
                     raw=data)
 
 
+class QueueUnsupported(HyperPodLabError):
+    """The cluster's backend has no queue view (:meth:`Scheduler.queue_snapshot`): only Slurm
+    clusters list every user's jobs and the nodes by state; the server answers it as a labelled,
+    empty panel (``"supported": false``)."""
+
+
 class Scheduler(ABC):
     """One cluster's backend. Construct through :func:`hyperpod_lab.schedulers.for_profile`."""
 
@@ -223,6 +229,22 @@ class Scheduler(ABC):
         """
         return {"state": "unknown", "error": f"node health is not read from {self.profile.orchestrator} clusters yet",
                 "nodes": []}
+
+    def queue_snapshot(self) -> dict:
+        """The cluster's queue around the jobs: every user's pending and running jobs, the nodes
+        by state and the partitions (the Lab's "Cluster queue" panel, ``docs/queue.md``).
+
+        Returns:
+            ``{"jobs": [...], "nodes": [...], "partitions": [...], "user": str | None}``, the
+            shapes of :func:`hyperpod_lab.schedulers.slurm.parse_queue` and
+            :func:`~hyperpod_lab.schedulers.slurm.parse_nodes`; ``user``: the login user.
+
+        Raises:
+            QueueUnsupported: this default: the backend has no queue view (only Slurm has one).
+            ClusterUnreachable, HostKeyError, RemoteCommandError: the backend could not ask.
+        """
+        raise QueueUnsupported(f"the queue view is Slurm-only: cluster '{self.profile.name}' is "
+                               f"{self.profile.orchestrator}")
 
     def rank_info(self, rec: JobRecord, rank: int) -> dict:
         """The ``ranks/rank-R.json`` the runtime wrote. Raises JobStateError if absent."""

@@ -543,6 +543,167 @@ def parse_sinfo(stdout: str) -> list[dict]:
     return list(nodes.values())
 
 
+# ---- the queue around a job (issue 29 item 4): every user's jobs, the nodes, the partitions ----
+
+#: squeue's fields for :func:`parse_queue`, in ``-o`` order after the row marker; squeue(1)
+#: "-o <output_format>": %i "Job or job step id" (``<base>_<index>`` for an array task), %T "Job
+#: state in extended form", %P "Partition of the job" (one partition a row with ``-P``), %Q "Priority
+#: of the job (generally a very large unsigned integer)", %D "Number of nodes allocated to the job
+#: or the minimum number of nodes required by a pending job", %u "User name for a job", %M "Time
+#: used by the job" (``[days-][hours:]minutes:seconds``), %l "Time limit of the job" (or
+#: ``UNLIMITED``/``NOT_SET``), %S "Actual or expected start time" (``N/A`` when not known), %N
+#: "List of nodes allocated to the job", %r "The reason a job is in its current state" (JOB REASON
+#: CODES, printed by slurmctld), %j "Job or job step name" -- the user's free text, so last: it
+#: may hold ``|``, spaces and newlines (sbatch --job-name takes them; seen on 22.05.8).
+QUEUE_FIELDS = (("i", "id"), ("T", "state"), ("P", "partition"), ("Q", "priority"), ("D", "nodes"),
+                ("u", "user"), ("M", "time"), ("l", "time_limit"), ("S", "start"), ("N", "nodelist"),
+                ("r", "reason"), ("j", "name"))
+
+#: sinfo's fields for :func:`parse_nodes`, in ``-o`` order after the row marker (``-N``: one line
+#: per node and partition); sinfo(1) "-o <output_format>": %N "List of node names", %P "Partition
+#: name followed by "*" for the default partition", %a "State/availability of a partition", %l
+#: "Maximum time for any job", %T "State of nodes, extended form" (a flag suffix such as ``*``
+#: "not responding" or ``~`` "powered off": NODE STATE CODES), %c "Number of CPUs per node", %C
+#: "Number of CPUs by state in the format allocated/idle/other/total", %G "Generic resources (gres)
+#: associated with the nodes", %H "the timestamp of the reason a node is unavailable", %E "The
+#: reason a node is unavailable (down, drained, or draining states)" -- an operator's free text
+#: (``scontrol update ... Reason=``), so last.
+NODE_FIELDS = (("N", "name"), ("P", "partition"), ("a", "avail"), ("l", "time_limit"), ("T", "state"),
+               ("c", "cpus"), ("C", "cpu_states"), ("G", "gres"), ("H", "reason_time"), ("E", "reason"))
+
+#: node state groups the queue view counts (sinfo(1) NODE STATE CODES, base state without its flag)
+NODE_GROUPS = {"idle": "idle", "allocated": "alloc", "allocated+": "alloc", "completing": "alloc",
+               "mixed": "mixed", "down": "down", "drained": "drain", "draining": "drain",
+               "fail": "down", "failing": "drain"}
+#: the flag characters sinfo(1) may put after a node state (NODE STATE CODES)
+_NODE_FLAGS = "*~#!%$@^-"
+
+
+def queue_marker() -> str:
+    """A fresh row marker for one :func:`queue_argv`/:func:`nodes_argv` call: a job name or node
+    reason set before the call cannot start a line with it, so a line that does not start with it
+    continues the previous row's free-text field (a name holding a newline) instead of forging a row."""
+    import secrets
+
+    return "hpl" + secrets.token_hex(8)
+
+
+def queue_argv(marker: str) -> list[str]:
+    """``squeue`` of every user's pending, running and completing jobs (squeue(1) ``-t``: "If no state
+    is specified then pending, running, and completing jobs are reported"), ``-h`` no header,
+    ``-P`` "For pending jobs submitted to multiple partitions, list the job once per partition" with
+    ``--sort=-p,i`` ("a list of pending jobs in the same order considered for scheduling by Slurm",
+    squeue(1) ``-P``): decreasing priority, then job id. Each row starts with ``marker``."""
+    return ["squeue", "-h", "-P", "--sort=-p,i", "-o", "|".join([marker] + ["%" + c for c, _ in QUEUE_FIELDS])]
+
+
+def nodes_argv(marker: str) -> list[str]:
+    """``sinfo -N -h`` (one line per node and partition, no header) with :data:`NODE_FIELDS`, each
+    row starting with ``marker``."""
+    return ["sinfo", "-N", "-h", "-o", "|".join([marker] + ["%" + c for c, _ in NODE_FIELDS])]
+
+
+def _marked_rows(stdout: str, marker: str, keys: tuple) -> list[dict[str, str]]:
+    """Rows of ``stdout`` whose lines start with ``marker|``, split into ``keys``: every field but the
+    last holds no ``|``, the last takes the rest of the line and every following line without the
+    marker (joined with ``\\n``: a free-text field holding a newline). Text before the first row
+    and a row with too few fields are dropped."""
+    rows: list[list[str]] = []
+    head = marker + "|"
+    text = stdout[:-1] if stdout.endswith("\n") else stdout  # the newline after the last row
+    for line in text.split("\n"):
+        if line.startswith(head):
+            rows.append(line[len(head):].split("|", len(keys) - 1))
+        elif rows:
+            rows[-1][-1] += "\n" + line
+    return [dict(zip(keys, parts)) for parts in rows if len(parts) == len(keys)]
+
+
+def _int_or_none(text: str) -> int | None:
+    text = text.strip()
+    return int(text) if text.isdigit() else None
+
+
+def _none_word(text: str, *words: str) -> str | None:
+    """``text``, or None when it is one of Slurm's words for nothing."""
+    return None if text.strip() in ("", "(null)", *words) else text
+
+
+def parse_queue(stdout: str, marker: str) -> list[dict]:
+    """Parse :func:`queue_argv`'s output into one dict per row, in squeue's order.
+
+    Returns:
+        ``[{"id", "state", "status", "partition", "priority" (int or None), "nodes" (int or None),
+        "user", "time", "time_limit", "start" (None for ``N/A``), "nodelist" (None when empty),
+        "reason" (None for ``None``), "name", "position"}]``; ``status`` is the
+        :class:`JobStatus` value of ``state`` (:func:`slurm_state`); ``position`` is a pending row's
+        1-based place among the pending rows of its partition in squeue's order (decreasing priority,
+        then job id, as :func:`queue_argv` sorts), None for a job that is not pending. ``name`` is
+        the job name exactly as squeue printed it (untrusted text: ``|``, spaces, newlines, markup).
+    """
+    keys = tuple(k for _, k in QUEUE_FIELDS)
+    seen: dict[str, int] = {}
+    jobs = []
+    for row in _marked_rows(stdout, marker, keys):
+        status = slurm_state(row["state"])
+        pos = None
+        if status == JobStatus.PENDING:
+            pos = seen[row["partition"]] = seen.get(row["partition"], 0) + 1
+        jobs.append({**row, "status": status.value, "priority": _int_or_none(row["priority"]),
+                     "nodes": _int_or_none(row["nodes"]), "start": _none_word(row["start"], "N/A"),
+                     "nodelist": _none_word(row["nodelist"]), "reason": _none_word(row["reason"], "None"),
+                     "position": pos})
+    return jobs
+
+
+def node_group(state: str) -> str:
+    """The queue view's group of a sinfo ``%T`` state (``idle``, ``alloc``, ``mixed``, ``down``,
+    ``drain`` or ``other``), its flag suffix ignored; a node not responding (``*``) that is not
+    already down or drained counts as ``down``."""
+    word = state.strip().lower()
+    base = word.rstrip(_NODE_FLAGS) if word not in NODE_GROUPS else word
+    group = NODE_GROUPS.get(base, "other")
+    if word.endswith("*") and group not in ("down", "drain"):
+        return "down"
+    return group
+
+
+def parse_nodes(stdout: str, marker: str) -> tuple[list[dict], list[dict]]:
+    """Parse :func:`nodes_argv`'s output into ``(nodes, partitions)``.
+
+    Returns:
+        nodes: ``[{"name", "state" (sinfo's %T, flags kept), "group" (:func:`node_group`), "cpus"
+        (int or None), "cpus_alloc", "cpus_idle" (ints or None, from %C), "gres" (None for
+        ``(null)``), "reason" (None for ``none``), "reason_time" (None for ``Unknown``),
+        "partitions"}]``, one per node in sinfo's order; partitions: ``[{"name", "default" (the
+        ``*`` of %P), "avail", "time_limit", "nodes" (names), "counts" ({group: nodes})}]``.
+        ``reason`` is an operator's free text, exactly as sinfo printed it (untrusted).
+    """
+    keys = tuple(k for _, k in NODE_FIELDS)
+    nodes: dict[str, dict] = {}
+    parts: dict[str, dict] = {}
+    for row in _marked_rows(stdout, marker, keys):
+        cpu = [_int_or_none(x) for x in row["cpu_states"].split("/")]
+        cpu += [None] * (4 - len(cpu))
+        node = nodes.setdefault(row["name"], {
+            "name": row["name"], "state": row["state"], "group": node_group(row["state"]),
+            "cpus": _int_or_none(row["cpus"]), "cpus_alloc": cpu[0], "cpus_idle": cpu[1],
+            "gres": _none_word(row["gres"]), "reason": _none_word(row["reason"], "none"),
+            "reason_time": _none_word(row["reason_time"], "Unknown"), "partitions": []})
+        name = row["partition"].rstrip("*")
+        if not name:
+            continue
+        if name not in node["partitions"]:
+            node["partitions"].append(name)
+        part = parts.setdefault(name, {"name": name, "default": row["partition"].endswith("*"),
+                                       "avail": row["avail"], "time_limit": row["time_limit"],
+                                       "nodes": [], "counts": {}})
+        if node["name"] not in part["nodes"]:
+            part["nodes"].append(node["name"])
+            part["counts"][node["group"]] = part["counts"].get(node["group"], 0) + 1
+    return list(nodes.values()), list(parts.values())
+
+
 def parse_exit_code(text: str) -> int | None:
     """sacct's ``EXIT:SIGNAL`` into one code (a signal N becomes 128+N, as shells report it)."""
     m = re.fullmatch(r"\s*(\d+):(\d+)\s*", text or "")
@@ -719,6 +880,18 @@ class SlurmScheduler(Scheduler):
         :meth:`Scheduler.health`. Raises ClusterUnreachable, HostKeyError, RemoteCommandError."""
         res = self.remote.run(SINFO_ARGV, check=True, timeout_s=30, idempotent=True)
         return {"state": "up", "error": None, "nodes": parse_sinfo(res.stdout)}
+
+    def queue_snapshot(self):
+        """The queue around the jobs: one ``squeue`` of every user's jobs (:func:`queue_argv`) and one
+        ``sinfo`` of the nodes (:func:`nodes_argv`) over the remote seam, each with a fresh row marker.
+        See :meth:`Scheduler.queue_snapshot`. Raises ClusterUnreachable, HostKeyError,
+        RemoteCommandError (squeue or sinfo exited non-zero)."""
+        marker = queue_marker()
+        sq = self.remote.run(queue_argv(marker), check=True, timeout_s=30, idempotent=True)
+        si = self.remote.run(nodes_argv(marker), check=True, timeout_s=30, idempotent=True)
+        nodes, partitions = parse_nodes(si.stdout, marker)
+        return {"jobs": parse_queue(sq.stdout, marker), "nodes": nodes, "partitions": partitions,
+                "user": self.profile.user}
 
     def cancel(self, rec):
         """scancel the job and the allocations ``scale`` added; an id from ``joins.json`` is

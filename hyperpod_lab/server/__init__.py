@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 
 from jupyter_server.utils import url_path_join
-from traitlets import Bool, List, TraitError, Unicode, validate
+from traitlets import Bool, Float, List, TraitError, Unicode, validate
 from traitlets.config import Config, LoggingConfigurable
 
 from hyperpod_lab.server import redact
@@ -53,6 +53,11 @@ class HyperPodLab(LoggingConfigurable):
     metrics = Bool(True, help="""
         Add the extension's metrics (jobs by state, fault-detection latency, recovery downtime,
         event lag, status poll time; ``docs/metrics.md``) to the server's ``/metrics``.
+        """).tag(config=True)
+
+    queue_interval_s = Float(10.0, min=1.0, help="""
+        Seconds between two snapshots of a cluster's queue (one squeue and one sinfo, shared by
+        every tab; ``docs/queue.md``).
         """).tag(config=True)
 
     @validate("secret_env_allowlist")

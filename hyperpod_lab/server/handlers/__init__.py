@@ -19,6 +19,7 @@ from hyperpod_lab.server.handlers.jobs import (
     LogsHandler,
 )
 from hyperpod_lab.server.handlers.logtriage import LogTriageHandler
+from hyperpod_lab.server.handlers.queue import QueueHandler
 from hyperpod_lab.server.handlers.stream import StreamHandler
 
 
@@ -30,6 +31,7 @@ def handlers() -> list[tuple[str, type]]:
         (r"hyperpod/clusters/(?P<name>[^/]+)", ClusterHandler),
         (r"hyperpod/clusters/(?P<name>[^/]+)/env", EnvDiffHandler),
         (r"hyperpod/clusters/(?P<name>[^/]+)/env/export", EnvExportHandler),
+        (r"hyperpod/clusters/(?P<name>[^/]+)/queue", QueueHandler),
         (r"hyperpod/jobs", JobsHandler),
         (job, JobHandler),
         (job + r"/cancel", CancelHandler),
