@@ -2,7 +2,7 @@
 
 Synthetic jobs written by the project's own :class:`~hyperpod_lab.events.EventWriter` (one file per
 writer, as a real job): ``step`` events from rank 0 only (as the runtime writes them), a
-``checkpoint.saved`` (memory tier) per rank every 5 steps, one agent per node of 8 ranks, the
+``checkpoint.saved`` (memory tier, with its ``rank`` and ``node`` as the runtime's) per rank every 5 steps, one agent per node of 8 ranks, the
 supervisor's ``started``, the client's ``submitted``, and one fault (``fault.detected``,
 ``recovery.started``/``completed`` from node 0's agent). Each job is read with an
 :class:`~hyperpod_lab.events.EventReader`:
@@ -68,7 +68,8 @@ def write_job(job_dir: str, job_id: str, ranks: int, steps: int = 100, every: in
         if step % every == every - 1:
             for r, w in enumerate(rank_w):
                 now[0] = t0 + 1 + step * step_s + 0.01 + r * 1e-6
-                w.emit("checkpoint.saved", tier="memory", step=step, rank=r, bytes=1 << 20)
+                w.emit("checkpoint.saved", tier="memory", step=step, rank=r, node=f"n{r // RANKS_PER_NODE}",
+                       bytes=1 << 20)
                 n += 1
         if step == steps // 2:
             now[0] += 0.02

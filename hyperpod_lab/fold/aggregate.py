@@ -31,10 +31,19 @@ from typing import Any
 
 from hyperpod_lab.events import RANK_WRITER_PREFIX, Event, EventKind, FaultReason, writer_node
 
-__all__ = ["JobAggregate", "mark_label", "MARK_CATEGORIES"]
+__all__ = ["JobAggregate", "mark_label", "MARK_CATEGORIES", "KIND_TONES"]
 
-#: 2: the nodes' ``health.checked`` results (``checks``) are kept for the timeline
-STATE_VERSION = 2
+#: 2: the nodes' ``health.checked`` results (``checks``) are kept for the timeline;
+#: 3: each rank's node (``rank_node``) and the ranks per node (``per_node``) are kept for the node lanes
+STATE_VERSION = 3
+
+#: ranks per lane of ranks whose node no event named, when the job's events do not say how many
+#: ranks a node runs (``submitted``'s ``procs_per_node``, else ``started``'s ``world_size / nodes``)
+DEFAULT_RANKS_PER_NODE = 8
+
+#: marks kept per node lane in a summary (after merging its ranks' marks); faults and hangs are
+#: kept first, the rest are counted in the lane's ``dropped_marks``
+NODE_MARKS = 64
 
 #: a tier and step restored by several ranks within this many seconds of the first is one
 #: timeline line (one incident's restore); later it is a new line (another incident's)
@@ -58,6 +67,19 @@ MARK_CATEGORIES: dict[str, str] = {
     EventKind.STARTED.value: "lifecycle",
     EventKind.SUBMITTED.value: "lifecycle",
     EventKind.FINISHED.value: "lifecycle",
+}
+
+#: event kind -> the tone every view colours it by (the notebook widget's colours, the CLI's
+#: styles: ``hyperpod_lab.notebook.widgets``, ``hyperpod_lab.cli.render``); a kind not listed
+#: has no tone of its own
+KIND_TONES: dict[str, str] = {
+    EventKind.FAULT_DETECTED.value: "fault", EventKind.JOB_FAILED.value: "fault",
+    EventKind.HEALTH_FAILED.value: "failed", EventKind.CHECKPOINT_CORRUPT.value: "warning",
+    EventKind.CHECKPOINT_FAILED.value: "warning", EventKind.STRAGGLER_DETECTED.value: "warning",
+    EventKind.NODE_EXCLUDED.value: "excluded", EventKind.RECOVERY_STARTED.value: "recovering",
+    EventKind.RECOVERY_COMPLETED.value: "recovered", EventKind.RECOVERY_FALLBACK.value: "recovering",
+    EventKind.CHECKPOINT_SAVED.value: "checkpoint", EventKind.CHECKPOINT_RESTORED.value: "restore",
+    EventKind.HEALTH_CHECKED.value: "health", EventKind.FINISHED.value: "end",
 }
 
 #: kinds that end the open spans of the lanes they touch (the next step/checkpoint starts a new span)
@@ -87,6 +109,18 @@ def _ranks_text(ranks: list[int]) -> str:
         parts.extend([f"{rs[i]}-{rs[j]}"] if j - i >= 2 else [str(r) for r in rs[i:j + 1]])
         i = j + 1
     return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(parts)
+
+
+#: ranks a timeline entry of :meth:`JobAggregate.summary` lists (``rank_count`` says how many in all)
+SUMMARY_RANKS = 64
+
+
+def _bounded_ranks(e: dict) -> dict:
+    """A timeline entry with at most ``SUMMARY_RANKS`` of its ``ranks`` (plus ``rank_count``)."""
+    ranks = e.get("ranks")
+    if isinstance(ranks, list) and len(ranks) > SUMMARY_RANKS:
+        return {**e, "ranks": ranks[:SUMMARY_RANKS], "rank_count": len(ranks)}
+    return e
 
 
 def _with_ranks(label: str, ranks: list[int]) -> str:
@@ -247,6 +281,9 @@ class JobAggregate:
         self._open: dict[str, dict] = {}       # "lane|kind|tier" -> the span still growing
         self._breaks: dict[str, float] = {}    # "*" -> time of the last span-breaking event
         self._checks: list[dict] = []          # the nodes' health.checked results (timeline entries)
+        self._rank_node: dict[int, str] = {}   # rank -> its node, as the events named it
+        self.per_node: int | None = None       # ranks per node, as submitted/started said
+        self._node_view: tuple[int, dict] | None = None  # (events folded, node lanes) of the last summary
         self.width = 1                         # steps per bucket
         self._buckets: list[list | None] = [None] * max_buckets
 
@@ -261,6 +298,7 @@ class JobAggregate:
         if wr is not None:
             self.ranks.add(wr)
         k, d = ev.kind, ev.data
+        self._learn_node(ev, wr)
         if k == EventKind.STEP.value:
             step = _int(d.get("step"))
             if step is None:
@@ -287,6 +325,28 @@ class JobAggregate:
             self._mark(lane, ev)
         if k in _BREAKS:  # a fault, recovery or rescale ends every lane's runs
             self._breaks["*"] = max(self._breaks.get("*", t), t)
+
+    def _learn_node(self, ev: Event, wr: int | None) -> None:
+        """Note the node of the rank(s) an event names with a ``node`` (a memory checkpoint, a
+        restore, a fault, a straggler; a node-down fault names all its ranks), and the ranks
+        per node from ``submitted`` (``procs_per_node``) or ``started`` (``world_size / nodes``)."""
+        d = ev.data
+        if ev.kind in (EventKind.SUBMITTED.value, EventKind.STARTED.value):
+            ppn = _int(d.get("procs_per_node"))
+            ws, nodes = _int(d.get("world_size")), _int(d.get("nodes"))
+            if ppn is None and ws and nodes and ws % nodes == 0:
+                ppn = ws // nodes
+            if ppn and ppn > 0 and (self.per_node is None or ev.kind == EventKind.SUBMITTED.value):
+                self.per_node = ppn
+            return
+        node = d.get("node")
+        if not isinstance(node, str) or not node or ev.kind in _JOB_LEVEL:
+            return
+        r = d.get("rank")
+        ranks = [_int(x) for x in r] if isinstance(r, list) else [_int(r) if r is not None else wr]
+        for x in ranks:
+            if x is not None and x >= 0:
+                self._rank_node[x] = node
 
     def _mark_lanes(self, ev: Event, wr: int | None) -> list[str]:
         """The lanes a mark goes to: the rank(s) it names (``data.rank``: int or list), else
@@ -458,6 +518,141 @@ class JobAggregate:
                          "marks": sorted((dict(m) for m in ln["marks"]), key=lambda m: (m["t"], m["seq"]))}
         return out
 
+    def node_of(self, rank: int, _blocks: dict[int, set[str]] | None = None) -> str:
+        """The lane ``rank`` is drawn on by default: its node's name as the events named it (a
+        memory checkpoint, a restore, a fault, ...); else, when the other ranks of its block of
+        :attr:`per_node` ranks (``DEFAULT_RANKS_PER_NODE`` when the events do not say; the
+        ranks one node runs, as torchrun numbers them node by node) were all named on one node,
+        that node; else ``"ranks A-B"``, its block."""
+        node = self._rank_node.get(rank)
+        if node is not None:
+            return node
+        ppn = self.per_node or DEFAULT_RANKS_PER_NODE
+        if _blocks is None:
+            _blocks = self._blocks()
+        named = _blocks.get(rank // ppn)
+        if named is not None and len(named) == 1:
+            return next(iter(named))
+        a = rank // ppn * ppn
+        return f"ranks {a}-{a + ppn - 1}"
+
+    def _blocks(self) -> dict[int, set[str]]:
+        """Block of ``per_node`` ranks -> the nodes its ranks were named on."""
+        ppn = self.per_node or DEFAULT_RANKS_PER_NODE
+        blocks: dict[int, set[str]] = {}
+        for r, n in self._rank_node.items():
+            blocks.setdefault(r // ppn, set()).add(n)
+        return blocks
+
+    def _breaks_sorted(self) -> list[float]:
+        """Times of the span-breaking marks (a fault, recovery, rescale, job failure), ascending."""
+        return sorted({m["t"] for ln in self._lanes.values() for m in ln["marks"] if m["kind"] in _BREAKS})
+
+    def _nodes_view(self) -> dict[str, Any]:
+        """``{"order": [node lane names, by lowest rank], "ranks": {node: [ranks]}, "lanes":
+        {"job" | node: lane}}``, built once per change (the events folded) and kept."""
+        if self._node_view is not None and self._node_view[0] == self.events:
+            return self._node_view[1]
+        ranks: dict[str, list[int]] = {}
+        blocks = self._blocks()
+        for r in self.ranks_sorted:
+            ranks.setdefault(self.node_of(r, blocks), []).append(r)
+        breaks = self._breaks_sorted()
+        lanes = {"job": self._job_lane()}
+        for node, rs in ranks.items():
+            lanes[node] = self._merged_lane(node, rs, breaks)
+        view = {"order": list(ranks), "ranks": ranks, "lanes": lanes}
+        self._node_view = (self.events, view)
+        return view
+
+    def _job_lane(self) -> dict:
+        ln = self._lanes.get("job", {"spans": [], "marks": []})
+        return {"spans": sorted((dict(s) for s in ln["spans"]), key=lambda s: (s["t0"], s["step0"])),
+                "marks": sorted((dict(m) for m in ln["marks"]), key=lambda m: (m["t"], m["seq"]))}
+
+    def _merged_lane(self, node: str, ranks: list[int], breaks: list[float]) -> dict:
+        """One node's lane: its ranks' spans merged per kind and tier (runs that overlap, or
+        follow with no span break between them, are one span: ``count`` adds up, ``ranks``
+        counts the ranks in it) and its ranks' marks merged (one event on several of its ranks,
+        or the same label within ``RESTORE_WINDOW_S``, is one mark with ``ranks``; labels of
+        several ranks end in `` · ranks ...``), at most ``NODE_MARKS`` marks (faults and hangs
+        first; ``dropped_marks`` counts the others)."""
+        def broken(a: float, b: float) -> bool:
+            i = bisect.bisect_left(breaks, a)
+            return i < len(breaks) and breaks[i] < b
+
+        by_key: dict[tuple, list[tuple[dict, int]]] = {}
+        marks: dict[tuple, dict] = {}
+        for r in ranks:
+            ln = self._lanes.get(str(r))
+            if ln is None:
+                continue
+            for sp in ln["spans"]:
+                by_key.setdefault((sp["kind"], sp.get("tier")), []).append((sp, r))
+            for m in ln["marks"]:
+                key = (m["writer"], m["seq"])
+                got = marks.get(key)
+                if got is None:
+                    marks[key] = got = dict(m, ranks=[])
+                got["ranks"].append(r)
+        spans: list[dict] = []
+        for (kind, tier), group in by_key.items():
+            group.sort(key=lambda x: (x[0]["t0"], x[0]["step0"]))
+            cur: dict | None = None
+            members: set[int] = set()
+            for sp, r in group:
+                if cur is not None and (sp["t0"] <= cur["t1"] or not broken(cur["t1"], sp["t0"])):
+                    cur.update(t1=max(cur["t1"], sp["t1"]), step0=min(cur["step0"], sp["step0"]),
+                               step1=max(cur["step1"], sp["step1"]), count=cur["count"] + sp["count"])
+                    members.add(r)
+                    cur["ranks"] = len(members)
+                    continue
+                cur = {"kind": kind, "t0": sp["t0"], "t1": sp["t1"], "step0": sp["step0"], "step1": sp["step1"],
+                       "count": sp["count"], "ranks": 1}
+                if tier is not None:
+                    cur["tier"] = tier
+                members = {r}
+                spans.append(cur)
+        spans.sort(key=lambda x: (x["t0"], x["step0"]))
+        merged: list[dict] = []
+        same: dict[tuple, dict] = {}  # (kind, label) -> its latest merged mark
+        for m in sorted(marks.values(), key=lambda m: (m["t"], m["seq"])):
+            key = (m["kind"], m["label"])
+            first = same.get(key)
+            if first is not None and m["t"] - first["t"] <= RESTORE_WINDOW_S:
+                first["ranks"].extend(x for x in m["ranks"] if x not in first["ranks"])
+                continue
+            same[key] = m
+            merged.append(m)
+        for m in merged:
+            m["ranks"].sort()
+            m["rank"] = m["ranks"][0]
+            if len(m["ranks"]) > 1:
+                m["label"] = _with_ranks(m["label"], m["ranks"])
+        dropped = 0
+        if len(merged) > NODE_MARKS:
+            first_kept = sorted(merged, key=lambda m: (m["cat"] not in ("fault", "hang"), m["t"]))[:NODE_MARKS]
+            dropped = len(merged) - NODE_MARKS
+            merged = sorted(first_kept, key=lambda m: (m["t"], m["seq"]))
+        faults = sum(1 for m in merged if m["cat"] in ("fault", "hang"))
+        return {"spans": spans[-self.max_spans:], "marks": merged, "ranks": _ranks_text(ranks),
+                "rank_count": len(ranks), "faults": faults, "dropped_marks": dropped}
+
+    def node_lanes(self) -> dict[str, dict]:
+        """``{lane: {"spans", "marks", ...}}``: the lane ``"job"`` (as in :meth:`lanes`) and one
+        per node (:meth:`node_of`), in the order of their lowest rank. A node's lane merges its
+        ranks' lanes: spans ``{kind, t0, t1, step0, step1, count (events of all its ranks),
+        ranks (how many ranks the run spans), tier?}``; marks as :meth:`lanes`' with ``ranks``
+        (the node's ranks it is about; ``rank`` the lowest; a label about several ranks ends in
+        `` · ranks 8-15``), e.g. ``"fault: rank 1337 on n167 (exception)"``; plus ``ranks``
+        (``"ranks 8-15"``), ``rank_count``, ``faults`` (fault and hang marks kept) and
+        ``dropped_marks`` (beyond ``NODE_MARKS``). Size: O(nodes x (spans + NODE_MARKS))."""
+        return self._nodes_view()["lanes"]
+
+    def node_ranks(self, node: str) -> list[int]:
+        """The ranks drawn on ``node``'s lane (:meth:`node_of`), ascending; [] for no such lane."""
+        return list(self._nodes_view()["ranks"].get(node, []))
+
     def timeline(self) -> list[dict]:
         """The compact timeline, sorted by time: the lines both the Lab's dashboard and the
         notebook widget show, as they come.
@@ -485,7 +680,7 @@ class JobAggregate:
         Size: O(spans + marks + checks) kept, never one entry per step.
         """
         entries: list[dict] = []
-        breaks = sorted({m["t"] for ln in self._lanes.values() for m in ln["marks"] if m["kind"] in _BREAKS})
+        breaks = self._breaks_sorted()
 
         def broken(a: float, b: float) -> bool:  # a span break at a <= t < b
             i = bisect.bisect_left(breaks, a)
@@ -600,12 +795,39 @@ class JobAggregate:
                 ts.insert(at, b[3])
         return {"step": steps, "loss": loss, "steps_per_s": sps, "t": ts, "width": self.width, "points": len(steps)}
 
-    def summary(self, max_points: int = 2000) -> dict[str, Any]:
-        """Everything a dashboard draws: ``{t0, t1, steps, ranks, events, lanes, timeline,
-        series}`` (see :meth:`lanes`, :meth:`timeline`, :meth:`series`)."""
-        return {"t0": self.t0, "t1": self.t1, "steps": self.steps, "ranks": self.ranks_sorted,
-                "events": self.events, "dropped_marks": self.dropped_marks, "lanes": self.lanes(),
-                "timeline": self.timeline(), "series": self.series(max_points)}
+    def summary(self, max_points: int = 2000, node: str | None = None) -> dict[str, Any]:
+        """Everything a dashboard draws, sized by nodes, not ranks: ``{t0, t1, steps, ranks
+        (how many ranks were seen), nodes (the node lanes' names, by lowest rank), events,
+        dropped_marks, lanes (:meth:`node_lanes`: "job" and one per node), expanded, timeline,
+        series}`` (see :meth:`timeline`, :meth:`series`); a timeline entry about more than
+        ``SUMMARY_RANKS`` ranks lists the first of them in ``ranks`` and all in ``rank_count``
+        (its label names them all, as ``ranks 0-2047``).
+
+        Args:
+            max_points: most series points.
+            node: a node lane's name (from ``nodes``) to expand: ``expanded`` is then ``{"node",
+                "lanes": {"<rank>": lane}}`` with that node's ranks' own lanes (as :meth:`lanes`);
+                None (or a name that is no lane) gives ``expanded: None``.
+        """
+        view = self._nodes_view()
+        expanded = None
+        if node is not None and node in view["ranks"]:
+            per_rank = self.lanes_of(view["ranks"][node])
+            expanded = {"node": node, "lanes": per_rank}
+        return {"t0": self.t0, "t1": self.t1, "steps": self.steps, "ranks": len(self.ranks),
+                "nodes": list(view["order"]), "events": self.events, "dropped_marks": self.dropped_marks,
+                "lanes": {k: dict(v) for k, v in view["lanes"].items()}, "expanded": expanded,
+                "timeline": [_bounded_ranks(e) for e in self.timeline()], "series": self.series(max_points)}
+
+    def lanes_of(self, ranks: list[int]) -> dict[str, dict]:
+        """:meth:`lanes` of these ranks only (``{"<rank>": {"spans", "marks"}}``, every one even
+        without spans or marks)."""
+        out: dict[str, dict] = {}
+        for r in sorted(ranks):
+            ln = self._lanes.get(str(r), {"spans": [], "marks": []})
+            out[str(r)] = {"spans": sorted((dict(s) for s in ln["spans"]), key=lambda s: (s["t0"], s["step0"])),
+                           "marks": sorted((dict(m) for m in ln["marks"]), key=lambda m: (m["t"], m["seq"]))}
+        return out
 
     # ---- state ----------------------------------------------------------------------------
     def to_state(self) -> dict[str, Any]:
@@ -623,6 +845,7 @@ class JobAggregate:
                 "events": self.events, "dropped_marks": self.dropped_marks, "ranks": self.ranks_sorted,
                 "lanes": lanes, "open": {k: list(open_ids[id(s)]) for k, s in self._open.items() if id(s) in open_ids},
                 "breaks": dict(self._breaks), "checks": [dict(c) for c in self._checks], "width": self.width,
+                "rank_node": {str(r): n for r, n in self._rank_node.items()}, "per_node": self.per_node,
                 "buckets": {str(i): b for i, b in enumerate(self._buckets) if b is not None}}
 
     @classmethod
@@ -650,6 +873,9 @@ class JobAggregate:
                 pass
         self._breaks = {k: float(v) for k, v in s.get("breaks", {}).items()}
         self._checks = [dict(c) for c in s.get("checks", [])]
+        self._rank_node = {int(r): str(n) for r, n in s.get("rank_node", {}).items()}
+        self.per_node = s.get("per_node")
+        self._node_view = None
         self.width = int(s["width"])
         self._buckets = [None] * self.max_buckets
         for i, b in s.get("buckets", {}).items():

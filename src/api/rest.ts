@@ -430,6 +430,8 @@ export interface IDashboardSpan {
   step1: number;
   /** Events in the run. */
   count: number;
+  /** Node lanes: how many of the node's ranks the run spans. */
+  ranks?: number;
   /** Checkpoints: memory, peer, persistent, s3, replica. */
   tier?: string;
 }
@@ -442,8 +444,10 @@ export interface IDashboardMark {
   cat: string;
   /** Seconds since the epoch. */
   t: number;
-  /** null on the job lane. */
+  /** null on the job lane (a node lane's mark: the lowest of `ranks`). */
   rank: number | null;
+  /** Node lanes: the node's ranks the mark is about. */
+  ranks?: number[];
   label: string;
   writer: string;
   seq: number;
@@ -469,7 +473,9 @@ export interface IDashboardTimelineEntry {
   step0?: number;
   step1?: number;
   count?: number;
+  /** At most 64 of them (`rank_count`: how many in all). */
   ranks?: number[];
+  rank_count?: number;
   rank?: number | null;
   node?: string;
   /** `health.checked` entries: whether the node's pre-flight checks passed. */
@@ -490,6 +496,18 @@ export interface IDashboardSeries {
   points: number;
 }
 
+/** A lane: the job's, a node's (with `ranks`, `rank_count`, `faults`) or a rank's. */
+export interface IDashboardLane {
+  spans: IDashboardSpan[];
+  marks: IDashboardMark[];
+  /** Node lanes: `ranks 8-15`. */
+  ranks?: string;
+  rank_count?: number;
+  /** Node lanes: fault and hang marks. */
+  faults?: number;
+  dropped_marks?: number;
+}
+
 /** What `GET jobs/{id}/dashboard` answers. */
 export interface IJobDashboard {
   job_id: string;
@@ -497,14 +515,19 @@ export interface IJobDashboard {
   t1: number | null;
   /** Highest step + 1, or null before any step. */
   steps: number | null;
-  ranks: number[];
+  /** How many ranks the events named. */
+  ranks: number;
+  /** The node lanes' names, by lowest rank (`ranks A-B` for ranks no event placed on a node). */
+  nodes: string[];
   /** Events folded so far. */
   events: number;
   /** True while more events wait unread (the server folds more on each request): ask again. */
   partial?: boolean;
   dropped_marks?: number;
-  /** `job` and one lane per rank (`"0"`, `"1"`, ...). */
-  lanes: { [lane: string]: { spans: IDashboardSpan[]; marks: IDashboardMark[] } };
+  /** `job` and one lane per node (its ranks' spans and marks merged). */
+  lanes: { [lane: string]: IDashboardLane };
+  /** The ranks' own lanes of the node asked for (`?node=`), else null. */
+  expanded: { node: string; lanes: { [rank: string]: IDashboardLane } } | null;
   timeline: IDashboardTimelineEntry[];
   series: IDashboardSeries;
 }

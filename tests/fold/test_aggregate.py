@@ -272,7 +272,7 @@ def test_health_checks_are_capped_and_kept_in_the_state():
         agg.fold(Event("health.checked", "j", T0 + i, f"health-n{i}", 0, {"node": f"n{i}", "ok": True, "checks": {}}))
     assert sum(e["kind"] == "health.checked" for e in agg.timeline()) == 5 and agg.dropped_marks == 15
     back = JobAggregate.from_state(json.loads(json.dumps(agg.to_state())))
-    assert back.timeline() == agg.timeline() and back.to_state()["v"] == 2
+    assert back.timeline() == agg.timeline() and back.to_state()["v"] == 3
 
 
 def test_state_of_the_previous_version_is_refused_so_the_job_is_folded_again():

@@ -53,17 +53,23 @@ def test_tracked_job_answers_from_its_tailer_without_reading_and_resumes_after_r
         while after["partial"]:
             after = await w3.dashboard(rec.job_id, 100)
         restart_reads = LocalFiles.bytes_read - b1
+        expanded = await w3.dashboard(rec.job_id, 100, node="local")
         await w3.stop()
-        return first, again, reads, after, restart_reads
+        return first, again, reads, after, restart_reads, expanded
 
-    first, again, reads, after, restart_reads = asyncio.run(scenario())
+    first, again, reads, after, restart_reads, expanded = asyncio.run(scenario())
     assert first["steps"] == N and first["series"]["points"] <= 100
     assert reads == 0 and again == first
     assert restart_reads < 4096, restart_reads  # resumed from the saved aggregate, not the start
     assert after == first
-    ck = [s for s in first["lanes"]["1"]["spans"] if s["kind"] == "checkpoint"]
+    # a lane per node (rank 1's fault names node "local"; rank 0 is in its block of ranks)
+    assert first["nodes"] == ["local"] and set(first["lanes"]) == {"job", "local"} and first["expanded"] is None
+    ck = [s for s in first["lanes"]["local"]["spans"] if s["kind"] == "checkpoint"]
     assert [(s["tier"], s["step0"], s["step1"], s["count"]) for s in ck] == [("memory", 0, 9, 10)]
-    assert [m["cat"] for m in first["lanes"]["1"]["marks"]] == ["fault"]
+    assert [m["cat"] for m in first["lanes"]["local"]["marks"]] == ["fault"]
+    # expanded: the node's ranks' own lanes
+    assert list(expanded["expanded"]["lanes"]) == ["0", "1"]
+    assert [m["cat"] for m in expanded["expanded"]["lanes"]["1"]["marks"]] == ["fault"]
     # the same answer as folding every event from the start
     agg = JobAggregate(max_buckets=512)
     for ev in client.event_reader(rec.job_id).poll():
@@ -86,12 +92,17 @@ def test_dashboard_route(server, tmp_path):
     deadline = time.monotonic() + 60
     while True:
         status, body = server.call("GET", url, timeout_s=60)
-        if status == 200 and body["steps"] == 5000 and body["lanes"].get("1", {}).get("marks"):
+        if status == 200 and body["steps"] == 5000 and body["lanes"].get("local", {}).get("marks"):
             break
         assert time.monotonic() < deadline, (status, body)
         time.sleep(0.2)
-    assert body["job_id"] == rec.job_id and body["ranks"] == [0, 1]
-    assert set(body) >= {"t0", "t1", "steps", "ranks", "lanes", "timeline", "series"}
+    assert body["job_id"] == rec.job_id and body["ranks"] == 2 and body["nodes"] == ["local"]
+    assert set(body) >= {"t0", "t1", "steps", "ranks", "nodes", "lanes", "expanded", "timeline", "series"}
+    status, one = server.call("GET", url + "&node=local")
+    assert status == 200 and list(one["expanded"]["lanes"]) == ["0", "1"], one
+    for bad in ("nope", "x" * 300):
+        status, err = server.call("GET", f"{url}&node={bad}")
+        assert status == 400 and err["error"]["field"] == "node", err
     assert body["series"]["points"] <= 50 and len(body["series"]["loss"]) == body["series"]["points"]
     assert [e["label"] for e in body["timeline"]][:1] == ["checkpoint memory steps 0-9 (x10)"]
     for bad in ("1", "4001", "x"):

@@ -355,10 +355,11 @@ class Watcher:
 
     # ---- dashboard -------------------------------------------------------------------
     async def dashboard(self, job_id: str, points: int = 1000, first_read_timeout_s: float = 1.0,
-                        read_budget_s: float = 2.0) -> dict:
+                        read_budget_s: float = 2.0, node: str | None = None) -> dict:
         """Job ``job_id``'s dashboard: :meth:`JobAggregate.summary` (``t0``, ``t1`` in s since the
         epoch, ``steps``, ``ranks``, ``events``, ``lanes``, ``timeline``, ``series`` downsampled
-        to at most ``points`` points) as far as its events were read, plus ``partial``: True
+        to at most ``points`` points; lanes per node, ``node``'s ranks' lanes in ``expanded``) as
+        far as its events were read, plus ``partial``: True
         while events are known to be waiting unread (ask again: each request folds more).
 
         A tracked job answers from its tailer's aggregate (no read; after the tailer's first
@@ -386,7 +387,7 @@ class Watcher:
                     self._wake_events.set()
                     await asyncio.sleep(0.05)
                 if not cached_ahead():
-                    return {**t.agg.summary(points), "partial": not t.polled or t.more}
+                    return {**t.agg.summary(points, node), "partial": not t.polled or t.more}
         async with self._dashboard_locks.setdefault(job_id, asyncio.Lock()):
             entry = self._dashboards.get(job_id)
             if entry is None:
@@ -399,7 +400,7 @@ class Watcher:
             more = True
             while more and time.monotonic() < deadline:
                 more = await self.run_on(rec.cluster, self._dashboard_page, rec, entry)
-            return {**entry["agg"].summary(points), "partial": more}
+            return {**entry["agg"].summary(points, node), "partial": more}
 
     def _cache_dashboard(self, job_id: str, entry: dict) -> None:
         self._cache_entry(self._dashboards, self._dashboard_locks, job_id, entry)

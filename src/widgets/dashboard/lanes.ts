@@ -147,7 +147,7 @@ export class SwimLanes {
     const focusedLane = (document.activeElement as HTMLElement | null)?.closest?.('[data-lane]')?.getAttribute('data-lane');
     this._rows.textContent = '';
     this._placed = [];
-    const lanes = ['job', ...d.ranks.map(String)].filter((l, i, a) => a.indexOf(l) === i);
+    const lanes = ['job', ...d.nodes].filter((l, i, a) => a.indexOf(l) === i);
     for (const l of Object.keys(d.lanes)) {
       if (!lanes.includes(l)) {
         lanes.push(l);
