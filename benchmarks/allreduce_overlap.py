@@ -175,9 +175,10 @@ def main() -> int:
            "ratio_end_step_on_over_off": round(med["on"]["end_step_s"] / med["off"]["end_step_s"], 4),
            "identical": len(digests) == 1, "runs": runs,
            "host": {"cpus": os.cpu_count(), "loadavg_1m_at_end": round(os.getloadavg()[0], 2)}}
-    print(f"step time: off {med['off']['step_s'] * 1e3:.1f} ms, on {med['on']['step_s'] * 1e3:.1f} ms -> ratio "
-          f"{res['ratio_step_on_over_off']:.3f}; end_step: off {med['off']['end_step_s'] * 1e3:.1f} ms, on "
-          f"{med['on']['end_step_s'] * 1e3:.1f} ms; final parameters bit-equal: {res['identical']}")
+    for key, name in (("step_s", "step time"), ("end_step_s", "end_step")):
+        print(f"{name}: off {med['off'][key] * 1e3:.1f} ms, on {med['on'][key] * 1e3:.1f} ms -> ratio "
+              f"{res[f'ratio_{key[:-2]}_on_over_off']:.3f}")
+    print(f"final parameters bit-equal: {res['identical']}")
     return write_results(a.out, res, said="wrote")
 
 
