@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -146,11 +147,41 @@ def start_beater(tmp_path, steps: int, mode: str = "stop", local_rank: int = 0, 
     return proc, log
 
 
-def watch(tmp_path, proc, log, **kw) -> tuple[Watchdog, list]:
-    events = []
-    dog = Watchdog(str(tmp_path), "nodeA", lambda kind, **d: events.append((kind, d)), out=open(os.devnull, "w"), **kw)
-    dog.workers_started([Worker(local_rank=0, global_rank=3, pid=proc.pid, log_file=str(log))])
-    return dog, events
+@contextlib.contextmanager
+def watched(tmp_path, steps: int, mode: str = "stop", **kw):
+    """:func:`start_beater` (global rank 3, local rank 0) and a watchdog over it (``kw``: its
+    budgets) whose ``events`` are ``(kind, data)``. Yields ``(proc, log, dog, events)``; the
+    process is killed and reaped on exit."""
+    proc, log = start_beater(tmp_path, steps, mode=mode)
+    try:
+        events = []
+        dog = Watchdog(str(tmp_path), "nodeA", lambda kind, **d: events.append((kind, d)), out=open(os.devnull, "w"),
+                       **kw)
+        dog.workers_started([Worker(local_rank=0, global_rank=3, pid=proc.pid, log_file=str(log))])
+        yield proc, log, dog, events
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@contextlib.contextmanager
+def two_local_ranks(tmp_path, hang_timeout_s: float):
+    """Two beaters on one node after 30 steps each: local rank 0 (global 4) then sleeping (a rank
+    blocked in a collective), local rank 1 (global 5) stopped (SIGSTOP); a watchdog over both
+    whose ``events`` are the reports' data. Yields ``(dog, events, sleeping proc, stopped proc)``;
+    both processes are killed on exit."""
+    procs = []
+    try:
+        for local_rank, mode in enumerate(("sleep", "stop")):
+            procs.append(start_beater(tmp_path, 30, mode=mode, local_rank=local_rank, rank=4 + local_rank))
+        events = []
+        dog = Watchdog(str(tmp_path), "nodeA", lambda kind, **d: events.append(d), out=open(os.devnull, "w"),
+                       hang_timeout_s=hang_timeout_s)
+        dog.workers_started([Worker(i, 4 + i, p.pid, str(log)) for i, (p, log) in enumerate(procs)])
+        yield dog, events, procs[0][0], procs[1][0]
+    finally:
+        for p, _ in procs:
+            p.kill()
 
 
 def run_until(dog: Watchdog, timeout: float) -> tuple[list, float]:
@@ -164,9 +195,7 @@ def run_until(dog: Watchdog, timeout: float) -> tuple[list, float]:
 
 
 def test_a_stopped_rank_is_dumped_reported_and_killed(tmp_path):
-    proc, log = start_beater(tmp_path, 40)
-    try:
-        dog, events = watch(tmp_path, proc, log, hang_timeout_s=1.5)
+    with watched(tmp_path, 40, hang_timeout_s=1.5) as (proc, log, dog, events):
         hangs, waited = run_until(dog, 20)
         assert len(hangs) == 1 and waited < 1.5 + 2, (hangs, waited)
         hang = hangs[0]
@@ -180,59 +209,40 @@ def test_a_stopped_rank_is_dumped_reported_and_killed(tmp_path):
         assert "made no progress for" in text
         assert dog.killed_reason(proc.pid).startswith("killed by the hang watchdog")
         assert dog.check() == []  # once
-    finally:
-        proc.kill()
 
 
 def test_without_py_spy_the_rank_writes_its_own_stacks(tmp_path, monkeypatch):
     monkeypatch.setattr(wd, "find_py_spy", lambda: None)
-    proc, log = start_beater(tmp_path, 40)
-    try:
-        dog, events = watch(tmp_path, proc, log, hang_timeout_s=1.0)
+    with watched(tmp_path, 40, hang_timeout_s=1.0) as (proc, log, dog, events):
         hangs, _ = run_until(dog, 20)
         assert hangs and hangs[0]["stacks"] == "faulthandler", hangs
         assert proc.wait(timeout=10) == -signal.SIGKILL
         text = log.read_text()
         assert 'in stuck_here' in text and "faulthandler" in text and "py-spy not found" in text, text
-    finally:
-        proc.kill()
 
 
 def test_the_early_budget_before_enough_step_times_then_the_derived_timeout(tmp_path, monkeypatch):
     monkeypatch.setattr(wd, "HANG_FLOOR_S", 1.0)
     # 3 steps: within the warm-up, no derived T yet; the early budget max(min(floor, S), 10 x the
     # slowest step) catches the stopped rank (before issue 26 it was never declared hung)
-    proc, log = start_beater(tmp_path, 3)
-    try:
-        dog, events = watch(tmp_path, proc, log)
+    with watched(tmp_path, 3) as (proc, log, dog, events):
         hangs, _ = run_until(dog, 30)
         assert dog.timeout() == (None, "warm-up")
         assert hangs and hangs[0]["timeout_source"] == "early" and hangs[0]["step"] == 2, hangs
         assert hangs[0]["hang_timeout_s"] >= 1.0 and hangs[0]["stalled_s"] >= hangs[0]["hang_timeout_s"]
-    finally:
-        proc.kill()
-        proc.wait()
     # 60 steps: 55 samples after the warm-up: T = max(1 s, 10 x p99 of ~10 ms steps) = 1 s
-    proc, log = start_beater(tmp_path, 60)
-    try:
-        dog, events = watch(tmp_path, proc, log)
+    with watched(tmp_path, 60) as (proc, log, dog, events):
         hangs, waited = run_until(dog, 20)
         assert hangs and hangs[0]["timeout_source"] == "derived" and hangs[0]["hang_timeout_s"] == 1.0
         assert len(dog.samples) == 60 - wd.WARMUP_STEPS
-    finally:
-        proc.kill()
 
 
 def test_a_rank_waiting_in_a_collective_gets_twice_the_timeout(tmp_path):
-    proc, log = start_beater(tmp_path, 40, mode="wait")
-    try:
-        dog, events = watch(tmp_path, proc, log, hang_timeout_s=1.0)
+    with watched(tmp_path, 40, mode="wait", hang_timeout_s=1.0) as (proc, log, dog, events):
         hangs, waited = run_until(dog, 20)
         assert hangs and hangs[0]["section"] == "allreduce" and hangs[0]["stalled_s"] >= 2.0, hangs
         assert hangs[0]["process_state"] == "sleeping"
         assert "Thread" in log.read_text() and "stuck_here" in log.read_text()  # py-spy on a live process
-    finally:
-        proc.kill()
 
 
 def test_a_wait_sections_timeout_spares_a_waiting_rank_but_not_a_stopped_one(tmp_path):
@@ -241,42 +251,25 @@ def test_a_wait_sections_timeout_spares_a_waiting_rank_but_not_a_stopped_one(tmp
     waiting there for a stopped peer (seen in benchmarks/recovery_ladder.py: the survivor killed at
     2 x T, the stopped rank left alone). A *stopped* rank in such a section waits for nobody: it
     gets the budget outside sections (here the spec's T = 1 s)."""
-    proc, log = start_beater(tmp_path, 40, mode="quorum-stop")
-    try:
-        dog, events = watch(tmp_path, proc, log, hang_timeout_s=1.0)
+    with watched(tmp_path, 40, mode="quorum-stop", hang_timeout_s=1.0) as (proc, log, dog, events):
         hangs, waited = run_until(dog, 20)
         assert len(hangs) == 1 and waited < 1.0 + 2, (hangs, waited)
         assert hangs[0]["timeout_source"] == "spec" and hangs[0]["section"] == "quorum", hangs
         assert hangs[0]["process_state"] == "stopped"
         assert proc.wait(timeout=10) == -signal.SIGKILL
-    finally:
-        proc.kill()
-    proc, log = start_beater(tmp_path, 40, mode="quorum-wait")
-    try:
-        dog, events = watch(tmp_path, proc, log, hang_timeout_s=1.0)
+    with watched(tmp_path, 40, mode="quorum-wait", hang_timeout_s=1.0) as (proc, log, dog, events):
         hangs, waited = run_until(dog, 3.0)  # 3 x T, beyond the 2 x T a victim gets outside the section
         assert hangs == [] and proc.poll() is None, hangs
-    finally:
-        proc.kill()
 
 
 def test_a_stopped_rank_is_handled_alone_before_its_waiting_local_peer(tmp_path):
     """Both local ranks stalled past T (one stopped, one blocked behind it, e.g. in DDP's
     all-reduce): only the stopped one is reported and killed; torchrun then restarts the other."""
-    blocked, blocked_log = start_beater(tmp_path, 30, mode="sleep", local_rank=0, rank=4)
-    stopped, stopped_log = start_beater(tmp_path, 30, mode="stop", local_rank=1, rank=5)
-    try:
-        events = []
-        dog = Watchdog(str(tmp_path), "nodeA", lambda kind, **d: events.append(d), out=open(os.devnull, "w"),
-                       hang_timeout_s=1.0)
-        dog.workers_started([Worker(0, 4, blocked.pid, str(blocked_log)), Worker(1, 5, stopped.pid, str(stopped_log))])
+    with two_local_ranks(tmp_path, hang_timeout_s=1.0) as (dog, events, blocked, stopped):
         time.sleep(1.5)  # both stalled past T by the first check
         hangs = dog.check()
         assert [h["rank"] for h in hangs] == [5] and hangs[0]["process_state"] == "stopped", hangs
         assert stopped.wait(timeout=10) == -signal.SIGKILL and blocked.poll() is None
-    finally:
-        blocked.kill()
-        stopped.kill()
 
 
 # --------------------------------------------------------------------------- early hangs (issue 26 item 4)
@@ -284,9 +277,7 @@ def test_a_rank_stopped_in_its_first_steps_is_caught_within_its_early_budget(tmp
     """A rank stopped after 3 steps (no derived T yet: about 25 steps are needed) is hung after
     its early budget max(min(30 s, S), 10 x its slowest step), S the start-up budget: here S = 2 s
     and ~10 ms steps, so 2 s. Before issue 26 it was never declared hung."""
-    proc, log = start_beater(tmp_path, 3)
-    try:
-        dog, events = watch(tmp_path, proc, log, startup_timeout_s=2.0)
+    with watched(tmp_path, 3, startup_timeout_s=2.0) as (proc, log, dog, events):
         hangs, waited = run_until(dog, 30)
         assert len(hangs) == 1, (hangs, waited)
         hang = hangs[0]
@@ -296,16 +287,12 @@ def test_a_rank_stopped_in_its_first_steps_is_caught_within_its_early_budget(tmp
         assert hang["hang_timeout_s"] <= hang["stalled_s"] < hang["hang_timeout_s"] + 2.0, hang
         assert proc.wait(timeout=10) == -signal.SIGKILL
         assert "hang timeout" in log.read_text() and "early" in log.read_text()
-    finally:
-        proc.kill()
 
 
 def test_a_rank_stopped_before_its_first_step_is_caught_within_its_startup_budget(tmp_path):
     """Start-up (heartbeat created by hp.init(), no step yet): a stopped rank is hung after the
     start-up budget S; a running one (it may wait for a stopped peer) after twice S."""
-    proc, log = start_beater(tmp_path, 0)
-    try:
-        dog, events = watch(tmp_path, proc, log, startup_timeout_s=1.5)
+    with watched(tmp_path, 0, startup_timeout_s=1.5) as (proc, log, dog, events):
         hangs, waited = run_until(dog, 30)
         assert len(hangs) == 1 and waited < 1.5 + 2, (hangs, waited)
         hang = hangs[0]
@@ -313,37 +300,21 @@ def test_a_rank_stopped_before_its_first_step_is_caught_within_its_startup_budge
         assert 1.5 <= hang["stalled_s"] < 1.5 + 2 and hang["process_state"] == "stopped"
         assert proc.wait(timeout=10) == -signal.SIGKILL
         assert "before its first step" in log.read_text()
-    finally:
-        proc.kill()
-    proc, log = start_beater(tmp_path, 0, mode="sleep")
-    try:
-        dog, events = watch(tmp_path, proc, log, startup_timeout_s=1.0)
+    with watched(tmp_path, 0, mode="sleep", startup_timeout_s=1.0) as (proc, log, dog, events):
         hangs, waited = run_until(dog, 30)
         assert hangs and hangs[0]["timeout_source"] == "startup" and hangs[0]["process_state"] == "sleeping", hangs
         assert hangs[0]["stalled_s"] >= 2 * 1.0, hangs  # VICTIM_FACTOR x S
-    finally:
-        proc.kill()
     # without a spec value, the default budget (600 s): nothing is declared hung in 2 s
-    proc, log = start_beater(tmp_path, 0)
-    try:
-        dog, events = watch(tmp_path, proc, log)
+    with watched(tmp_path, 0) as (proc, log, dog, events):
         assert dog.startup_timeout_s == wd.STARTUP_TIMEOUT_S == 600.0
         assert run_until(dog, 2.0)[0] == [] and proc.poll() is None
-    finally:
-        proc.kill()
 
 
 def test_a_stopped_rank_is_killed_at_once_when_its_worker_group_is_stopped(tmp_path):
     """torchrun stopping the workers (a peer failed first) would SIGTERM a stopped rank and wait
     its 30 s grace: stop_group reports it as a hang and SIGKILLs it at once; a running rank is left
     to torchrun's SIGTERM."""
-    running, running_log = start_beater(tmp_path, 30, mode="sleep", local_rank=0, rank=4)
-    stopped, stopped_log = start_beater(tmp_path, 30, mode="stop", local_rank=1, rank=5)
-    try:
-        events = []
-        dog = Watchdog(str(tmp_path), "nodeA", lambda kind, **d: events.append(d), out=open(os.devnull, "w"),
-                       hang_timeout_s=600.0)
-        dog.workers_started([Worker(0, 4, running.pid, str(running_log)), Worker(1, 5, stopped.pid, str(stopped_log))])
+    with two_local_ranks(tmp_path, hang_timeout_s=600.0) as (dog, events, running, stopped):
         assert dog.check() == []  # far from any budget
         t0 = time.monotonic()
         hangs = dog.stop_group()
@@ -354,24 +325,29 @@ def test_a_stopped_rank_is_killed_at_once_when_its_worker_group_is_stopped(tmp_p
         assert stopped.wait(timeout=5) == -signal.SIGKILL and running.poll() is None
         assert dog.killed_reason(stopped.pid).startswith("killed by the hang watchdog: stopped (stopped) when its worker")
         assert dog.stop_group() == []  # once
-    finally:
-        running.kill()
-        stopped.kill()
 
 
 # --------------------------------------------------------------------------- real jobs
+def stop_rank_1(client, argv: list[str], at_step: int, timeout: float = 240) -> tuple[str, Follow, float, dict]:
+    """``hyperpod-lab submit <argv>``, followed until step ``at_step`` (within ``timeout`` s), then
+    its rank 1 SIGSTOPped (``inject-fault --kind hang``). Returns ``(job id, its Follow, the time
+    of the stop, inject_fault's answer)``."""
+    job_id = cli.run(["submit", *argv], client=client)
+    job = Follow(client, job_id)
+    job.until(lambda: job.step() >= at_step, f"step {at_step}", timeout=timeout)
+    t_stop = time.time()
+    return job_id, job, t_stop, client.inject_fault(job_id, 1, kind="hang")
+
+
 def test_local_ddp_rank_stopped_is_detected_restarted_and_the_job_completes(client):
     """A 2-rank DDP job, T = 5 s (--hang-timeout): rank 1 SIGSTOPped by inject-fault --kind hang is
     reported hung within T + 5 s with its stack (the script's line) in the job's log; torchrun
     restarts the workers, which resume from the checkpoint, and the job completes."""
     steps = 200
-    job_id = cli.run(["submit", HANG_TRAIN, "--cluster", "local", "--procs-per-node", "2", "--name", "hang-local",
-                      "--hang-timeout", "5", "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001",
-                      "--", "--steps", str(steps), "--sleep", "0.05", "--every", "10"], client=client)
-    job = Follow(client, job_id)
-    job.until(lambda: job.step() >= 30, "step 30")
-    t_hang = time.time()
-    info = client.inject_fault(job_id, 1, kind="hang")
+    job_id, job, t_hang, info = stop_rank_1(client, [
+        HANG_TRAIN, "--cluster", "local", "--procs-per-node", "2", "--name", "hang-local", "--hang-timeout", "5",
+        "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001",
+        "--", "--steps", str(steps), "--sleep", "0.05", "--every", "10"], at_step=30)
     assert info["kind"] == "hang" and info["how"] == f"SIGSTOP to pid {info['pid']}"
     job.until(lambda: job.kinds("fault.detected", reason="hang"), "the hang", timeout=60)
     hang = job.kinds("fault.detected", reason="hang")[0]
@@ -396,14 +372,11 @@ def test_local_stopped_rank_is_killed_at_once_when_a_peers_collective_times_out(
     its 30 s grace (a stopped process cannot act on SIGTERM); the agent now has the watchdog report
     it (timeout_source "group-stop") and SIGKILL it first, so the job trains again within seconds."""
     week = str(7 * 24 * 3600)
-    job_id = cli.run(["submit", HANG_TRAIN, "--cluster", "local", "--procs-per-node", "2", "--name", "hang-group-stop",
-                      "--hang-timeout", week, "--startup-timeout", week,
-                      "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001", "--env", "HYPERPOD_LAB_COLLECTIVE_TIMEOUT_S=5",
-                      "--", "--steps", "40", "--sleep", "0.1"], client=client)
-    job = Follow(client, job_id)
-    job.until(lambda: job.step() >= 1, "step 1")
-    t_stop = time.time()
-    info = client.inject_fault(job_id, 1, kind="hang")
+    job_id, job, t_stop, info = stop_rank_1(client, [
+        HANG_TRAIN, "--cluster", "local", "--procs-per-node", "2", "--name", "hang-group-stop",
+        "--hang-timeout", week, "--startup-timeout", week,
+        "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001", "--env", "HYPERPOD_LAB_COLLECTIVE_TIMEOUT_S=5",
+        "--", "--steps", "40", "--sleep", "0.1"], at_step=1)
     job.until(lambda: job.kinds("fault.detected", reason="hang"), "the stopped rank's report", timeout=60)
     ev = job.kinds("fault.detected", reason="hang")[0]
     assert ev.data["timeout_source"] == "group-stop" and ev.data["pid"] == info["pid"], ev.data
@@ -427,14 +400,10 @@ def test_dev_cluster_stopped_rank_is_caught_within_t_plus_5_s_and_a_fair_run_nev
 
 
     steps = 300
-    job_id = cli.run(["submit", FT, "--cluster", "local-slurm", "--procs-per-node", "1", "--nodes", "2",
-                      "--recovery", "checkpointless", "--name", "hang-ft",
-                      "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001", "--env", "RUST_LOG=warn",
-                      "--", "--steps", str(steps), "--step-sleep", "0.1"], client=client)
-    job = Follow(client, job_id)
-    job.until(lambda: job.step() >= 40, "step 40", timeout=600)
-    t_hang = time.time()
-    info = client.inject_fault(job_id, 1, kind="hang")
+    job_id, job, t_hang, info = stop_rank_1(client, [
+        FT, "--cluster", "local-slurm", "--procs-per-node", "1", "--nodes", "2", "--recovery", "checkpointless",
+        "--name", "hang-ft", "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001", "--env", "RUST_LOG=warn",
+        "--", "--steps", str(steps), "--step-sleep", "0.1"], at_step=40, timeout=600)
     assert info["node"] == "n2" and info["how"].startswith("SIGSTOP to pid")
     job.until(lambda: job.kinds("fault.detected", reason="hang"), "the hang", timeout=120)
     hang = job.kinds("fault.detected", reason="hang")[0].data
@@ -474,14 +443,10 @@ def test_dev_cluster_rank_stopped_in_its_first_steps_is_caught_within_its_budget
     10 x its slowest step)), far sooner than gloo's 60 s collective timeout, killed at once, and the
     job trains again (a step event) within 15 s of the detection, then completes."""
     steps = 60
-    job_id = cli.run(["submit", HANG_TRAIN, "--cluster", "local-slurm", "--nodes", "2", "--procs-per-node", "1",
-                      "--no-health-checks", "--startup-timeout", "10", "--name", "early-hang",
-                      "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001", "--env", "RUST_LOG=warn",
-                      "--", "--steps", str(steps), "--sleep", "0.2"], client=client)
-    job = Follow(client, job_id)
-    job.until(lambda: job.step() >= 1, "step 1", timeout=600)
-    t_stop = time.time()
-    info = client.inject_fault(job_id, 1, kind="hang")
+    job_id, job, t_stop, info = stop_rank_1(client, [
+        HANG_TRAIN, "--cluster", "local-slurm", "--nodes", "2", "--procs-per-node", "1", "--no-health-checks",
+        "--startup-timeout", "10", "--name", "early-hang", "--env", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001",
+        "--env", "RUST_LOG=warn", "--", "--steps", str(steps), "--sleep", "0.2"], at_step=1, timeout=600)
     assert info["how"].startswith("SIGSTOP to pid")  # rank 1 is on n1 or n2: the rendezvous decides
     job.until(lambda: job.kinds("fault.detected", reason="hang"), "the hang", timeout=120)
     ev = job.kinds("fault.detected", reason="hang")[0]
