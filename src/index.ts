@@ -9,7 +9,14 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { ICommandPalette, InputDialog, MainAreaWidget, Notification, WidgetTracker } from '@jupyterlab/apputils';
+import {
+  ICommandPalette,
+  InputDialog,
+  MainAreaWidget,
+  Notification,
+  ToolbarButton,
+  WidgetTracker
+} from '@jupyterlab/apputils';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
@@ -18,6 +25,7 @@ import { HyperPodModel } from './models/hyperpod';
 import { IHyperPodModel } from './models/tokens';
 import { HyperPodSidebar, SIDEBAR_ID } from './widgets/sidebar';
 import { JobDashboard } from './widgets/dashboard/dashboard';
+import { NotebookWidget, SubmitTabs } from './widgets/submit/tabs';
 
 export * from './api/events';
 export * from './api/rest';
@@ -29,6 +37,7 @@ export { describeEvent } from './format';
 export { HyperPodModel } from './models/hyperpod';
 export { HyperPodSidebar, SIDEBAR_ID } from './widgets/sidebar';
 export { JobDashboard } from './widgets/dashboard/dashboard';
+export { SubmitPanel } from './widgets/submit/panel';
 
 /** The id of the plugin. */
 export const PLUGIN_ID = 'hyperpod-lab:plugin';
@@ -56,15 +65,15 @@ export const hyperpodIcon = new LabIcon({
   svgstr: ICON_SVG
 });
 
-/** What the sidebar needs of a document widget (duck-typed: no notebook package needed). */
+/** What the panel needs of a document widget (duck-typed: no notebook package needed). */
 type DocWidget = Widget & {
   context?: { path?: string; model?: { dirty?: boolean }; save?: () => Promise<void> };
 };
 
-/** The path of the notebook in the main area's current tab, or null. */
-function currentNotebookPath(app: JupyterFrontEnd): string | null {
-  const path = (app.shell.currentWidget as DocWidget | null)?.context?.path;
-  return typeof path === 'string' && path.endsWith('.ipynb') ? path : null;
+/** Whether `widget` is a notebook's document widget. */
+function isNotebook(widget: Widget | null): widget is NotebookWidget {
+  const path = (widget as DocWidget | null)?.context?.path;
+  return typeof path === 'string' && path.endsWith('.ipynb');
 }
 
 /** Save the open notebook at `path` when it has unsaved changes. */
@@ -84,7 +93,7 @@ async function saveNotebook(app: JupyterFrontEnd, path: string): Promise<void> {
 const plugin: JupyterFrontEndPlugin<IHyperPodModel> = {
   id: PLUGIN_ID,
   description:
-    'HyperPod sidebar: clusters, jobs, live fault/recovery timeline, submit form.',
+    'HyperPod sidebar: clusters, jobs, live fault/recovery timeline; the submit form in the main area.',
   autoStart: true,
   provides: IHyperPodModel,
   optional: [ILabShell, ICommandPalette, ILayoutRestorer],
@@ -103,9 +112,8 @@ const plugin: JupyterFrontEndPlugin<IHyperPodModel> = {
     };
     sidebar = new HyperPodSidebar({
       model,
-      currentNotebook: () => currentNotebookPath(app),
-      saveNotebook: path => saveNotebook(app, path),
       onError,
+      openSubmit: () => void app.commands.execute(CommandIDs.submit),
       openDashboard: jobId => void app.commands.execute(CommandIDs.dashboard, { jobId })
     });
     sidebar.title.icon = hyperpodIcon;
@@ -127,11 +135,40 @@ const plugin: JupyterFrontEndPlugin<IHyperPodModel> = {
       icon: hyperpodIcon,
       execute: open
     });
+    // the submit form, in the main area: one tab per notebook, reused while open
+    const submitTabs = new SubmitTabs({
+      model,
+      addToMain: widget => app.shell.add(widget, 'main'),
+      activate: id => app.shell.activateById(id),
+      saveNotebook: path => saveNotebook(app, path),
+      icon: hyperpodIcon,
+      onSubmitted: () => open() // the new job, selected, in the sidebar's list
+    });
     commands.addCommand(CommandIDs.submit, {
-      label: 'HyperPod: Submit a Job…',
+      label: 'HyperPod: Submit to Cluster…',
+      caption: 'Open the submit form in the main area, for the current notebook (or a script)',
+      icon: hyperpodIcon,
       execute: () => {
-        open();
-        sidebar!.openSubmitForm();
+        const current = app.shell.currentWidget;
+        if (current && submitTabs.owns(current)) {
+          return current; // already on a submit tab
+        }
+        return submitTabs.open(isNotebook(current) ? current : null);
+      }
+    });
+    // the notebook toolbar's "Submit to cluster": the form for that notebook
+    app.docRegistry.addWidgetExtension('Notebook', {
+      createNew: widget => {
+        // a notebook panel (duck-typed): its document context and its toolbar
+        const panel = widget as NotebookWidget & { toolbar: { insertItem(i: number, name: string, w: Widget): boolean } };
+        const submit = new ToolbarButton({
+          icon: hyperpodIcon,
+          label: 'Submit to cluster',
+          tooltip: 'Submit this notebook to a HyperPod cluster (the form opens in a tab beside it)',
+          onClick: () => void submitTabs.open(panel)
+        });
+        panel.toolbar.insertItem(10, 'hyperpod-submit', submit);
+        return submit;
       }
     });
     commands.addCommand(CommandIDs.refresh, {

@@ -53,3 +53,26 @@ def dark_theme(page, timeout_ms: int = 30000) -> None:
     run_command(page, "apputils:change-theme", {"theme": "JupyterLab Dark"})
     page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'", timeout=timeout_ms)
     page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=timeout_ms)
+
+
+def wait_job_ended(lab, job_id: str, timeout_s: float = 120.0) -> dict:
+    """Poll ``GET hyperpod/jobs/<job_id>`` of ``lab`` once a second until the job completed,
+    failed or was cancelled, or ``timeout_s`` seconds passed; returns its last record."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    job = lab.get(f"hyperpod/jobs/{job_id}")["job"]
+    while job["status"] not in ("completed", "failed", "cancelled") and time.monotonic() < deadline:
+        time.sleep(1)
+        job = lab.get(f"hyperpod/jobs/{job_id}")["job"]
+    return job
+
+
+def cancel_job_quietly(lab, job_id: str | None) -> None:
+    """Cancel ``job_id`` (a job a failed assertion left running) unless it is None; a server that
+    no longer answers is ignored."""
+    if job_id is not None:
+        try:
+            lab.post(f"hyperpod/jobs/{job_id}/cancel", {})
+        except OSError:
+            pass

@@ -1,4 +1,7 @@
-/** The HyperPod left-sidebar panel: clusters, jobs, the selected job and the submit form. */
+/**
+ * The HyperPod left-sidebar panel: clusters, jobs and the selected job, with a button that opens
+ * the submit form in the main area (`submit/tabs.ts`).
+ */
 import { Panel, Widget } from '@lumino/widgets';
 
 import { describeEvent } from '../format';
@@ -7,8 +10,6 @@ import { IHyperPodModel } from '../models/tokens';
 import { DiscoverPanel } from './discoverPanel';
 import { button, errorBox, fmt, h, labelledList } from './dom';
 import { excludedSummary, faultSummary, JobView, stragglerSummary } from './jobView';
-import { SubmitForm } from './submit/form';
-import { ISubmitRequest } from './submit/spec';
 
 /** The id of the left-sidebar panel. */
 export const SIDEBAR_ID = 'hyperpod-lab-sidebar';
@@ -37,15 +38,14 @@ function jobSummary(job: IJobView): string {
 export class HyperPodSidebar extends Panel {
   /**
    * @param options.model - the panel state
-   * @param options.currentNotebook - the path of the notebook in the main area, or null
    * @param options.onError - shows a failed action to the user
+   * @param options.openSubmit - opens the submit form (in the main area) for the current
+   *   notebook; without it the sidebar has no submit button
    */
   constructor(options: {
     model: IHyperPodModel;
-    currentNotebook: () => string | null;
-    /** Save the notebook at `path` if it has unsaved changes (the server reads the file). */
-    saveNotebook: (path: string) => Promise<void>;
     onError: (action: string, error: Error) => void;
+    openSubmit?: () => void;
     /** Open a job's dashboard in the main area (the job list's Dashboard button, double-click). */
     openDashboard?: (jobId: string) => void;
   }) {
@@ -61,6 +61,15 @@ export class HyperPodSidebar extends Panel {
     top.addClass('jp-HyperPodSidebar-top');
     const refresh = button('hp-refresh', 'Refresh', { title: 'Reload clusters and jobs' });
     refresh.addEventListener('click', () => void this._model.refresh());
+    let submit: HTMLButtonElement | null = null;
+    if (options.openSubmit) {
+      const openSubmit = options.openSubmit;
+      submit = button('hp-open-submit', 'Submit to cluster…', {
+        class: 'jp-HyperPod-button jp-mod-accept jp-HyperPodSidebar-submitButton',
+        title: 'Open the submit form in the main area, for the current notebook (or a script)'
+      });
+      submit.addEventListener('click', () => openSubmit());
+    }
     this._error = errorBox('hp-error');
     this._clusters = labelledList('ul', 'jp-HyperPodSidebar-clusterList', 'hp-clusters', 'Clusters');
     this._jobs = labelledList('ul', 'jp-HyperPodSidebar-jobList', 'hp-jobs', 'Jobs');
@@ -71,6 +80,7 @@ export class HyperPodSidebar extends Panel {
     top.node.append(
       h('div', { class: 'jp-HyperPodSidebar-titleRow' }, h('h2', { class: 'jp-HyperPodSidebar-heading' }, 'HyperPod'), refresh),
       this._error,
+      ...(submit ? [submit] : []),
       h('h3', { class: 'jp-HyperPod-subheading' }, 'Clusters'),
       this._clusters,
       this._discoverDetails,
@@ -82,36 +92,6 @@ export class HyperPodSidebar extends Panel {
     this.jobView = new JobView(this._model, options.onError);
     this.addWidget(this.jobView);
 
-    this.form = new SubmitForm({
-      currentNotebook: options.currentNotebook,
-      requestAdvice: query => this._model.advice.request(query),
-      onSubmit: async (req: ISubmitRequest) => {
-        if (req.notebook) {
-          await options.saveNotebook(req.notebook);
-        }
-        await this._model.submit(req.spec, req.notebook, { skipEnvCheck: req.skipEnvCheck });
-        this._details.open = false;
-      }
-    });
-    const formHolder = new Widget();
-    formHolder.addClass('jp-HyperPodSidebar-submit');
-    this._details = h('details', { class: 'jp-HyperPod-details', 'data-testid': 'hp-submit-section' },
-      h('summary', { 'data-testid': 'hp-submit-toggle' }, 'Submit a job'));
-    formHolder.node.appendChild(this._details);
-    this.addWidget(formHolder);
-    // the form needs no Lumino messages: its node simply lives inside the <details>
-    this._details.appendChild(this.form.node);
-    // the goodput advice is asked for when the form is opened, then as its inputs change
-    this._details.addEventListener('toggle', () => {
-      if (this._details.open) {
-        this.form.updateAdvice();
-      }
-    });
-    const advice = this._model.advice;
-    advice.changed.connect(() => {
-      this.form.showAdvice(advice.advice, advice.error, advice.loading);
-    }, this);
-
     this._model.clusters.changed.connect(this._renderClusters, this);
     this._model.jobs.changed.connect(this._renderJobs, this);
     this._model.selectionChanged.connect(this._renderJobs, this);
@@ -122,8 +102,6 @@ export class HyperPodSidebar extends Panel {
 
   /** The selected-job view. */
   readonly jobView: JobView;
-  /** The submit form. */
-  readonly form: SubmitForm;
   /** The "Discover HyperPod clusters" part of the clusters area. */
   readonly discover: DiscoverPanel;
 
@@ -131,20 +109,6 @@ export class HyperPodSidebar extends Panel {
   openDiscover(): void {
     this._discoverDetails.open = true;
     this.discover.focusFirst();
-  }
-
-  /** Open the submit form and focus its first field. */
-  openSubmitForm(): void {
-    this._details.open = true;
-    this.form.focusFirst();
-  }
-
-  override dispose(): void {
-    if (this.isDisposed) {
-      return;
-    }
-    this.form.dispose();
-    super.dispose();
   }
 
   private _renderError(): void {
@@ -155,7 +119,6 @@ export class HyperPodSidebar extends Panel {
 
   private _renderClusters(): void {
     const clusters = this._model.clusters.clusters;
-    this.form.setClusters(clusters);
     this._clusters.textContent = '';
     if (clusters.length === 0) {
       this._clusters.appendChild(h('li', { class: 'jp-HyperPodSidebar-placeholder' }, 'No clusters configured yet.'));
@@ -270,6 +233,5 @@ export class HyperPodSidebar extends Panel {
   private _error: HTMLDivElement;
   private _clusters: HTMLUListElement;
   private _jobs: HTMLUListElement;
-  private _details: HTMLDetailsElement;
   private _discoverDetails: HTMLDetailsElement;
 }

@@ -2,7 +2,7 @@
 off), Debian's Chromium driven by Playwright, and the real dev cluster (Slurm over SSH).
 
 One walk through the states: the sidebar lists ``local-slurm`` with its nodes; the example is
-submitted from the form; its events stream into the timeline and the loss chart; "Inject
+submitted from the form (a main-area tab); its events stream into the timeline and the loss chart; "Inject
 failure" SIGKILLs rank 1; the fault (red, with a notification) and the recovery (green, with its
 downtime) appear; a notebook in the same Lab runs ``%hyperpod watch JOB`` and the widget's
 progress bar advances; the dark theme is applied; Cancel (keyboard) ends the job. Goodput
@@ -96,9 +96,10 @@ def test_sidebar_streams_a_fault_and_its_recovery(dev_cluster, lab_root):
                                  commands) == []
             _shot(page, "1-clusters")
 
-            # 2. submit the example from the form (Enter in a field submits it)
-            sidebar.locator("[data-testid=hp-submit-toggle]").click()
-            form = sidebar.locator("[data-testid=hp-submit-form]")
+            # 2. submit the example from the form (a main-area tab opened from the sidebar; Enter in a
+            # field submits it)
+            sidebar.locator("[data-testid=hp-open-submit]").click()
+            form = page.locator("[data-testid=hp-submit-page] [data-testid=hp-submit-form]")
             form.get_by_label("Script path", exact=True).fill("examples/train_lm.py")
             form.get_by_label("Script arguments", exact=True).fill("--steps 70 --step-sleep 0.6")
             form.get_by_label("Job name", exact=True).fill("lab-ui")
@@ -235,8 +236,9 @@ def test_sidebar_streams_a_fault_and_its_recovery(dev_cluster, lab_root):
             # the form submits the current notebook (saved first: the server reads the file);
             # the server's SpecError is shown at its field
             page.keyboard.type('print("train here")')  # the notebook's next cell, not run
-            sidebar.locator("[data-testid=hp-submit-toggle]").click()
-            form.get_by_label("Current notebook", exact=True).check()
+            page.locator('.jp-NotebookPanel:visible .jp-Toolbar-item[data-jp-item-name="hyperpod-submit"] button').click()
+            form = page.locator("[data-testid=hp-submit-page]:visible [data-testid=hp-submit-form]")
+            assert form.get_by_label("Current notebook", exact=True).is_checked()  # the notebook's own form
             form.get_by_label("Min nodes", exact=True).fill("2")
             form.get_by_label("Max nodes", exact=True).fill("1")
             with page.expect_response(lambda r: r.url.split("?")[0].endswith("/hyperpod/jobs")
@@ -250,7 +252,6 @@ def test_sidebar_streams_a_fault_and_its_recovery(dev_cluster, lab_root):
             error.wait_for(state="visible")
             assert "min_nodes 2 is greater than max_nodes 1" in error.inner_text()
             assert form.get_by_label("Min nodes", exact=True).get_attribute("aria-invalid") == "true"
-            sidebar.locator("[data-testid=hp-submit-toggle]").click()  # fold the form again
 
             # 7. the dark theme: the panel follows the theme variables
             light_bg = sidebar.evaluate("e => getComputedStyle(e).backgroundColor")

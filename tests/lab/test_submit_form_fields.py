@@ -1,4 +1,4 @@
-"""The sidebar's submit form offers the JobSpec's ``resiliency.storm_restarts`` (the restart-storm
+"""The submit form (a main-area tab opened from the sidebar's "Submit to cluster…") offers the JobSpec's ``resiliency.storm_restarts`` (the restart-storm
 guard K, docs/restart-storms.md) and ``tensorboard`` (docs/tensorboard.md), end to end: a real
 ``jupyter lab`` (token auth), Debian's Chromium driven by Playwright, and a real job on the
 built-in ``local`` cluster (examples/train_lm.py, a few steps of a tiny model under torchrun).
@@ -15,9 +15,8 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import time
 
-from lab_browser import open_hyperpod_tab, playwright_or_fail, screenshot
+from lab_browser import cancel_job_quietly, open_hyperpod_tab, playwright_or_fail, screenshot, wait_job_ended
 
 from benchmarks._lab import Lab, launch_chromium
 
@@ -47,8 +46,8 @@ def test_storm_guard_and_tensorboard_fields_reach_the_job(tmp_path):
             page.on("request", lambda r: posts.append(r.url) if _is_submit(r) else None)
             sidebar = open_hyperpod_tab(page, lab)
             sidebar.locator('[data-testid=hp-cluster][data-cluster="local"]').wait_for()
-            sidebar.locator("[data-testid=hp-submit-toggle]").click()
-            form = sidebar.locator("[data-testid=hp-submit-form]")
+            sidebar.locator("[data-testid=hp-open-submit]").click()
+            form = page.locator("[data-testid=hp-submit-page] [data-testid=hp-submit-form]")
             form.get_by_label("Script path", exact=True).fill("examples/train_lm.py")
             form.get_by_label("Script arguments", exact=True).fill(ARGS)
             form.get_by_label("Job name", exact=True).fill("form-fields")
@@ -104,19 +103,12 @@ def test_storm_guard_and_tensorboard_fields_reach_the_job(tmp_path):
         job = lab.get(f"hyperpod/jobs/{job_id}")["job"]
         assert job["spec"]["resiliency"]["storm_restarts"] == 5, job["spec"]
         assert job["spec"]["tensorboard"] == "rank0", job["spec"]
-        deadline = time.monotonic() + 120
-        while job["status"] not in ("completed", "failed", "cancelled") and time.monotonic() < deadline:
-            time.sleep(1)
-            job = lab.get(f"hyperpod/jobs/{job_id}")["job"]
+        job = wait_job_ended(lab, job_id)
         assert job["status"] == "completed", (job["status"], job["reason"])
         events = glob.glob(os.path.join(job["job_dir"], "tensorboard", "**", "events.out.tfevents.*"),
                            recursive=True)
         assert events, f"no TensorBoard event files under {job['job_dir']}/tensorboard"
         job_id = None
     finally:
-        if job_id is not None:  # a job left running by a failed assertion
-            try:
-                lab.post(f"hyperpod/jobs/{job_id}/cancel", {})
-            except OSError:
-                pass
+        cancel_job_quietly(lab, job_id)  # a job left running by a failed assertion
         lab.stop()

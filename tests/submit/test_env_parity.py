@@ -360,8 +360,8 @@ def test_the_submit_form_shows_the_diff_and_blocks_an_incompatible_cluster(old_c
             browser = launch_chromium(p)
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             sidebar = open_hyperpod_tab(page, lab)
-            sidebar.locator("[data-testid=hp-submit-toggle]").click()
-            form = sidebar.locator("[data-testid=hp-submit-form]")
+            sidebar.locator("[data-testid=hp-open-submit]").click()  # the form opens in the main area
+            form = page.locator("[data-testid=hp-submit-page] [data-testid=hp-submit-form]")
             form.get_by_label("Script path", exact=True).fill("train.py")
             form.get_by_label("Cluster", exact=True).select_option(PROFILE)
             env = form.locator("[data-testid=hp-env]")
@@ -392,8 +392,7 @@ def test_the_submit_form_shows_the_diff_and_blocks_an_incompatible_cluster(old_c
             row.first.wait_for()
             job_id = row.first.get_attribute("data-job-id")
             Client(JobStore()).cancel(job_id)  # the stand-in interpreter cannot run it
-            sidebar.locator("[data-testid=hp-submit-toggle]").click()  # a submission closes the form
-            form.locator("[data-testid=hp-env]").wait_for()
+            form.locator("[data-testid=hp-env]").wait_for()  # the form stays open after a submission
             form.get_by_label("Cluster", exact=True).select_option(dev_cluster.name)
             env.locator("xpath=self::*[@data-summary='ok']").wait_for()
             assert not submit.is_disabled() and not block.is_visible() and not skip.is_visible()

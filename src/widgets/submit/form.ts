@@ -1,6 +1,6 @@
 /**
- * The submit form: a script path or the current notebook, placement and the three policies.
- * Its parts: `fields.ts` (the controls), `spec.ts` (reading them into a JobSpec), `env.ts`
+ * The submit form: a script path or the current notebook, placement and the three policies, in
+ * three sections with the environment check and the goodput advice beside them. Its parts: `fields.ts` (the controls), `spec.ts` (reading them into a JobSpec), `env.ts`
  * (the environment check) and `advice.ts` (the goodput advice).
  */
 import { Widget } from '@lumino/widgets';
@@ -24,6 +24,8 @@ export class SubmitForm extends Widget {
     currentNotebook: () => string | null;
     /** Ask for the goodput advice (debounced by the owner); null: the inputs are not usable. */
     requestAdvice?: (query: IAdviceQuery | null) => void;
+    /** The source chosen at first (default `script`). */
+    source?: 'script' | 'notebook';
   }) {
     super({ node: document.createElement('form') });
     this._onSubmit = options.onSubmit;
@@ -49,126 +51,167 @@ export class SubmitForm extends Widget {
       'data-testid': 'hp-source-notebook'
     });
     this._scriptRadio = scriptRadio;
-    form.appendChild(
+    this._notebookRadio = nbRadio;
+    this._notebookPath = h('span', { class: 'jp-HyperPod-dim jp-HyperPod-sourcePath', 'data-testid': 'hp-source-notebook-path' });
+    if (options.source === 'notebook') {
+      nbRadio.checked = true;
+    }
+    const source = h(
+      'fieldset',
+      { class: 'jp-HyperPod-fieldset' },
+      h('legend', {}, 'What to run'),
       h(
-        'fieldset',
-        { class: 'jp-HyperPod-fieldset' },
-        h('legend', {}, 'Source'),
+        'div',
+        { class: 'jp-HyperPod-sourceRow' },
         h('label', { class: 'jp-HyperPod-radio' }, scriptRadio, ' Script'),
         h('label', { class: 'jp-HyperPod-radio' }, nbRadio, ' Current notebook'),
-        this._fields.text('script', 'Script path', 'examples/train_lm.py', 'path relative to the Lab root'),
-        this._fields.text('args', 'Script arguments', '', 'e.g. --steps 100 --lr 3e-3'),
-        this._fields.text(
-          'secret_env',
-          'Secret variables',
-          '',
-          "names, e.g. HF_TOKEN: values come from the server's environment and are never written"
-        )
-      )
+        this._notebookPath
+      ),
+      this._fields.text('script', 'Script path', 'examples/train_lm.py', 'path relative to the Lab root'),
+      this._fields.text('args', 'Script arguments', '', 'e.g. --steps 100 --lr 3e-3')
     );
     this._cluster = h('select', { 'data-field': 'cluster', 'data-testid': 'hp-field-cluster' });
-    form.appendChild(
-      h(
-        'fieldset',
-        { class: 'jp-HyperPod-fieldset' },
-        h('legend', {}, 'Placement'),
-        this._fields.text('name', 'Job name', 'train'),
-        labelled('Cluster', this._cluster),
-        this._fields.number('nodes', 'Nodes', 1, 1),
-        this._fields.number('procs_per_node', 'Processes per node', 1, 1)
-      )
+    const placement = h(
+      'fieldset',
+      { class: 'jp-HyperPod-fieldset' },
+      h('legend', {}, 'Placement'),
+      this._fields.text('name', 'Job name', 'train'),
+      labelled('Cluster', this._cluster),
+      this._fields.number('nodes', 'Nodes', 1, 1),
+      this._fields.number('procs_per_node', 'Processes per node', 1, 1)
     );
     this._fields.get('nodes')!.addEventListener('input', () => this.updateAdvice());
+    const lr = h('select', { 'data-field': 'elastic.lr_rule' });
+    for (const rule of ['linear', 'sqrt', 'none']) {
+      lr.appendChild(h('option', { value: rule }, rule));
+    }
+    const elastic = h(
+      'fieldset',
+      { class: 'jp-HyperPod-fieldset' },
+      h('legend', {}, 'Elastic (nodes)'),
+      this._fields.number('elastic.min_nodes', 'Min nodes', null, 1, 'fixed size'),
+      this._fields.number('elastic.max_nodes', 'Max nodes', null, 1, 'fixed size'),
+      this._fields.number('elastic.global_batch_size', 'Global batch size', null, 1, 'script decides'),
+      labelled('LR rule', lr)
+    );
+    // after the bounds: an error naming the policy ("elastic") points at its first field
+    this._fields.set('elastic.lr_rule', lr);
+    const resiliency = h(
+      'fieldset',
+      { class: 'jp-HyperPod-fieldset' },
+      h('legend', {}, 'Resiliency'),
+      this._fields.check('resiliency.auto_resume', 'Auto-resume after a failure', true),
+      this._fields.number('resiliency.max_retries', 'Max retries', 3, 0),
+      this._fields.number('resiliency.spares', 'Spare nodes', 0, 0, undefined, MAX_SPARES),
+      this._fields.number(
+        'resiliency.storm_restarts',
+        'Restart-storm guard K',
+        3,
+        1,
+        undefined,
+        MAX_STORM_RESTARTS,
+        `stop after K restarts in a row without progress (1 to ${MAX_STORM_RESTARTS})`
+      ),
+      this._fields.check('resiliency.health_checks', 'Node health checks', true)
+    );
+    const checkpoints = h(
+      'fieldset',
+      { class: 'jp-HyperPod-fieldset' },
+      h('legend', {}, 'Checkpoints (intervals in steps)'),
+      this._fields.number('checkpoint.every_steps', 'Persistent every', 20, 1),
+      this._fields.number('checkpoint.keep_last', 'Keep last', 2, 1),
+      this._fields.number('checkpoint.memory_every_steps', 'Memory tier every', null, 1, 'off'),
+      this._fields.text('checkpoint.s3_uri', 'S3 tier URI', '', 's3://bucket/prefix'),
+      this._fields.number('checkpoint.s3_every_steps', 'S3 tier every', null, 1, 'off')
+    );
+    const tensorboard = h('select', { 'data-field': 'tensorboard', 'data-testid': 'hp-field-tensorboard' });
+    for (const [mode, label] of TENSORBOARD_MODES) {
+      tensorboard.appendChild(h('option', { value: mode }, label));
+    }
+    const secrets = h(
+      'div',
+      { class: 'jp-HyperPod-fieldset jp-mod-plain' },
+      this._fields.text(
+        'secret_env',
+        'Secret variables',
+        '',
+        "names, e.g. HF_TOKEN: values come from the server's environment and are never written"
+      ),
+      labelled(
+        'TensorBoard',
+        tensorboard,
+        'step metrics as event files in the job directory (tensorboard/)'
+      )
+    );
+    this._fields.set('tensorboard', tensorboard);
     this._env = new EnvCheck({
       cluster: () => this._cluster.value,
       script: () => this._envScript(),
       onBlockChanged: () => this._updateButton()
     });
-    form.appendChild(this._env.section);
     this._cluster.addEventListener('change', () => this.updateEnv());
     this._fields.get('script')!.addEventListener('input', () => this.updateEnv());
-    scriptRadio.addEventListener('change', () => this.updateEnv());
-    nbRadio.addEventListener('change', () => this.updateEnv());
-    // the current notebook changes with the active tab: look again when the form is used
-    form.addEventListener('focusin', () => this._env.updateIfChanged());
-    form.appendChild(
-      h(
-        'fieldset',
-        { class: 'jp-HyperPod-fieldset' },
-        h('legend', {}, 'Resiliency'),
-        this._fields.check('resiliency.auto_resume', 'Auto-resume after a failure', true),
-        this._fields.number('resiliency.max_retries', 'Max retries', 3, 0),
-        this._fields.number('resiliency.spares', 'Spare nodes', 0, 0, undefined, MAX_SPARES),
-        this._fields.number(
-          'resiliency.storm_restarts',
-          'Restart-storm guard K',
-          3,
-          1,
-          undefined,
-          MAX_STORM_RESTARTS,
-          `stop after K restarts in a row without progress (1 to ${MAX_STORM_RESTARTS})`
-        ),
-        this._fields.check('resiliency.health_checks', 'Node health checks', true)
-      )
-    );
-    form.appendChild(
-      h(
-        'fieldset',
-        { class: 'jp-HyperPod-fieldset' },
-        h('legend', {}, 'Checkpoints (intervals in steps)'),
-        this._fields.number('checkpoint.every_steps', 'Persistent every', 20, 1),
-        this._fields.number('checkpoint.keep_last', 'Keep last', 2, 1),
-        this._fields.number('checkpoint.memory_every_steps', 'Memory tier every', null, 1, 'off'),
-        this._fields.text('checkpoint.s3_uri', 'S3 tier URI', '', 's3://bucket/prefix'),
-        this._fields.number('checkpoint.s3_every_steps', 'S3 tier every', null, 1, 'off')
-      )
-    );
+    // the script path is for a script: off while the notebook is the source
+    const onSource = () => {
+      (this._fields.get('script') as HTMLInputElement).disabled = nbRadio.checked;
+      this.updateEnv();
+    };
+    scriptRadio.addEventListener('change', onSource);
+    nbRadio.addEventListener('change', onSource);
+    (this._fields.get('script') as HTMLInputElement).disabled = nbRadio.checked;
+    // the current notebook may change (a rename, or the active tab in a form that follows it):
+    // look again when the form is used
+    form.addEventListener('focusin', () => {
+      this._showNotebookPath();
+      this._env.updateIfChanged();
+    });
     this._advice = new AdviceSection({
       nodes: this._fields.get('nodes') as HTMLInputElement,
       request: options.requestAdvice ?? (() => undefined),
       setField: (field, value) => this.setField(field, value)
     });
-    form.appendChild(this._advice.node);
-    const lr = h('select', { 'data-field': 'elastic.lr_rule' });
-    for (const rule of ['linear', 'sqrt', 'none']) {
-      lr.appendChild(h('option', { value: rule }, rule));
-    }
-    form.appendChild(
+    // the fields in three sections; the environment check and the goodput advice beside them
+    // (a second column on a wide form, below the fields on a narrow one: style/submit.css)
+    const section = (title: string, testid: string, ...parts: HTMLElement[]) =>
       h(
-        'fieldset',
-        { class: 'jp-HyperPod-fieldset' },
-        h('legend', {}, 'Elastic (nodes)'),
-        this._fields.number('elastic.min_nodes', 'Min nodes', null, 1, 'fixed size'),
-        this._fields.number('elastic.max_nodes', 'Max nodes', null, 1, 'fixed size'),
-        this._fields.number('elastic.global_batch_size', 'Global batch size', null, 1, 'script decides'),
-        labelled('LR rule', lr)
-      )
-    );
-    // after the bounds: an error naming the policy ("elastic") points at its first field
-    this._fields.set('elastic.lr_rule', lr);
-    const tensorboard = h('select', { 'data-field': 'tensorboard', 'data-testid': 'hp-field-tensorboard' });
-    for (const [mode, label] of TENSORBOARD_MODES) {
-      tensorboard.appendChild(h('option', { value: mode }, label));
-    }
-    this._fields.set('tensorboard', tensorboard);
-    form.appendChild(
-      h(
-        'fieldset',
-        { class: 'jp-HyperPod-fieldset' },
-        h('legend', {}, 'Metrics'),
-        labelled(
-          'TensorBoard',
-          tensorboard,
-          'step metrics as event files in the job directory (tensorboard/)'
-        )
-      )
-    );
+        'section',
+        { class: 'jp-HyperPod-formSection', 'data-testid': testid, 'aria-label': title },
+        h('h3', { class: 'jp-HyperPod-formSectionTitle' }, title),
+        h('div', { class: 'jp-HyperPod-formSectionBody' }, ...parts)
+      );
     this._error = errorBox('hp-submit-error');
-    form.appendChild(this._env.reasonBox);
-    form.appendChild(this._env.skipRow);
+    this._done = h('div', { class: 'jp-HyperPod-submitDone', 'data-testid': 'hp-submit-done', role: 'status' });
+    this._done.hidden = true;
     this._button = button('hp-submit', 'Submit', { type: 'submit', class: 'jp-HyperPod-button jp-mod-accept' });
-    form.appendChild(this._error);
-    form.appendChild(this._button);
+    form.append(
+      h(
+        'div',
+        { class: 'jp-HyperPod-formColumns' },
+        h(
+          'div',
+          { class: 'jp-HyperPod-formMain' },
+          section('Cluster & resources', 'hp-section-cluster', source, placement, elastic),
+          section('Resiliency & checkpoints', 'hp-section-resiliency', resiliency, checkpoints),
+          section('Secrets & metrics', 'hp-section-secrets', secrets)
+        ),
+        h(
+          'aside',
+          { class: 'jp-HyperPod-formAside', 'aria-label': 'Environment check and goodput advice' },
+          this._env.section,
+          this._advice.node
+        )
+      ),
+      h(
+        'div',
+        { class: 'jp-HyperPod-formFooter' },
+        this._env.reasonBox,
+        this._env.skipRow,
+        this._error,
+        this._done,
+        this._button
+      )
+    );
+    this._showNotebookPath();
     form.addEventListener('submit', ev => {
       ev.preventDefault();
       void this.submit();
@@ -261,9 +304,15 @@ export class SubmitForm extends Widget {
     this._advice.show(advice, error, loading);
   }
 
-  /** Focus the first control. */
+  /** Focus the first control: the script path, or the first choice when a notebook is the source. */
   focusFirst(): void {
-    this._fields.get('script')?.focus();
+    (this._scriptRadio.checked ? this._fields.get('script') : this._notebookRadio)?.focus();
+  }
+
+  /** Say that `jobId` was submitted (cleared by the next attempt). */
+  showSubmitted(jobId: string): void {
+    this._done.hidden = false;
+    this._done.textContent = `Submitted ${jobId}: it is selected in the HyperPod sidebar.`;
   }
 
   /**
@@ -282,6 +331,7 @@ export class SubmitForm extends Widget {
   /** Validate, submit through the owner, and show any error next to its field. */
   async submit(): Promise<void> {
     this._showError(null, null);
+    this._done.hidden = true;
     if (this._env.blocked) {
       this._showError(`Submit is disabled: ${this._env.block}`, null);
       return;
@@ -345,6 +395,13 @@ export class SubmitForm extends Widget {
     }
   }
 
+  /** Show the current notebook's path beside its choice; without one the choice is disabled. */
+  private _showNotebookPath(): void {
+    const path = this._currentNotebook();
+    this._notebookPath.textContent = path ?? '(open the form from a notebook to submit it)';
+    this._notebookRadio.disabled = path === null && !this._notebookRadio.checked;
+  }
+
   /** The script or notebook whose environment is compared, or null. */
   private _envScript(): string | null {
     if (!this._scriptRadio.checked) {
@@ -369,6 +426,9 @@ export class SubmitForm extends Widget {
   private _fields = new FormFields();
   private _cluster: HTMLSelectElement;
   private _scriptRadio: HTMLInputElement;
+  private _notebookRadio: HTMLInputElement;
+  private _notebookPath: HTMLSpanElement;
+  private _done: HTMLDivElement;
   private _error: HTMLDivElement;
   private _button: HTMLButtonElement;
 }
