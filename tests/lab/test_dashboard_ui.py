@@ -4,9 +4,11 @@ torchrun with torch.distributed (gloo), examples/train_lm.py with memory and per
 checkpoints, into which ``inject-fault --kind exception --rank 1`` is injected; torchrun
 restarts the workers and the job recovers from its memory checkpoint and finishes.
 
-The dashboard is opened from the sidebar's job list (its Dashboard button). Asserted: the fault
-mark is in rank 1's lane and the recovery mark in the job lane after it; the checkpoints are
-spans per tier (not one mark each); the uPlot charts drew the steps; zoom by the wheel and by
+The dashboard is opened from the sidebar's job list (its Dashboard button). Asserted: the lanes
+are per node (issue 27: the job's one node, both ranks), the fault mark is in the node's lane
+naming rank 1 and the recovery mark in the job lane after it; opening the node shows rank 0's
+and rank 1's own lanes, the fault on rank 1's; the checkpoints are spans per tier (not one mark
+each); the uPlot charts drew the steps; zoom by the wheel and by
 keys (+, -, arrows, 0) changes the visible range; the events table filters by kind; Enter on
 the fault's row opens rank 1's log at its traceback (the "Traceback" line is visible); in the
 dark theme the dashboard's background and text follow the theme variables; a reload brings the
@@ -98,9 +100,11 @@ def test_dashboard_lanes_zoom_filter_log_and_themes(tmp_path):
                 dash.wait_for()
                 page.wait_for_selector(f'[data-testid=hp-dashboard][data-job-id="{job_id}"][data-state=drawn]')
                 assert page.locator(f'#jp-main-dock-panel [data-testid=hp-dashboard][data-job-id="{job_id}"]').count() == 1
-                lane1 = dash.locator('[data-testid=hp-dash-lane][data-lane="1"]')
-                fault = lane1.locator('[data-testid=hp-dash-mark][data-kind="fault.detected"][data-cat=fault]')
+                # one lane per node: the local job's two ranks are on one node
+                lane1 = dash.locator('[data-testid=hp-dash-lane][data-kind=node]')
+                fault = lane1.locator('[data-testid=hp-dash-mark][data-kind="fault.detected"][data-cat=fault][data-rank="1"]')
                 fault.first.wait_for()
+                assert lane1.count() == 1, lane1.evaluate_all("els => els.map(e => e.dataset.lane)")
                 print(f"dashboard drawn {time.monotonic() - t_open:.2f} s after the click")
                 # the injected fault is a mark of rank 1's lane (its label names the exception)
                 labels = fault.evaluate_all("els => els.map(e => e.getAttribute('aria-label'))")
@@ -111,13 +115,18 @@ def test_dashboard_lanes_zoom_filter_log_and_themes(tmp_path):
                 assert recovery.count() == 1
                 assert float(recovery.get_attribute("data-t")) > float(fault.first.get_attribute("data-t"))
                 assert "recovered" in recovery.get_attribute("aria-label")
+                # the node opens to its ranks' own lanes (asked of the server: ?node=), the fault on rank 1's
+                lane1.locator("[data-testid=hp-dash-expand]").click()
+                rank_lane = '[data-testid=hp-dash-lane][data-kind=rank][data-lane="{}"]'.format
+                dash.locator(rank_lane("1")).wait_for()
+                assert dash.locator(f'{rank_lane("1")} [data-testid=hp-dash-mark][data-cat=fault]').count() >= 1
+                assert dash.locator(f'{rank_lane("0")} [data-testid=hp-dash-mark][data-cat=fault]').count() == 0
                 # checkpoints collapsed into spans per tier (a restart starts a new run)
                 for lane in ("0", "1"):
-                    spans = dash.locator(f'[data-testid=hp-dash-lane][data-lane="{lane}"] '
-                                         f'.jp-HyperPodDash-span[data-kind=checkpoint][data-tier=memory]')
+                    spans = dash.locator(f'{rank_lane(lane)} .jp-HyperPodDash-span[data-kind=checkpoint][data-tier=memory]')
                     counts = [int(c) for c in spans.evaluate_all("els => els.map(e => e.dataset.count)")]
                     assert 1 <= len(counts) <= 3 and sum(counts) >= 8, counts
-                steps = dash.locator('[data-testid=hp-dash-lane][data-lane="0"] .jp-HyperPodDash-span[data-kind=step]')
+                steps = dash.locator(f'{rank_lane("0")} .jp-HyperPodDash-span[data-kind=step]')
                 assert 1 <= steps.count() <= 3
                 # the charts: uPlot canvases with the steps
                 for key in ("loss", "steps_per_s"):
@@ -135,7 +144,7 @@ def test_dashboard_lanes_zoom_filter_log_and_themes(tmp_path):
 
                 # 2. zoom: the wheel over the lanes, then keys
                 full = _view(page)
-                box = lane1.locator(".jp-HyperPodDash-track").bounding_box()
+                box = lane1.first.locator(".jp-HyperPodDash-track").bounding_box()
                 page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
                 page.mouse.wheel(0, -400)
                 page.wait_for_function("(w) => { const r = document.querySelector('[data-testid=hp-dash-range]');"

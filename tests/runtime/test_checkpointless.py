@@ -101,6 +101,22 @@ class Job:
         os.kill(pid, signal.SIGKILL)
         agent.wait()
 
+    def lose_every_node(self) -> list[int]:
+        """Every group's node gone at once (:meth:`lose_node`), with the job's memory tier (its
+        directory under ``shm``). Returns the groups lost."""
+        groups = sorted(self.agents)
+        for g in groups:
+            self.lose_node(g)
+        shutil.rmtree(os.path.join(self.shm, self.job_id))
+        return groups
+
+    def start_groups(self, groups: list[int]) -> float:
+        """:meth:`start_group` for each of ``groups``; returns the time (``time.time()``) just before."""
+        t = time.time()
+        for g in groups:
+            self.start_group(g)
+        return t
+
     def wait(self, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
         for g, a in self.agents.items():
@@ -109,6 +125,20 @@ class Job:
                     a.wait(timeout=max(1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     raise AssertionError(f"group {g} did not finish: {self.logs()}")
+
+    def finish(self, timeout: float = 180) -> list[dict]:
+        """Wait for every agent (:meth:`wait`), assert each exited 0 (else the logs); the job's events."""
+        self.wait(timeout)
+        assert all(a.returncode == 0 for a in self.agents.values()), self.logs()
+        return self.events()
+
+    def completed(self, timeout: float = 180) -> "Job":
+        """:meth:`finish`, then :meth:`stop` (also when it fails); returns this job."""
+        try:
+            self.finish(timeout)
+        finally:
+            self.stop()
+        return self
 
     def logs(self) -> str:
         out = []
@@ -152,13 +182,8 @@ def _storage_restores(events: list[dict]) -> list[dict]:
 
 
 def _run_clean(tmp_path, args=()) -> tuple[dict, list[dict]]:
-    job = Job(tmp_path, 2, list(args))
-    try:
-        job.wait()
-        assert all(a.returncode == 0 for a in job.agents.values()), job.logs()
-        return job.final(0), job.events()
-    finally:
-        job.stop()
+    job = Job(tmp_path, 2, list(args)).completed()
+    return job.final(0), job.events()
 
 
 def test_killed_rank_recovers_from_live_peer_without_storage(tmp_path):
@@ -174,9 +199,7 @@ def test_killed_rank_recovers_from_live_peer_without_storage(tmp_path):
         s = job.last_step() + 1  # the step in flight when the fault hits
         t_fault = time.time()
         os.kill(job.worker_pid(1), signal.SIGKILL)
-        job.wait()
-        ev = job.events()
-        assert all(a.returncode == 0 for a in job.agents.values()), job.logs()
+        ev = job.finish()
     finally:
         job.stop()
 
@@ -285,9 +308,7 @@ def test_a_slow_but_alive_group_is_waited_for_not_dropped(tmp_path):
     steps = 20
     job = Job(tmp_path, 2, ["--step-sleep", "0.05", "--steps", str(steps)], group_args={1: ["--step-sleep", "0.7"]})
     try:
-        job.wait(timeout=240)
-        ev = job.events()
-        assert all(a.returncode == 0 for a in job.agents.values()), job.logs()
+        ev = job.finish(timeout=240)
     finally:
         job.stop()
     step_events = kinds(ev, "step")
@@ -312,9 +333,7 @@ def test_losing_every_replica_falls_back_to_the_tiered_checkpoint(tmp_path):
         reached = job.last_step()
         for g in (0, 1):
             os.kill(job.worker_pid(g), signal.SIGKILL)
-        job.wait()
-        ev = job.events()
-        assert all(a.returncode == 0 for a in job.agents.values()), job.logs()
+        ev = job.finish()
     finally:
         job.stop()
     fb = kinds(ev, "recovery.fallback")
@@ -447,16 +466,10 @@ def test_every_replica_and_their_memory_and_shared_storage_lost_falls_back_to_s3
                 assert time.monotonic() < deadline, f"no S3 upload from both groups: {uploaded}\n{job.logs()}"
                 time.sleep(0.1)
             reached = job.last_step()
-            for g in (0, 1):
-                job.lose_node(g)
-            shutil.rmtree(os.path.join(job.shm, job.job_id))  # their memory
+            lost = job.lose_every_node()  # and their memory
             shutil.rmtree(os.path.join(job.job_dir, "checkpoints"))  # the shared file system's copies
-            t_lost = time.time()
-            for g in (0, 1):
-                job.start_group(g)
-            job.wait()
-            ev = job.events()
-            assert all(a.returncode == 0 for a in job.agents.values()), job.logs()
+            t_lost = job.start_groups(lost)
+            ev = job.finish()
         finally:
             job.stop()
         keys = [o["Key"] for o in srv.client().list_objects_v2(Bucket="ckpt", Prefix="runs/").get("Contents", [])]
@@ -503,9 +516,7 @@ def test_a_crashed_lighthouse_is_restarted_on_its_port_and_training_goes_on(tmp_
             assert time.monotonic() < deadline, f"the Lighthouse was not restarted: {job.logs()}"
             time.sleep(0.1)
         assert again["address"] == first["address"]
-        job.wait(timeout=240)
-        ev = job.events()
-        assert all(a.returncode == 0 for a in job.agents.values()), job.logs()
+        ev = job.finish(timeout=240)
         assert job.lighthouse.poll() is None, "the supervisor exited"
     finally:
         job.stop()

@@ -60,13 +60,7 @@ class FsdpJob(Job):
 
 
 def _run(tmp_path, groups: int, args: list[str], procs: int = PROCS) -> FsdpJob:
-    job = FsdpJob(tmp_path, groups, args, procs=procs)
-    try:
-        job.wait(timeout=300)
-        assert all(a.returncode == 0 for a in job.agents.values()), job.logs()
-    finally:
-        job.stop()
-    return job
+    return FsdpJob(tmp_path, groups, args, procs=procs).completed(timeout=300)
 
 
 def test_fsdp_group_sums_gradients_like_one_unsharded_rank(tmp_path):
@@ -183,9 +177,7 @@ def test_killed_rank_of_an_fsdp_group_heals_its_shards_from_the_other_group(tmp_
         killed = job.rank_pid(1, 1)
         os.kill(killed, signal.SIGKILL)
         job.start_group(2)
-        job.wait(timeout=300)
-        ev = job.events()
-        assert all(a.returncode == 0 for a in job.agents.values()), job.logs()
+        ev = job.finish(timeout=300)
     finally:
         job.stop()
 

@@ -29,13 +29,7 @@ BUCKET = 4096  # bytes: several buckets for the tests' MLP (width 64: 5,313 para
 
 
 def _run(tmp_path, procs: int, args: list[str], groups: int = 2) -> FsdpJob:
-    job = FsdpJob(tmp_path, groups, args, procs=procs)
-    try:
-        job.wait(timeout=300)
-        assert all(a.returncode == 0 for a in job.agents.values()), job.logs()
-    finally:
-        job.stop()
-    return job
+    return FsdpJob(tmp_path, groups, args, procs=procs).completed(timeout=300)
 
 
 def _expected_buckets(args: list[str], bucket_bytes: int) -> int:
@@ -105,9 +99,7 @@ def test_a_group_killed_during_overlapped_steps_is_redone_without_a_hang(tmp_pat
         job.wait_step(9)
         t_kill = time.time()
         os.kill(job.rank_pid(1, 0), signal.SIGKILL)
-        job.wait(timeout=240)
-        ev = job.events()
-        assert all(a.returncode == 0 for a in job.agents.values()), job.logs()
+        ev = job.finish(timeout=240)
     finally:
         job.stop()
     found = [e["data"] for e in kinds(ev, "fault.detected", replica_group=1, detected_by=0) if e["time"] >= t_kill]

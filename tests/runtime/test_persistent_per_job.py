@@ -49,13 +49,7 @@ class Job(_FtJob):
 
 
 def _run(tmp_path, groups: int, args: list[str]) -> Job:
-    job = Job(tmp_path, groups, args)
-    try:
-        job.wait()
-        assert all(a.returncode == 0 for a in job.agents.values()), job.logs()
-    finally:
-        job.stop()
-    return job
+    return Job(tmp_path, groups, args).completed()
 
 
 def _group_of(event: dict) -> int:
@@ -175,9 +169,7 @@ def test_every_group_falls_back_to_the_one_job_copy(tmp_path, legacy):
             assert time.monotonic() < deadline, job.logs()
             assert all(a.poll() is None for a in job.agents.values()), job.logs()
             time.sleep(0.1)
-        for g in (0, 1):
-            job.lose_node(g)
-        shutil.rmtree(os.path.join(job.shm, job.job_id))  # their memory tier
+        lost = job.lose_every_node()  # and their memory tier
         complete = sorted(int(n[5:]) for n, p in _step_dirs(job.job_dir).items()
                           if os.path.exists(os.path.join(p, "COMMITTED")))
         newest = complete[-1]
@@ -188,12 +180,8 @@ def test_every_group_falls_back_to_the_one_job_copy(tmp_path, legacy):
             shutil.rmtree(torn, ignore_errors=True)
             shutil.copytree(os.path.join(root, f"step-{complete[-2]:08d}"), torn)
             os.remove(os.path.join(torn, "COMMITTED"))
-        t_lost = time.time()
-        for g in (0, 1):
-            job.start_group(g)
-        job.wait()
-        ev = job.events()
-        assert all(a.returncode == 0 for a in job.agents.values()), job.logs()
+        t_lost = job.start_groups(lost)
+        ev = job.finish()
     finally:
         job.stop()
 

@@ -23,9 +23,10 @@ export const REFRESH_MS = 2000;
 /** Series points asked for. */
 export const SERIES_POINTS = 1000;
 
-/** GET jobs/{id}/dashboard. */
-export async function getJobDashboard(jobId: string, points = SERIES_POINTS): Promise<IJobDashboard> {
-  return requestAPI<IJobDashboard>(`jobs/${encodeURIComponent(jobId)}/dashboard?points=${points}`);
+/** GET jobs/{id}/dashboard (`node`: also that node's ranks' own lanes, in `expanded`). */
+export async function getJobDashboard(jobId: string, points = SERIES_POINTS, node: string | null = null): Promise<IJobDashboard> {
+  const q = `points=${points}` + (node !== null ? `&node=${encodeURIComponent(node)}` : '');
+  return requestAPI<IJobDashboard>(`jobs/${encodeURIComponent(jobId)}/dashboard?${q}`);
 }
 
 /** The dashboard of one job. */
@@ -46,7 +47,10 @@ export class JobDashboard extends Widget {
     refresh.addEventListener('click', () => void this.refresh());
     this._error = h('div', { class: 'jp-HyperPod-error', role: 'alert', 'data-testid': 'hp-dash-error', hidden: true });
 
-    this.lanes = new SwimLanes(m => this._markActivated(m));
+    this.lanes = new SwimLanes(
+      m => this._markActivated(m),
+      () => void this.refresh()
+    );
     this.charts = new StepCharts();
     this._goodput = liveBox('jp-HyperPod-goodput', 'hp-dash-goodput');
     this._timeline = h('ol', { class: 'jp-HyperPodDash-timeline', 'data-testid': 'hp-dash-timeline', 'aria-label': 'Timeline: checkpoint runs and incidents' });
@@ -87,7 +91,7 @@ export class JobDashboard extends Widget {
     this.node.append(
       h('header', { class: 'jp-HyperPodDash-header' }, this._title, refresh, this._facts),
       this._error,
-      h('section', { class: 'jp-HyperPodDash-section', 'aria-label': 'Lanes' }, h('h3', { class: 'jp-HyperPod-subheading' }, 'Ranks over time'), this.lanes.node),
+      h('section', { class: 'jp-HyperPodDash-section', 'aria-label': 'Lanes' }, h('h3', { class: 'jp-HyperPod-subheading' }, 'Nodes over time'), this.lanes.node),
       h('div', { class: 'jp-HyperPodDash-row' },
         h('section', { class: 'jp-HyperPodDash-section jp-HyperPodDash-grow', 'aria-label': 'Loss and throughput' }, this.charts.node),
         h('section', { class: 'jp-HyperPodDash-section jp-HyperPodDash-side', 'aria-label': 'Goodput and timeline' },
@@ -113,9 +117,10 @@ export class JobDashboard extends Widget {
   /** Read the dashboard (and goodput) again and draw it. */
   async refresh(): Promise<void> {
     try {
-      const d = await getJobDashboard(this.jobId);
-      if (this.isDisposed) {
-        return;
+      const node = this.lanes.expanded;
+      const d = await getJobDashboard(this.jobId, SERIES_POINTS, node);
+      if (this.isDisposed || node !== this.lanes.expanded) {
+        return; // closed, or another node opened, meanwhile: that one's answer is drawn
       }
       this._error.hidden = true;
       this._partial = d.partial === true;
