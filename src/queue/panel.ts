@@ -45,6 +45,7 @@ export class QueuePanel extends Widget {
   constructor() {
     super();
     this.id = QUEUE_PANEL_ID;
+    this.addClass('jp-HyperPodSidebar'); // the side panel's frame, as the HyperPod sidebar's
     this.addClass('jp-HyperPodQueue');
     this.node.setAttribute('data-testid', 'hp-queue');
     this.title.caption = 'Cluster queue';
@@ -57,7 +58,7 @@ export class QueuePanel extends Widget {
     this._error = errorBox('hp-queue-error');
     this._body = h('div', { class: 'jp-HyperPodQueue-body', 'data-testid': 'hp-queue-body' });
     this.node.append(
-      h('h2', { class: 'jp-HyperPodQueue-title' }, 'Cluster queue'),
+      h('h2', { class: 'jp-HyperPodSidebar-heading' }, 'Cluster queue'),
       h('div', { class: 'jp-HyperPodQueue-head' },
         h('label', { for: selectId }, 'Cluster'), this._select, refresh),
       this._status,
@@ -196,7 +197,7 @@ export class QueuePanel extends Widget {
         j.reason ? ` · ${j.reason}` : ''));
     }
     return h('section', { class: 'jp-HyperPodQueue-section' },
-      h('h3', {}, 'Your pending jobs'),
+      h('h3', { class: 'jp-HyperPod-subheading' }, 'Your pending jobs'),
       pending.length ? list : h('p', { class: 'jp-HyperPod-dim' }, 'none'));
   }
 
@@ -246,7 +247,7 @@ export class QueuePanel extends Widget {
     }
     const more = view.jobs.length - MAX_JOB_ROWS;
     return h('section', { class: 'jp-HyperPodQueue-section' },
-      h('h3', {}, `Jobs (${view.jobs.length})`),
+      h('h3', { class: 'jp-HyperPod-subheading' }, `Jobs (${view.jobs.length})`),
       list,
       more > 0 ? h('p', { class: 'jp-HyperPod-dim' }, `${more} more jobs not shown`) : null);
   }

@@ -2,7 +2,7 @@
  * The "Cluster queue" plugin: adds {@link QueuePanel} to the left area with its own icon and a
  * palette command that opens it. Read-only (nothing here submits or cancels).
  */
-import { ILabShell, ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette } from '@jupyterlab/apputils';
 import { LabIcon } from '@jupyterlab/ui-components';
 
@@ -24,28 +24,24 @@ export const queueIcon = new LabIcon({
 </svg>`
 });
 
+/** Add the panel to the left area (restored with the layout) and its palette command. */
+function activateQueue(app: JupyterFrontEnd, restorer: ILayoutRestorer | null, palette: ICommandPalette | null): void {
+  const panel = new QueuePanel();
+  panel.title.icon = queueIcon;
+  app.shell.add(panel, 'left', { rank: 610 });
+  restorer?.add(panel, QUEUE_PANEL_ID);
+  app.commands.addCommand(QUEUE_OPEN_COMMAND, {
+    label: 'HyperPod: Open Cluster Queue',
+    icon: queueIcon,
+    execute: () => app.shell.activateById(QUEUE_PANEL_ID)
+  });
+  palette?.addItem({ command: QUEUE_OPEN_COMMAND, category: 'HyperPod' });
+}
+
 export const queuePlugin: JupyterFrontEndPlugin<void> = {
   id: QUEUE_PLUGIN_ID,
   description: 'Cluster queue: a Slurm cluster\'s nodes by state, partitions and every user\'s jobs (read-only).',
   autoStart: true,
-  optional: [ILabShell, ICommandPalette, ILayoutRestorer],
-  activate: (
-    app: JupyterFrontEnd,
-    labShell: ILabShell | null,
-    palette: ICommandPalette | null,
-    restorer: ILayoutRestorer | null
-  ): void => {
-    const panel = new QueuePanel();
-    panel.title.icon = queueIcon;
-    (labShell ?? app.shell).add(panel, 'left', { rank: 610 });
-    if (restorer) {
-      restorer.add(panel, QUEUE_PANEL_ID);
-    }
-    app.commands.addCommand(QUEUE_OPEN_COMMAND, {
-      label: 'HyperPod: Open Cluster Queue',
-      icon: queueIcon,
-      execute: () => app.shell.activateById(QUEUE_PANEL_ID)
-    });
-    palette?.addItem({ command: QUEUE_OPEN_COMMAND, category: 'HyperPod' });
-  }
+  optional: [ILayoutRestorer, ICommandPalette],
+  activate: activateQueue
 };
