@@ -102,13 +102,11 @@ def test_a_2048_rank_job_opens_with_a_bounded_number_of_lanes_scrolls_and_expand
                 n167.locator("[data-testid=hp-dash-expand]").click()
                 ranks.first.wait_for(state="detached", timeout=10_000)
                 assert lanes.get_attribute("data-lanes") == str(NODES + 1)
-                browser.close()
-            except Exception:
+            except Exception:  # what the page and the server showed
                 page.screenshot(path=os.path.join(ARTIFACTS, "dashboard_2048-failure.png"))
+                print(lab.log_tail())
                 raise
-    except Exception:
-        print(lab.log_tail())
-        raise
+            browser.close()
     finally:
         lab.stop()
     assert os.path.getsize(os.path.join(ARTIFACTS, "dashboard_2048.png")) > 10_000

@@ -120,7 +120,10 @@ def test_dashboard_lanes_zoom_filter_log_and_themes(tmp_path):
                 rank_lane = '[data-testid=hp-dash-lane][data-kind=rank][data-lane="{}"]'.format
                 dash.locator(rank_lane("1")).wait_for()
                 assert dash.locator(f'{rank_lane("1")} [data-testid=hp-dash-mark][data-cat=fault]').count() >= 1
-                assert dash.locator(f'{rank_lane("0")} [data-testid=hp-dash-mark][data-cat=fault]').count() == 0
+                # rank 0's own marks: at most torchrun's stop of it, a fault rank 1's caused (drawn fainter)
+                secondary = dash.locator(f'{rank_lane("0")} [data-testid=hp-dash-mark][data-cat=fault]').evaluate_all(
+                    "els => els.map(e => e.classList.contains('jp-mod-secondary'))")
+                assert all(secondary), secondary
                 # checkpoints collapsed into spans per tier (a restart starts a new run)
                 for lane in ("0", "1"):
                     spans = dash.locator(f'{rank_lane(lane)} .jp-HyperPodDash-span[data-kind=checkpoint][data-tier=memory]')

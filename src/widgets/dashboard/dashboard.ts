@@ -235,7 +235,7 @@ export class JobDashboard extends Widget {
     this.title.label = `Dashboard: ${job?.name ?? this.jobId}`;
     const span = d.t0 !== null && d.t1 !== null ? d.t1 - d.t0 : null;
     this._facts.textContent =
-      `${d.steps ?? 0} steps · ${d.ranks} ranks · ${d.nodes.length} nodes · ${d.events} events` + (span !== null ? ` · ${fmt(span)} s` : '');
+      `${d.steps ?? 0} steps · ${d.ranks} rank${d.ranks === 1 ? '' : 's'} · ${d.nodes.length} node${d.nodes.length === 1 ? '' : 's'} · ${d.events} events` + (span !== null ? ` · ${fmt(span)} s` : '');
     this.lanes.setData(d);
     this.charts.setData(d.series);
     this._timeline.textContent = '';
