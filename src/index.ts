@@ -21,12 +21,15 @@ import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
 import { DEFAULT_SLOW_FACTOR, FAULT_KINDS, type FaultKind } from './api/faults';
+import { AlertFeed } from './models/alertFeed';
 import { HyperPodModel } from './models/hyperpod';
 import { IHyperPodModel } from './models/tokens';
 import { HyperPodSidebar, SIDEBAR_ID } from './widgets/sidebar';
 import { JobDashboard } from './widgets/dashboard/dashboard';
+import { queuePlugin } from './queue/plugin';
 import { NotebookWidget, SubmitTabs } from './widgets/submit/tabs';
 
+export * from './api/alerts';
 export * from './api/events';
 export * from './api/rest';
 export * from './models/tokens';
@@ -127,6 +130,32 @@ const plugin: JupyterFrontEndPlugin<IHyperPodModel> = {
       }
     });
     model.start();
+
+    // the alerts the user's rules fired (docs/alerts.md), each shown once
+    const alertFeed = new AlertFeed();
+    const loadedAt = Date.now() / 1000;
+    alertFeed.fired.connect((_, alert) => {
+      if (alert.on === 'fault' && alert.at >= loadedAt - 5) {
+        return; // a fault while the Lab is open has its own notification (above)
+      }
+      const text = `Alert "${alert.rule}": ${alert.text.replace(/^hyperpod-lab: /, '')}`;
+      const options = {
+        autoClose: 15000,
+        actions: [
+          {
+            label: 'Dashboard',
+            caption: `Open the dashboard of ${alert.job_id}`,
+            callback: () => void app.commands.execute(CommandIDs.dashboard, { jobId: alert.job_id })
+          }
+        ]
+      };
+      if (alert.on === 'job_failed' || alert.on === 'fault') {
+        Notification.error(text, options);
+      } else {
+        Notification.warning(text, options);
+      }
+    });
+    alertFeed.start();
 
     const { commands } = app;
     const open = () => app.shell.activateById(SIDEBAR_ID);
@@ -284,4 +313,4 @@ const plugin: JupyterFrontEndPlugin<IHyperPodModel> = {
   }
 };
 
-export default plugin;
+export default [plugin, queuePlugin];
