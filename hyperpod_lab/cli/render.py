@@ -23,6 +23,7 @@ import time
 from typing import Any, Callable, Iterable, TextIO
 
 from hyperpod_lab.events import Event, EventKind
+from hyperpod_lab.fold.aggregate import KIND_TONES, JobAggregate
 from hyperpod_lab.fold.facts import JobFacts
 from hyperpod_lab.node.health import CHECKS, FAILED, PASSED, SKIPPED
 
@@ -425,9 +426,11 @@ def event_line(ev: Event, total_steps: int | None = None, *, suffix: str = "", w
 
 # ---- the summary ---------------------------------------------------------------------------------
 def summary_rows(events: Iterable[Event], facts: JobFacts | None = None) -> list[tuple[str, str]]:
-    """A job's summary as ``(name, value)`` rows: status, steps, loss, wall time, faults,
-    recoveries and their downtime, checkpoints per tier, pre-flight runs, excluded nodes,
-    stragglers, a restart storm's failure, and the measured goodput when the job made steps.
+    """A job's summary as ``(name, value)`` rows: status, steps, loss, wall time, faults, the
+    nodes (per node, as the Lab's lanes: ``256 nodes x 8 ranks; faults on n167 (rank 1337)``,
+    :meth:`hyperpod_lab.fold.aggregate.JobAggregate.nodes_line`; one row whatever the rank
+    count), recoveries and their downtime, checkpoints per tier, pre-flight runs, excluded
+    nodes, stragglers, a restart storm's failure, and the measured goodput when the job made steps.
 
     Args:
         events: the job's events (any order).
@@ -451,6 +454,12 @@ def summary_rows(events: Iterable[Event], facts: JobFacts | None = None) -> list
     if facts.fault_events != facts.faults:
         faults += f" ({_plural(facts.fault_events, 'report')})"
     rows.append(("faults", faults))
+    agg = JobAggregate(max_buckets=16)
+    for e in events:
+        agg.fold(e)
+    nodes = agg.nodes_line()
+    if nodes:
+        rows.append(("nodes", nodes))
     known = [d for d in facts.downtimes_s if d is not None]
     rec = f"{facts.recoveries}"
     if known:
@@ -514,12 +523,9 @@ def make_console(out: TextIO, console=None):
     return Console(file=out, force_jupyter=False, highlight=False)
 
 
-_STYLE = {EventKind.FAULT_DETECTED.value: "bold red", EventKind.JOB_FAILED.value: "bold red",
-          EventKind.HEALTH_FAILED.value: "red", EventKind.CHECKPOINT_CORRUPT.value: "yellow",
-          EventKind.CHECKPOINT_FAILED.value: "yellow", EventKind.STRAGGLER_DETECTED.value: "yellow",
-          EventKind.NODE_EXCLUDED.value: "yellow", EventKind.RECOVERY_STARTED.value: "cyan",
-          EventKind.RECOVERY_COMPLETED.value: "green", EventKind.RECOVERY_FALLBACK.value: "cyan",
-          EventKind.FINISHED.value: "bold"}
+#: the rich style of each tone of :data:`hyperpod_lab.fold.aggregate.KIND_TONES` (the notebook widget colours the same tones)
+_TONE_STYLES = {"fault": "bold red", "job-failed": "bold red", "failed": "red", "warning": "yellow", "excluded": "yellow", "recovering": "cyan",
+                "recovered": "green", "checkpoint": "dim", "restore": "dim", "end": "bold"}
 
 
 class EventView:
@@ -593,7 +599,8 @@ class EventView:
             from rich.text import Text
 
             text = Text(event_line(ev, total), no_wrap=True, overflow="ellipsis")
-            text.stylize(_STYLE.get(ev.kind, "dim" if ev.kind.startswith("checkpoint.") else ""), 9, 9 + KIND_WIDTH)
+            style = _TONE_STYLES.get(KIND_TONES.get(ev.kind, ""), "dim" if ev.kind.startswith("checkpoint.") else "")
+            text.stylize(style, 9, 9 + KIND_WIDTH)
             self._progress.console.print(text)
 
     def _update_bar(self, ev: Event) -> None:

@@ -73,7 +73,7 @@ MARK_CATEGORIES: dict[str, str] = {
 #: styles: ``hyperpod_lab.notebook.widgets``, ``hyperpod_lab.cli.render``); a kind not listed
 #: has no tone of its own
 KIND_TONES: dict[str, str] = {
-    EventKind.FAULT_DETECTED.value: "fault", EventKind.JOB_FAILED.value: "fault",
+    EventKind.FAULT_DETECTED.value: "fault", EventKind.JOB_FAILED.value: "job-failed",
     EventKind.HEALTH_FAILED.value: "failed", EventKind.CHECKPOINT_CORRUPT.value: "warning",
     EventKind.CHECKPOINT_FAILED.value: "warning", EventKind.STRAGGLER_DETECTED.value: "warning",
     EventKind.NODE_EXCLUDED.value: "excluded", EventKind.RECOVERY_STARTED.value: "recovering",
@@ -648,6 +648,30 @@ class JobAggregate:
         (``"ranks 8-15"``), ``rank_count``, ``faults`` (fault and hang marks kept) and
         ``dropped_marks`` (beyond ``NODE_MARKS``). Size: O(nodes x (spans + NODE_MARKS))."""
         return self._nodes_view()["lanes"]
+
+    def nodes_line(self, most: int = 8) -> str | None:
+        """One line about the job's nodes for a summary (the notebook widget's header, the CLI's
+        ``nodes`` row): ``"256 nodes x 8 ranks; faults on n167 (rank 1337)"``, the nodes whose
+        lanes have fault or hang marks (at most ``most``, then ``+N more``), or ``"...; no
+        faults"``; ``"3 nodes, 20 ranks"`` when their sizes differ. None before any rank."""
+        view = self._nodes_view()
+        if not view["order"]:
+            return None
+        sizes = {len(rs) for rs in view["ranks"].values()}
+        n = len(view["order"])
+        per = sizes.pop() if len(sizes) == 1 else None
+        head = (f"{n} node{'' if n == 1 else 's'} x {per} rank{'' if per == 1 else 's'}" if per is not None
+                else f"{n} nodes, {len(self.ranks)} ranks")
+        hit = []
+        for node in view["order"]:
+            ranks = sorted({r for m in view["lanes"][node]["marks"] if m["cat"] in ("fault", "hang")
+                            for r in m.get("ranks") or [m["rank"]]})
+            if ranks:
+                hit.append(f"{node} ({_ranks_text(ranks)})")
+        if not hit:
+            return f"{head}; no faults"
+        more = f", +{len(hit) - most} more" if len(hit) > most else ""
+        return f"{head}; faults on {', '.join(hit[:most])}{more}"
 
     def node_ranks(self, node: str) -> list[int]:
         """The ranks drawn on ``node``'s lane (:meth:`node_of`), ascending; [] for no such lane."""

@@ -9,7 +9,9 @@ latest events and the fault/recovery timeline of that aggregation
 line per run of checkpoints of a tier (all ranks: ``checkpoint peer steps 4-40 (x37) · ranks 0,
 1``), one per fault and per recovery (faults red, recoveries green with their downtime), one per
 restore (all ranks), the nodes' pre-flight health checks and excluded nodes with the node they
-name; the header lists the excluded nodes.
+name; the header lists the excluded nodes and, per node as the Lab's lanes (issue 27), the job's
+nodes and the ones with faults and their ranks (:meth:`JobAggregate.nodes_line`: ``256 nodes x
+8 ranks; faults on n167 (rank 1337)``), one line whatever the rank count.
 A background thread reads the job's
 events (``Client.event_reader``, the same cursor-based reader the CLI uses) and updates
 the widgets' traits; ipykernel sends trait changes made from threads, so the monitor keeps updating
@@ -28,17 +30,20 @@ from typing import Any
 import ipywidgets as widgets
 
 from hyperpod_lab.events import Event, EventKind
-from hyperpod_lab.fold.aggregate import JobAggregate
+from hyperpod_lab.fold.aggregate import KIND_TONES, JobAggregate
 from hyperpod_lab.fold.progress import Progress
 
 FINISH_GRACE_S = 30.0  # after 'finished', how long to wait for the scheduler's end state (s)
-_COLORS = {EventKind.FAULT_DETECTED.value: "#d32f2f", EventKind.RECOVERY_COMPLETED.value: "#2e7d32",
-           EventKind.RECOVERY_STARTED.value: "#ef6c00", EventKind.CHECKPOINT_SAVED.value: "#1565c0",
-           EventKind.CHECKPOINT_RESTORED.value: "#6a1b9a", EventKind.FINISHED.value: "#424242",
-           EventKind.HEALTH_CHECKED.value: "#00796b", EventKind.HEALTH_FAILED.value: "#c62828",
-           EventKind.NODE_EXCLUDED.value: "#ef6c00", EventKind.STRAGGLER_DETECTED.value: "#f9a825",
-           EventKind.JOB_FAILED.value: "#b71c1c"}
-_HEALTH_CHECKS_FAILED = "#c62828"  # a health.checked whose checks failed
+#: the colour of each tone of :data:`hyperpod_lab.fold.aggregate.KIND_TONES` (the CLI styles the same tones)
+_TONE_COLORS = {"fault": "#d32f2f", "job-failed": "#b71c1c", "failed": "#c62828", "warning": "#f9a825", "excluded": "#ef6c00",
+                "recovering": "#ef6c00", "recovered": "#2e7d32", "checkpoint": "#1565c0", "restore": "#6a1b9a",
+                "health": "#00796b", "end": "#424242"}
+_HEALTH_CHECKS_FAILED = _TONE_COLORS["failed"]  # a health.checked whose checks failed
+
+
+def _color(kind: str, default: str) -> str:
+    """The colour of an event kind's tone, else ``default``."""
+    return _TONE_COLORS.get(KIND_TONES.get(kind, ""), default)
 
 
 class JobMonitor:
@@ -194,8 +199,10 @@ class JobMonitor:
         err = f" <span style='color:#d32f2f'>{html.escape(self.error)}</span>" if self.error else ""
         excluded = ", ".join(str(x["node"]) for x in p.excluded_nodes)
         excluded = f" · excluded <span class='hp-excluded'>{html.escape(excluded)}</span>" if excluded else ""
+        nodes = self.aggregate.nodes_line()
+        nodes = f"<div class='hp-nodes'>{html.escape(nodes)}</div>" if nodes else ""
         self.header.value = (f"<b>{html.escape(self.job_id)}</b> · state <b>{state}</b> · loss {loss} · "
-                             f"faults {p.faults} · recoveries {p.recoveries}{excluded}{err}")
+                             f"faults {p.faults} · recoveries {p.recoveries}{excluded}{err}{nodes}")
         now = time.monotonic()
         if force_plot or now - self._last_plot >= self.plot_interval_s:
             self._last_plot, self._plot_pending = now, False
@@ -318,10 +325,10 @@ def timeline_html(events: list[Event] | None = None, *, aggregate: JobAggregate 
         kind, text = e["kind"], e["label"]
         extra = ""
         if kind == "checkpoint":
-            color, cls = _COLORS[EventKind.CHECKPOINT_SAVED.value], "hp-checkpoint-saved hp-span"
+            color, cls = _TONE_COLORS["checkpoint"], "hp-checkpoint-saved hp-span"
             extra = f" data-tier='{html.escape(str(e.get('tier')))}' data-count='{e.get('count')}'"
         else:
-            color, cls = _COLORS.get(kind, "#555"), "hp-" + kind.replace(".", "-")
+            color, cls = _color(kind, "#555"), "hp-" + kind.replace(".", "-")
             if kind == EventKind.HEALTH_CHECKED.value and e.get("ok") is False:
                 color = _HEALTH_CHECKS_FAILED
         items.append(f"<span class='hp-mark {cls}'{extra} style='display:inline-block;"
@@ -334,7 +341,7 @@ def events_table(events: list[Event]) -> str:
     """An HTML table of events (time, kind, writer, data)."""
     rows = []
     for e in events:
-        color = _COLORS.get(e.kind, "inherit")
+        color = _color(e.kind, "inherit")
         data = ", ".join(f"{k}={_short(v)}" for k, v in sorted(e.data.items()) if k != "path")
         rows.append(f"<tr><td>{time.strftime('%H:%M:%S', time.localtime(e.time))}</td>"
                     f"<td style='color:{color}'>{html.escape(e.kind)}</td><td>{html.escape(e.writer)}</td>"

@@ -258,3 +258,16 @@ def test_console_only_on_a_terminal():
 def test_summary_without_steps_has_no_goodput():
     rows = dict(summary_rows([_ev("submitted", {"cluster": "local", "name": "x"}, writer="client")]))
     assert rows["status"] == "no 'finished' event yet" and "goodput" not in rows
+
+
+def test_summary_names_the_nodes_and_the_faulted_ones_ranks():
+    """Issue 27: per node, as the Lab's lanes: one row, whatever the rank count; a node-down
+    fault names the node's ranks."""
+    evs = [_ev("submitted", {"cluster": "c", "nodes": 64, "procs_per_node": 8, "world_size": 512}, writer="client")]
+    evs += [_ev("checkpoint.saved", {"tier": "memory", "step": 4, "rank": r, "node": f"n{r // 8}"}, 1.0,
+                writer=f"rank-{r}") for r in range(512)]
+    assert dict(summary_rows(evs))["nodes"] == "64 nodes x 8 ranks; no faults"
+    evs.append(_ev("fault.detected", {"rank": 93, "node": "n11", "reason": "exception"}, 2.0, writer="agent-n11"))
+    evs.append(_ev("fault.detected", {"reason": "node down", "node": "n40", "rank": list(range(320, 328))}, 3.0,
+                   writer="supervisor"))
+    assert dict(summary_rows(evs))["nodes"] == "64 nodes x 8 ranks; faults on n11 (rank 93), n40 (ranks 320-327)"

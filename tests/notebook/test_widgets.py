@@ -167,6 +167,27 @@ def test_monitor_header_lists_the_excluded_nodes(tmp_path):
     assert "excluded <span class='hp-excluded'>n2</span>" in mon.header.value and "faults 0" in mon.header.value
 
 
+def test_monitor_header_names_the_nodes_and_the_faulted_ones_ranks_in_one_line(tmp_path):
+    """Issue 27: per node, as the Lab's lanes: 2,048 ranks on 256 nodes are one line naming the
+    node of rank 1337's fault and the rank, not a line per rank."""
+    from hyperpod_lab.submit.client import Client
+    from hyperpod_lab.submit.jobs import JobRecord, JobStore
+
+    client = Client(JobStore(str(tmp_path / "store")))
+    client.store.put(JobRecord(job_id="hdr-2", name="hdr", cluster="local", orchestrator="local", native_id="1",
+                               job_dir=str(tmp_path / "job"), spec={"args": []}, status="running"))
+    mon = JobMonitor("hdr-2", client=client, start=False)
+    assert "hp-nodes" not in mon.header.value  # no rank seen yet
+    for r in range(2048):
+        mon._on_event(Event("checkpoint.saved", "hdr-2", 1.0, f"rank-{r}", 0,
+                            {"tier": "memory", "step": 4, "rank": r, "node": f"n{r // 8}"}))
+    mon._on_event(Event("fault.detected", "hdr-2", 2.0, "agent-n167", 0,
+                        {"rank": 1337, "node": "n167", "reason": "exception"}))
+    mon._render()
+    assert "<div class='hp-nodes'>256 nodes x 8 ranks; faults on n167 (rank 1337)</div>" in mon.header.value
+    assert len(mon.header.value) < 1000
+
+
 def test_kernel_spec_is_installed_and_loads_the_magics():
     out = subprocess.run([sys.executable, "-m", "jupyter", "kernelspec", "list", "--json"], capture_output=True,
                          text=True, check=True).stdout
