@@ -277,7 +277,9 @@ class MlflowTracking:
 
     def _open_run(self) -> None:
         """The job's run: from ``mlflow-run.json``, else the run tagged with this job's id, else a
-        new one (params logged, the file written). On a restart its status goes back to RUNNING."""
+        new one (the file written at once). Its params are logged when it has none yet (a start
+        that died before logging them leaves them to the next). On a restart its status goes
+        back to RUNNING."""
         if self.run_id is not None:
             return
         client = self._client
@@ -304,10 +306,12 @@ class MlflowTracking:
                     TAG_PREFIX + "job_id": self.job_id, TAG_PREFIX + "job_dir": self.paths.folder,
                     TAG_PREFIX + "cluster": self.spec.cluster, TAG_PREFIX + "state": "running"})
                 run_id = run.info.run_id
-                self._log_params(run_id)
             write_json_atomic(self.paths.mlflow_run, {"run_id": run_id, "experiment_id": exp_id,
                                                       "tracking_uri": self.uri})
-        elif self.is_restart:
+        run = client.get_run(run_id)
+        if not run.data.params:
+            self._log_params(run_id)
+        if run.info.status != "RUNNING":  # a restart after rank 0 marked it failed or finished
             client.update_run(run_id, status="RUNNING")
             client.set_tag(run_id, TAG_PREFIX + "state", "running")
         self.run_id = run_id

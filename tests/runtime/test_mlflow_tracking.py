@@ -66,8 +66,9 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     """A real ``mlflow server`` (SQLite backend store, artifacts in a temporary folder) on
-    127.0.0.1 at a free port, in its own session (stopped with its process group at the end).
-    Yields its URI."""
+    127.0.0.1 at a free port, in its own session (stopped with its process group at the end),
+    without its job runner (``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false``: no huey consumers with
+    15 worker threads for jobs the tracking API never starts). Yields its URI."""
     if not os.path.exists(MLFLOW_BIN):
         pytest.fail(f"no mlflow server at {MLFLOW_BIN}; pip install mlflow (or pip install -e '.[test]')",
                     pytrace=False)
@@ -77,7 +78,8 @@ def mlflow_server(tmp_path_factory):
     proc = subprocess.Popen([MLFLOW_BIN, "server", "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
                              "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1",
                              "--port", str(port), "--workers", "1"],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=str(root))
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=str(root),
+                            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     uri = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 90
@@ -96,7 +98,7 @@ def mlflow_server(tmp_path_factory):
     finally:
         try:
             os.killpg(proc.pid, signal.SIGTERM)  # the server's own session: it and its workers
-            proc.wait(timeout=20)
+            proc.wait(timeout=10)
         except (ProcessLookupError, subprocess.TimeoutExpired):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=20)
@@ -136,7 +138,8 @@ def test_local_job_logs_params_loss_curve_and_markers(mlflow_server, client, tmp
     assert json.loads(params["env"]) == {"HYPERPOD_LAB_STEP_EVENT_INTERVAL_S": "0.000001"}
     losses = [(e.data["step"], e.data["loss"]) for e in events if e.kind == "step"]
     assert [s for s, _ in losses] == list(range(STEPS))
-    assert history(mlf, run.info.run_id, "loss") == [(s, pytest.approx(v)) for s, v in losses]  # the loss curve
+    assert history(mlf, run.info.run_id, "loss") == [(s, pytest.approx(v)) for s, v in losses], \
+        (run.data.metrics, [ln for ln in client.logs(job_id).splitlines() if "MLflow" in ln])  # the loss curve
     assert history(mlf, run.info.run_id, "tokens_per_s") == [(s, 1600.0) for s in range(STEPS)]
     rates = history(mlf, run.info.run_id, "steps_per_s")  # null on the first step event: not logged
     assert [s for s, _ in rates] == list(range(1, STEPS)) and all(v > 0 for _, v in rates)
@@ -156,13 +159,24 @@ def test_slurm_job_restart_logs_into_the_same_run(mlflow_server, dev_cluster, cl
     exactly one run tagged with the job's id."""
     (tmp_path / "train.py").write_text(SCRIPT)
     spec = JobSpec(script=str(tmp_path / "train.py"), name="mlf-slurm", cluster="local-slurm", nodes=2,
-                   procs_per_node=1, env={"MLF_TEST_STEP_SLEEP": "0.4", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S": "0.000001"},
+                   procs_per_node=1, env={"MLF_TEST_STEP_SLEEP": "0.6", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S": "0.000001"},
                    tracking="mlflow", tracking_uri=mlflow_server).validate()
     rec = client.submit(spec)
+    try:
+        _restart_into_the_same_run(client, rec, mlflow_server)
+    finally:
+        if not client.status(rec.job_id).state.is_terminal():  # a failed check: leave the cluster idle
+            client.cancel(rec.job_id)
+
+
+def _restart_into_the_same_run(client, rec, mlflow_server: str) -> None:
     job_id = rec.job_id
     reader, events, deadline = client.event_reader(job_id), [], time.monotonic() + 180
-    while not any(e.kind == "step" and e.data["step"] >= 4 for e in events):
+    run_file = os.path.join(rec.job_dir, "mlflow-run.json")  # the run exists before the fault
+    while not (any(e.kind == "step" and e.data["step"] >= 4 for e in events) and os.path.exists(run_file)):
         assert time.monotonic() < deadline, client.logs(job_id)[-3000:]
+        assert not any(e.kind == "step" and e.data["step"] >= STEPS - 2 for e in events), \
+            f"no MLflow run before step {STEPS - 2}: {client.logs(job_id)[-3000:]}"
         events += reader.poll()
         time.sleep(0.2)
     mlf = MlflowClient(tracking_uri=mlflow_server)
