@@ -333,6 +333,11 @@ class K8sStandIn:
             if self.find(coll, ns, oname):
                 return h._status(409, "AlreadyExists", f"{kind_list} \"{oname}\" already exists")
             obj["metadata"].update(namespace=ns, uid=f"uid-{oname}", creationTimestamp=_now())
+            if coll == "api/v1/services" and self.kubelet is not None:
+                try:
+                    self.kubelet.service_added(ns, obj)
+                except PodConfigError as e:
+                    return h._status(422, "Invalid", str(e))
             self.put((coll, ns, oname), obj, "ADDED")
             if coll.startswith("apis/") and kind_list in ("hyperpodpytorchjobs", "pytorchjobs"):
                 self.operator.created(coll, ns, oname)
@@ -512,6 +517,8 @@ class KubeletStandIn:
             "sagemaker.amazonaws.com/deep-health-check-status": "Passed"}} for i in range(nodes)}
         self.runs: dict[tuple[str, str], _PodRun] = {}
         self.ips: dict[str, str] = {}
+        self.host_names: set[str] = set()
+        self.services: dict[tuple[str, str], dict] = {}
         self.hosts = os.path.join(self.root, "hosts")
         with open(self.hosts, "w") as f:
             f.write("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n")
@@ -539,14 +546,44 @@ class KubeletStandIn:
         ok = [n for n, s in self.nodes.items() if s["ready"] and all(s["labels"].get(k) == v for k, v in want.items())]
         return min(ok, key=lambda n: (load[n], n)) if ok else None
 
-    def _address(self, name: str) -> str:
+    def _hosts_add(self, ip: str, name: str, ns: str) -> None:
+        """Resolve ``name`` (and its ``.<ns>.svc[.cluster.local]`` forms) to ``ip`` in every pod:
+        appended in place, so the pods' bind mounts of the file see it."""
+        if name in self.host_names:
+            return
+        self.host_names.add(name)
+        with open(self.hosts, "a") as f:
+            f.write(f"{ip}\t{name} {name}.{ns} {name}.{ns}.svc {name}.{ns}.svc.cluster.local\n")
+
+    def _address(self, name: str, ns: str) -> str:
         with self.lock:
             if name not in self.ips:
                 k = len(self.ips)
                 self.ips[name] = f"10.244.{k // 250}.{k % 250 + 2}"
-                with open(self.hosts, "a") as f:  # appended in place: pods' bind mounts see it
-                    f.write(f"{self.ips[name]}\t{name}\n")
+                # a Kubeflow pod's Service has the pod's name; HyperPod pods get the same (a deviation)
+                self._hosts_add(self.ips[name], name, ns)
             return self.ips[name]
+
+    def service_added(self, ns: str, svc: dict) -> None:
+        """A ClusterIP Service: its name resolves to the address of the pod its selector picks
+        (no virtual IP, no kube-proxy: port must equal targetPort)."""
+        for port in svc.get("spec", {}).get("ports") or []:
+            if port.get("targetPort", port["port"]) != port["port"]:
+                raise PodConfigError(f"Service {svc['metadata']['name']}: the stand-in has no kube-proxy, so "
+                                     f"port {port['port']} must equal targetPort {port['targetPort']}")
+        with self.lock:
+            self.services[(ns, svc["metadata"]["name"])] = svc
+            self._resolve_services()
+
+    def _resolve_services(self) -> None:
+        for (ns, name), svc in self.services.items():
+            sel = svc.get("spec", {}).get("selector") or {}
+            for (pns, pname), run in self.runs.items():
+                pod = self.kube.find("api/v1/pods", pns, pname)
+                labels = ((pod or {}).get("metadata") or {}).get("labels") or {}
+                if pns == ns and sel and all(labels.get(k) == v for k, v in sel.items()):
+                    self._hosts_add(run.ip, name, ns)
+                    break
 
     def _net_up(self, run: _PodRun) -> None:
         self._n += 1
@@ -572,7 +609,7 @@ class KubeletStandIn:
                                              "message": "no Ready stand-in node matches the nodeSelector"})
                 return self.kube.put(("api/v1/pods", ns, name), {**pod, "status": status}, "ADDED")
             pod["spec"]["nodeName"] = node
-            ip = self._address(name)
+            ip = self._address(name, ns)
             workdir = os.path.join(self.root, ns, f"{name}-{len(self.runs)}-{self._n}")
             os.makedirs(os.path.join(workdir, "logs"))
             run = _PodRun(ns, name, node, ip, f"{self.tag}-p{len(self.ips)}-{self._n + 1}", workdir)
@@ -580,6 +617,8 @@ class KubeletStandIn:
         status.update(hostIP=f"10.0.0.{list(self.nodes).index(node) + 1}", podIP=ip, podIPs=[{"ip": ip}])
         status["conditions"].append({"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()})
         obj = self.kube.put(("api/v1/pods", ns, name), {**pod, "status": status}, "ADDED")
+        with self.lock:
+            self._resolve_services()
         threading.Thread(target=self._run_pod, args=(run,), daemon=True).start()
         return obj
 
@@ -587,8 +626,10 @@ class KubeletStandIn:
         self.kube.update("api/v1/pods", run.ns, run.name, lambda o: mutate(o.setdefault("status", {})))
 
     def _container_status(self, c: dict, run: _PodRun, state: dict, last: dict | None = None) -> dict:
-        cs = {"name": c["name"], "image": c.get("image", ""), "restartCount": run.restart_count, "state": state,
-              "ready": "running" in state, "started": "running" in state}
+        cs = {"name": c["name"], "image": c.get("image", ""), "imageID": "", "restartCount": run.restart_count,
+              "state": state, "ready": "running" in state, "started": "running" in state}
+        if run.proc is not None:
+            cs["containerID"] = f"standin://{run.name}/{run.restart_count}"
         if last:
             cs["lastState"] = last
         return cs
@@ -922,6 +963,7 @@ class _JobLoop(threading.Thread):
         self._wake = threading.Event()
         self._halt = False
         self.finished = False
+        self.replacing: set[str] = set()  # pods this operator deleted to replace them
 
     def job(self) -> dict | None:
         return self.kube.find(self.coll, self.ns, self.name)
@@ -968,6 +1010,7 @@ class _JobLoop(threading.Thread):
         self.kubelet.create_pod(self.ns, pod)
 
     def delete_and_wait(self, names) -> None:
+        self.replacing.update(names)
         objs = [(n, self.pod(n)) for n in names]
         for n, o in objs:
             if o is not None:
@@ -988,24 +1031,54 @@ class _JobLoop(threading.Thread):
 
 
 class HyperPodOperatorStandIn(_JobLoop):
-    """The HyperPod training operator's stand-in (see the module docstring)."""
+    """The HyperPod training operator's stand-in (see the module docstring). Pods whose command is
+    ``hyperpodrun`` are driven through their agent (start/stop generations); other pods (a
+    checkpointless job's Lighthouse and replica groups) just run, and a faulty one is replaced alone."""
 
     def __init__(self, *a):
         super().__init__(*a)
         spec = self.job()["spec"]
-        rs = spec["replicaSpecs"][0]
-        self.rs, self.replicas = rs, int(rs["replicas"])
+        self.specs = [(rs, int(rs["replicas"])) for rs in spec["replicaSpecs"]]
         rp = spec.get("runPolicy") or {}
         self.max_retries = int(rp.get("jobMaxRetryCount") or 0)
-        self.plr_limit = int((rp.get("restartPolicy") or {}).get("numRestartBeforeFullJobRestart") or 0)
+        pol = rp.get("restartPolicy") or {}
+        self.plr_limit = int(pol.get("numRestartBeforeFullJobRestart") or 0)
+        self.max_full = int(pol.get("maxFullJobRestarts") if pol.get("maxFullJobRestarts") is not None else 1)
+        self.full_restarts = 0
         self.clean = rp.get("cleanPodPolicy", "All") == "All"
+        self.procs = int(spec.get("nprocPerNode") or 1) if str(spec.get("nprocPerNode", "1")).isdigit() else 1
         self.gen = 0  # the agents' start generation (faultCount)
         self.started_gen = -1
+        self.running = False
         self.restarts = 0
         self.agent_root = os.path.join(self.kubelet.root, "agents", self.ns, self.name)
 
+    def layout(self) -> list[tuple[str, dict, int, bool]]:
+        """(pod name, replica spec, index, runs hyperpodrun) for every pod of the job."""
+        out = []
+        for rs, n in self.specs:
+            cmd = (rs["template"]["spec"]["containers"][0].get("command") or [""])[0]
+            out += [(f"{self.name}-{rs['name']}-{i}", rs, i, os.path.basename(cmd) == "hyperpodrun") for i in range(n)]
+        return out
+
     def pod_names(self):
-        return [f"{self.name}-{self.rs['name']}-{i}" for i in range(self.replicas)]
+        return [p for p, *_ in self.layout()]
+
+    def agent_pods(self):
+        return [p for p, _, _, agent in self.layout() if agent]
+
+    def ranks_of(self, pod: str) -> list[str]:
+        """Global ranks of a pod: agent pods in order, ``nprocPerNode`` each; for other pods, their
+        replica index among the pods of role other than the Lighthouse."""
+        agents = self.agent_pods()
+        if pod in agents:
+            i = agents.index(pod)
+            return [str(i * self.procs + r) for r in range(self.procs)]
+        for p, rs, i, _ in self.layout():
+            role = (rs["template"].get("metadata", {}).get("labels") or {}).get("hyperpod-lab.io/role")
+            if p == pod and role != "lighthouse":
+                return [str(i * self.procs + r) for r in range(self.procs)]
+        return []
 
     def agent_dir(self, pod: str) -> str:
         return os.path.join(self.agent_root, pod)
@@ -1025,55 +1098,61 @@ class HyperPodOperatorStandIn(_JobLoop):
         os.replace(tmp, os.path.join(d, f"{what}.json"))
 
     def ensure_pods(self) -> None:
-        for i, p in enumerate(self.pod_names()):
+        for p, rs, i, agent in self.layout():
             if self.pod(p) is None:
-                d = self.agent_dir(p)
-                shutil.rmtree(d, ignore_errors=True)
-                os.makedirs(d)
-                self.make_pod(p, self.rs["template"], {"sagemaker.amazonaws.com/replica-index": str(i)},
-                              [{"name": AGENT_DIR_ENV, "value": d}], "Never")
+                env = []
+                if agent:
+                    d = self.agent_dir(p)
+                    shutil.rmtree(d, ignore_errors=True)
+                    os.makedirs(d)
+                    env = [{"name": AGENT_DIR_ENV, "value": d}]
+                # HyperPod documents no pod restartPolicy: the template's, else Never (the operator restarts)
+                self.make_pod(p, rs["template"], {"sagemaker.amazonaws.com/replica-index": str(i)}, env,
+                              rs["template"]["spec"].get("restartPolicy", "Never"))
+                self.replacing.discard(p)
 
     def reconcile(self):
         if self.job() is None:
             return self.halt(True)
-        names = self.pod_names()
+        names, agents_ = self.pod_names(), self.agent_pods()
         pods = {p: self.pod(p) for p in names}
         phases = {p: (o or {}).get("status", {}).get("phase") for p, o in pods.items()}
-        agents = {p: self.agent_status(p) for p in names}
+        agents = {p: self.agent_status(p) for p in agents_}
         if self.started_gen == self.gen:
             if all(a.get("state") == "succeeded" and a.get("generation") == self.gen for a in agents.values()) \
                     and all(ph == "Succeeded" for ph in phases.values()):
                 return self.finish("Completed", "job completed", self.clean)
-            faulty = [p for p in names if pods[p] is None or phases[p] == "Failed"
+            faulty = [p for p in names if (pods[p] is None and p not in self.replacing) or phases[p] == "Failed"
                       or (pods[p] or {}).get("metadata", {}).get("deletionTimestamp")
-                      or (agents[p].get("state") == "faulted" and agents[p].get("generation") == self.gen)]
+                      or (p in agents and agents[p].get("state") == "faulted" and agents[p].get("generation") == self.gen)]
             if faulty:
                 return self.fault(faulty, pods)
         self.ensure_pods()
-        if self.started_gen < self.gen:
-            pods = {p: self.pod(p) for p in names}
-            ready = all(o and o["status"].get("phase") == "Running" and not o["metadata"].get("deletionTimestamp")
-                        and self.agent_status(p).get("state") == "ready" for p, o in pods.items())
-            if ready:
-                master = pods[names[0]]["status"]["podIP"]
-                for i, p in enumerate(names):  # the agent's /start request body (api_models.StartRequest)
-                    self._write(p, "start", {"generation": self.gen, "rank": i, "nnodes": self.replicas,
-                                             "faultCount": self.gen, "master_addr": master,
-                                             "master_port": HYPERPOD_MASTER_PORT, "spare": False})
-                self.started_gen = self.gen
+        pods = {p: self.pod(p) for p in names}
+        up = all(o and o["status"].get("phase") in ("Running", "Succeeded") and not o["metadata"].get("deletionTimestamp")
+                 for o in pods.values())
+        if self.started_gen < self.gen and up and all(self.agent_status(p).get("state") == "ready" for p in agents_):
+            master = pods[agents_[0]]["status"]["podIP"] if agents_ else ""
+            for i, p in enumerate(agents_):  # the agent's /start request body (api_models.StartRequest)
+                self._write(p, "start", {"generation": self.gen, "rank": i, "nnodes": len(agents_),
+                                         "faultCount": self.gen, "master_addr": master,
+                                         "master_port": HYPERPOD_MASTER_PORT, "spare": False})
+            self.started_gen = self.gen
+        if not self.running and self.started_gen == self.gen and up:
+            self.running = True
 
-                def running(s):
-                    _cond(s, "Running")
-                    s.setdefault("startTime", _now())
-                    s.setdefault("restartCount", 0)
+            def running(s):
+                _cond(s, "Running")
+                s.setdefault("startTime", _now())
+                s.setdefault("restartCount", 0)
 
-                self.set_status(running)
+            self.set_status(running)
 
     def fault(self, faulty: list[str], pods: dict) -> None:
         self.restarts += 1
-        procs = int(self.job()["spec"].get("nprocPerNode") or 1)
-        names = self.pod_names()
-        jlr = self.restarts > self.plr_limit
+        self.running = False
+        names, agents = self.pod_names(), self.agent_pods()
+        jlr = self.restarts > self.plr_limit and self.full_restarts < self.max_full
         if self.restarts > self.max_retries:
             self.delete_and_wait(names)
             return self.finish("Failed", f"pods {faulty} failed; jobMaxRetryCount {self.max_retries} reached",
@@ -1084,17 +1163,20 @@ class HyperPodOperatorStandIn(_JobLoop):
             s["latestFaultyPodInstanceList"] = {
                 "restartType": "JLR" if jlr else "PLR", "faultyPodList": faulty,
                 "faultyInstanceIdList": [(pods.get(p) or {}).get("spec", {}).get("nodeName", "") for p in faulty],
-                "faultyRankList": [str(names.index(p) * procs + r) for p in faulty for r in range(procs)]}
+                "faultyRankList": [r for p in faulty for r in self.ranks_of(p)]}
             _cond(s, "Restarting", f"pods {', '.join(faulty)} faulted")
 
         self.set_status(record)
-        for p in names:  # /stop to every agent
-            if self.pod(p) is not None:
-                self._write(p, "stop", {"generation": self.gen})
+        if jlr:
+            self.full_restarts += 1
+        if jlr or any(p in agents for p in faulty):
+            for p in agents:  # /stop to every agent: the workers of every agent pod restart (PLR)
+                if self.pod(p) is not None:
+                    self._write(p, "stop", {"generation": self.gen})
+            self.gen += 1
         replace = names if jlr else [p for p in faulty if self.pod(p) is not None and (
             self.pod(p)["status"].get("phase") == "Failed" or self.pod(p)["metadata"].get("deletionTimestamp"))]
         self.delete_and_wait(replace)
-        self.gen += 1
 
 
 class KubeflowOperatorStandIn(_JobLoop):

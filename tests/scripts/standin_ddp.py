@@ -5,13 +5,15 @@ steps lets a restarted job resume. ``--secret NAME`` adds the SHA-256 of ``$NAME
 value) and whether it is set to step 0's event.
 
 Options: --steps N (default 6), --sleep S seconds after each step (default 0.2), --every K
-(default 2), --secret NAME (repeatable).
+(default 2), --secret NAME (repeatable), --stop-file NAME: run past --steps until the file
+``<job dir>/NAME`` exists (every rank agrees through an all-reduce), so a test can act mid-run.
 """
 
 import argparse
 import hashlib
 import os
 import socket
+import time
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -23,6 +25,7 @@ p.add_argument("--steps", type=int, default=6)
 p.add_argument("--sleep", type=float, default=0.2)
 p.add_argument("--every", type=int, default=2)
 p.add_argument("--secret", action="append", default=[])
+p.add_argument("--stop-file", default=None)
 a = p.parse_args()
 
 with hp.init() as ctx:
@@ -34,7 +37,13 @@ with hp.init() as ctx:
     start = ckpt.restore(state)
     print(f"rank {ctx.rank}/{ctx.world_size} host {socket.gethostname()} start {start} "
           f"restart_count {ctx.restart_count}", flush=True)
-    for step in range(start, a.steps):
+    step = start
+    while True:
+        if step >= a.steps:
+            stop = torch.tensor([1 if not a.stop_file or os.path.exists(os.path.join(ctx.job_dir, a.stop_file)) else 0])
+            torch.distributed.all_reduce(stop, op=torch.distributed.ReduceOp.MAX)
+            if stop.item():
+                break
         g = torch.Generator().manual_seed(step * 100 + ctx.rank)
         x = torch.randn(8, 4, generator=g)
         loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
@@ -49,7 +58,5 @@ with hp.init() as ctx:
         ctx.step(step, loss.item(), **extra)
         if ctx.rank == 0:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
-        torch.distributed.barrier()
-        import time
-
         time.sleep(a.sleep)
+        step += 1

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 from hyperpod_lab.errors import ClusterUnreachable, ConfigError, HyperPodLabError, JobStateError
 from hyperpod_lab.events import OPERATOR_WRITER, Event, EventWriter
 from hyperpod_lab.jobdir import JobPaths
-from hyperpod_lab.schedulers.base import LogChunk, Scheduler, log_span
+from hyperpod_lab.schedulers.base import DEFAULT_LOG_TAIL, LOG_PAGE_BYTES, LogChunk, Scheduler
 from hyperpod_lab.schedulers.eks import manifest as km
 from hyperpod_lab.schedulers.eks.auth import TOKEN_PREFIX, eks_token, kube_configuration
 from hyperpod_lab.schedulers.eks.status import job_status, status_events
@@ -306,28 +306,96 @@ class EksScheduler(Scheduler):
 
     def logs(self, rec, rank=None, offset=None, length=None):
         """One rank's output (the log of its pod, which holds every local rank's lines), or every
-        pod's log with a header line per pod; with ``offset``/``length``, that range of it."""
+        pod's log with a header line per pod; with ``offset``/``length``, that range of it
+        (:meth:`log_range`). Without, the whole text, read in pages of :data:`LOG_PAGE_BYTES`
+        through :meth:`log_range` until a page reaches the end."""
         if offset is not None or length is not None:
             return self.log_range(rec, rank, offset, length).text
-        return self._pod_logs(rec, rank)
+        parts, pos = [], 0
+        while True:
+            chunk = self.log_range(rec, rank, pos, LOG_PAGE_BYTES)
+            parts.append(chunk.raw or b"")
+            if chunk.size is not None or chunk.end <= pos:
+                break
+            pos = chunk.end
+        return b"".join(parts).decode(errors="replace")
 
     def log_range(self, rec, rank=None, offset=None, length=None):
-        """A byte range of :meth:`logs`. The pod log API has no byte offset, so the pods' logs are
-        read whole (the kubelet rotates a container's log at ``containerLogMaxSize``, 10 MiB by
-        default, which bounds it) and the range is cut here."""
-        data = self._pod_logs(rec, rank).encode()
-        start, n = log_span(len(data), offset, length)
-        chunk = data[start:start + n]
-        return LogChunk(chunk.decode(errors="replace"), start, start + len(chunk), len(data), raw=chunk)
+        """A byte range of :meth:`logs`, read through the pod log API's ``PodLogOptions`` (Kubernetes
+        API reference, "read log of the specified Pod": ``limitBytes``, ``tailLines``; it has no
+        byte offset), never a pod's whole log:
 
-    def _pod_logs(self, rec, rank=None):
+        * ``offset`` given: each pod's log (in order, after its ``==> pod NAME <==`` header when
+          ``rank`` is None) with ``limitBytes`` = the bytes still needed to reach ``offset + length``;
+          the bytes before ``offset`` travel too (there is no offset option). ``size`` is the
+          log's length when the reads reached its end (a reply shorter than asked), else None.
+        * ``offset`` None (the tail of ``length`` bytes, default :data:`DEFAULT_LOG_TAIL`):
+          ``tailLines`` = ``length // 80 + 1``, times 4 until the reply holds ``length`` bytes or
+          fewer lines than asked (the whole log); pods from the last back when ``rank`` is None.
+          ``offset``/``size`` are exact when the whole log came back; otherwise the API cannot
+          tell how many bytes came before, and the chunk's ``offset`` is 0 with ``size`` None.
+
+        Returns:
+            LogChunk with ``raw`` bytes. Raises JobStateError for a rank without a pod; the
+            API's errors as :meth:`_call` maps them.
+        """
         ns, _ = self._split(rec)
-        pods = [self._pod_of_rank(rec, rank)] if rank is not None else self.pods(rec)
-        parts = []
-        for p in pods:
-            text = self._call("reading a pod log", self._core.read_namespaced_pod_log, p.metadata.name, ns)
-            parts.append(text if rank is not None else f"==> pod {p.metadata.name} <==\n{text}")
-        return "".join(parts) if rank is not None else "\n".join(parts)
+        names = [self._pod_of_rank(rec, rank).metadata.name] if rank is not None else \
+            [p.metadata.name for p in self.pods(rec)]
+        heads = [b"" if rank is not None else (b"\n" if i else b"") + f"==> pod {n} <==\n".encode()
+                 for i, n in enumerate(names)]
+        length = DEFAULT_LOG_TAIL if length is None else max(0, int(length))
+        if offset is not None:
+            offset, want_end, data, whole = max(0, int(offset)), max(0, int(offset)) + length, b"", True
+            for name, head in zip(names, heads):
+                data += head
+                if len(data) >= want_end:
+                    whole = False
+                    break
+                body = self._read_pod_log(name, ns, limit_bytes=want_end - len(data))
+                data += body
+                if len(data) >= want_end:  # a full reply: the log may go on
+                    whole = False
+                    break
+            start = min(offset, len(data))
+            chunk = data[start:want_end]
+            return LogChunk(chunk.decode(errors="replace"), start, start + len(chunk),
+                            len(data) if whole else None, raw=chunk)
+        data, whole = b"", True
+        for name, head in zip(reversed(names), reversed(heads)):
+            need = length - len(data)
+            if need <= 0:
+                whole = False
+                break
+            body, complete = self._tail_pod_log(name, ns, need)
+            data = (head + body if complete else body) + data
+            if not complete:
+                whole = False
+                break
+        chunk = data[max(0, len(data) - length):] if length else b""
+        if whole:
+            return LogChunk(chunk.decode(errors="replace"), len(data) - len(chunk), len(data), len(data), raw=chunk)
+        return LogChunk(chunk.decode(errors="replace"), 0, len(chunk), None, raw=chunk)
+
+    def _read_pod_log(self, pod: str, ns: str, **options) -> bytes:
+        """The pod log API's reply as bytes (``limit_bytes``, ``tail_lines``)."""
+        resp = self._call("reading a pod log", self._core.read_namespaced_pod_log, pod, ns,
+                          _preload_content=False, **options)
+        try:
+            return resp.data
+        finally:
+            resp.release_conn()
+
+    def _tail_pod_log(self, pod: str, ns: str, n: int) -> tuple[bytes, bool]:
+        """At most the last ``n`` bytes of a pod's log, and whether they are the whole log."""
+        lines = n // 80 + 1
+        while True:
+            data = self._read_pod_log(pod, ns, tail_lines=lines)
+            if len(data.splitlines()) < lines:
+                return data[-n:] if len(data) > n else data, len(data) <= n
+            if len(data) >= n:
+                return data[-n:], False
+            lines *= 4
 
     def _kill_rank(self, rec, rank):
         """``inject-fault --kind kill``: delete the pod running ``rank`` at once (grace period 0;
