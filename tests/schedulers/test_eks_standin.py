@@ -160,3 +160,133 @@ def test_hyperpod_job_runs_survives_a_deleted_pod_and_a_lost_node(standin, tmp_p
     for root, _, files in os.walk(os.path.join(rec.job_dir, "logs")):
         outs += [open(os.path.join(root, f)).read() for f in files if f == "stdout.log"]
     assert any(f"rank 1/2 host {p1} start 0" in o for o in outs), outs
+
+
+def test_log_ranges_use_limit_bytes_and_tail_lines_only(tmp_path, client):
+    """EksScheduler.log_range against the stand-in's scripted pods (known log text): offset ranges
+    ask ``limitBytes``, tails ask ``tailLines``, never a whole log; the bytes are the right ones;
+    the stand-in refuses ``sinceBytes`` (no such PodLogOptions field) by name."""
+    from urllib.error import HTTPError
+    from urllib.request import Request, urlopen
+
+    from k8s_standin import K8sStandIn
+
+    k = K8sStandIn()
+    try:
+        save_profile(ClusterProfile(name="eks-scripted", orchestrator="eks", kube_context="fake", namespace="ml",
+                                    kubeconfig=k.kubeconfig(str(tmp_path / "kubeconfig")), image="img:1",
+                                    pvc="fsx-claim"))
+        rec = client.submit(JobSpec(script=SCRIPT, name="logs", cluster="eks-scripted", nodes=2, procs_per_node=1))
+        name = rec.native_id.split("/")[1]
+        body0 = b"".join(b"line %03d of pod 0 %s\n" % (i, b"x" * (i % 7)) for i in range(400))
+        k.pod_logs[f"{name}-pod-0"], k.pod_logs[f"{name}-pod-1"] = body0.decode(), "short log of pod 1\n"
+        sched = client.scheduler("eks-scripted")
+        mark = len(k.requests)
+        c = sched.log_range(rec, 0, 1000, 50)
+        assert c.raw == body0[1000:1050] and (c.offset, c.end, c.size) == (1000, 1050, None)
+        c = sched.log_range(rec, 0, len(body0) - 10, 50)  # reaches the end: the size is known
+        assert c.raw == body0[-10:] and c.size == len(body0)
+        c = sched.log_range(rec, 0, None, 300)  # a tail of a longer log: offset unknown to the API
+        assert c.raw == body0[-300:] and c.size is None
+        c = sched.log_range(rec, 1, None, 300)  # the whole (short) log: exact
+        assert c.raw == b"short log of pod 1\n" and (c.offset, c.size) == (0, 19)
+        every = f"==> pod {name}-pod-0 <==\n".encode() + body0 + f"\n==> pod {name}-pod-1 <==\n".encode() + \
+            b"short log of pod 1\n"
+        c = sched.log_range(rec, None, None, 40)
+        assert c.raw == every[-40:]
+        c = sched.log_range(rec, None, 5, 100)
+        assert c.raw == every[5:105]
+        assert client.logs(rec.job_id, rank=0) == body0.decode()
+        logs = [r["query"] for r in k.requests[mark:] if r["path"].endswith("/log")]
+        assert logs and all(("limitBytes" in q) != ("tailLines" in q) for q in logs), logs
+        url = f"{k.url}/api/v1/namespaces/ml/pods/{name}-pod-0/log?sinceBytes=10"
+        with pytest.raises(HTTPError) as e:
+            urlopen(Request(url, headers={"Authorization": "Bearer t0ken"}))
+        assert e.value.code == 400 and "sinceBytes" in e.value.read().decode()
+    finally:
+        k.close()
+
+
+MASTER = """
+import os, socket
+s = socket.socket(); s.bind(("0.0.0.0", int(os.environ["MASTER_PORT"]))); s.listen()
+c, _ = s.accept(); c.sendall(socket.gethostname().encode()); c.recv(10)  # the worker's ack: then exit
+"""
+WORKER = """
+import os, socket, time
+port = int(os.environ["MASTER_PORT"])
+mine = socket.socket(); mine.bind(("0.0.0.0", port))  # the same port as the master: its own network namespace
+deadline = time.time() + 60
+while True:
+    try:
+        c = socket.create_connection((os.environ["MASTER_ADDR"], port), timeout=5); break
+    except OSError:
+        if time.time() > deadline: raise
+        time.sleep(0.2)
+with open("/fsx/" + socket.gethostname() + ".said", "w") as f:
+    f.write("master says " + c.recv(100).decode())
+c.sendall(b"ok")
+"""
+
+
+def test_kubeflow_pods_env_volumes_network_and_refusals(standin, tmp_path):
+    """A rendered Kubeflow PyTorchJob whose container command is swapped for small probes: the
+    training operator's env (envvar.go), the downward API, $(VAR) expansion, the FSx claim at
+    /fsx, the memory emptyDir at /dev/shm, the ConfigMap at the job mount; two pods bind the same
+    port (one network namespace each) and the worker reaches the Master by its name; the Master
+    succeeds -> Succeeded. A fieldRef the kubelet stand-in does not serve is refused by name."""
+    import json as _json
+    from urllib.request import Request, urlopen
+
+    from hyperpod_lab.schedulers.eks import manifest as km
+
+    prof = ClusterProfile(name="eks-kf", orchestrator="eks", namespace="ml", image="img:1", pvc="fsx-claim",
+                          operator="kubeflow")
+    spec = JobSpec(script=SCRIPT, name="kf", cluster="eks-kf", nodes=2, procs_per_node=1)
+    job = km.render_kubeflow_pytorch_job(spec, "kf-probe-1", prof)
+    cm = km.render_job_configmap(spec, "kf-probe-1", prof, b"print('hi')\n")
+    probe = "env | sort > /fsx/$(HOSTNAME).env; cat /proc/mounts > /fsx/$(HOSTNAME).mounts; ls /opt/hyperpod-lab/job >> /fsx/$(HOSTNAME).mounts; "
+    for rtype, code in (("Master", MASTER), ("Worker", WORKER)):
+        c = job["spec"]["pytorchReplicaSpecs"][rtype]["template"]["spec"]["containers"][0]
+        c["command"] = ["/bin/sh", "-c", probe + 'exec python -c "$0"', code]
+        c["env"].append({"name": "MY_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+
+    def post(path, body):
+        req = Request(f"{standin.url}{path}", data=_json.dumps(body).encode(), method="POST",
+                      headers={"Content-Type": "application/json"})
+        with urlopen(req) as r:
+            return _json.load(r)
+
+    post("/api/v1/namespaces/ml/configmaps", cm)
+    name = job["metadata"]["name"]
+    post("/apis/kubeflow.org/v1/namespaces/ml/pytorchjobs", job)
+    kf = "apis/kubeflow.org/v1/pytorchjobs"
+    wait_for("Succeeded", lambda: [c["type"] for c in (standin.find(kf, "ml", name) or {}).get("status", {}).get(
+        "conditions", [])][-1:] == ["Succeeded"], timeout=90, k=standin)
+    shared = standin.kubelet.shared_root
+    master, worker = f"{name}-master-0", f"{name}-worker-0"
+    envs = {}
+    for pod in (master, worker):
+        with open(os.path.join(shared, pod + ".env")) as f:
+            envs[pod] = dict(line.rstrip("\n").split("=", 1) for line in f if "=" in line)
+    assert envs[master]["RANK"] == "0" and envs[worker]["RANK"] == "1" and envs[worker]["WORLD_SIZE"] == "2"
+    assert envs[worker]["MASTER_ADDR"] == master and envs[worker]["PET_MASTER_ADDR"] == master
+    assert envs[worker]["PET_NNODES"] == "2" and envs[worker]["PET_NODE_RANK"] == "1"
+    assert envs[worker]["MASTER_PORT"] == "23456" and envs[worker]["PYTHONUNBUFFERED"] == "0"
+    assert envs[worker]["MY_IP"] == standin.kubelet.ips[worker] != standin.kubelet.ips[master]
+    assert envs[worker]["HYPERPOD_LAB_JOB_DIR"].startswith("/fsx/")
+    with open(os.path.join(shared, worker + ".mounts")) as f:
+        mounts = f.read()
+    assert " /fsx " in mounts and "tmpfs /dev/shm tmpfs" in mounts and "/opt/hyperpod-lab/job" in mounts
+    assert "\nstandin_ddp.py\n" in mounts and "\nspec.json\n" in mounts  # the ConfigMap's keys as files
+    with open(os.path.join(shared, worker + ".said")) as f:
+        assert f.read() == f"master says {master}"
+
+    # a downward-API field the stand-in does not serve: the container waits, the reason names it
+    bad = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bad-ref"},
+           "spec": {"containers": [{"name": "c", "image": "img", "command": ["true"], "env": [
+               {"name": "SA", "valueFrom": {"fieldRef": {"fieldPath": "spec.serviceAccountName"}}}]}]}}
+    standin.kubelet.create_pod("ml", bad)
+    st = wait_for("a waiting reason", lambda: (standin.find("api/v1/pods", "ml", "bad-ref")["status"].get(
+        "containerStatuses") or [{}])[0].get("state", {}).get("waiting"))
+    assert st["reason"] == "CreateContainerConfigError" and "spec.serviceAccountName" in st["message"]
