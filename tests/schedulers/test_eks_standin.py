@@ -290,3 +290,35 @@ def test_kubeflow_pods_env_volumes_network_and_refusals(standin, tmp_path):
     st = wait_for("a waiting reason", lambda: (standin.find("api/v1/pods", "ml", "bad-ref")["status"].get(
         "containerStatuses") or [{}])[0].get("state", {}).get("waiting"))
     assert st["reason"] == "CreateContainerConfigError" and "spec.serviceAccountName" in st["message"]
+
+
+def test_kubelet_restart_policy_and_graceful_delete(standin):
+    """The kubelet stand-in: ``OnFailure`` restarts a failing container in place (restartCount,
+    lastState.terminated.exitCode, the previous instance's log by ``previous``); ``Never`` leaves
+    the pod Failed with the exit code; deleting a pod sends SIGTERM to its PID 1 (the container's
+    trap answers with exit 7 within the grace period)."""
+    def pod(name, script, policy):
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                "spec": {"restartPolicy": policy, "terminationGracePeriodSeconds": 20,
+                         "containers": [{"name": "c", "image": "img", "command": ["/bin/sh", "-c", script]}]}}
+
+    def status(name):
+        return (standin.find("api/v1/pods", "ml", name) or {}).get("status", {})
+
+    k = standin.kubelet
+    k.create_pod("ml", pod("flaky", "echo run; exit 3", "OnFailure"))
+    k.create_pod("ml", pod("once", "exit 4", "Never"))
+    k.create_pod("ml", pod("polite", "trap 'echo bye; exit 7' TERM; echo up; while :; do sleep 0.1; done", "Never"))
+    cs = wait_for("two restarts", lambda: (status("flaky").get("containerStatuses") or [{}])[0].get(
+        "restartCount", 0) >= 2 and status("flaky")["containerStatuses"][0])
+    assert cs["lastState"]["terminated"]["exitCode"] == 3
+    with open(standin.log_path("ml", "flaky", previous=True)) as f:
+        assert f.read() == "run\n"
+    wait_for("Failed", lambda: status("once").get("phase") == "Failed")
+    assert status("once")["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 4
+    wait_for("up", lambda: b"up" in pod_log(standin, "polite"))
+    uid = standin.find("api/v1/pods", "ml", "polite")["metadata"]["uid"]
+    k.delete_pod("ml", "polite", None)  # terminationGracePeriodSeconds: 20
+    k.wait_gone("ml", "polite", uid, timeout=20)
+    last = [o for _, _, key, o in list(standin._log) if key == ("api/v1/pods", "ml", "polite")][-1]
+    assert last["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 7
