@@ -29,6 +29,16 @@ Measured, for each job:
 Writes ``benchmarks/results/dashboard_render.json``. Run: ``.venv/bin/python
 benchmarks/dashboard_render.py`` (``--steps`` to change the big job's size; ``--server-only``: the
 cold folds alone, no browser, written to ``dashboard_cold_fold.json``).
+
+``--ranks 2,64,512,2048`` (issue 27 item 3): instead, the SYNTHETIC jobs of benchmarks/scale.py
+(``write_job``: 8 ranks a node, steps from rank 0, a memory checkpoint of every rank every 5 steps
+with its rank and node, one fault: rank 1337's where there is one, else rank 1's), each
+measured after the server's cold fold (which is reported apart and excluded from the open time):
+the reply's size and a warm GET (median of 5), the same with one node expanded (``?node=``, the
+middle node; median of 3), and in Chromium the time from ``hyperpod:open-dashboard`` to the
+lanes drawn with every event folded, and the lane elements in the DOM then. Ratios against the
+first (smallest) job of the same run; targets: open < 2 s and <= 3x the smallest job's. Writes
+``benchmarks/results/dashboard_scale.json``.
 """
 
 from __future__ import annotations
@@ -177,22 +187,26 @@ def server_cold_fold(lab: Lab, job_id: str, events: int, timeout_s: float = 900)
             "timeline_entries": len(body["timeline"])}
 
 
-OPEN_JS = """async (jobId) => {
+#: open the dashboard, wait until drawn with every event folded, its lanes and ``charts`` uPlot
+#: charts drawn; -> {ms, dom_lanes (lane elements in the DOM), lanes (lane rows in all)}
+OPEN_JS = """async ([jobId, charts]) => {
   const t0 = performance.now();
   await window.jupyterapp.commands.execute('hyperpod:open-dashboard', { jobId });
   const sel = `[data-testid=hp-dashboard][data-job-id="${jobId}"]`;
   const ready = () => {
     const d = document.querySelector(sel);
     return d && d.dataset.state === 'drawn' && d.dataset.partial === 'false' &&
-      d.querySelectorAll('[data-testid^=hp-dash-chart-][data-drawn=true] canvas').length >= 2 &&
-      d.querySelectorAll('[data-testid=hp-dash-lane]').length >= 3;
+      d.querySelectorAll('[data-testid^=hp-dash-chart-][data-drawn=true] canvas').length >= charts &&
+      d.querySelectorAll('[data-testid=hp-dash-lane]').length >= 2;
   };
   while (!ready()) {
     await new Promise(r => requestAnimationFrame(r));
     if (performance.now() - t0 > 60000) throw new Error('dashboard not drawn in 60 s');
   }
   await new Promise(r => requestAnimationFrame(r));
-  return performance.now() - t0;
+  const d = document.querySelector(sel);
+  return { ms: performance.now() - t0, dom_lanes: d.querySelectorAll('[data-testid=hp-dash-lane]').length,
+           lanes: +d.querySelector('[data-testid=hp-dash-lanes]').dataset.lanes };
 }"""
 
 FRAMES_JS = """async ([jobId, what]) => {
@@ -235,7 +249,7 @@ def frame_stats(intervals: list[float]) -> dict:
 
 
 def measure_browser(page, job_id: str) -> dict:
-    open_ms = page.evaluate(OPEN_JS, job_id)
+    open_ms = page.evaluate(OPEN_JS, [job_id, 2])["ms"]
     # the events table's first pages (so there is something to scroll)
     page.wait_for_function(f"""() => document.querySelectorAll('[data-job-id="{job_id}"] [data-testid=hp-dash-events] tbody tr').length > 0""")
     lanes = page.evaluate(FRAMES_JS, [job_id, "lanes"])
@@ -270,13 +284,101 @@ def cold_fold_only(jobs: dict) -> None:
     write_results(path, out, indent=1, said="wrote")
 
 
+def _lab_page(p, lab: Lab):
+    """Chromium on the Lab, its dashboard command ready: (browser, page)."""
+    browser = launch_chromium(p)
+    page = browser.new_page(viewport={"width": 1500, "height": 1000})
+    page.set_default_timeout(120000)
+    page.goto(lab.lab_url(), wait_until="domcontentloaded")
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.commands.hasCommand('hyperpod:open-dashboard')")
+    page.wait_for_selector("#jp-main-dock-panel")
+    return browser, page
+
+
+def _median_get(lab: Lab, path: str, n: int) -> tuple[float, int, dict]:
+    """Median ms of ``n`` GETs of ``path``, the reply's bytes and body."""
+    times, body = [], {}
+    for _ in range(n):
+        t = time.perf_counter()
+        body = lab.get(path, timeout_s=60)
+        times.append((time.perf_counter() - t) * 1000)
+    return round(statistics.median(times), 1), len(json.dumps(body)), body
+
+
+def ranks_sweep(ranks: list[int], steps: int) -> None:
+    """``--ranks``: see the module docstring."""
+    from playwright.sync_api import sync_playwright
+
+    from benchmarks.scale import write_job
+
+    store = JobStore()
+    rows = []
+    for n in ranks:
+        rec = track_local_job(os.path.join(_TMP, f"job-{n}"), f"ranks-{n}", store=store)
+        t = time.perf_counter()
+        events = write_job(rec.job_dir, rec.job_id, n, steps=steps, fault_rank=1337 if n > 1337 else 1)
+        store.put(replace(rec, status="completed", exit_code=0))
+        rows.append({"ranks": n, "job_id": rec.job_id, "events": events, "write_s": round(time.perf_counter() - t, 2)})
+        print(f"{n} ranks: SYNTHETIC job {rec.job_id}, {events} events", flush=True)
+    lab = Lab(_TMP).start()
+    try:
+        for row in rows:
+            cold = server_cold_fold(lab, row["job_id"], row["events"])
+            url = f"hyperpod/jobs/{row['job_id']}/dashboard?points=1000"
+            warm_ms, reply, body = _median_get(lab, url, 5)
+            node = body["nodes"][len(body["nodes"]) // 2]
+            exp_ms, exp_reply, exp = _median_get(lab, f"{url}&node={node}", 3)
+            row.update(cold_fold_s=cold["cold_fold_s"], cold_gets=cold["gets"], warm_get_ms=warm_ms,
+                       reply_bytes=reply, nodes=len(body["nodes"]), lanes=len(body["lanes"]),
+                       timeline_entries=len(body["timeline"]), expanded_node=node, expanded_get_ms=exp_ms,
+                       expanded_reply_bytes=exp_reply, expanded_ranks=len(exp["expanded"]["lanes"]))
+            print(f"  {row['ranks']} ranks: cold fold {row['cold_fold_s']} s, warm GET {warm_ms} ms, {reply} bytes, "
+                  f"{row['nodes']} nodes; expanded {node}: {exp_ms} ms, {exp_reply} bytes", flush=True)
+        with sync_playwright() as p:
+            browser, page = _lab_page(p, lab)
+            for row in rows:
+                opened = [page.evaluate(OPEN_JS, [row["job_id"], 0])]
+                page.evaluate("() => window.jupyterapp.shell.currentWidget && window.jupyterapp.shell.currentWidget.close()")
+                for _ in range(2):  # medians of 3 opens (the first also loads code the others reuse)
+                    opened.append(page.evaluate(OPEN_JS, [row["job_id"], 0]))
+                    page.evaluate("() => window.jupyterapp.shell.currentWidget && window.jupyterapp.shell.currentWidget.close()")
+                row.update(open_to_drawn_ms=round(statistics.median(o["ms"] for o in opened), 1),
+                           open_ms_each=[round(o["ms"], 1) for o in opened], dom_lanes=opened[-1]["dom_lanes"],
+                           lane_rows=opened[-1]["lanes"])
+                print(f"  {row['ranks']} ranks: open -> drawn {row['open_to_drawn_ms']} ms "
+                      f"({row['dom_lanes']} lane elements of {row['lane_rows']} rows)", flush=True)
+            browser.close()
+    finally:
+        lab.stop()
+    base = rows[0]
+    for row in rows:
+        for k in ("warm_get_ms", "reply_bytes", "open_to_drawn_ms", "expanded_reply_bytes", "cold_fold_s"):
+            row[f"{k}_ratio"] = round(row[k] / base[k], 2) if base[k] else None
+        row["reply_bytes_per_node"] = round(row["reply_bytes"] / max(1, row["nodes"]))
+    big = rows[-1]
+    out = {"what": "SYNTHETIC jobs of benchmarks/scale.py (write_job) through a real jupyter lab and Chromium; "
+                   "open time measured after the server's cold fold (reported apart)",
+           "steps": steps, "ranks": ranks, "rows": rows,
+           "targets": {"open_to_drawn_ms": 2000, "open_ratio_max": 3.0},
+           "met": {"open_under_2s": big["open_to_drawn_ms"] < 2000,
+                   "open_le_3x_smallest": big["open_to_drawn_ms_ratio"] is not None and big["open_to_drawn_ms_ratio"] <= 3},
+           "machine": {"cpus": os.cpu_count(), "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()]}}
+    print(json.dumps({"met": out["met"]}, indent=1))
+    write_results(os.path.join(os.path.dirname(RESULTS), "dashboard_scale.json"), out, indent=1, said="wrote")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=1_000_000)
     ap.add_argument("--baseline-steps", type=int, default=1_000)
     ap.add_argument("--server-only", action="store_true",
                     help="measure the cold folds only (no browser); writes benchmarks/results/dashboard_cold_fold.json")
+    ap.add_argument("--ranks", default=None,
+                    help="comma-separated rank counts, e.g. 2,64,512,2048: the rank sweep instead (the first is the baseline)")
+    ap.add_argument("--ranks-steps", type=int, default=100, help="steps of each job of the rank sweep")
     args = ap.parse_args()
+    if args.ranks:
+        return ranks_sweep([int(x) for x in args.ranks.split(",")], args.ranks_steps)
     from playwright.sync_api import sync_playwright
 
     store = JobStore()
@@ -301,12 +403,7 @@ def main() -> None:
         if args.server_only:
             return cold_fold_only(jobs)
         with sync_playwright() as p:
-            browser = launch_chromium(p)
-            page = browser.new_page(viewport={"width": 1500, "height": 1000})
-            page.set_default_timeout(120000)
-            page.goto(lab.lab_url(), wait_until="domcontentloaded")
-            page.wait_for_function("() => window.jupyterapp && window.jupyterapp.commands.hasCommand('hyperpod:open-dashboard')")
-            page.wait_for_selector("#jp-main-dock-panel")
+            browser, page = _lab_page(p, lab)
             for label in ("baseline", "big"):
                 jobs[label]["browser"] = measure_browser(page, jobs[label]["job_id"])
                 print(f"{label}: browser {jobs[label]['browser']}", flush=True)
