@@ -423,10 +423,12 @@ def test_checkpointless_renders_groups_as_pods_under_the_lighthouses_service():
     """One pod per replica group running our launch agent (``--standalone``, the Slurm step's
     options), the Lighthouse's own pod selected by the Service whose DNS name the groups get as
     ``$TORCHFT_LIGHTHOUSE``; a fault restarts one pod, never the whole job."""
-    from hyperpod_lab.schedulers.eks.manifest import LIGHTHOUSE_PORT, ROLE_LABEL
+    from hyperpod_lab.schedulers.eks.manifest import LIGHTHOUSE_PORT, ROLE_LABEL, extra_resources
 
     spec = SPECS["checkpointless"]
-    svc = render_lighthouse_service(spec, JOB_ID, profile())
+    svc, = extra_resources(spec, JOB_ID, profile())
+    assert extra_resources(spec, JOB_ID, profile(operator="kubeflow")) == []
+    assert extra_resources(SPECS["fixed"], JOB_ID, profile()) == []
     for job in (render_hyperpod_pytorch_job(spec, JOB_ID, profile()),
                 render_kubeflow_pytorch_job(spec, JOB_ID, profile(operator="kubeflow"))):
         body = job["spec"]
@@ -454,8 +456,11 @@ def test_checkpointless_renders_groups_as_pods_under_the_lighthouses_service():
             in lc["env"]
         assert "resources" not in lc  # no GPUs for the Lighthouse
         env = {e["name"]: e.get("value") for e in gc["env"]}
-        assert env["TORCHFT_LIGHTHOUSE"] == f"http://{svc['metadata']['name']}.ml.svc:{LIGHTHOUSE_PORT}"
-        assert svc["spec"]["ports"][0]["targetPort"] == LIGHTHOUSE_PORT
+        if job["kind"] == "HyperPodPyTorchJob":  # our Service's DNS name
+            assert env["TORCHFT_LIGHTHOUSE"] == f"http://{svc['metadata']['name']}.ml.svc:{LIGHTHOUSE_PORT}"
+            assert svc["spec"]["ports"][0]["targetPort"] == LIGHTHOUSE_PORT
+        else:  # the Service the training operator gives the Master pod, as its MASTER_ADDR
+            assert env["TORCHFT_LIGHTHOUSE"] == f"http://{JOB_ID}-master-0:{LIGHTHOUSE_PORT}"
         assert env["HYPERPOD_LAB_REPLICA_GROUPS"] == "2" and env["HYPERPOD_LAB_JOB_DIR"] == f"/fsx/hyperpod-lab/jobs/{JOB_ID}"
         assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in gc["env"]
         assert gc["command"][:2] == ["/bin/sh", "-c"] and gc["command"][3:] == ["hyperpod-lab-group", "--steps", "40",

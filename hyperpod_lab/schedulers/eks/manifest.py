@@ -279,9 +279,27 @@ def lighthouse_service_name(job_id: str) -> str:
 
 
 def lighthouse_url(job_id: str, profile: ClusterProfile) -> str:
-    """``http://<name>-lighthouse.<namespace>.svc:<port>``: the groups' ``$TORCHFT_LIGHTHOUSE``."""
+    """The groups' ``$TORCHFT_LIGHTHOUSE``: HyperPod, ``http://<name>-lighthouse.<namespace>.svc:<port>``
+    (our Service, :func:`render_lighthouse_service`); Kubeflow, ``http://<name>-master-0:<port>``:
+    the training operator gives every pod a Service of the pod's own name and points the workers'
+    ``MASTER_ADDR`` at the Master's (kubeflow/training-operator pkg/controller.v1/pytorch/envvar.go,
+    ``setPodEnv``; the pod's resolver searches its namespace), and the Master is the Lighthouse."""
+    if is_kubeflow(profile):
+        return f"http://{resource_name(job_id)}-master-0:{LIGHTHOUSE_PORT}"
     ns = profile.namespace or DEFAULT_NAMESPACE
     return f"http://{lighthouse_service_name(job_id)}.{ns}.svc:{LIGHTHOUSE_PORT}"
+
+
+def is_kubeflow(profile: ClusterProfile) -> bool:
+    return (profile.operator or "hyperpod") == "kubeflow"
+
+
+def extra_resources(spec: JobSpec, job_id: str, profile: ClusterProfile) -> list[dict[str, Any]]:
+    """What a job needs besides its ConfigMap, Secret and custom resource: a checkpointless
+    HyperPodPyTorchJob's Lighthouse Service (a Kubeflow job's Master has the operator's)."""
+    if is_checkpointless(spec) and not is_kubeflow(profile):
+        return [render_lighthouse_service(spec, job_id, profile)]
+    return []
 
 
 def group_command(spec: JobSpec, job_id: str, mount: str) -> list[str]:
@@ -551,7 +569,7 @@ def render_job_secret(spec: JobSpec, job_id: str, profile: ClusterProfile, secre
 
 def render_job(spec: JobSpec, job_id: str, profile: ClusterProfile) -> dict[str, Any]:
     """The profile's operator's resource: HyperPodPyTorchJob (default) or Kubeflow PyTorchJob."""
-    if (profile.operator or "hyperpod") == "kubeflow":
+    if is_kubeflow(profile):
         return render_kubeflow_pytorch_job(spec, job_id, profile)
     return render_hyperpod_pytorch_job(spec, job_id, profile)
 

@@ -128,11 +128,13 @@ class EksScheduler(Scheduler):
 
     # -- Scheduler ---------------------------------------------------------------------------
     def manifests(self, spec: JobSpec, job_id: str, script_bytes: bytes | None = None) -> list[dict[str, Any]]:
-        """The custom resource, and (with ``script_bytes``) its ConfigMap. Raises ConfigError."""
+        """The custom resource, and (with ``script_bytes``) its ConfigMap first; then what else the
+        job needs (:func:`~hyperpod_lab.schedulers.eks.manifest.extra_resources`: a checkpointless
+        HyperPodPyTorchJob's Lighthouse Service). Raises ConfigError."""
         out = [km.render_job(spec, job_id, self.profile)]
         if script_bytes is not None:
             out.insert(0, km.render_job_configmap(spec, job_id, self.profile, script_bytes))
-        return out
+        return out + km.extra_resources(spec, job_id, self.profile)
 
     def render(self, spec, job_id):
         try:
@@ -145,9 +147,10 @@ class EksScheduler(Scheduler):
         return head + km.to_yaml(*self.manifests(spec, job_id, script))
 
     def submit(self, spec, job_id, script_bytes, secrets=None):
-        """The job's Secret (``spec.secret_env``, if any), ConfigMap, then its custom resource;
-        the first two are owned by (garbage-collected with) the resource."""
-        cm, job = self.manifests(spec, job_id, script_bytes)
+        """The job's Secret (``spec.secret_env``, if any), ConfigMap, then its custom resource,
+        then a checkpointless HyperPodPyTorchJob's Lighthouse Service; all owned by
+        (garbage-collected with) the resource."""
+        cm, job, *services = self.manifests(spec, job_id, script_bytes)
         secret = km.render_job_secret(spec, job_id, self.profile, secrets or {}) if spec.secret_env else None
         self.stage(spec, job_id, script_bytes)
         g, v, plural = self._gvp()
@@ -177,6 +180,10 @@ class EksScheduler(Scheduler):
                     patch(obj["metadata"]["name"], ns, owner)
                 except Exception:
                     pass  # cancel deletes them explicitly anyway
+        for svc in services:  # a checkpointless job's Lighthouse Service, owned by the job when it has a uid
+            if uid:
+                svc = {**svc, "metadata": {**svc["metadata"], **owner["metadata"]}}
+            self._call("creating the job's Lighthouse Service", self._core.create_namespaced_service, ns, svc)
         return f"{ns}/{job['metadata']['name']}"
 
     @staticmethod
@@ -276,13 +283,18 @@ class EksScheduler(Scheduler):
         self._delete(self._core.delete_namespaced_config_map, ns, km.configmap_name(rec.job_id))
         if (rec.spec or {}).get("secret_env"):
             self._delete(self._core.delete_namespaced_secret, ns, km.secret_name(rec.job_id))
+        if ((rec.spec or {}).get("resiliency") or {}).get("recovery") == km.RECOVERY_CHECKPOINTLESS \
+                and not km.is_kubeflow(self.profile):
+            self._delete(self._core.delete_namespaced_service, ns, km.lighthouse_service_name(rec.job_id))
 
     # -- pods, logs, faults ------------------------------------------------------------------
     def pods(self, rec: JobRecord) -> list[Any]:
-        """The job's pods ordered by node rank (pod name's trailing index; Kubeflow: Master first)."""
+        """The job's pods ordered by node rank (pod name's trailing index; Kubeflow: Master first);
+        a checkpointless job's Lighthouse pod (no ranks) is left out."""
         ns, name = self._split(rec)
         res = self._call("listing the job's pods", self._core.list_namespaced_pod, ns,
                          label_selector=f"{km.JOB_ID_LABEL}={name}")
+        items = [p for p in res.items if (p.metadata.labels or {}).get(km.ROLE_LABEL) != km.ROLE_LIGHTHOUSE]
 
         def order(p):
             labels = p.metadata.labels or {}
@@ -293,7 +305,7 @@ class EksScheduler(Scheduler):
                 idx = tail if tail.isdigit() else "0"
             return (0 if rtype.lower() in ("", "master") else 1, int(idx))
 
-        return sorted(res.items, key=order)
+        return sorted(items, key=order)
 
     def _pod_of_rank(self, rec: JobRecord, rank: int):
         procs = int((rec.spec or {}).get("procs_per_node") or 1)
