@@ -55,10 +55,16 @@ scheduler's reason is passed through :func:`~hyperpod_lab.server.redact.redact`.
 Everything blocking (the POSTs, their backoff, writing the sent file) runs in one daemon thread,
 never on the IOLoop; the watcher's hooks (``on_status``, ``after_fold``) only evaluate the rules
 over facts already in memory and put alerts in the bounded queue.
+
+The open Lab shows the same alerts as JupyterLab notifications: every alert queued for the webhook
+is also kept, numbered, in memory (the newest :data:`MAX_FIRED`), and ``GET hyperpod/alerts?after=N``
+(:meth:`Alerts.fired_after`) answers those after number ``N``; the Lab remembers the keys it showed,
+so each is shown once.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -85,6 +91,7 @@ RULE_KINDS = ("job_failed", "fault", "slow_recovery", "low_goodput", "straggler"
 SENT_FILE = "alerts-sent.json"
 MAX_SENT = 10000  # alerts remembered; older ones move the start time (state["since"]) past them
 MAX_TEXT = 1000   # characters of one message
+MAX_FIRED = 200   # fired alerts kept in memory for the Lab (GET hyperpod/alerts)
 _NO_RETRY = frozenset(range(400, 500)) - {408, 429}
 
 
@@ -417,6 +424,9 @@ class Alerts:
         self._jobs: dict[str, Any] = {}  # job id -> JobRecord at the last status tick
         self._settled: set[str] = set()  # terminal jobs with no tailer, evaluated once (saved facts)
         self._thread: threading.Thread | None = None
+        self._seq = 0  # number of the last fired alert (the Lab's cursor)
+        self.epoch = time.time()  # this server's numbering: a new one after a restart
+        self.fired: collections.deque[dict] = collections.deque(maxlen=MAX_FIRED)
 
     # ---- the sent file ------------------------------------------------------------------
     def _load(self) -> dict:
@@ -489,8 +499,30 @@ class Alerts:
                     self.dropped += 1
                     continue
                 self.pending.add(a.key)
+                self._fire(a)
                 n += 1
         return n
+
+    def _fire(self, alert: Alert) -> None:
+        """Keep a queued alert, numbered, for the Lab (called with ``lock`` held)."""
+        rule, job_id = alert.key.split("|", 2)[:2]
+        on = next((r.on for r in self.rules if r.name == rule), rule)
+        self._seq += 1
+        self.fired.append({"seq": self._seq, "key": alert.key, "rule": rule, "on": on, "job_id": job_id,
+                           "cluster": alert.cluster, "text": alert.text, "at": alert.at})
+
+    def fired_after(self, after: int) -> dict:
+        """The alerts fired (queued for the webhook) after number ``after``, oldest first, as the
+        Lab reads them: ``{"alerts": [{"seq", "key", "rule", "on", "job_id", "cluster", "text",
+        "at" (epoch s)}], "next": the number to ask after next time, "epoch": when this numbering
+        began (epoch s)}``. Only the newest :data:`MAX_FIRED` are kept; numbers start again at 1
+        when the server restarts (a new ``epoch``; an ``after`` above the last number gets every
+        kept alert)."""
+        with self.lock:
+            if after > self._seq:
+                after = 0  # a cursor of the server before a restart
+            return {"alerts": [dict(a) for a in self.fired if a["seq"] > after], "next": self._seq,
+                    "epoch": self.epoch}
 
     def start(self) -> "Alerts":
         if self._thread is None:

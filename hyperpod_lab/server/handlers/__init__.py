@@ -3,6 +3,7 @@ per group of resources, each handler a thin :class:`~hyperpod_lab.server.handler
 
 from __future__ import annotations
 
+from hyperpod_lab.server.handlers.alerts import AlertsHandler
 from hyperpod_lab.server.handlers.dashboard import DashboardHandler
 from hyperpod_lab.server.handlers.envparity import EnvDiffHandler, EnvExportHandler
 from hyperpod_lab.server.handlers.jobs import (
@@ -44,4 +45,5 @@ def handlers() -> list[tuple[str, type]]:
         (job + r"/dashboard", DashboardHandler),
         (r"hyperpod/goodput/advice", GoodputAdviceHandler),
         (r"hyperpod/discover", DiscoverHandler),
+        (r"hyperpod/alerts", AlertsHandler),
     ]
