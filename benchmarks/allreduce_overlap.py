@@ -66,12 +66,7 @@ def worker(a: argparse.Namespace) -> None:
         while ft.step < a.steps:
             t0 = time.perf_counter()
             plan = ft.begin_step()
-            loss_sum = 0.0
-            for mb in plan.micro_batches:
-                idx = torch.tensor(mb, dtype=torch.long)
-                loss = torch.nn.functional.mse_loss(model(X[idx]), Y[idx]) * plan.weight(len(mb))
-                loss.backward()
-                loss_sum += loss.item()
+            loss_sum = plan.backward(lambda idx: torch.nn.functional.mse_loss(model(X[idx]), Y[idx]))
             t1 = time.perf_counter()
             committed = ft.end_step(loss_sum)
             t2 = time.perf_counter()

@@ -59,3 +59,33 @@ def test_bad_input_names_the_field(kwargs, msg):
     args = {"dataset_size": 10, "global_batch_size": 4, "micro_batch_size": 2, **kwargs}
     with pytest.raises(ValueError, match=msg):
         ElasticBatches(args.pop("dataset_size"), args.pop("global_batch_size"), args.pop("micro_batch_size"), **args)
+
+
+def test_plan_backward_over_every_replica_is_the_mean_loss_gradient_of_the_effective_batch():
+    """StepPlan.backward: each replica's weighted micro-batch losses, summed over the replicas, are
+    the mean loss of the step's effective batch, and their gradients (accumulated in one model
+    here, as the all-reduce sums them) that mean loss's gradient."""
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    X, Y = torch.randn(64, 3, generator=g), torch.randn(64, 1, generator=g)
+    model = torch.nn.Linear(3, 1)
+    b = ElasticBatches(64, 12, 4, seed=1)
+    plans = [b.plan(0, 0, 3, r) for r in range(3)]  # 4 samples a replica: one micro-batch each
+    plans += [b.plan(1, 12, 2, r) for r in range(2)]  # 6 a replica: micro-batches of 4 and 2
+    for step in (0, 1):
+        model.zero_grad()
+        ps = [p for p in plans if p.step == step]
+        total = sum(p.backward(lambda idx: F.mse_loss(model(X[idx]), Y[idx])) for p in ps)
+        got = [t.grad.clone() for t in model.parameters()]
+        model.zero_grad()
+        idx = torch.tensor([i for p in ps for i in p.samples])
+        want = F.mse_loss(model(X[idx]), Y[idx])
+        want.backward()
+        assert total == pytest.approx(want.item(), rel=1e-6)
+        for a, t in zip(got, model.parameters()):
+            assert torch.allclose(a, t.grad, rtol=1e-5, atol=1e-7)
+    assert {len(mb) for p in plans if p.step == 1 for mb in p.micro_batches} == {4, 2}
+    empty = b.plan(0, 0, 13, 12)  # 13 replicas share 12 samples: the last takes none
+    assert empty.micro_batches == () and empty.backward(lambda idx: 1 / 0) == 0.0

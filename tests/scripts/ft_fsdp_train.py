@@ -1,7 +1,8 @@
 """The checkpointless test job with FSDP2 inside each replica group (HSDP; tests only).
 
-Self-contained, as every submitted script must be: a submission stages this one file (its
-micro-batch loop repeats ``ft_train.py``'s; importing it failed on Slurm, fresh-clone run fresh8).
+Self-contained, as every submitted script must be: a submission stages this one file (importing
+``ft_train.py`` failed on Slurm, fresh-clone run fresh8); the micro-batch loop both share is
+:meth:`hyperpod_lab.runtime.checkpointless.elastic.StepPlan.backward`.
 
 Regression on a fixed synthetic dataset with an MLP, as ``ft_train.py``; with ``--fsdp`` every
 Linear and the whole model are ``fully_shard``-ed over the replica group's ranks
@@ -103,18 +104,6 @@ def reference_run(argv: list[str]) -> tuple[list[float], dict[str, torch.Tensor]
         torch.set_num_threads(threads)
 
 
-def backward(model, X, Y, plan) -> float:
-    """Forward and backward of this rank's micro-batches of ``plan`` (losses weighted so their sum
-    over the job is the effective batch's mean); returns the sum of the weighted losses."""
-    loss_sum = 0.0
-    for mb in plan.micro_batches:
-        idx = torch.tensor(mb, dtype=torch.long)
-        loss = F.mse_loss(model(X[idx]), Y[idx]) * plan.weight(len(mb))
-        loss.backward()
-        loss_sum += loss.item()
-    return loss_sum
-
-
 def _reference_run(a: argparse.Namespace) -> tuple[list[float], dict[str, torch.Tensor]]:
     X, Y, model, batches = setup(a)
     opt = optimizer(a, model)
@@ -124,7 +113,7 @@ def _reference_run(a: argparse.Namespace) -> tuple[list[float], dict[str, torch.
         for group in opt.param_groups:
             group["lr"] = plan.lr
         opt.zero_grad()
-        loss_sum = backward(model, X, Y, plan)
+        loss_sum = plan.backward(lambda idx: F.mse_loss(model(X[idx]), Y[idx]))
         opt.step()
         cursor += plan.effective_batch
         losses.append(loss_sum)
@@ -159,7 +148,7 @@ def main():
                                     "overlapped": ft.overlapped}) + "\n")
             loss_sum = 0.0
             with ft.recoverable():  # a group of several ranks: an exception goes to the process level
-                loss_sum = backward(model, X, Y, plan)
+                loss_sum = plan.backward(lambda idx: F.mse_loss(model(X[idx]), Y[idx]))
             if a.step_sleep:
                 time.sleep(a.step_sleep)
             if ft.end_step(loss_sum):

@@ -20,18 +20,6 @@ from hyperpod_lab.runtime.checkpointless.ft import Checkpointless
 from hyperpod_lab.spec import CheckpointPolicy
 
 
-def backward(model, X, Y, plan) -> float:
-    """Forward and backward of this rank's micro-batches of ``plan`` (losses weighted so their
-    sum over the job is the effective batch's mean); returns the sum of the weighted losses."""
-    loss_sum = 0.0
-    for mb in plan.micro_batches:
-        idx = torch.tensor(mb, dtype=torch.long)
-        loss = F.mse_loss(model(X[idx]), Y[idx]) * plan.weight(len(mb))
-        loss.backward()
-        loss_sum += loss.item()
-    return loss_sum
-
-
 def finish_step(ctx, ft, plan, loss_sum: float, step_sleep: float, record: bool = False) -> None:
     """Sleep ``step_sleep`` seconds (tests slow the job so faults land mid-run), then end the step;
     a committed step is reported as a ``step`` event and, with ``record``, its sample ids go to
@@ -88,7 +76,7 @@ def main():
             with ft.recoverable():  # an exception here: the step is dropped everywhere and redone in this process
                 if a.bug_at_step is not None and plan.step == a.bug_at_step and ctx.replica_group == a.bug_group:
                     raise RuntimeError(f"a bug that fails step {plan.step} every time (--bug-at-step)")
-                loss_sum = backward(model, X, Y, plan)
+                loss_sum = plan.backward(lambda idx: F.mse_loss(model(X[idx]), Y[idx]))
             finish_step(ctx, ft, plan, loss_sum, a.step_sleep, a.record_samples)
         torch.save({k: v.clone() for k, v in model.state_dict().items()},
                    os.path.join(ctx.job_dir, f"final-group-{ctx.replica_group}.pt"))

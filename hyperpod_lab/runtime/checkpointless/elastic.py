@@ -17,13 +17,15 @@ When ``max_accumulation_steps`` caps the work of one replica (so that a step of 
 does not take many times longer), the effective batch shrinks and the learning rate follows
 ``lr_rule`` (see :func:`scaled_lr`).
 
-This module is pure (no process groups); it imports torch only for the seeded permutation.
+This module is pure (no process groups); it imports torch only for the seeded permutation (and
+:meth:`StepPlan.backward`'s index tensors).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 import torch
 
@@ -83,6 +85,27 @@ class StepPlan:
         """Scale of a micro-batch's *mean* loss so that summing every rank's gradients gives the
         mean gradient over the effective batch: ``n_samples / effective_batch``."""
         return n_samples / self.effective_batch
+
+    def backward(self, loss_fn: Callable[[torch.Tensor], torch.Tensor]) -> float:
+        """Forward and backward of this rank's micro-batches (gradient accumulation): for each
+        micro-batch ``mb`` of :attr:`micro_batches`, ``loss = loss_fn(idx) * self.weight(len(mb))``
+        and ``loss.backward()``, ``idx`` its dataset indices (int64 tensor, shape ``(len(mb),)``).
+
+        Args:
+            loss_fn: a micro-batch's *mean* loss (a scalar tensor with its graph) from its indices,
+                e.g. ``lambda idx: F.mse_loss(model(X[idx]), Y[idx])``.
+
+        Returns:
+            The sum of the weighted losses (float): this rank's ``loss_sum`` for
+            ``Checkpointless.end_step``; summed over the job, the mean loss of the effective batch.
+            0.0 when this rank has no micro-batch this step.
+        """
+        loss_sum = 0.0
+        for mb in self.micro_batches:
+            loss = loss_fn(torch.tensor(mb, dtype=torch.long)) * self.weight(len(mb))
+            loss.backward()
+            loss_sum += loss.item()
+        return loss_sum
 
     def to_dict(self) -> dict:
         d = asdict(self)
