@@ -205,6 +205,10 @@ export interface IJobSpec {
   elastic: IElasticPolicy;
   /** TensorBoard event files of the step metrics in `<job_dir>/tensorboard` (docs/tensorboard.md). */
   tensorboard?: 'off' | 'rank0' | 'all-ranks';
+  /** Experiment tracking: rank 0 logs the job to one MLflow run (docs/tracking.md). */
+  tracking?: 'off' | 'mlflow';
+  /** The MLflow tracking URI; null: the submitting side's `MLFLOW_TRACKING_URI`, recorded at submit. */
+  tracking_uri?: string | null;
   /** Slurm: run the training step in this image through pyxis/enroot; null: the profile's (docs/containers.md). */
   container_image?: string | null;
   version: number;
