@@ -492,3 +492,24 @@ def test_the_group_command_takes_the_group_from_the_pod_name(tmp_path):
     assert lines[-4:] == ["arg=/opt/hyperpod-lab/job/train_lm.py", "arg=--steps", "arg=40", "arg=$(id)"]
     bad = subprocess.run(cmd, capture_output=True, text=True, env={**env, "POD_NAME": "lighthouse"}, timeout=30)
     assert bad.returncode == 2 and "ends in no replica group number" in bad.stderr
+
+
+def test_checkpointless_dry_run_prints_the_lighthouse_service_for_hyperpod():
+    """``submit --dry-run --recovery checkpointless`` of the example, unchanged: the ConfigMap, the
+    HyperPodPyTorchJob and its Lighthouse Service (the EKS backend creates the three in that order);
+    a Kubeflow profile needs no Service of ours (the Master's is the operator's)."""
+    script = os.path.join(REPO, "examples", "train_lm.py")
+    for name, operator, kinds in (("eks-ft-hp", None, ["ConfigMap", "HyperPodPyTorchJob", "Service"]),
+                                  ("eks-ft-kf", "kubeflow", ["ConfigMap", "PyTorchJob"])):
+        save_profile(profile(name=name, operator=operator))
+        out = io.StringIO()
+        cli.run(["submit", script, "--cluster", name, "--nodes", "2", "--procs-per-node", "1",
+                 "--recovery", "checkpointless", "--elastic", "1:2", "--dry-run", "--", "--steps", "40"], out=out)
+        docs = [d for d in yaml.safe_load_all(out.getvalue()) if d]
+        assert [d["kind"] for d in docs] == kinds
+        assert JobSpec.from_json(docs[0]["data"]["spec.json"]).resiliency.recovery == "checkpointless"
+        if operator is None:
+            assert sdk_validate(jobs=[docs[1]["spec"]]) == []
+            assert docs[2]["metadata"]["name"] == docs[1]["metadata"]["name"] + "-lighthouse"
+        else:
+            assert crd_errors(docs[1]) == []
