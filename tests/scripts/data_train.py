@@ -9,9 +9,7 @@ Each rank appends what it did to ``<job_dir>/samples/rank-<R>.jsonl``, one JSON 
 "ids": [...]}`` for every step it ran (after the optimizer step), and ``{"restart": I,
 "restored": start}`` after the restore.
 
-Options: ``--steps N``, ``--batch-size B``, ``--seq-len T``, ``--num-workers W``, ``--seed``,
-``--memory-every K``, ``--sleep S`` (seconds after each step), ``--no-loader-state`` (leave the
-loader out of the checkpoint: the regression the tests guard against).
+Options: ``--help``.
 
 Fault injection (first start only, i.e. restart count 0): ``DATA_KILL_RANK=R`` and
 ``DATA_KILL_AT_STEP=S``: rank R waits for its pending snapshot, then SIGKILLs itself after step S.
@@ -31,16 +29,17 @@ from hyperpod_lab.spec import CheckpointPolicy
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--corpus", required=True)
-    p.add_argument("--steps", type=int, default=16)
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--seq-len", type=int, default=32)
-    p.add_argument("--num-workers", type=int, default=0)
-    p.add_argument("--seed", type=int, default=3)
-    p.add_argument("--memory-every", type=int, default=5)
-    p.add_argument("--sleep", type=float, default=0.0)
-    p.add_argument("--no-loader-state", action="store_true")
+    p = argparse.ArgumentParser(description="A small DDP job on the runtime's data path.")
+    p.add_argument("--corpus", required=True, help="the token file (uint8 tokens), read through hp.NodeCache")
+    p.add_argument("--steps", type=int, default=16, help="steps to train")
+    p.add_argument("--batch-size", type=int, default=4, help="sequences a rank per step")
+    p.add_argument("--seq-len", type=int, default=32, help="tokens a sequence")
+    p.add_argument("--num-workers", type=int, default=0, help="the loader's worker processes")
+    p.add_argument("--seed", type=int, default=3, help="the global sample order's seed")
+    p.add_argument("--memory-every", type=int, default=5, help="memory-tier checkpoint every K steps")
+    p.add_argument("--sleep", type=float, default=0.0, help="seconds after each step")
+    p.add_argument("--no-loader-state", action="store_true",
+                   help="leave the loader out of the checkpoint (the regression the tests guard against)")
     a = p.parse_args()
 
     with hp.init() as ctx:

@@ -4,10 +4,7 @@ Each step: a forward/backward of a tiny MLP through DistributedDataParallel (a r
 all-reduce across the ranks, whose wait ``ctx.watch_ddp`` measures), ``--sleep`` seconds of
 "compute" inside a ``compute`` section, an optimizer step and ``ctx.step``. With ``--every K`` it
 checkpoints to the persistent tier every K steps and resumes from the newest checkpoint after a
-restart. Standalone (the backends stage the script file alone).
-
-Options: --steps N (default 100), --sleep S (default 0.05), --every K (default 0: none),
---no-watch-ddp (no wait measurement: every rank's compute_s is its whole step).
+restart. Standalone (the backends stage the script file alone). Options: ``--help``.
 """
 
 import argparse
@@ -20,11 +17,13 @@ import hyperpod_lab.runtime as hp
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--sleep", type=float, default=0.05)
-    p.add_argument("--every", type=int, default=0)
-    p.add_argument("--no-watch-ddp", action="store_true")
+    p = argparse.ArgumentParser(description="A small DDP job for the hang and straggler tests.")
+    p.add_argument("--steps", type=int, default=100, help="steps to train (default %(default)s)")
+    p.add_argument("--sleep", type=float, default=0.05,
+                   help='seconds of "compute" in each step\'s compute section (default %(default)s)')
+    p.add_argument("--every", type=int, default=0, help="checkpoint every K steps (default 0: never)")
+    p.add_argument("--no-watch-ddp", action="store_true",
+                   help="no wait measurement: every rank's compute_s is its whole step")
     a = p.parse_args()
 
     with hp.init() as ctx:
