@@ -8,9 +8,12 @@
   rehearse a failure of one rank (SIGKILL, its node failed as the scheduler sees it, an exception
   in its training step, a hang: its process stopped with SIGSTOP until the watchdog recovers it,
   or a slowdown: its steps take F times longer, default 2); see ``hyperpod-lab inject-fault --help``.
-* ``%%hyperpod submit [options] [-- ARGS]``: the cell body is the training script.
+* ``%%hyperpod submit [options] [-- ARGS]``: the cell body is the training script. The options are
+  ``hyperpod-lab submit``'s, e.g. ``--tracking mlflow [--tracking-uri URI]`` (the job's MLflow run;
+  the URI defaults to the kernel's ``$MLFLOW_TRACKING_URI``, docs/tracking.md).
 * ``%%hyperpod run --local --nproc 2 [-- ARGS]``: run the cell body here with torchrun (the
-  ``local`` cluster) and stream its events until it finishes.
+  ``local`` cluster) and stream its events until it finishes; other options go to ``submit``
+  (``--tracking mlflow``...).
 
 Errors print ``error: ...`` (problem and fix) instead of a traceback.
 """

@@ -224,6 +224,33 @@ def test_a_down_server_neither_stops_nor_slows_the_job(client, tmp_path):
     assert not os.path.exists(os.path.join(rec.job_dir, "mlflow-run.json"))
 
 
+def test_failure_restart_and_a_lost_run_file_keep_one_run(mlflow_server, tmp_path):
+    """Without a job (the tracker on its own, the module's server): rank 0 leaving with an
+    exception marks the run failed; the next start (its ``mlflow-run.json`` deleted, as if rank 0
+    died before writing it) finds the run by its job-id tag and sets it running again: one run."""
+    spec = JobSpec(script="t.py", name="mlf-unit", tracking="mlflow", tracking_uri=mlflow_server).validate()
+    job_dir = str(tmp_path)
+
+    def started(tracker):
+        tracker.event(Event(kind="started", time=time.time(), writer="rank-0", seq=0, job_id="unit-job", data={}))
+        assert tracker.sync(60) and tracker.error is None, tracker.error
+
+    first = mlflow_tracking.MlflowTracking(spec, job_dir, "unit-job")
+    started(first)
+    first.failed(RuntimeError("boom"))
+    mlf = MlflowClient(tracking_uri=mlflow_server)
+    run = mlf.get_run(first.run_id)
+    assert run.info.status == "FAILED" and run.data.tags["hyperpod_lab.state"] == "failed"
+    assert run.data.tags["hyperpod_lab.error"] == "RuntimeError: boom" and run.data.params["name"] == "mlf-unit"
+    os.unlink(os.path.join(job_dir, "mlflow-run.json"))
+    second = mlflow_tracking.MlflowTracking(spec, job_dir, "unit-job", is_restart=True)
+    started(second)
+    assert second.close() and second.run_id == first.run_id
+    run = mlf.get_run(first.run_id)
+    assert run.info.status == "RUNNING" and run.data.tags["hyperpod_lab.state"] == "running"
+    job_run(mlf, job_dir, "unit-job")  # the file again, and one run with the tag
+
+
 def test_a_slow_server_never_blocks_the_caller(tmp_path):
     """A server that accepts connections and never answers (a listening socket nobody reads):
     :meth:`MlflowTracking.event` returns at once, and :meth:`close` gives up after its timeout
