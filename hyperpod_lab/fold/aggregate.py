@@ -282,6 +282,7 @@ class JobAggregate:
         self._breaks: dict[str, float] = {}    # "*" -> time of the last span-breaking event
         self._checks: list[dict] = []          # the nodes' health.checked results (timeline entries)
         self._rank_node: dict[int, str] = {}   # rank -> its node, as the events named it
+        self._node_group: dict[str, int] = {}  # node -> its replica group (checkpointless), as events named it
         self.per_node: int | None = None       # ranks per node, as submitted/started said
         self._node_view: tuple[int, dict] | None = None  # (events folded, node lanes) of the last summary
         self.width = 1                         # steps per bucket
@@ -342,6 +343,9 @@ class JobAggregate:
         node = d.get("node")
         if not isinstance(node, str) or not node or ev.kind in _JOB_LEVEL:
             return
+        group = _int(d.get("replica_group"))
+        if group is not None and len(self._node_group) < 100_000:
+            self._node_group[node] = group
         r = d.get("rank")
         ranks = [_int(x) for x in r] if isinstance(r, list) else [_int(r) if r is not None else wr]
         for x in ranks:
@@ -636,7 +640,8 @@ class JobAggregate:
             merged = sorted(first_kept, key=lambda m: (m["t"], m["seq"]))
         faults = sum(1 for m in merged if m["cat"] in ("fault", "hang"))
         return {"spans": spans[-self.max_spans:], "marks": merged, "ranks": _ranks_text(ranks),
-                "rank_count": len(ranks), "faults": faults, "dropped_marks": dropped}
+                "rank_count": len(ranks), "faults": faults, "dropped_marks": dropped,
+                "replica_group": self._node_group.get(node)}
 
     def node_lanes(self) -> dict[str, dict]:
         """``{lane: {"spans", "marks", ...}}``: the lane ``"job"`` (as in :meth:`lanes`) and one
@@ -646,7 +651,9 @@ class JobAggregate:
         (the node's ranks it is about; ``rank`` the lowest; a label about several ranks ends in
         `` · ranks 8-15``), e.g. ``"fault: rank 1337 on n167 (exception)"``; plus ``ranks``
         (``"ranks 8-15"``), ``rank_count``, ``faults`` (fault and hang marks kept) and
-        ``dropped_marks`` (beyond ``NODE_MARKS``). Size: O(nodes x (spans + NODE_MARKS))."""
+        ``dropped_marks`` (beyond ``NODE_MARKS``) and ``replica_group`` (a checkpointless job's
+        group on that node, as its events name it with the node: a fault, a replica restore;
+        else None). Size: O(nodes x (spans + NODE_MARKS))."""
         return self._nodes_view()["lanes"]
 
     def nodes_line(self, most: int = 8) -> str | None:
@@ -870,6 +877,7 @@ class JobAggregate:
                 "lanes": lanes, "open": {k: list(open_ids[id(s)]) for k, s in self._open.items() if id(s) in open_ids},
                 "breaks": dict(self._breaks), "checks": [dict(c) for c in self._checks], "width": self.width,
                 "rank_node": {str(r): n for r, n in self._rank_node.items()}, "per_node": self.per_node,
+                "node_group": dict(self._node_group),
                 "buckets": {str(i): b for i, b in enumerate(self._buckets) if b is not None}}
 
     @classmethod
@@ -898,6 +906,7 @@ class JobAggregate:
         self._breaks = {k: float(v) for k, v in s.get("breaks", {}).items()}
         self._checks = [dict(c) for c in s.get("checks", [])]
         self._rank_node = {int(r): str(n) for r, n in s.get("rank_node", {}).items()}
+        self._node_group = {str(n): int(g) for n, g in s.get("node_group", {}).items()}
         self.per_node = s.get("per_node")
         self._node_view = None
         self.width = int(s["width"])

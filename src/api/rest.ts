@@ -510,6 +510,8 @@ export interface IDashboardLane {
   /** Node lanes: fault and hang marks. */
   faults?: number;
   dropped_marks?: number;
+  /** Node lanes of a checkpointless job: the node's replica group (null: no event named it). */
+  replica_group?: number | null;
 }
 
 /** What `GET jobs/{id}/dashboard` answers. */

@@ -131,3 +131,19 @@ def test_a_node_lane_keeps_its_faults_first_when_its_marks_are_many():
     evs.append(Event("fault.detected", "j", T0 + 500, "agent-n0", 999, {"rank": 3, "node": "n0", "reason": "x"}))
     lane = _fold(evs).summary(10)["lanes"]["n0"]
     assert len(lane["marks"]) == NODE_MARKS and lane["dropped_marks"] == 11 and lane["faults"] == 1
+
+
+def test_a_checkpointless_nodes_lane_names_its_replica_group():
+    """Checkpointless, a replica group per node: the node's lane says its group (from the agent's
+    fault and the replica restore, which name both); a node no event grouped says None."""
+    evs = [Event("checkpoint.saved", "j", T0 + 1, f"rank-{r}", 0, {"tier": "memory", "step": 0, "rank": r,
+                                                                   "node": f"n{r // 2}"}) for r in range(6)]
+    evs.append(Event("fault.detected", "j", T0 + 2, "agent-n1", 0,
+                     {"rank": 3, "node": "n1", "replica_group": 1, "reason": "exception"}))
+    evs.append(Event("checkpoint.restored", "j", T0 + 3, "rank-4", 1,
+                     {"tier": "replica", "step": 5, "rank": 4, "node": "n2", "replica_group": 2}))
+    agg = _fold(evs)
+    lanes = agg.summary(10)["lanes"]
+    assert [lanes[n]["replica_group"] for n in ("n0", "n1", "n2")] == [None, 1, 2]
+    back = JobAggregate.from_state(json.loads(json.dumps(agg.to_state())))
+    assert back.summary(10)["lanes"]["n2"]["replica_group"] == 2

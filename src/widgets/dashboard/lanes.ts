@@ -303,8 +303,10 @@ export class SwimLanes {
         title: open ? `Close ${r.lane}'s ranks` : `Show the lane of each of ${r.lane}'s ${ln.rank_count ?? ''} ranks`
       }, `${open ? '▾' : '▸'} ${r.lane}`);
       toggle.addEventListener('click', () => this.expand(open ? null : r.lane));
-      label = h('div', { class: 'jp-HyperPodDash-laneLabel', title: `${r.lane}: ${ln.ranks ?? ''}` }, toggle,
-        h('span', { class: 'jp-HyperPodDash-laneRanks jp-HyperPod-dim' }, ln.ranks ?? ''));
+      // a checkpointless job's replica group on the node (a group per node: its lane is the group's)
+      const group = typeof ln.replica_group === 'number' ? ` · group ${ln.replica_group}` : '';
+      label = h('div', { class: 'jp-HyperPodDash-laneLabel', title: `${r.lane}: ${ln.ranks ?? ''}${group}` }, toggle,
+        h('span', { class: 'jp-HyperPodDash-laneRanks jp-HyperPod-dim', 'data-group': ln.replica_group ?? null }, `${ln.ranks ?? ''}${group}`));
     } else if (r.kind === 'rank') {
       name = r.data === null ? `Ranks of ${r.node}: reading` : `Rank ${r.lane} on ${r.node}`;
       label = h('div', { class: 'jp-HyperPodDash-laneLabel jp-mod-rank' }, r.data === null ? 'reading…' : `rank ${r.lane}`);
