@@ -731,7 +731,15 @@ class KubeletStandIn:
         env = self._env(pod, c)
         argv = [expand(a, env) for a in list(c["command"]) + list(c.get("args") or [])]
         vols = {v["name"]: v for v in pod["spec"].get("volumes") or []}
-        mounts = [{"kind": "bind", "src": self.hosts, "dst": "/etc/hosts", "ro": True}]
+        # the kubelet's ClusterFirst resolv.conf (search <ns>.svc.cluster.local ...); no cluster DNS here:
+        # the nameserver is the pod's own loopback, where nothing listens, so a name /etc/hosts lacks
+        # fails at once instead of waiting for the host's resolver, unreachable from the pod
+        resolv = os.path.join(run.workdir, "resolv.conf")
+        with open(resolv, "w") as f:
+            f.write(f"search {run.ns}.svc.cluster.local svc.cluster.local cluster.local\n"
+                    "nameserver 127.0.0.1\noptions ndots:5 timeout:1 attempts:1\n")
+        mounts = [{"kind": "bind", "src": self.hosts, "dst": "/etc/hosts", "ro": True},
+                  {"kind": "bind", "src": resolv, "dst": "/etc/resolv.conf", "ro": True}]
         for vm in c.get("volumeMounts") or []:
             v = vols.get(vm["name"])
             if v is None:
