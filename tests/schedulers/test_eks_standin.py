@@ -85,8 +85,10 @@ def test_hyperpod_job_runs_survives_a_deleted_pod_and_a_lost_node(standin, tmp_p
     the right bytes); ``inject-fault --kind kill`` deletes pod 1, whose processes die, and the
     operator replaces it (restartCount 1, PLR, faulty pod listed, our backend's fault.detected);
     pod 0's node goes NotReady: pod 0 is evicted (Failed, DisruptionTarget) and replaced on another
-    node (restartCount 2); the ranks resume from their checkpoint and the job completes, our
-    runtime's events in the shared dir (seen at /fsx in the pods)."""
+    node (restartCount 2); ``inject-fault --kind exception`` (a request file on the claim) makes
+    rank 1 raise: the workers restart in their pods (restartCount 3, the pods kept); the ranks
+    resume from their checkpoint and the job completes, our runtime's events in the shared dir
+    (seen at /fsx in the pods)."""
     profile(standin, tmp_path)
     monkeypatch.setenv("HF_TOKEN", SECRET)
     spec = JobSpec(script=SCRIPT, name="standin", cluster="eks-standin", nodes=2, procs_per_node=1,
@@ -146,11 +148,25 @@ def test_hyperpod_job_runs_survives_a_deleted_pod_and_a_lost_node(standin, tmp_p
     wait_for("a checkpoint restored after the restarts", lambda: any(
         e.kind == "checkpoint.restored" and e.writer == "rank-0" for e in reader.poll()), timeout=120)
 
+    # inject-fault --kind exception: the request file on the claim reaches rank 1 in its pod; its
+    # worker raises, the agent reports the fault, the operator restarts the workers in place (PLR:
+    # the pods stay)
+    uids = {p: standin.find("api/v1/pods", "ml", p)["metadata"]["uid"] for p in (p0, p1)}
+    restored = sum(e.kind == "checkpoint.restored" and e.writer == "rank-0" for e in events(rec))
+    client.inject_fault(rec.job_id, 1, kind="exception")
+    wait_for("restartCount 3", lambda: job_status(standin, name).get("restartCount") == 3, timeout=60)
+    client.status(rec.job_id)
+    fault = job_status(standin, name)["latestFaultyPodInstanceList"]
+    assert fault["faultyPodList"] == [p1] and fault["restartType"] == "PLR"
+    wait_for("a checkpoint restored after the exception", lambda: sum(
+        e.kind == "checkpoint.restored" and e.writer == "rank-0" for e in events(rec)) > restored, timeout=120)
+    assert {p: standin.find("api/v1/pods", "ml", p)["metadata"]["uid"] for p in (p0, p1)} == uids
+
     open(os.path.join(rec.job_dir, "stop-now"), "w").close()  # the ranks finish (the job dir is on the claim)
     wait_for("Completed", lambda: "Completed" in conditions(standin, name), timeout=120)
     assert client.status(rec.job_id).status == "completed"
     evs = events(client.get(rec.job_id))
-    assert [e.data["pods"] for e in evs if e.kind == "fault.detected" and e.writer == "operator"] == [[p1], [p0]]
+    assert [e.data["pods"] for e in evs if e.kind == "fault.detected" and e.writer == "operator"] == [[p1], [p0], [p1]]
     steps = [e.data for e in evs if e.kind == "step" and e.writer == "rank-0"]
     assert steps[0]["sha256_HF_TOKEN"] == hashlib.sha256(SECRET.encode()).hexdigest()
     assert steps[0]["sha256_PRICE"] == hashlib.sha256(b"$5").hexdigest()  # rendered "$$5", expanded by the kubelet
