@@ -169,3 +169,45 @@ def test_checkpointless_job_on_the_eks_standin(standin, tmp_path, server):
     got = {(e["writer"], e["seq"]) for e in served}
     assert on_disk <= got, sorted(on_disk - got)[:10]
     assert {"checkpoint.restored", "fault.detected", "finished"} <= {e["kind"] for e in served}
+
+
+def test_restart_mode_hyperpod_pods_run_our_agent_which_catches_a_hang(standin, tmp_path):
+    """Issue 28 item 3: a restart-mode HyperPodPyTorchJob's pods run ``hyperpodrun`` (the operator's
+    agent, stand-in here) starting our launch agent, which runs the pod's ranks. A hang injected in
+    rank 1 (``inject-fault --kind hang``) is reported by OUR agent's watchdog (``fault.detected``
+    {reason: hang} from an ``agent-`` writer) within the hang timeout; the rank is killed, the agent
+    exits, hyperpodrun reports the fault and the operator stand-in restarts the job's workers
+    (``restartCount`` 1), which resume from the checkpoint and complete. The operator's own
+    log-monitoring rules stay in the resource."""
+    from hyperpod_lab.submit.client import Client
+
+    client = Client()
+    save_profile(ClusterProfile(name="eks-hp-agent", orchestrator="eks",
+                                kubeconfig=standin.kubeconfig(str(tmp_path / "kubeconfig")), kube_context="fake",
+                                namespace="ml", image="img:1", pvc="fsx-claim", shared_root=standin.kubelet.shared_root))
+    spec = JobSpec(script=os.path.join(REPO, "tests", "scripts", "standin_ddp.py"), name="hp-agent",
+                   cluster="eks-hp-agent", nodes=2, procs_per_node=1,
+                   resiliency=ResiliencyPolicy(hang_timeout_s=HANG_TIMEOUT_S, max_retries=2),
+                   env={"HYPERPOD_LAB_STEP_EVENT_INTERVAL_S": "0.001"}, args=["--steps", "24", "--sleep", "0.2"])
+    rec = client.submit(spec)
+    ns, name = rec.native_id.split("/")
+    job = standin.find("apis/sagemaker.amazonaws.com/v1/hyperpodpytorchjobs", ns, name)
+    assert job["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0]["command"][0] == "hyperpodrun"
+    assert {r["name"] for r in job["spec"]["runPolicy"]["logMonitoringConfiguration"]} == {"JobStart",
+                                                                                           "JobHangingDetection"}
+    reader, events = EventReader(rec.job_dir), []
+
+    def kinds(kind, after=0.0, **match):
+        events.extend(reader.poll())
+        return [e for e in events if e.kind == kind and e.time > after
+                and all(e.data.get(k) == v for k, v in match.items())]
+
+    wait_for("step 3", lambda: max([e.data["step"] for e in kinds("step")] or [-1]) >= 3, timeout=180)
+    t = time.time()
+    client.inject_fault(rec.job_id, 1, kind="hang")
+    hang = wait_for("our agent's hang report", lambda: kinds("fault.detected", after=t, reason="hang"), timeout=60)
+    assert hang[0].writer.startswith("agent-") and hang[0].time - t <= HANG_TIMEOUT_S + 5.0, hang[0]
+    assert client.wait(rec.job_id, timeout_s=240).status == "completed"
+    status = standin.find("apis/sagemaker.amazonaws.com/v1/hyperpodpytorchjobs", ns, name)["status"]
+    assert status["restartCount"] >= 1 and [c["type"] for c in status["conditions"]][-1] == "Completed", status
+    assert max(e.data["step"] for e in kinds("step")) == 23

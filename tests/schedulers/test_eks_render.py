@@ -120,7 +120,8 @@ def test_the_sdk_check_rejects_what_the_operator_would():
 
 def test_policies_map_to_the_fields():
     hp = render_hyperpod_pytorch_job(SPECS["elastic"], JOB_ID, profile())["spec"]
-    assert hp["nprocPerNode"] == "4" and hp["replicaSpecs"][0]["replicas"] == 2
+    # restart mode: hyperpodrun starts one process per pod, our launch agent, which runs the 4 ranks
+    assert hp["nprocPerNode"] == "1" and hp["replicaSpecs"][0]["replicas"] == 2
     assert hp["replicaSpecs"][0]["maxReplicas"] == 4
     assert hp["elasticPolicy"] == {"minReplicas": 1, "maxReplicas": 4, "replicaIncrementStep": 1,
                                    "gracefulShutdownTimeoutInSeconds": 120}
@@ -268,8 +269,9 @@ def test_example_renders_unchanged_through_the_cli_dry_run():
     with open(script) as f:
         assert cm["data"]["train_lm.py"] == f.read()  # the script travels byte for byte
     assert JobSpec.from_json(cm["data"]["spec.json"]).elastic.max_nodes == 3
-    assert job["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0]["command"][-3:] == [
-        "/opt/hyperpod-lab/job/train_lm.py", "--steps", "40"]
+    cmd = job["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0]["command"]
+    assert cmd[-3:] == ["hyperpod-lab-agent", "--steps", "40"]  # "$@" of the agent's shell line
+    assert "--nproc-per-node=2 " in cmd[-4] and cmd[-4].endswith('/opt/hyperpod-lab/job/train_lm.py "$$@"')
     assert sdk_validate(jobs=[job["spec"]]) == []
 
 

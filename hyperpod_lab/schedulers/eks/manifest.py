@@ -338,6 +338,35 @@ def lighthouse_command(spec: JobSpec, job_id: str, mount: str) -> list[str]:
     return [*map(k8s_literal, argv), f"--port={LIGHTHOUSE_PORT}", "--until-finished"]
 
 
+def agent_command(spec: JobSpec, job_id: str, mount: str) -> list[str]:
+    """A restart-mode HyperPod pod's command (pure): ``hyperpodrun`` (the operator's agent: it
+    keeps the rendezvous, ``--rdzv-backend=hyperpod``, and the operator's process-level and job
+    restarts) starts ONE process per pod, our launch agent, which runs the pod's
+    ``procs_per_node`` ranks with the hang watchdog, straggler detection and events, joining the
+    other pods' agents at the address and node rank torchrun's environment gives hyperpodrun's
+    worker (``MASTER_ADDR``/``MASTER_PORT``, ``GROUP_RANK``, ``WORLD_SIZE`` = pods: torch
+    ``torch/distributed/elastic/agent/server/api.py``, ``_assign_worker_ranks`` and the worker
+    env of ``local_elastic_agent.py``; that worker runs no process group, so its ``MASTER_PORT`` is
+    free for our agent's static rendezvous). ``--max-restarts=0``: a failed or hung rank ends our
+    agent, hyperpodrun reports the fault and the operator restarts (its ``restartPolicy``), as
+    before; the runtime resumes from its newest checkpoint tier. No ``--inprocess-restart`` (that
+    needs HyperPod's own in-process wrapper in the script; ours is the runtime's). The script's
+    arguments reach it as ``"$@"``, never as shell text; every ``$`` is doubled for the kubelet."""
+    el = spec.elastic
+    paths = JobPaths(pod_job_dir(job_id, mount))
+    launch = jobdir.launcher_argv("python", _script_path(spec), [], nproc_per_node=spec.procs_per_node,
+                                  max_restarts=0, log_dir=shlex.quote(paths.torchrun_logs),
+                                  nnodes='"$WORLD_SIZE"', rdzv=['--node-rank="$GROUP_RANK"',
+                                                                '--master-addr="$MASTER_ADDR"',
+                                                                '--master-port="$MASTER_PORT"'],
+                                  monitor_interval=0.1, quote=shlex.quote)
+    script = "exec " + " ".join(launch) + ' "$@"'
+    return ["hyperpodrun", f"--nnodes={el.min_nodes}:{el.max_nodes}" if el.enabled else f"--nnodes={spec.nodes}",
+            "--nproc-per-node=1", "--rdzv-backend=hyperpod", "--tee=3",
+            f"--log-dir={paths.hyperpodrun_logs}", "--no-python", "/bin/sh", "-c", k8s_literal(script),
+            "hyperpod-lab-agent", *map(k8s_literal, spec.args)]
+
+
 def _checkpointless_templates(spec: JobSpec, job_id: str, profile: ClusterProfile,
                               hyperpod: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the Lighthouse's pod template, a replica group's pod template)."""
@@ -414,13 +443,7 @@ def render_hyperpod_pytorch_job(spec: JobSpec, job_id: str, profile: ClusterProf
     retries = jobdir.effective_restarts(res)
     mount = profile.shared_mount or DEFAULT_SHARED_MOUNT
     checkpointless = is_checkpointless(spec)
-    # the operator coordinates the rendezvous (--rdzv-backend hyperpod). No --inprocess-restart:
-    # that mode needs the script to handle restarts in process; ours restarts the processes and
-    # the runtime resumes from its newest checkpoint tier.
-    command = ["hyperpodrun", f"--nnodes={el.min_nodes}:{el.max_nodes}" if el.enabled else f"--nnodes={spec.nodes}",
-               f"--nproc-per-node={spec.procs_per_node}", "--rdzv-backend=hyperpod", "--tee=3",
-               f"--log-dir={JobPaths(pod_job_dir(job_id, mount)).hyperpodrun_logs}"]
-    command += [k8s_literal(_script_path(spec)), *map(k8s_literal, spec.args)]
+    command = agent_command(spec, job_id, mount)
     replicas: list[dict[str, Any]] = []
     if checkpointless:  # the Lighthouse's pod, then one pod per replica group running our launch agent
         lighthouse, tmpl = _checkpointless_templates(spec, job_id, profile, hyperpod=True)
@@ -454,8 +477,9 @@ def render_hyperpod_pytorch_job(spec: JobSpec, job_id: str, profile: ClusterProf
                                        "maxFullJobRestarts": 0 if checkpointless else 1}
     if spec.time_limit_min:
         run_policy["activeDeadlineSeconds"] = spec.time_limit_min * 60
-    body: dict[str, Any] = {"nprocPerNode": str(spec.procs_per_node), "replicaSpecs": replicas,
-                            "runPolicy": run_policy}
+    # restart mode: hyperpodrun starts one process per pod, our launch agent (agent_command)
+    body: dict[str, Any] = {"nprocPerNode": str(spec.procs_per_node) if checkpointless else "1",
+                            "replicaSpecs": replicas, "runPolicy": run_policy}
     if el.enabled:
         body["elasticPolicy"] = {"minReplicas": el.min_nodes, "maxReplicas": el.max_nodes,
                                  "replicaIncrementStep": 1,
