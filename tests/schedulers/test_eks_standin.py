@@ -51,8 +51,9 @@ def wait_for(what, fn, timeout=60.0, every=0.1, k=None):
         if v:
             return v
         time.sleep(every)
-    logs = "".join(f"\n--- {p['metadata']['name']} ---\n" + pod_log(k, p["metadata"]["name"]).decode()[-3000:]
-                   for p in k.pods()) if k else ""
+    logs = "".join(f"\n--- {p['metadata']['name']} {p['status'].get('phase')} "
+                   f"{[c.get('state') for c in p['status'].get('containerStatuses') or []]} ---\n"
+                   + pod_log(k, p["metadata"]["name"]).decode()[-3000:] for p in k.pods()) if k else ""
     raise AssertionError(f"timed out after {timeout} s waiting for {what}{logs}")
 
 
@@ -300,6 +301,21 @@ def test_kubeflow_pods_env_volumes_network_and_refusals(standin, tmp_path):
     assert "\nstandin_ddp.py\n" in mounts and "\nspec.json\n" in mounts  # the ConfigMap's keys as files
     with open(os.path.join(shared, worker + ".said")) as f:
         assert f.read() == f"master says {master}"
+
+    # deleting a running job: the operator's pods go (ownerReferences), their processes with them
+    job2 = km.render_kubeflow_pytorch_job(spec, "kf-probe-2", prof)
+    for rs in job2["spec"]["pytorchReplicaSpecs"].values():
+        rs["template"]["spec"]["containers"][0]["command"] = ["/bin/sh", "-c", "echo up; exec sleep 600"]
+    post("/api/v1/namespaces/ml/configmaps", km.render_job_configmap(spec, "kf-probe-2", prof, b"print('hi')\n"))
+    post("/apis/kubeflow.org/v1/namespaces/ml/pytorchjobs", job2)
+    name2 = job2["metadata"]["name"]
+    wait_for("Running", lambda: "Running" in [c["type"] for c in (standin.find(kf, "ml", name2) or {}).get(
+        "status", {}).get("conditions", [])], timeout=30, k=standin)
+    pids = [standin.kubelet.runs[("ml", f"{name2}-{r}-0")].container_pid() for r in ("master", "worker")]
+    assert all(pids)
+    urlopen(Request(f"{standin.url}/apis/kubeflow.org/v1/namespaces/ml/pytorchjobs/{name2}", method="DELETE")).read()
+    wait_for("the pods gone", lambda: not [p for p in standin.pods("ml") if p["metadata"]["name"].startswith(name2)])
+    wait_for("their processes gone", lambda: not any(os.path.exists(f"/proc/{pid}") for pid in pids), timeout=10)
 
     # a downward-API field the stand-in does not serve: the container waits, the reason names it
     bad = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bad-ref"},
