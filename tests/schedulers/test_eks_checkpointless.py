@@ -211,3 +211,23 @@ def test_restart_mode_hyperpod_pods_run_our_agent_which_catches_a_hang(standin, 
     status = standin.find("apis/sagemaker.amazonaws.com/v1/hyperpodpytorchjobs", ns, name)["status"]
     assert status["restartCount"] >= 1 and [c["type"] for c in status["conditions"]][-1] == "Completed", status
     assert max(e.data["step"] for e in kinds("step")) == 23
+
+
+def test_the_operators_faulty_rank_of_an_agent_pod_names_the_pods_ranks():
+    """With our agent as hyperpodrun's one process a pod (``nprocPerNode: "1"``), the operator's
+    ``faultyRankList`` counts pods (the SDK model's ``latestFaultyPodInstanceList``): its rank 1 of a
+    job of 4 ranks a pod is the job's ranks 4-7. A resource whose ``nprocPerNode`` is the ranks a
+    pod (checkpointless, or rendered before) keeps the operator's ranks."""
+    from hyperpod_lab.events import EventKind
+    from hyperpod_lab.schedulers.eks.status import status_events
+
+    def fault(nproc):
+        obj = {"spec": {"nprocPerNode": nproc}, "status": {
+            "conditions": [{"type": "Running", "status": "True"}], "restartCount": 1,
+            "latestFaultyPodInstanceList": {"restartType": "PLR", "faultyRankList": ["1"], "faultyPodList": ["p-1"]}}}
+        events, _ = status_events({"started": True, "nodes": 2}, obj, 4, time.time())
+        return next(d for k, d in events if k == EventKind.FAULT_DETECTED)
+
+    agent = fault("1")
+    assert agent["ranks"] == [4, 5, 6, 7] and agent["rank"] == 4 and agent["pods"] == ["p-1"]
+    assert fault("4")["ranks"] == [1]

@@ -50,7 +50,9 @@ def status_events(prev: dict[str, Any], obj: dict[str, Any] | None, procs_per_no
     """Events the operator's status implies since ``prev`` (pure; ``prev`` = ``{}`` at first).
 
     * first Running condition -> ``started`` {nodes, world_size, source};
-    * ``restartCount`` up -> ``fault.detected`` {rank, ranks, pods, instances, restart_type (PLR:
+    * ``restartCount`` up -> ``fault.detected`` {rank, ranks (the job's ranks: with ``nprocPerNode``
+      "1", a restart-mode HyperPod job whose one process a pod is our launch agent, the operator's
+      rank r is pod r, i.e. ranks r*procs_per_node ... r*procs_per_node+procs_per_node-1), pods, instances, restart_type (PLR:
       process-level, JLR: job-level), restart_count, reason, source} and ``recovery.started``
       {restart_count, reason, node: null, source};
     * Running again after a restart -> ``recovery.completed`` {restart_count, downtime_s (seconds
@@ -80,6 +82,9 @@ def status_events(prev: dict[str, Any], obj: dict[str, Any] | None, procs_per_no
     if restarts > int(st.get("restart_count", 0)):
         faulty = status.get("latestFaultyPodInstanceList") or {}
         ranks = [int(r) for r in faulty.get("faultyRankList") or [] if str(r).lstrip("-").isdigit()]
+        unit = str(((obj or {}).get("spec") or {}).get("nprocPerNode") or "")
+        if unit == "1" and procs_per_node > 1:  # the operator counts its processes: one a pod, our agent
+            ranks = [r * procs_per_node + i for r in ranks for i in range(procs_per_node)]
         rtype = faulty.get("restartType")
         out.append((EventKind.FAULT_DETECTED, {
             "rank": ranks[0] if ranks else None, "ranks": ranks, "pods": list(faulty.get("faultyPodList") or []),
