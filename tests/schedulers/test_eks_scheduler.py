@@ -75,8 +75,9 @@ def test_submit_status_operator_events_logs_and_faults(fake, tmp_path, client):
     assert [(w, k) for w, k, _ in got] == [("client", "submitted"), ("operator", "started")]
     assert got[1][2]["world_size"] == 4
 
-    # the operator: pod 1 (ranks 2, 3) fails, the job restarts it; then it scales to 3 nodes
-    fake.operator.fail_pod(name, 1, procs_per_node=2)
+    # the operator: pod 1 (ranks 2, 3) fails, the job restarts it; then it scales to 3 nodes. The
+    # operator counts hyperpodrun's processes, one a pod (nprocPerNode "1": our agent), so it names rank 1
+    fake.operator.fail_pod(name, 1)
     fake.operator.scale(name, 3)
     client.status(rec.job_id)
     got = new_events(reader)
