@@ -218,9 +218,9 @@ def test_a_down_server_neither_stops_nor_slows_the_job(client, tmp_path):
     events = client.event_reader(job_id).poll()
     steps = [e.time for e in events if e.kind == "step"]
     assert len(steps) == STEPS
-    # one request to the down server costs ~3 s (2 retries, backoff 1 s): a step that waited for
-    # one would show; 12 steps of ~0.03 s take well under 2 s on a loaded machine
-    assert steps[-1] - steps[0] < 2.0, steps
+    # one request to the down server costs ~3 s (refused, 2 retries after 1 s and 2 s): steps that
+    # waited for their step events' requests would take >= 33 s; 12 steps of ~0.03 s take < 1 s
+    assert steps[-1] - steps[0] < 10.0, steps
     assert not os.path.exists(os.path.join(rec.job_dir, "mlflow-run.json"))
 
 
@@ -270,7 +270,7 @@ def test_a_slow_server_never_blocks_the_caller(tmp_path):
         assert tracker.close(timeout_s=1.0) is False  # still waiting for the server
         closed_s = time.monotonic() - t1
     assert queued_s < 0.5, queued_s  # 2,000 events; ~1 us each when nothing else runs
-    assert 0.9 < closed_s < 3.0, closed_s
+    assert 0.9 < closed_s < 5.0, closed_s
     assert tracker.run_id is None
 
 
