@@ -20,6 +20,7 @@ from hyperpod_lab.submit.clusters import ClusterProfile, save_profile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the helpers
 from k8s_standin import start_standin
+from test_eks_render import sdk_validate
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "tests", "scripts", "standin_ddp.py")
@@ -166,6 +167,9 @@ def test_hyperpod_job_runs_survives_a_deleted_pod_and_a_lost_node(standin, tmp_p
     open(os.path.join(rec.job_dir, "stop-now"), "w").close()  # the ranks finish (the job dir is on the claim)
     wait_for("Completed", lambda: "Completed" in conditions(standin, name), timeout=120)
     assert client.status(rec.job_id).status == "completed"
+    # the operator stand-in's statuses have the operator's shapes: each validates against the SDK's model
+    statuses = [o["status"] for _, _, key, o in list(standin._log) if key[0] == HP and o.get("status")]
+    assert len(statuses) >= 8 and sdk_validate(statuses=statuses) == []
     evs = events(client.get(rec.job_id))
     assert [e.data["pods"] for e in evs if e.kind == "fault.detected" and e.writer == "operator"] == [[p1], [p0], [p1]]
     steps = [e.data for e in evs if e.kind == "step" and e.writer == "rank-0"]
