@@ -75,9 +75,14 @@ The operator stand-ins:
   agent reporting its workers failed) the operator bumps ``restartCount``, records
   ``latestFaultyPodInstanceList``, sets ``Restarting``, stops every agent, replaces faulty pods
   (``PLR``: the healthy pods keep running and their agents restart the workers; ``JLR`` after
-  ``numRestartBeforeFullJobRestart`` restarts: every pod replaced), starts them again, sets
-  ``Running``; past ``jobMaxRetryCount`` the job is ``Failed``. All agents done -> ``Completed``.
-  Pod restartPolicy Never (HyperPod documents none; the operator does the restarting).
+  ``numRestartBeforeFullJobRestart`` restarts while ``maxFullJobRestarts`` allows: every pod
+  replaced), starts them again, sets ``Running``; past ``jobMaxRetryCount`` the job is
+  ``Failed``. All pods done -> ``Completed``. Pods not running ``hyperpodrun`` (a checkpointless
+  job's Lighthouse and replica groups) just run; a faulty one is replaced alone. Pod
+  restartPolicy: the template's, else Never (HyperPod documents none; the operator restarts).
+* Services (ClusterIP, with a selector): the name (and ``.<ns>``, ``.<ns>.svc``,
+  ``.<ns>.svc.cluster.local``) resolves in the pods' ``/etc/hosts`` to the selected pod's
+  address; there is no kube-proxy, so ``port`` must equal ``targetPort``.
 * Kubeflow (:class:`KubeflowOperatorStandIn`): pods ``<job>-master-0``, ``<job>-worker-<i>``
   with the training-operator's labels and env (kubeflow/training-operator
   pkg/controller.v1/pytorch/envvar.go ``setPodEnv``: PYTHONUNBUFFERED, MASTER_ADDR,
@@ -108,11 +113,10 @@ from urllib.parse import parse_qs, urlparse
 
 STANDIN_BIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "k8s_standin_bin")
 AGENT_DIR_ENV = "HYPERPOD_STANDIN_AGENT_DIR"
-# the downward-API fields the stand-in kubelet resolves (kubernetes docs "Downward API":
-# metadata.name, metadata.namespace, metadata.uid, metadata.labels['<KEY>'],
-# metadata.annotations['<KEY>'], spec.nodeName, spec.serviceAccountName, status.hostIP, status.podIP)
-FIELD_REFS = ("metadata.name", "metadata.namespace", "metadata.uid", "spec.nodeName", "status.podIP",
-              "status.hostIP")
+# the downward-API fields (kubernetes docs "Downward API") the stand-in kubelet resolves: those our
+# renderers use (manifest.py: POD_NAME_ENV metadata.name, POD_IP_ENV status.podIP) and the pod's
+# namespace and node; any other fieldPath is refused by name
+FIELD_REFS = ("metadata.name", "metadata.namespace", "spec.nodeName", "status.podIP")
 LOG_PARAMS = {"container", "previous", "tailLines", "limitBytes", "pretty"}
 LOG_PARAMS_NOT_SERVED = {"sinceSeconds", "sinceTime", "timestamps", "follow", "insecureSkipTLSVerifyBackend"}
 DEFAULT_GRACE_S = 30  # PodSpec.terminationGracePeriodSeconds default
@@ -694,8 +698,7 @@ class KubeletStandIn:
                                                         "/usr/bin", "/sbin", "/bin"]),
                                "HOME": "/root", "HOSTNAME": meta["name"]}
         fields = {"metadata.name": meta["name"], "metadata.namespace": meta["namespace"],
-                  "metadata.uid": meta["uid"], "spec.nodeName": pod["spec"].get("nodeName", ""),
-                  "status.podIP": pod["status"].get("podIP", ""), "status.hostIP": pod["status"].get("hostIP", "")}
+                  "spec.nodeName": pod["spec"].get("nodeName", ""), "status.podIP": pod["status"].get("podIP", "")}
         for e in c.get("env") or []:
             if "value" in e or "valueFrom" not in e:
                 env[e["name"]] = expand(e.get("value", ""), env)
@@ -711,14 +714,10 @@ class KubeletStandIn:
                 env[e["name"]] = base64.b64decode(secret["data"][ref["key"]]).decode()
             elif "fieldRef" in src:
                 path = src["fieldRef"]["fieldPath"]
-                m = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
-                if m:
-                    env[e["name"]] = (meta.get(m.group(1)) or {}).get(m.group(2), "")
-                elif path in fields:
-                    env[e["name"]] = fields[path]
-                else:
+                if path not in fields:
                     raise PodConfigError(f"env {e['name']}: fieldRef {path!r} is not served by the kubelet stand-in "
-                                         f"(it resolves {', '.join(FIELD_REFS)} and metadata.labels/annotations['KEY'])")
+                                         f"(it resolves {', '.join(FIELD_REFS)})")
+                env[e["name"]] = fields[path]
             else:
                 raise PodConfigError(f"env {e['name']}: valueFrom {sorted(src)} is not served by the kubelet stand-in")
         return env
