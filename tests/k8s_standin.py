@@ -11,6 +11,7 @@ GPUs, admission, RBAC.
 Usage (the API other tests rely on)::
 
     k = start_standin(shared_root)      # pods run; every persistentVolumeClaim -> shared_root
+    with standin_in(tmp_path) as k: ... # the same, claim = tmp_path/fsx, stopped at the end
     k.url, k.kubeconfig(path)           # point a profile at it
     k.pods(ns=None) -> [pod dicts]      # the API's view of the pods
     k.node_not_ready(node)              # the node's pods fail as the taint manager evicts them
@@ -97,6 +98,7 @@ The operator stand-ins:
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -109,6 +111,7 @@ import threading
 import time
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Iterator
 from urllib.parse import parse_qs, urlparse
 
 STANDIN_BIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "k8s_standin_bin")
@@ -460,6 +463,19 @@ def start_standin(shared_root: str, nodes: int = 3, token_prefix: str | None = N
             raise RuntimeError(f"the Kubernetes stand-in needs '{tool}' (apt-get install iproute2 util-linux mount)")
     return K8sStandIn(token_prefix, shared_root=shared_root, run_pods=True, nodes=nodes,
                       restart_backoff_s=restart_backoff_s)
+
+
+@contextlib.contextmanager
+def standin_in(folder) -> Iterator[K8sStandIn]:
+    """A started stand-in (:func:`start_standin`) whose claim is ``<folder>/fsx`` (made here),
+    stopped on exit; a test's fixture is ``with standin_in(tmp_path) as k: yield k``."""
+    shared = os.path.join(str(folder), "fsx")
+    os.makedirs(shared)
+    k = start_standin(shared)
+    try:
+        yield k
+    finally:
+        k.stop()
 
 
 # ---- the kubelet stand-in ------------------------------------------------------------------

@@ -19,7 +19,7 @@ from hyperpod_lab.spec import JobSpec
 from hyperpod_lab.submit.clusters import ClusterProfile, save_profile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the helpers
-from k8s_standin import start_standin
+from k8s_standin import standin_in
 from test_eks_render import sdk_validate
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -30,11 +30,8 @@ SECRET = "s3cr3t-standin-value"
 
 @pytest.fixture
 def standin(tmp_path):
-    shared = tmp_path / "fsx"
-    shared.mkdir()
-    k = start_standin(str(shared))
-    yield k
-    k.stop()
+    with standin_in(tmp_path) as k:
+        yield k
 
 
 def profile(k, tmp_path, name="eks-standin") -> ClusterProfile:
