@@ -3,9 +3,9 @@ rank 0 with the ``mlflow`` library's :class:`mlflow.MlflowClient` from rank 0's 
 
 The source is rank 0's event writer: every event :meth:`JobContext.emit
 <hyperpod_lab.runtime.context.JobContext.emit>` writes on global rank 0 is also handed to
-:meth:`MlflowTracking.event`, which only puts it on a bounded queue (``put_nowait``, about a
-microsecond); a daemon thread (``hyperpod-mlflow``) turns the events into MLflow calls, batching
-what queued up into one ``log_batch`` request. A slow or down server therefore never stalls a
+:meth:`MlflowTracking.event`, which only puts it on a bounded queue (``put_nowait``; cost:
+``benchmarks/mlflow_overhead.py``, docs/tracking.md); a daemon thread (``hyperpod-mlflow``) turns the events into MLflow calls, batching
+what queued up (at most one request per :data:`BATCH_S`) into ``log_batch`` requests. A slow or down server therefore never stalls a
 step: a full queue drops the newest events (:attr:`MlflowTracking.dropped`), and a failing request
 prints one warning line to stderr (the rank's log) and is retried at most every
 :data:`RETRY_S` seconds; nothing raises into training.
@@ -80,6 +80,10 @@ DEFAULT_EXPERIMENT = "hyperpod-lab"
 """The MLflow experiment of a job whose environment sets no ``MLFLOW_EXPERIMENT_NAME``."""
 MAX_QUEUE = 10_000
 """Events waiting for the thread; beyond, new ones are dropped (counted in ``dropped``)."""
+BATCH_S = 1.0
+"""Seconds the thread collects events after a request before the next one (at once for
+:meth:`MlflowTracking.sync` and :meth:`~MlflowTracking.close`): at most about one request a
+second, however often the job writes events."""
 RETRY_S = 30.0
 """Seconds after a failed request before the thread tries the server again (events wait queued)."""
 CLOSE_TIMEOUT_S = 10.0
@@ -160,6 +164,8 @@ class MlflowTracking:
         self._client: Any = None
         self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
         self._closing = threading.Event()
+        self._wake = threading.Event()  # sync() or close(): send without waiting out BATCH_S
+        self._last_sent = 0.0  # monotonic time of the last batch handled
         self._failing = False  # the last request failed
         self._retry_at = 0.0  # monotonic time of the next try while failing
         self._recoveries = 0
@@ -185,6 +191,7 @@ class MlflowTracking:
         done = threading.Event()
         if not self._put(("sync", done)):
             return False
+        self._wake.set()
         return done.wait(timeout_s)
 
     def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> bool:
@@ -197,6 +204,7 @@ class MlflowTracking:
         self._closed = True
         self._closing.set()
         self._put(("close",))
+        self._wake.set()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout_s)
         if self._thread.is_alive():
@@ -234,20 +242,30 @@ class MlflowTracking:
                 if self._closing.is_set():
                     return
                 continue
-            items = [first]
-            while len(items) < MAX_METRICS_PER_BATCH:
-                try:
-                    items.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+            self._wake.clear()
+            items = self._drain([first])
+            if not any(item[0] in ("sync", "close") for item in items) and not self._closing.is_set():
+                delay = self._last_sent + BATCH_S - time.monotonic()
+                if delay > 0:  # collect a little longer: fewer requests
+                    self._wake.wait(delay)
+                items = self._drain(items)
             if self._failing and not self._closing.is_set():  # wait out the retry period (events queue up)
                 self._closing.wait(max(0.0, self._retry_at - time.monotonic()))
             stop = self._handle(items)
+            self._last_sent = time.monotonic()
             for item in items:
                 if item[0] == "sync":
                     item[1].set()
             if stop:
                 return
+
+    def _drain(self, items: list[tuple]) -> list[tuple]:
+        """``items`` plus everything queued now (at most the queue's bound)."""
+        while True:
+            try:
+                items.append(self._queue.get_nowait())
+            except queue.Empty:
+                return items
 
     def _handle(self, items: list[tuple]) -> bool:
         """Send ``items``; True when one of them is the close request."""

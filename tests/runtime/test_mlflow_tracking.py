@@ -17,6 +17,7 @@ import sys
 import time
 
 import pytest
+from ports import free_port
 
 from hyperpod_lab import cli
 from hyperpod_lab.errors import SpecError
@@ -55,12 +56,6 @@ with hp.init() as ctx:
         time.sleep(float(os.environ.get("MLF_TEST_STEP_SLEEP", "0.02")))
 """
 EVERY_STEP = "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.000001"  # a step event for every step, to compare
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
