@@ -5,7 +5,8 @@ a memory checkpoint of every rank every 5 steps with its rank and node, rank 133
 reported by its node's agent, n167).
 
 Asserted: the dashboard opens with one lane per node (257 rows with the job's) and at most 60
-lane elements in the DOM (only the rows in view and a few around them); n167's lane carries the
+lane elements in the DOM (only the rows in view and a few around them); ↓ 20 times from the job's
+lane focuses n19, scrolled into view; n167's lane carries the
 fault of rank 1337, named in its label; scrolling the lanes to the end brings the last node's
 lane (n255) into the DOM and still keeps at most 60; opening n167 asks the server for its ranks
 and shows its 8 ranks' lanes (1336-1343), rank 1337's with the fault. Screenshot:
@@ -62,9 +63,20 @@ def test_a_2048_rank_job_opens_with_a_bounded_number_of_lanes_scrolls_and_expand
                 first = dash.locator('[data-testid=hp-dash-lane][data-lane="n0"]')
                 assert dash.locator('[data-testid=hp-dash-lane][data-kind=node]').first.get_attribute("data-lane") == "n0"
 
+                # keys: ↓ from the job's lane moves through lanes not yet in the DOM, scrolling each into view
+                dash.locator('[data-testid=hp-dash-lane][data-lane="job"]').focus()
+                for _ in range(20):
+                    page.keyboard.press("ArrowDown")
+                focused = page.evaluate("() => document.activeElement.dataset.lane")
+                assert focused == "n19", focused
+                assert page.evaluate("""() => { const a = document.activeElement.getBoundingClientRect();
+                    const v = document.querySelector('[data-testid=hp-dash-lane-rows]').getBoundingClientRect();
+                    return a.top >= v.top - 1 && a.bottom <= v.bottom + 1; }""")
+                assert _lanes_in_dom(dash) <= MAX_LANES
+
                 # scroll the lanes to the end (the wheel over the lanes' names): the last node's lane
                 rows = dash.locator("[data-testid=hp-dash-lane-rows]")
-                box = first.locator(".jp-HyperPodDash-laneLabel").bounding_box()
+                box = dash.locator('[data-testid=hp-dash-lane][data-lane="n19"] .jp-HyperPodDash-laneLabel').bounding_box()
                 page.mouse.move(box["x"] + 20, box["y"] + 10)
                 last = dash.locator('[data-testid=hp-dash-lane][data-lane="n255"]')
                 for _ in range(100):
