@@ -4,8 +4,9 @@ rank 0 with the ``mlflow`` library's :class:`mlflow.MlflowClient` from rank 0's 
 The source is rank 0's event writer: every event :meth:`JobContext.emit
 <hyperpod_lab.runtime.context.JobContext.emit>` writes on global rank 0 is also handed to
 :meth:`MlflowTracking.event`, which only puts it on a bounded queue (``put_nowait``; cost:
-``benchmarks/mlflow_overhead.py``, docs/tracking.md); a daemon thread (``hyperpod-mlflow``) turns the events into MLflow calls, batching
-what queued up (at most one request per :data:`BATCH_S`) into ``log_batch`` requests. A slow or down server therefore never stalls a
+``benchmarks/mlflow_overhead.py``, docs/tracking.md); a daemon thread (``hyperpod-mlflow``)
+turns the events into MLflow calls, batching what queued up (a round at most every
+:data:`BATCH_S`) into ``log_batch`` requests. A slow or down server therefore never stalls a
 step: a full queue drops the newest events (:attr:`MlflowTracking.dropped`), and a failing request
 prints one warning line to stderr (the rank's log) and is retried at most every
 :data:`RETRY_S` seconds; nothing raises into training.
@@ -40,6 +41,9 @@ that ends for good with rank 0 raising is marked ``failed`` by rank 0; one whose
 killed (SIGKILL, a lost node) on its last attempt keeps status RUNNING: its final state is only
 in the job's events (the submitting side's ``finished`` {status: "failed"}), which is not
 forwarded to MLflow.
+
+Checkpointless jobs: global rank 0's events only; while its replica group is out of the quorum
+another rank writes the job's ``step`` events, and those steps are not logged.
 
 One run per job: the first start creates it and writes :attr:`JobPaths.mlflow_run
 <hyperpod_lab.jobdir.JobPaths.mlflow_run>` (``mlflow-run.json``) atomically; every later start

@@ -292,6 +292,11 @@ def test_spec_fields_and_flags(monkeypatch):
     assert (parse(["submit", "t.py"]).tracking, parse(["submit", "t.py"]).tracking_uri) == ("off", None)
     a = parse(["submit", "t.py", "--tracking", "mlflow", "--tracking-uri", "http://h:5000"])
     assert (a.tracking, a.tracking_uri) == ("mlflow", "http://h:5000")
+    from mlflow.utils import validation  # the limits the tracker batches and truncates by are MLflow's own
+    assert (mlflow_tracking.MAX_PARAM_CHARS, mlflow_tracking.MAX_TAG_CHARS, mlflow_tracking.MAX_METRICS_PER_BATCH,
+            mlflow_tracking.MAX_PARAMS_TAGS_PER_BATCH) == (
+        validation.MAX_PARAM_VAL_LENGTH, validation.MAX_TAG_VAL_LENGTH, validation.MAX_METRICS_PER_BATCH,
+        validation.MAX_PARAMS_TAGS_PER_BATCH)
     assert mlflow_tracking.flatten({"nodes": 2, "args": ["--steps", "5"], "partition": None,
                                     "resiliency": {"max_retries": 3, "spares": 0}}) == {
         "nodes": "2", "args": '["--steps", "5"]', "partition": "null", "resiliency.max_retries": "3",
