@@ -499,6 +499,7 @@ class _PodRun:
     def __init__(self, ns: str, name: str, node: str, ip: str, netns: str, workdir: str):
         self.ns, self.name, self.node, self.ip, self.netns, self.workdir = ns, name, node, ip, netns, workdir
         self.proc: subprocess.Popen | None = None
+        self.index = 0  # the kubelet's count of pods so far: names its netns and veth
         self.restart_count = 0
         self.deleting = False
         self.done = threading.Event()
@@ -606,8 +607,7 @@ class KubeletStandIn:
                     break
 
     def _net_up(self, run: _PodRun) -> None:
-        self._n += 1
-        veth = f"v{self._n}"
+        veth = f"v{run.index}"  # in the cluster namespace; the pod's end is its eth0
         _ip("netns", "add", run.netns)
         _ip("-n", self.cluster_ns, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", run.netns)
         _ip("-n", self.cluster_ns, "link", "set", veth, "master", "br0", "up")
@@ -630,9 +630,11 @@ class KubeletStandIn:
                 return self.kube.put(("api/v1/pods", ns, name), {**pod, "status": status}, "ADDED")
             pod["spec"]["nodeName"] = node
             ip = self._address(name, ns)
-            workdir = os.path.join(self.root, ns, f"{name}-{len(self.runs)}-{self._n}")
+            self._n += 1  # under the lock: each pod its own netns, veth and folder
+            workdir = os.path.join(self.root, ns, f"{name}-{self._n}")
             os.makedirs(os.path.join(workdir, "logs"))
-            run = _PodRun(ns, name, node, ip, f"{self.tag}-p{len(self.ips)}-{self._n + 1}", workdir)
+            run = _PodRun(ns, name, node, ip, f"{self.tag}-p{self._n}", workdir)
+            run.index = self._n
             self.runs[(ns, name)] = run
         status.update(hostIP=f"10.0.0.{list(self.nodes).index(node) + 1}", podIP=ip, podIPs=[{"ip": ip}])
         status["conditions"].append({"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()})
