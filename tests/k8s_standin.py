@@ -829,10 +829,12 @@ class KubeletStandIn:
         run.done.wait(timeout=30)
         _ip("netns", "del", run.netns, check=False)
 
-    def delete_pod(self, ns: str, name: str, grace: int | None) -> dict:
+    def delete_pod(self, ns: str, name: str, grace: int | None) -> dict | None:
         """The API's DELETE: mark ``deletionTimestamp``, then (in a thread) stop the container
         and remove the pod. Returns the pod as the API server does (being deleted)."""
         obj = self.kube.find("api/v1/pods", ns, name)
+        if obj is None:
+            return None  # already gone
         if obj["metadata"].get("deletionTimestamp"):
             return obj  # already being deleted
         if grace is None:
