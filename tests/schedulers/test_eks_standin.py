@@ -350,6 +350,10 @@ def test_kubelet_restart_policy_and_graceful_delete(standin):
     assert cs["lastState"]["terminated"]["exitCode"] == 3
     with open(standin.log_path("ml", "flaky", previous=True)) as f:
         assert f.read() == "run\n"
+    from urllib.request import urlopen
+
+    with urlopen(f"{standin.url}/api/v1/namespaces/ml/pods/flaky/log?previous=true&tailLines=5") as r:
+        assert r.read() == b"run\n"  # the API's view of the previous instance
     wait_for("Failed", lambda: status("once").get("phase") == "Failed")
     assert status("once")["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 4
     wait_for("up", lambda: b"up" in pod_log(standin, "polite"))
