@@ -1,6 +1,6 @@
-"""The EKS backend through the real ``kubernetes`` client against ``tests/fake_k8s.py``, a FAKE
+"""The EKS backend through the real ``kubernetes`` client against ``tests/k8s_standin.py``, a STAND-IN
 Kubernetes API server (real HTTP on loopback, a real kubeconfig; no real API server can be
-installed here) whose fake operator starts pods, fails one, restarts the job and scales it. The
+installed here) whose scripted operator starts pods, fails one, restarts the job and scales it. The
 operator's status reaches our ``EventReader`` as events of the writer ``operator``. The EKS-token
 path makes a real presigned STS URL with boto3 and reads the cluster from a moto EKS server."""
 

@@ -111,7 +111,7 @@ def test_a_secret_reaches_the_slurm_ranks_through_sbatch_not_the_files(dev_clust
 
 
 def test_a_secret_goes_to_a_kubernetes_secret_on_eks(tmp_path, client, monkeypatch):
-    """EKS (against the FAKE API server of tests/fake_k8s.py): a Secret holds the value, the pods
+    """EKS (against the stand-in API server of tests/k8s_standin.py, scripted operator): a Secret holds the value, the pods
     reference it; the CR, the ConfigMap and --dry-run carry only the name."""
     fake = FakeKube()
     try:
