@@ -465,6 +465,19 @@ def start_standin(shared_root: str, nodes: int = 3, token_prefix: str | None = N
                       restart_backoff_s=restart_backoff_s)
 
 
+def wait_for(what: str, fn, timeout: float = 60.0, every: float = 0.1, diagnose=lambda why: why):
+    """Poll ``fn()`` every ``every`` seconds until it returns something true, and return that;
+    after ``timeout`` seconds raise AssertionError with ``diagnose(<what timed out>)`` (a test
+    adds the pods' logs or the events there)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = fn()
+        if v:
+            return v
+        time.sleep(every)
+    raise AssertionError(diagnose(f"timed out after {timeout} s waiting for {what}"))
+
+
 @contextlib.contextmanager
 def standin_in(folder) -> Iterator[K8sStandIn]:
     """A started stand-in (:func:`start_standin`) whose claim is ``<folder>/fsx`` (made here),

@@ -36,7 +36,8 @@ from hyperpod_lab.spec import ElasticPolicy, JobSpec, ResiliencyPolicy
 from hyperpod_lab.submit.clusters import ClusterProfile, save_profile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the helpers
-from k8s_standin import start_standin
+import k8s_standin
+from k8s_standin import standin_in
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(REPO, "examples", "train_lm.py")
@@ -47,21 +48,12 @@ STEPS = 150
 
 @pytest.fixture
 def standin(tmp_path):
-    shared = tmp_path / "fsx"
-    shared.mkdir()
-    k = start_standin(str(shared))
-    yield k
-    k.stop()
+    with standin_in(tmp_path) as k:
+        yield k
 
 
 def wait_for(what, fn, timeout=120.0, every=0.1, diagnose=lambda why: why):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = fn()
-        if v:
-            return v
-        time.sleep(every)
-    raise AssertionError(diagnose(f"timed out after {timeout} s waiting for {what}"))
+    return k8s_standin.wait_for(what, fn, timeout, every, diagnose)
 
 
 def test_checkpointless_job_on_the_eks_standin(standin, tmp_path, server):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-import time
 
 import pytest
 
@@ -19,6 +18,7 @@ from hyperpod_lab.spec import JobSpec
 from hyperpod_lab.submit.clusters import ClusterProfile, save_profile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the helpers
+import k8s_standin
 from k8s_standin import standin_in
 from test_eks_render import sdk_validate
 
@@ -43,16 +43,11 @@ def profile(k, tmp_path, name="eks-standin") -> ClusterProfile:
 
 
 def wait_for(what, fn, timeout=60.0, every=0.1, k=None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = fn()
-        if v:
-            return v
-        time.sleep(every)
-    logs = "".join(f"\n--- {p['metadata']['name']} {p['status'].get('phase')} "
-                   f"{[c.get('state') for c in p['status'].get('containerStatuses') or []]} ---\n"
-                   + pod_log(k, p["metadata"]["name"]).decode()[-3000:] for p in k.pods()) if k else ""
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}{logs}")
+    def with_logs(why):
+        return why + ("".join(f"\n--- {p['metadata']['name']} {p['status'].get('phase')} "
+                              f"{[c.get('state') for c in p['status'].get('containerStatuses') or []]} ---\n"
+                              + pod_log(k, p["metadata"]["name"]).decode()[-3000:] for p in k.pods()) if k else "")
+    return k8s_standin.wait_for(what, fn, timeout, every, with_logs)
 
 
 def job_status(k, name):
