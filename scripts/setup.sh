@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 
 APT_PKGS=(slurm-wlm munge openssh-server slurmdbd mariadb-server chromium)  # chromium: Debian's, for the Lab UI tests (never a downloaded browser)
+APT_PKGS+=(iproute2 util-linux)  # ip, unshare, mount: the Kubernetes stand-in runs each pod in its own network, PID and mount namespaces (tests/k8s_standin.py)
 command -v node >/dev/null && command -v npm >/dev/null || APT_PKGS+=(nodejs npm)
 missing=()
 for p in "${APT_PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
