@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -97,6 +98,7 @@ def main() -> None:
            "caller_cpu_with_us": k_on * 1e6, "caller_cpu_without_us": k_off * 1e6,
            "with_all_us": [v * 1e6 for v in wall[True]], "without_all_us": [v * 1e6 for v in wall[False]]}
     write_results(a.out, out, said=f"{sent} loss points read back with MlflowClient; JSON:")
+    shutil.rmtree(job_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

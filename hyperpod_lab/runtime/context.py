@@ -609,8 +609,6 @@ class JobContext:
         self._checkpointers.clear()
         if self.tensorboard is not None:  # flushes the event file
             self.tensorboard.close()
-        if self.mlflow is not None:  # sends what is queued (at most CLOSE_TIMEOUT_S)
-            self.mlflow.close()
         if self.heartbeat is not None:
             self.heartbeat.close()
             self.heartbeat = None
@@ -622,6 +620,8 @@ class JobContext:
                     dist.destroy_process_group(self.cpu_group)
             except Exception:  # teardown after a peer's death must not mask the real error
                 pass
+        if self.mlflow is not None:  # sends what is queued (bounded), after the groups: peers do not wait on it
+            self.mlflow.close()
 
     def __enter__(self) -> "JobContext":
         return self

@@ -174,6 +174,7 @@ class MlflowTracking:
         self._retry_at = 0.0  # monotonic time of the next try while failing
         self._recoveries = 0
         self._closed = False
+        self._close_timeout_s = CLOSE_TIMEOUT_S
         self._warned = threading.Lock()  # held for good by the one warning
         self._thread = threading.Thread(target=self._run, name="hyperpod-mlflow", daemon=True)
         self._thread.start()
@@ -185,10 +186,13 @@ class MlflowTracking:
         self._put(("event", ev, step))
 
     def failed(self, exc: BaseException) -> None:
-        """Rank 0 leaves the job with ``exc``: tag ``failed`` (status FAILED), then :meth:`close`
-        waiting at most :data:`FAIL_TIMEOUT_S` seconds. A restart marks the run running again."""
-        self._put(("failed", f"{type(exc).__name__}: {exc}"[:MAX_TAG_CHARS]))
-        self.close(FAIL_TIMEOUT_S)
+        """Rank 0 leaves the job with ``exc``: queue tag ``failed`` (status FAILED); the
+        :meth:`close` that follows then waits at most :data:`FAIL_TIMEOUT_S` seconds. A restart
+        marks the run running again. ``SystemExit`` with status 0 or None (``sys.exit()`` in the
+        script) is no failure."""
+        if not (isinstance(exc, SystemExit) and exc.code in (0, None)):
+            self._put(("failed", f"{type(exc).__name__}: {exc}"[:MAX_TAG_CHARS]))
+            self._close_timeout_s = FAIL_TIMEOUT_S
 
     def sync(self, timeout_s: float = 60.0) -> bool:
         """Wait until everything queued before this call was sent (or dropped). False on timeout."""
@@ -198,14 +202,16 @@ class MlflowTracking:
         self._wake.set()
         return done.wait(timeout_s)
 
-    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> bool:
+    def close(self, timeout_s: float | None = None) -> bool:
         """Send what is queued (unless the server is failing: then drop it) and stop the thread,
-        waiting at most ``timeout_s`` seconds; past that the thread is left to the process's exit
+        waiting at most ``timeout_s`` seconds (None: :data:`CLOSE_TIMEOUT_S`, after
+        :meth:`failed` :data:`FAIL_TIMEOUT_S`); past that the thread is left to the process's exit
         (a daemon) with the warning that events were not sent. Idempotent: a second call does not
         wait. Returns whether the thread ended."""
         if self._closed:
             return not self._thread.is_alive()
         self._closed = True
+        timeout_s = self._close_timeout_s if timeout_s is None else timeout_s
         self._closing.set()
         self._put(("close",))
         self._wake.set()

@@ -233,6 +233,7 @@ def test_failure_restart_and_a_lost_run_file_keep_one_run(mlflow_server, tmp_pat
     first = mlflow_tracking.MlflowTracking(spec, job_dir, "unit-job")
     started(first)
     first.failed(RuntimeError("boom"))
+    assert first.close()  # what the context's teardown does next
     mlf = MlflowClient(tracking_uri=mlflow_server)
     run = mlf.get_run(first.run_id)
     assert run.info.status == "FAILED" and run.data.tags["hyperpod_lab.state"] == "failed"
