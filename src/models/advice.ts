@@ -6,6 +6,7 @@ import * as api from '../api/network';
 import { IAdviceQuery, IGoodputAdvice } from '../api/rest';
 import { IAdviceModel } from './tokens';
 import { LatestRequest } from './latest';
+import { clearTimer } from './timer';
 
 /** Quiet time after the last change of the form before the advice is asked for, ms. */
 const ADVICE_DEBOUNCE_MS = 300;
@@ -34,10 +35,7 @@ export class AdviceModel implements IAdviceModel {
    * older queries are dropped. `null` cancels and clears the advice.
    */
   request(query: IAdviceQuery | null): void {
-    if (this._timer !== null) {
-      window.clearTimeout(this._timer);
-      this._timer = null;
-    }
+    this._timer = clearTimer(this._timer);
     this._latest.cancel();
     if (query === null) {
       this._advice = null;
@@ -54,10 +52,7 @@ export class AdviceModel implements IAdviceModel {
   /** Drop the pending request, disconnect the listeners. */
   dispose(): void {
     this._disposed = true;
-    if (this._timer !== null) {
-      window.clearTimeout(this._timer);
-      this._timer = null;
-    }
+    this._timer = clearTimer(this._timer);
     Signal.clearData(this);
   }
 

@@ -6,6 +6,7 @@
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { getFiredAlerts, IFiredAlert } from '../api/alerts';
+import { clearTimer } from './timer';
 
 /** How often the server is asked, ms (every minute while it has no alerts file). */
 const POLL_MS = 5000;
@@ -32,10 +33,7 @@ export class AlertFeed {
   /** Stop polling, disconnect the listeners. */
   dispose(): void {
     this._disposed = true;
-    if (this._timer !== null) {
-      window.clearTimeout(this._timer);
-      this._timer = null;
-    }
+    this._timer = clearTimer(this._timer);
     Signal.clearData(this);
   }
 
