@@ -3,11 +3,13 @@ failure that says how to install them (never a skip), and screenshots under test
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 
 import pytest
 
-from benchmarks._lab import MissingComponent, chromium_path
+from benchmarks._lab import MissingComponent, chromium_path, launch_chromium
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,6 +27,36 @@ def playwright_or_fail():
     except MissingComponent as e:
         pytest.fail(str(e), pytrace=False)
     return sync_playwright
+
+
+def fresh_artifacts(artifacts: str) -> str:
+    """Empty the folder ``artifacts`` (this test's screenshots and logs), creating it; returns it."""
+    shutil.rmtree(artifacts, ignore_errors=True)
+    os.makedirs(artifacts)
+    return artifacts
+
+
+@contextlib.contextmanager
+def chromium_page(width: int, height: int, artifacts: str, lab=None, failure: str = "failure"):
+    """Launch Debian's Chromium headless through Playwright (``benchmarks._lab.launch_chromium``)
+    and yield one page with a ``width`` x ``height`` px viewport; fails the test as
+    :func:`playwright_or_fail` does when either is missing. When the block raises,
+    ``<artifacts>/<failure>.png`` is saved while the browser is still open and the tail of
+    ``lab``'s log (a ``benchmarks._lab.Lab``, if given) is printed before the error goes on. The
+    browser is closed on leaving."""
+    with playwright_or_fail()() as p:
+        browser = launch_chromium(p)
+        try:
+            page = browser.new_page(viewport={"width": width, "height": height})
+            try:
+                yield page
+            except Exception:
+                screenshot(page, artifacts, failure)
+                if lab is not None:
+                    print(lab.log_tail())
+                raise
+        finally:
+            browser.close()
 
 
 def screenshot(page, artifacts: str, name: str) -> str:

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
-from lab_browser import open_hyperpod_tab, playwright_or_fail, screenshot, wait_job_ended
+from lab_browser import chromium_page, fresh_artifacts, open_hyperpod_tab, screenshot, wait_job_ended
 from loopback_http import LoopbackHTTP
 
-from benchmarks._lab import Lab, launch_chromium
+from benchmarks._lab import Lab
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ARTIFACTS = os.path.join(REPO, "test-artifacts", "alerts-lab")
@@ -27,9 +26,7 @@ POLL_S = 5  # src/models/alertFeed.ts POLL_MS
 
 
 def test_a_fired_rule_is_shown_once_in_the_lab(tmp_path):
-    sync_playwright = playwright_or_fail()
-    shutil.rmtree(ARTIFACTS, ignore_errors=True)
-    os.makedirs(ARTIFACTS)
+    fresh_artifacts(ARTIFACTS)
     posts: list[bytes] = []
 
     def answer(request):
@@ -49,47 +46,39 @@ def test_a_fired_rule_is_shown_once_in_the_lab(tmp_path):
               env={"HYPERPOD_LAB_DATA_DIR": str(tmp_path / "data")},
               args=[f"--HyperPodLab.alerts_file={alerts}"]).start()
     try:
-        with sync_playwright() as p:
-            browser = launch_chromium(p)
-            page = browser.new_page(viewport={"width": 1280, "height": 800})
-            try:
-                sidebar = open_hyperpod_tab(page, lab)
-                sidebar.locator('[data-testid=hp-cluster][data-cluster="local"]').wait_for()
-                spec = {"script": "fail.py", "name": "will-fail", "cluster": "local", "args": [],
-                        "resiliency": {"auto_resume": False}}  # failed at once, no restarts
-                job_id = lab.post("hyperpod/jobs", {"spec": spec})["job"]["job_id"]
-                assert wait_job_ended(lab, job_id)["status"] == "failed"
+        with chromium_page(1280, 800, ARTIFACTS, lab) as page:
+            sidebar = open_hyperpod_tab(page, lab)
+            sidebar.locator('[data-testid=hp-cluster][data-cluster="local"]').wait_for()
+            spec = {"script": "fail.py", "name": "will-fail", "cluster": "local", "args": [],
+                    "resiliency": {"auto_resume": False}}  # failed at once, no restarts
+            job_id = lab.post("hyperpod/jobs", {"spec": spec})["job"]["job_id"]
+            assert wait_job_ended(lab, job_id)["status"] == "failed"
 
-                toast = page.locator(".Toastify__toast", has_text='Alert "failed-here"')
-                toast.first.wait_for(timeout=30000)
-                assert job_id in toast.first.inner_text() and "failed" in toast.first.inner_text()
-                toast.first.screenshot(path=os.path.join(ARTIFACTS, "alert_toast.png"))
-                # the Lab's notification centre (the status bar's bell) lists it too
-                page.locator(".jp-Notification-Status").click()
-                page.locator(".jp-Notification-List", has_text='Alert "failed-here"').wait_for()
-                screenshot(page, ARTIFACTS, "alert_notification")
-                page.keyboard.press("Escape")
-                fired = lab.get("hyperpod/alerts")
-                assert fired["enabled"] is True
-                assert [(a["rule"], a["on"], a["job_id"]) for a in fired["alerts"]] == \
-                    [("failed-here", "job_failed", job_id)], fired
-                assert lab.get(f"hyperpod/alerts?after={fired['next']}")["alerts"] == []
-                # once: no second toast at the next poll, none after a reload (its first poll)
-                with page.expect_response(lambda r: "/hyperpod/alerts?" in r.url, timeout=POLL_S * 2000):
-                    pass
-                page.wait_for_timeout(300)
-                assert toast.count() == 1
-                with page.expect_response(lambda r: "/hyperpod/alerts?" in r.url):
-                    page.reload(wait_until="domcontentloaded")
-                page.wait_for_timeout(500)
-                assert toast.count() == 0
-                # the route answers the same again: what stopped the toast is the Lab's memory
-                assert lab.get("hyperpod/alerts")["alerts"] == fired["alerts"]
-            except Exception:
-                screenshot(page, ARTIFACTS, "failure")
-                print(lab.log_tail())
-                raise
-            browser.close()
+            toast = page.locator(".Toastify__toast", has_text='Alert "failed-here"')
+            toast.first.wait_for(timeout=30000)
+            assert job_id in toast.first.inner_text() and "failed" in toast.first.inner_text()
+            toast.first.screenshot(path=os.path.join(ARTIFACTS, "alert_toast.png"))
+            # the Lab's notification centre (the status bar's bell) lists it too
+            page.locator(".jp-Notification-Status").click()
+            page.locator(".jp-Notification-List", has_text='Alert "failed-here"').wait_for()
+            screenshot(page, ARTIFACTS, "alert_notification")
+            page.keyboard.press("Escape")
+            fired = lab.get("hyperpod/alerts")
+            assert fired["enabled"] is True
+            assert [(a["rule"], a["on"], a["job_id"]) for a in fired["alerts"]] == \
+                [("failed-here", "job_failed", job_id)], fired
+            assert lab.get(f"hyperpod/alerts?after={fired['next']}")["alerts"] == []
+            # once: no second toast at the next poll, none after a reload (its first poll)
+            with page.expect_response(lambda r: "/hyperpod/alerts?" in r.url, timeout=POLL_S * 2000):
+                pass
+            page.wait_for_timeout(300)
+            assert toast.count() == 1
+            with page.expect_response(lambda r: "/hyperpod/alerts?" in r.url):
+                page.reload(wait_until="domcontentloaded")
+            page.wait_for_timeout(500)
+            assert toast.count() == 0
+            # the route answers the same again: what stopped the toast is the Lab's memory
+            assert lab.get("hyperpod/alerts")["alerts"] == fired["alerts"]
         # the webhook got the same alert, once
         assert [json.loads(b)["text"] for b in posts] == [fired["alerts"][0]["text"]], posts
     finally:

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
-from lab_browser import cancel_job_quietly, dark_theme, open_hyperpod_tab, playwright_or_fail, screenshot
+from lab_browser import cancel_job_quietly, chromium_page, dark_theme, fresh_artifacts, open_hyperpod_tab, screenshot
 
-from benchmarks._lab import Lab, launch_chromium, run_command
+from benchmarks._lab import Lab, run_command
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ARTIFACTS = os.path.join(REPO, "test-artifacts", "submit-main")
@@ -128,9 +127,7 @@ def _walk(page, lab) -> str:
 
 
 def test_the_notebook_toolbar_opens_the_form_in_the_main_area_and_submits_the_notebook(tmp_path):
-    sync_playwright = playwright_or_fail()
-    shutil.rmtree(ARTIFACTS, ignore_errors=True)
-    os.makedirs(ARTIFACTS)
+    fresh_artifacts(ARTIFACTS)
     root = tmp_path / "root"
     os.makedirs(root)
     # a kernelspec: the Lab starts it without asking (no "Select Kernel" dialog over the page)
@@ -142,16 +139,8 @@ def test_the_notebook_toolbar_opens_the_form_in_the_main_area_and_submits_the_no
     lab = Lab(str(root), log_path=os.path.join(ARTIFACTS, "jupyter-lab.log")).start()
     job_id = None
     try:
-        with sync_playwright() as p:
-            browser = launch_chromium(p)
-            page = browser.new_page(viewport={"width": 1440, "height": 960})
-            try:
-                job_id = _walk(page, lab)
-            except Exception:
-                screenshot(page, ARTIFACTS, "failure")
-                print(lab.log_tail())
-                raise
-            browser.close()
+        with chromium_page(1440, 960, ARTIFACTS, lab) as page:
+            job_id = _walk(page, lab)
 
         # the job runs the notebook as saved from the Lab, with the unsaved edit (the converted
         # script the server staged: hyperpod_lab/submit/notebook_script.py)
