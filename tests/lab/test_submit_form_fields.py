@@ -16,9 +16,9 @@ import glob
 import os
 import shutil
 
-from lab_browser import cancel_job_quietly, open_hyperpod_tab, playwright_or_fail, screenshot, wait_job_ended
+from lab_browser import cancel_job_quietly, chromium_page, fresh_artifacts, open_hyperpod_tab, screenshot, wait_job_ended
 
-from benchmarks._lab import Lab, launch_chromium
+from benchmarks._lab import Lab
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ARTIFACTS = os.path.join(REPO, "test-artifacts", "submit-form")
@@ -30,18 +30,14 @@ def _is_submit(request) -> bool:
 
 
 def test_storm_guard_and_tensorboard_fields_reach_the_job(tmp_path):
-    sync_playwright = playwright_or_fail()
-    shutil.rmtree(ARTIFACTS, ignore_errors=True)
-    os.makedirs(ARTIFACTS)
+    fresh_artifacts(ARTIFACTS)
     root = tmp_path / "root"
     os.makedirs(root / "examples")
     shutil.copy(os.path.join(REPO, "examples", "train_lm.py"), root / "examples" / "train_lm.py")
     lab = Lab(str(root), log_path=os.path.join(ARTIFACTS, "jupyter-lab.log")).start()
     job_id = None
     try:
-        with sync_playwright() as p:
-            browser = launch_chromium(p)
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        with chromium_page(1400, 1000, ARTIFACTS, lab) as page:
             posts: list[str] = []
             page.on("request", lambda r: posts.append(r.url) if _is_submit(r) else None)
             sidebar = open_hyperpod_tab(page, lab)
@@ -97,7 +93,6 @@ def test_storm_guard_and_tensorboard_fields_reach_the_job(tmp_path):
             assert form.locator("[data-testid=hp-field-error]").count() == 0
             assert storm.get_attribute("aria-invalid") is None
             screenshot(page, ARTIFACTS, "2-submitted")
-            browser.close()
 
         # 3. the job's record through the REST API carries both fields
         job = lab.get(f"hyperpod/jobs/{job_id}")["job"]
