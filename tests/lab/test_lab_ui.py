@@ -20,7 +20,7 @@ import shutil
 import time
 
 import pytest
-from lab_browser import dark_theme, open_hyperpod_tab, playwright_or_fail, screenshot
+from lab_browser import chromium_page, dark_theme, open_hyperpod_tab, playwright_or_fail, screenshot
 
 from benchmarks._lab import Lab, launch_chromium, run_command
 
@@ -308,7 +308,7 @@ def test_discover_hyperpod_clusters_from_the_sidebar(tmp_path, monkeypatch):
     focused; Enter lists both clusters with orchestrator, status, instance groups and node health;
     "Add profiles" writes their profiles and the cluster list shows them; the sidebar's Refresh
     lists the region's clusters again; a malformed region shows the server's error inline."""
-    sync_playwright = _playwright()
+    _playwright()  # fails before moto and the Lab start when Playwright or Chromium is missing
     import boto3
 
     from tests.moto_server import MotoServer
@@ -334,21 +334,13 @@ def test_discover_hyperpod_clusters_from_the_sidebar(tmp_path, monkeypatch):
     root = tmp_path / "root"
     root.mkdir()
     lab = Lab(str(root), env=env, log_path=str(tmp_path / "jupyter-lab.log")).start()
-    page = None
     try:
-        with sync_playwright() as p:
-            browser = launch_chromium(p)
-            page = browser.new_page(viewport={"width": 1400, "height": 950})
+        with chromium_page(1400, 950, ARTIFACTS, lab, failure="discover-failure") as page:
             try:
                 _walk_discovery(page, lab, config)
             except Exception:
-                _shot(page, "discover-failure")  # while the browser is still open
                 print(page.locator("[data-testid=hp-sidebar]").inner_text(timeout=5000))
                 raise
-            browser.close()
-    except Exception:
-        print(lab.log_tail())
-        raise
     finally:
         lab.stop()
         moto.kill()
