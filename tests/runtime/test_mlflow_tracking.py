@@ -123,6 +123,8 @@ def test_local_job_logs_params_loss_curve_and_markers(mlflow_server, client, tmp
     assert rec.exit_code == 0, client.logs(job_id)[-3000:]
     assert rec.spec["tracking"] == "mlflow" and rec.spec["tracking_uri"] == mlflow_server  # resolved at submit
     events = client.event_reader(job_id).poll()
+    faults = [e.data for e in events if e.kind == "fault.detected"]
+    assert not faults, f"the job restarted unasked, rank 0's tracker killed with it: {faults}"
     mlf = MlflowClient(tracking_uri=mlflow_server)
     run = job_run(mlf, rec.job_dir, job_id)
     assert run.info.status == "FINISHED" and run.info.run_name == "mlf-local"
