@@ -7,8 +7,24 @@ here (the repository root is on ``sys.path`` in both: the benchmarks insert it, 
 
 from __future__ import annotations
 
+import argparse
+import os
 import signal
 import subprocess
+
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "results")
+
+
+def arg_parser(doc: str, results_name: str, blocks: int | None = None) -> argparse.ArgumentParser:
+    """A benchmark's argument parser: its description is the first line of ``doc`` (the module
+    docstring), and ``--out`` (the JSON results) defaults to ``benchmarks/results/<results_name>``.
+    ``blocks``: the benchmark alternates blocks with and without the feature; ``--blocks`` (that
+    default) is how many of each kind."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
+    p.add_argument("--out", default=os.path.join(RESULTS_DIR, results_name), help="JSON results file")
+    if blocks is not None:
+        p.add_argument("--blocks", type=int, default=blocks, help="blocks of each kind (on/off alternate)")
+    return p
 
 
 def stop_procs(procs: list[subprocess.Popen], timeout_s: float = 20.0) -> None:

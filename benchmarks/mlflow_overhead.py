@@ -18,7 +18,6 @@ Usage: .venv/bin/python benchmarks/mlflow_overhead.py [--blocks 6] [--steps 300]
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import shutil
@@ -27,16 +26,13 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from benchmarks._common import write_results  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
+from benchmarks._common import arg_parser, write_results
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--blocks", type=int, default=6, help="blocks of each kind (on/off alternate)")
+    p = arg_parser(__doc__, "mlflow_overhead.json", blocks=6)
     p.add_argument("--steps", type=int, default=300, help="ctx.step calls per block")
-    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "mlflow_overhead.json"))
     a = p.parse_args()
 
     job_dir = tempfile.mkdtemp(prefix="mlflow-overhead-")

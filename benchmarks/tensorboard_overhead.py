@@ -19,7 +19,6 @@ Usage: .venv/bin/python benchmarks/tensorboard_overhead.py [--blocks 10] [--bare
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import statistics
@@ -27,18 +26,15 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from benchmarks._common import write_results  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
+from benchmarks._common import arg_parser, write_results
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--blocks", type=int, default=10, help="blocks of each kind (on/off alternate)")
+    p = arg_parser(__doc__, "tensorboard_overhead.json", blocks=10)
     p.add_argument("--bare-steps", type=int, default=2000, help="ctx.step calls per bare block")
     p.add_argument("--train-steps", type=int, default=100, help="steps per train block")
     p.add_argument("--compute-ms", type=float, default=5.0, help="matmul work per train step (about)")
-    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "tensorboard_overhead.json"))
     a = p.parse_args()
 
     import torch

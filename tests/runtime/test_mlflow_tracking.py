@@ -33,28 +33,8 @@ except ImportError:  # a hard dependency: fail with the fix, never skip
 
 MLFLOW_BIN = os.path.join(os.path.dirname(sys.executable), "mlflow")
 STEPS = 12
-SCRIPT = f"""
-import os
-import time
-import torch
-import hyperpod_lab.runtime as hp
-with hp.init() as ctx:
-    torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    state = {{"model": model, "optim": opt}}
-    ckpt = hp.Checkpointer(ctx, every_steps=4)
-    for step in range(ckpt.restore(state), {STEPS}):
-        g = torch.Generator().manual_seed(1000 * step + ctx.rank)
-        x = torch.randn(16, 4, generator=g)
-        loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        ckpt.maybe_save(step, state)
-        ctx.step(step, loss.item(), tokens_per_s=1600.0, note="not a number")
-        time.sleep(float(os.environ.get("MLF_TEST_STEP_SLEEP", "0.02")))
-"""
+SCRIPT = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
+                           "metrics_train.py")).read()  # STEPS steps: METRICS_TEST_STEPS unset
 EVERY_STEP = "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.000001"  # a step event for every step, to compare
 
 
@@ -117,7 +97,7 @@ def test_local_job_logs_params_loss_curve_and_markers(mlflow_server, client, tmp
     (tmp_path / "train.py").write_text(SCRIPT)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)  # the submitting environment's
     job_id = cli.run(["submit", str(tmp_path / "train.py"), "--cluster", "local", "--nodes", "1",
-                      "--procs-per-node", "2", "--name", "mlf-local", "--tracking", "mlflow",
+                      "--procs-per-node", "1", "--name", "mlf-local", "--tracking", "mlflow",
                       "--checkpoint-every", "4", "--env", EVERY_STEP], client=client)
     rec = client.wait(job_id, timeout_s=180)
     assert rec.exit_code == 0, client.logs(job_id)[-3000:]
@@ -130,7 +110,7 @@ def test_local_job_logs_params_loss_curve_and_markers(mlflow_server, client, tmp
     assert run.info.status == "FINISHED" and run.info.run_name == "mlf-local"
     assert run.data.tags["hyperpod_lab.state"] == "succeeded" and run.data.tags["hyperpod_lab.job_dir"] == rec.job_dir
     params = run.data.params
-    assert params["nodes"] == "1" and params["procs_per_node"] == "2" and params["tracking"] == "mlflow"
+    assert params["nodes"] == "1" and params["procs_per_node"] == "1" and params["tracking"] == "mlflow"
     assert params["checkpoint.every_steps"] == "4" and params["resiliency.max_retries"] == "3"
     assert json.loads(params["env"]) == {"HYPERPOD_LAB_STEP_EVENT_INTERVAL_S": "0.000001"}
     losses = [(e.data["step"], e.data["loss"]) for e in events if e.kind == "step"]
@@ -156,7 +136,7 @@ def test_slurm_job_restart_logs_into_the_same_run(mlflow_server, dev_cluster, cl
     exactly one run tagged with the job's id."""
     (tmp_path / "train.py").write_text(SCRIPT)
     spec = JobSpec(script=str(tmp_path / "train.py"), name="mlf-slurm", cluster="local-slurm", nodes=2,
-                   procs_per_node=1, env={"MLF_TEST_STEP_SLEEP": "0.6", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S": "0.000001"},
+                   procs_per_node=1, env={"METRICS_TEST_STEP_SLEEP": "0.6", "HYPERPOD_LAB_STEP_EVENT_INTERVAL_S": "0.000001"},
                    tracking="mlflow", tracking_uri=mlflow_server).validate()
     rec = client.submit(spec)
     try:
@@ -188,12 +168,21 @@ def _restart_into_the_same_run(client, rec, mlflow_server: str) -> None:
     assert run.data.params["nodes"] == "2" and run.data.params["cluster"] == "local-slurm"
     assert run.data.tags["hyperpod_lab.state"] == "succeeded" and run.data.tags["hyperpod_lab.recoveries"] == "1"
     steps = [(e.data["step"], e.data["loss"]) for e in events if e.kind == "step"]
-    assert len(steps) > STEPS  # steps redone after the restore: logged again
-    assert history(mlf, run.info.run_id, "loss") == [(s, pytest.approx(v)) for s, v in steps]
+    assert len(steps) >= STEPS  # steps redone after the restore: logged again
     restored = done.data["restored_step"] + 1  # the first step after the restart
+    # The loss curve: the steps before the fault as a prefix (events queued in the killed rank 0's last
+    # second may not have been sent: docs/tracking.md), then every step of the restarted rank 0.
+    fault = next(e for e in events if e.kind == "fault.detected")
+    cut = next((i for i in range(1, len(steps)) if steps[i][0] <= steps[i - 1][0]),  # the restart redoes steps
+               sum(1 for e in events if e.kind == "step" and e.time < fault.time))  # (or resumes right after)
+    before, after = steps[:cut], steps[cut:]
+    assert after and after[0][0] == restored, (before, after)
+    got = history(mlf, run.info.run_id, "loss")
+    sent_before = len(got) - len(after)
+    assert 0 < sent_before <= len(before) and len(before) - sent_before <= 2, (got, steps)  # <= 1 s at 0.6 s/step
+    assert got == [(s, pytest.approx(v)) for s, v in before[:sent_before] + after], (got, steps)
     assert history(mlf, run.info.run_id, "recovery/restart_count") == [(restored, float(done.data["restart_count"]))]
     assert history(mlf, run.info.run_id, "recovery/downtime_s") == [(restored, pytest.approx(done.data["downtime_s"]))]
-    fault = next(e for e in events if e.kind == "fault.detected")
     last_before = max(e.data["step"] for e in events if e.kind == "step" and e.time < fault.time)
     assert history(mlf, run.info.run_id, "fault") == [(last_before, 1.0)]
     assert "rank 1" in run.data.tags["hyperpod_lab.fault.1"], run.data.tags

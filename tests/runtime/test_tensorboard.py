@@ -23,28 +23,8 @@ except ImportError:  # a hard dependency: fail with the fix, never skip
     pytest.fail("tensorboard is not installed; pip install tensorboard (or pip install -e .)", pytrace=False)
 
 STEPS = 12
-SCRIPT = f"""
-import os
-import time
-import torch
-import hyperpod_lab.runtime as hp
-with hp.init() as ctx:
-    torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    state = {{"model": model, "optim": opt}}
-    ckpt = hp.Checkpointer(ctx, every_steps=4)
-    for step in range(ckpt.restore(state), {STEPS}):
-        g = torch.Generator().manual_seed(1000 * step + ctx.rank)
-        x = torch.randn(16, 4, generator=g)
-        loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        ckpt.maybe_save(step, state)
-        ctx.step(step, loss.item(), lr=0.05, batch=16, note="not a number")
-        time.sleep(float(os.environ.get("TB_TEST_STEP_SLEEP", "0.02")))
-"""
+SCRIPT = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
+                           "metrics_train.py")).read()  # STEPS steps: METRICS_TEST_STEPS unset
 EVERY_STEP = {"HYPERPOD_LAB_STEP_EVENT_INTERVAL_S": "0.000001"}  # a step event for every step, to compare
 
 
@@ -146,7 +126,7 @@ def test_a_restarted_job_has_each_step_once_in_tensorboard(client, tmp_path):
     shows each step once, with the loss of its last step event (the recomputed one)."""
     (tmp_path / "train.py").write_text(SCRIPT)
     job_id = cli.run(["submit", str(tmp_path / "train.py"), "--cluster", "local", "--nodes", "1",
-                      "--procs-per-node", "2", "--tensorboard", "--env", "TB_TEST_STEP_SLEEP=0.6", "--env",
+                      "--procs-per-node", "2", "--tensorboard", "--env", "METRICS_TEST_STEP_SLEEP=0.6", "--env",
                       f"HYPERPOD_LAB_STEP_EVENT_INTERVAL_S={EVERY_STEP['HYPERPOD_LAB_STEP_EVENT_INTERVAL_S']}"],
                      client=client)
     reader, deadline = client.event_reader(job_id), time.monotonic() + 120
