@@ -22,6 +22,7 @@ from traitlets.config import Config, LoggingConfigurable
 from hyperpod_lab.server import redact
 from hyperpod_lab.server.alerts import Alerts, setup_alerts
 from hyperpod_lab.server.metrics import ServerMetrics, server_metrics
+from hyperpod_lab.server.queue import QueueCache
 from hyperpod_lab.server.watch.watcher import Watcher
 from hyperpod_lab.submit.client import Client
 
@@ -88,6 +89,7 @@ class HyperPodApp:
     secret_env_allowlist: frozenset[str] = field(default_factory=frozenset)
     metrics: ServerMetrics | None = None
     alerts: Alerts | None = None
+    queue: QueueCache | None = None
 
 
 def watcher_settings(server_app) -> dict:
@@ -125,7 +127,8 @@ def setup(server_app) -> HyperPodApp:
         watcher.observers.append(metrics)
     alerts = setup_alerts(trust.alerts_file or None, watcher)
     app = HyperPodApp(client=client, watcher=watcher, root_dir=root_dir,
-                      secret_env_allowlist=frozenset(trust.secret_env_allowlist), metrics=metrics, alerts=alerts)
+                      secret_env_allowlist=frozenset(trust.secret_env_allowlist), metrics=metrics, alerts=alerts,
+                      queue=QueueCache(watcher, trust.queue_interval_s))
     web_app.settings["hyperpod_lab"] = app
     base_url = web_app.settings["base_url"]
     web_app.add_handlers(".*$", [(url_path_join(base_url, path), cls) for path, cls in handlers()])

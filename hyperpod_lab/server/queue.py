@@ -23,7 +23,8 @@ from typing import Any
 
 from hyperpod_lab.schedulers.base import QueueUnsupported
 
-#: seconds between two snapshots of one cluster (the panel asks every 10 s too)
+#: seconds between two snapshots of one cluster (the panel asks every 10 s too); the server's is
+#: ``HyperPodLab.queue_interval_s`` (``hyperpod_lab.server``)
 DEFAULT_INTERVAL_S = 10.0
 
 
@@ -107,25 +108,3 @@ class QueueCache:
             counts[node["group"]] = counts.get(node["group"], 0) + 1
         return {**body, "user": user, "jobs": jobs, "nodes": snap["nodes"], "partitions": snap["partitions"],
                 "counts": counts}
-
-
-def queue_cache(settings: dict) -> QueueCache:
-    """The server's one :class:`QueueCache`, made on first use and kept in the tornado ``settings``
-    beside the extension's objects (``settings["hyperpod_lab"]``); its interval is
-    ``HyperPodLab.queue_interval_s`` when the server's config sets it (else :data:`DEFAULT_INTERVAL_S`)."""
-    cache = settings.get("hyperpod_lab_queue")
-    if cache is None:
-        cache = settings["hyperpod_lab_queue"] = QueueCache(settings["hyperpod_lab"].watcher,
-                                                            queue_interval(settings))
-    return cache
-
-
-def queue_interval(settings: dict) -> float:
-    """``HyperPodLab.queue_interval_s`` of the server's config (jupyter-server keeps its config in
-    ``settings["config"]``), a number of seconds >= 1; else :data:`DEFAULT_INTERVAL_S`."""
-    section = (settings.get("config") or {}).get("HyperPodLab", {}) or {}
-    try:
-        value = float(section.get("queue_interval_s", DEFAULT_INTERVAL_S))
-    except (TypeError, ValueError):
-        return DEFAULT_INTERVAL_S
-    return max(1.0, value)

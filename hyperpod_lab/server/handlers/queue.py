@@ -13,7 +13,6 @@ import tornado.web
 from jupyter_server.auth.decorator import authorized
 
 from hyperpod_lab.server.handlers.base import HyperPodHandler
-from hyperpod_lab.server.queue import queue_cache
 
 
 class QueueHandler(HyperPodHandler):
@@ -27,4 +26,4 @@ class QueueHandler(HyperPodHandler):
     @tornado.web.authenticated
     @authorized
     async def get(self, name: str):
-        self.reply(await queue_cache(self.settings).get(name))
+        self.reply(await self.hp.queue.get(name))
