@@ -146,11 +146,16 @@ def _number(path: str, where: str, value: Any, lo: float, hi: float) -> float:
     return float(value)
 
 
+def _is_webhook_url(url: str) -> bool:
+    """Whether ``url`` (stripped) is an http(s) URL with a host."""
+    parts = urlsplit(url.strip())
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
 def _check_url(path: str, url: Any, source: str) -> str:
     if not isinstance(url, str):
         raise _bad(path, f"{source} must be a string")
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if not _is_webhook_url(url):
         # the value is not shown: it may hold the credential
         raise _bad(path, f"{source} is not an http(s) URL with a host (value not shown)")
     return url.strip()
@@ -277,8 +282,7 @@ def profile_webhook_url(cluster: str, environ: dict[str, str] | None = None) -> 
     if not environ.get(name):
         raise ConfigError(f"{where}: alerts_webhook_url_env names {name}, which is not set in the Jupyter server's "
                           f"environment; export it before starting the server, or remove the setting")
-    parts = urlsplit(environ[name].strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if not _is_webhook_url(environ[name]):
         raise ConfigError(f"{where}: the environment variable {name} (alerts_webhook_url_env) is not an http(s) URL "
                           f"with a host (value not shown)")
     url = environ[name].strip()
