@@ -269,7 +269,12 @@ def _check_supported(spec: JobSpec) -> None:
 
 
 def is_checkpointless(spec: JobSpec) -> bool:
-    return getattr(spec.resiliency, "recovery", RECOVERY_RESTART) == RECOVERY_CHECKPOINTLESS
+    return spec.resiliency.recovery == RECOVERY_CHECKPOINTLESS
+
+
+def is_kubeflow(profile: ClusterProfile) -> bool:
+    """The profile's operator is Kubeflow's training operator (a ``PyTorchJob``), not HyperPod's."""
+    return (profile.operator or "hyperpod") == "kubeflow"
 
 
 def lighthouse_service_name(job_id: str) -> str:
@@ -290,8 +295,6 @@ def lighthouse_url(job_id: str, profile: ClusterProfile) -> str:
     return f"http://{lighthouse_service_name(job_id)}.{ns}.svc:{LIGHTHOUSE_PORT}"
 
 
-def is_kubeflow(profile: ClusterProfile) -> bool:
-    return (profile.operator or "hyperpod") == "kubeflow"
 
 
 def extra_resources(spec: JobSpec, job_id: str, profile: ClusterProfile) -> list[dict[str, Any]]:

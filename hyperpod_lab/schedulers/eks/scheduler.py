@@ -76,7 +76,7 @@ class EksScheduler(Scheduler):
         return kclient.CoreV1Api(self.api)
 
     def _gvp(self) -> tuple[str, str, str]:
-        if (self.profile.operator or "hyperpod") == "kubeflow":
+        if km.is_kubeflow(self.profile):
             return km.KUBEFLOW_GROUP, km.KUBEFLOW_VERSION, km.KUBEFLOW_PLURAL
         return km.HYPERPOD_GROUP, km.HYPERPOD_VERSION, km.HYPERPOD_PLURAL
 
