@@ -28,6 +28,7 @@ import re
 import socket
 import sys
 import time
+import weakref
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Iterable, Iterator, Protocol
@@ -316,10 +317,23 @@ class LocalFiles:
 
     def read_tails(self, directory: str, starts: dict[str, int], wants: dict[str, int] | None = None,
                    max_bytes: int | None = None) -> tuple[dict[str, int], dict[str, bytes], dict[str, str]]:
-        """Every grown event file's bytes past ``starts`` in one call (:func:`read_tails`)."""
-        sizes, data, errors = _tails.read_tails(directory, starts, wants, max_bytes)
+        """Every grown event file's bytes past ``starts`` in one call (:func:`read_tails`),
+        through this instance's :class:`hyperpod_lab.tails.Tailer` (made on first use; it keeps
+        the files open between polls: see there for what a poll then costs, and what it sees
+        late). :meth:`close` (or the instance's end) closes them."""
+        tailer = self.__dict__.get("_tailer")
+        if tailer is None:
+            tailer = self._tailer = _tails.Tailer()
+            weakref.finalize(self, tailer.close)
+        sizes, data, errors = tailer.read_tails(directory, starts, wants, max_bytes)
         LocalFiles.bytes_read += sum(len(b) for b in data.values())
         return sizes, data, errors
+
+    def close(self) -> None:
+        """Close the event files kept open by :meth:`read_tails` (it may be used again)."""
+        tailer = self.__dict__.get("_tailer")
+        if tailer is not None:
+            tailer.close()
 
     def append_bytes(self, path: str, data: bytes) -> None:
         """Append all of ``data`` on an ``O_APPEND`` descriptor (``write()`` again after a short

@@ -19,9 +19,17 @@ Request (JSON object): ``dir`` (the events directory), ``starts`` (``{file name:
 where to read from; missing names: 0), ``wants`` (``{file name: bytes}``: a smaller budget for a
 file, <= 0: no read; missing names: ``max_bytes``), ``max_bytes`` (most bytes read of one file,
 extended to the end of a longer first line; null: to the end), ``suffix`` (only names ending so
-are read). Reply: ``{"sizes": {name: bytes}, "data": {name: base64}, "errors": {name: text}}``;
-``sizes`` lists every regular file whose size is not its start (symbolic links and directories
-left out; {} for a missing directory). A file is opened with ``O_NOFOLLOW`` and read only when it still is a regular file.
+are read), ``base`` (optional: the ``gen`` of an earlier reply for this directory; then
+``starts`` holds only the offsets that differ from that request's). Reply: ``{"sizes": {name:
+bytes}, "data": {name: base64}, "errors": {name: text}, "gen": n}``; ``sizes`` lists every
+regular file whose size is not its start (symbolic links and directories left out; {} for a
+missing directory), with the caveats of :class:`Tailer`; ``{"resend": true}`` when the program
+does not hold ``base`` (it keeps the last request of 64 directories): the client sends every
+offset again. A file is opened with ``O_NOFOLLOW`` and read only when it still is a regular file.
+
+The program keeps every event file it read open (:class:`Tailer`) and remembers each
+directory's last offsets (:class:`Program`), so a steady poll sends the offsets that moved and
+reads one byte per file that did not grow, instead of listing and ``stat``ing every file.
 
 Standard library only (it runs on the login node with the profile's ``python``).
 """
@@ -33,6 +41,8 @@ import json
 import os
 import stat
 import sys
+import threading
+import time
 
 #: exit status of the program when its request is not valid JSON of the documented shape
 BAD_REQUEST = 2
@@ -77,28 +87,26 @@ def _pread(fd: int):
     return read
 
 
-def read_tails(directory: str, starts: dict[str, int], wants: dict[str, int] | None = None,
-               max_bytes: int | None = None, suffix: str = ".jsonl"
-               ) -> tuple[dict[str, int], dict[str, bytes], dict[str, str]]:
-    """This machine's files: ``(sizes, data, errors)`` as the module docstring's reply (data as
-    bytes). ``sizes``: every regular file of ``directory`` whose size (bytes) is not its start
-    offset (so an idle poll's reply is empty whatever the number of files); ``data``: the bytes read of
-    each file named ``*suffix`` whose size is past its start; ``errors``: a file that could not
-    be read (replaced by a link, vanished) and why. Never raises for one file."""
-    wants = wants or {}
-    sizes: dict[str, int] = {}
+def _listing(directory: str) -> dict[str, tuple[int, int]] | None:
+    """``{name: (size in bytes, inode)}`` of the regular files of ``directory`` (links and
+    directories left out); None when the directory is missing."""
+    out: dict[str, tuple[int, int]] = {}
     try:
         with os.scandir(directory) as it:
             for e in it:
                 try:
                     if e.is_file(follow_symlinks=False):
-                        sizes[e.name] = e.stat(follow_symlinks=False).st_size
+                        out[e.name] = (e.stat(follow_symlinks=False).st_size, e.inode())
                 except OSError:
                     continue
     except (FileNotFoundError, NotADirectoryError):
-        return {}, {}, {}
-    # only what changed comes back: a file at its start offset is left out (the caller knows it)
-    sizes = {k: v for k, v in sizes.items() if v != starts.get(k, 0)}
+        return None
+    return out
+
+
+def _read_grown(directory: str, sizes: dict[str, int], starts: dict[str, int], wants: dict[str, int],
+                max_bytes: int | None, suffix: str) -> tuple[dict[str, bytes], dict[str, str]]:
+    """The bytes of each ``*suffix`` file of ``sizes`` past its start (opened and closed here)."""
     data: dict[str, bytes] = {}
     errors: dict[str, str] = {}
     for name in sorted(sizes):
@@ -107,42 +115,241 @@ def read_tails(directory: str, starts: dict[str, int], wants: dict[str, int] | N
         if not name.endswith(suffix) or sizes[name] <= start or (want is not None and want <= 0):
             continue
         try:
-            fd = os.open(os.path.join(directory, name), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            fd = _open_regular(os.path.join(directory, name))
         except OSError as e:
             errors[name] = f"{type(e).__name__}: {e.strerror or e}"
             continue
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                errors[name] = "not a regular file: not read"
-                continue
-            size = max(sizes[name], st.st_size)
+            size = max(sizes[name], os.fstat(fd).st_size)
             data[name] = read_span(_pread(fd), start, size, want)
         except OSError as e:
             errors[name] = f"{type(e).__name__}: {e.strerror or e}"
         finally:
             os.close(fd)
+    return data, errors
+
+
+def _open_regular(path: str) -> int:
+    """A read-only descriptor of ``path``, never through a link. Raises OSError (ELOOP for a
+    link; "not a regular file" for anything else that is not one)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(0, "not a regular file: not read")
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_tails(directory: str, starts: dict[str, int], wants: dict[str, int] | None = None,
+               max_bytes: int | None = None, suffix: str = ".jsonl"
+               ) -> tuple[dict[str, int], dict[str, bytes], dict[str, str]]:
+    """This machine's files: ``(sizes, data, errors)`` as the module docstring's reply (data as
+    bytes). ``sizes``: every regular file of ``directory`` whose size (bytes) is not its start
+    offset (so an idle poll's reply is empty whatever the number of files); ``data``: the bytes read of
+    each file named ``*suffix`` whose size is past its start; ``errors``: a file that could not
+    be read (replaced by a link, vanished) and why. Never raises for one file. Stateless: it
+    lists and ``stat``s every file (a :class:`Tailer` does not, poll after poll)."""
+    listing = _listing(directory)
+    if listing is None:
+        return {}, {}, {}
+    # only what changed comes back: a file at its start offset is left out (the caller knows it)
+    sizes = {k: v[0] for k, v in listing.items() if v[0] != starts.get(k, 0)}
+    data, errors = _read_grown(directory, sizes, starts, wants or {}, max_bytes, suffix)
     return sizes, data, errors
 
 
+#: a :class:`Tailer` lists a directory again (and ``stat``s every file) at least this often,
+#: seconds, even when the directory's mtime says no file was created or removed
+RELIST_S = 10.0
+#: a directory whose mtime is this recent (ns) is listed again at the next poll (a file created in
+#: the same timestamp tick as the last change would not change the mtime)
+_SETTLE_NS = 100_000_000
+
+
+class Tailer:
+    """:func:`read_tails`, poll after poll, at a cost set by the files that grew rather than by
+    how many files there are (issue 27 item 2: 2,051 event files at 2,048 ranks).
+
+    It keeps each ``*suffix`` file of a directory open and, while the directory's mtime (which
+    changes when a file is created, removed or renamed in it) is what it was at the last listing
+    and that listing is under ``relist_s`` old, reads nothing but one ``pread`` of one byte per
+    file at its start offset (a file with no new byte costs that call and no path lookup), then
+    ``fstat`` and the bytes of each file that grew. Otherwise it lists the directory and
+    ``stat``s every file as :func:`read_tails` does, opens the new files and closes those
+    removed or replaced (another inode under the name). Measured on this machine: 0.37 us a file
+    for the ``pread`` loop against 2.7 us for a listing with ``stat`` (2,051 files: 0.77 ms
+    against 5.6 ms).
+
+    What a fast poll does not see until the next listing (at most ``relist_s`` seconds): a file
+    that shrank below its start offset (event files only grow; a writer cuts a failed append
+    back to its last complete line, never below it), and a change to a file not named
+    ``*suffix``. On a file system whose directory mtime lags behind a creation on another host
+    (NFS attribute caching), a new file is seen at the next listing too; on Lustre, local file
+    systems and tmpfs at once (a directory changed less than 0.1 s before a listing is listed
+    again at the next poll: a file created in the same timestamp tick leaves its mtime as it was).
+
+    Holds at most ``max_fds`` descriptors (default: a quarter of ``RLIMIT_NOFILE``'s soft limit);
+    files beyond that are ``stat``ed by path each poll. Thread-safe (one lock per tailer: the
+    descriptors are shared). :meth:`close` closes them.
+    """
+
+    def __init__(self, max_fds: int | None = None, relist_s: float = RELIST_S, max_dirs: int = 64):
+        self.max_fds = _fd_budget() if max_fds is None else max(0, int(max_fds))
+        self.relist_s = float(relist_s)
+        self.max_dirs = max(1, int(max_dirs))
+        self.listings = 0  #: full listings so far (for tests and benchmarks)
+        # directory -> {"mtime": ns, "at": monotonic s, "suffix": str, "names": {suffix file: inode},
+        #               "fds": {name: descriptor}}
+        self._dirs: dict[str, dict] = {}
+        self._open = 0
+        self._lock = threading.Lock()
+
+    def read_tails(self, directory: str, starts: dict[str, int], wants: dict[str, int] | None = None,
+                   max_bytes: int | None = None, suffix: str = ".jsonl"
+                   ) -> tuple[dict[str, int], dict[str, bytes], dict[str, str]]:
+        """As :func:`read_tails` (the same reply for the same files), with the caveats above."""
+        wants = wants or {}
+        with self._lock:
+            try:
+                mtime = os.stat(directory).st_mtime_ns
+            except (FileNotFoundError, NotADirectoryError):
+                self._forget(directory)
+                return {}, {}, {}
+            d = self._dirs.get(directory)
+            now = time.monotonic()
+            if d is None or d["mtime"] != mtime or d["suffix"] != suffix or now - d["at"] >= self.relist_s:
+                return self._relist(directory, mtime, now, starts, wants, max_bytes, suffix)
+            self._dirs[directory] = self._dirs.pop(directory)  # most recently used last
+            sizes: dict[str, int] = {}
+            data: dict[str, bytes] = {}
+            errors: dict[str, str] = {}
+            by_path: dict[str, int] = {}
+            pread, fstat, fds = os.pread, os.fstat, d["fds"]
+            for name, inode in d["names"].items():
+                fd = fds.get(name)
+                if fd is None:  # opened on the first fast poll (a one-off read opens nothing)
+                    fd = self._open_fd(directory, name, inode, fds)
+                    if fd is None:  # over the descriptor budget, or not openable: by path
+                        try:
+                            st = os.lstat(os.path.join(directory, name))
+                        except OSError:
+                            continue
+                        if stat.S_ISREG(st.st_mode) and st.st_size != starts.get(name, 0):
+                            by_path[name] = st.st_size
+                        continue
+                start = starts.get(name, 0)
+                want = wants.get(name, max_bytes)
+                if (want is not None and want <= 0) or not pread(fd, 1, start):
+                    continue
+                try:
+                    sizes[name] = size = fstat(fd).st_size
+                    data[name] = read_span(_pread(fd), start, size, want)
+                except OSError as e:
+                    errors[name] = f"{type(e).__name__}: {e.strerror or e}"
+            more, more_errors = _read_grown(directory, by_path, starts, wants, max_bytes, suffix)
+            sizes.update(by_path)
+            data.update(more)
+            errors.update(more_errors)
+            return sizes, data, errors
+
+    def _open_fd(self, directory: str, name: str, inode: int, fds: dict[str, int]) -> int | None:
+        """A descriptor of ``name`` kept in ``fds`` when the budget allows and it still is the
+        regular file listed (``inode``), else None."""
+        if self._open >= self.max_fds:
+            return None
+        try:
+            fd = _open_regular(os.path.join(directory, name))
+        except OSError:
+            return None
+        if os.fstat(fd).st_ino != inode:
+            os.close(fd)
+            return None
+        fds[name] = fd
+        self._open += 1
+        return fd
+
+    def _relist(self, directory, mtime, now, starts, wants, max_bytes, suffix):
+        self.listings += 1
+        listing = _listing(directory)
+        if listing is None:
+            self._forget(directory)
+            return {}, {}, {}
+        d = self._dirs.pop(directory, None) or {"fds": {}, "names": {}}
+        fds = d["fds"]
+        names = {n: v[1] for n, v in listing.items() if n.endswith(suffix)}
+        for name in list(fds):  # removed, or another file under the name
+            if names.get(name) != d["names"].get(name):
+                os.close(fds.pop(name))
+                self._open -= 1
+        while len(self._dirs) >= self.max_dirs:  # the least recently used directory goes
+            self._forget(next(iter(self._dirs)))
+        # a directory changed within the file system's timestamp granularity (ext4: a clock tick)
+        # could change again with the same mtime: not trusted until a listing after that tick
+        if time.time_ns() - mtime < _SETTLE_NS:
+            now = float("-inf")
+        self._dirs[directory] = {"mtime": mtime, "at": now, "suffix": suffix, "fds": fds, "names": names}
+        sizes = {k: v[0] for k, v in listing.items() if v[0] != starts.get(k, 0)}
+        data, errors = _read_grown(directory, sizes, starts, wants, max_bytes, suffix)
+        return sizes, data, errors
+
+    def _forget(self, directory: str) -> None:
+        d = self._dirs.pop(directory, None)
+        for fd in (d or {}).get("fds", {}).values():
+            os.close(fd)
+            self._open -= 1
+
+    def close(self) -> None:
+        """Close every descriptor (the tailer can be used again: it lists afresh)."""
+        with self._lock:
+            for directory in list(self._dirs):
+                self._forget(directory)
+
+
+def _fd_budget() -> int:
+    try:
+        import resource
+    except ImportError:  # (not POSIX)
+        return 0
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return 4096 if soft == resource.RLIM_INFINITY else max(0, soft // 4)
+
+
 def request(directory: str, starts: dict[str, int], wants: dict[str, int] | None = None,
-            max_bytes: int | None = None, suffix: str = ".jsonl") -> bytes:
-    """The program's standard input for these arguments (see :func:`read_tails`)."""
-    return json.dumps({"dir": directory, "starts": starts, "wants": wants or {}, "max_bytes": max_bytes,
-                       "suffix": suffix}, separators=(",", ":")).encode() + b"\n"
+            max_bytes: int | None = None, suffix: str = ".jsonl", base: int | None = None) -> bytes:
+    """The program's standard input for these arguments (see :func:`read_tails`). With ``base``
+    (the ``gen`` of the program's last reply for ``directory``), ``starts`` holds only the offsets
+    that differ from that request's (a name's offset 0 when it left the cursor)."""
+    req = {"dir": directory, "starts": starts, "wants": wants or {}, "max_bytes": max_bytes, "suffix": suffix}
+    if base is not None:
+        req["base"] = int(base)
+    return json.dumps(req, separators=(",", ":")).encode() + b"\n"
 
 
-def parse_reply(text: str | bytes) -> tuple[dict[str, int], dict[str, bytes], dict[str, str]]:
-    """``(sizes, data, errors)`` from one reply's JSON. Raises ValueError for anything else (a
-    login node's shell banner, a truncated reply)."""
+def parse_reply(text: str | bytes) -> tuple[dict[str, int], dict[str, bytes], dict[str, str]] | None:
+    """``(sizes, data, errors)`` from one reply's JSON; None for the program's "send every
+    offset again" (a ``base`` it does not hold). Raises ValueError for anything else (a login
+    node's shell banner, a truncated reply)."""
     try:
         d = json.loads(text)
+        if d.get("resend") is True:
+            return None
         sizes = {str(k): int(v) for k, v in d["sizes"].items()}
         data = {str(k): base64.b64decode(v, validate=True) for k, v in d["data"].items()}
         errors = {str(k): str(v) for k, v in d.get("errors", {}).items()}
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"not a read_tails reply ({type(e).__name__}: {e}): {text[:200]!r}") from None
     return sizes, data, errors
+
+
+def reply_gen(text: str | bytes) -> int | None:
+    """The ``gen`` of a reply (what the next request's ``base`` names), or None."""
+    try:
+        gen = json.loads(text).get("gen")
+    except (ValueError, AttributeError):
+        return None
+    return gen if isinstance(gen, int) else None
 
 
 def program_argv(python: str) -> list[str]:
@@ -154,17 +361,58 @@ def program_argv(python: str) -> list[str]:
     return source_argv(python, __file__, "hyperpod_lab.tails")
 
 
-def reply(req: dict) -> bytes:
-    """The reply to one request (a dict as :func:`request` makes), JSON. Raises ValueError,
-    KeyError, TypeError for a request of another shape."""
-    directory, starts = str(req["dir"]), {str(k): int(v) for k, v in dict(req.get("starts") or {}).items()}
-    wants = {str(k): int(v) for k, v in dict(req.get("wants") or {}).items()}
-    max_bytes = req.get("max_bytes")
-    max_bytes = None if max_bytes is None else int(max_bytes)
-    sizes, data, errors = read_tails(directory, starts, wants, max_bytes, str(req.get("suffix", ".jsonl")))
-    out = {"sizes": sizes, "data": {k: base64.b64encode(v).decode("ascii") for k, v in data.items()},
-           "errors": errors}
-    return json.dumps(out, separators=(",", ":")).encode()
+class Program:
+    """What the program keeps between the requests of one connection: a :class:`Tailer` (open
+    event files) and, per directory, the offsets of its last request and their ``gen``, so that a
+    request may send only the offsets that changed (``base``): a steady poll of 2,048 writers
+    whose cursor moved for 205 of them sends 205 offsets, not 2,051 (44 KB)."""
+
+    def __init__(self, max_dirs: int = 64):
+        self.tailer = Tailer(max_fds=_raise_fd_limit(), max_dirs=max_dirs)
+        self.max_dirs = max_dirs
+        self._last: dict[str, tuple[int, dict[str, int]]] = {}  # directory -> (gen, offsets)
+        self._gen = 0
+
+    def reply(self, req: dict) -> bytes:
+        """The reply to one request (a dict as :func:`request` makes), JSON. Raises ValueError,
+        KeyError, TypeError for a request of another shape."""
+        directory = str(req["dir"])
+        starts = {str(k): int(v) for k, v in dict(req.get("starts") or {}).items()}
+        base = req.get("base")
+        if base is not None:
+            last = self._last.get(directory)
+            if last is None or last[0] != int(base):
+                return b'{"resend":true}'
+            starts = {**last[1], **starts}
+        wants = {str(k): int(v) for k, v in dict(req.get("wants") or {}).items()}
+        max_bytes = req.get("max_bytes")
+        max_bytes = None if max_bytes is None else int(max_bytes)
+        sizes, data, errors = self.tailer.read_tails(directory, starts, wants, max_bytes,
+                                                     str(req.get("suffix", ".jsonl")))
+        self._gen += 1
+        self._last.pop(directory, None)
+        while len(self._last) >= self.max_dirs:
+            self._last.pop(next(iter(self._last)))
+        self._last[directory] = (self._gen, starts)
+        out = {"sizes": sizes, "data": {k: base64.b64encode(v).decode("ascii") for k, v in data.items()},
+               "errors": errors, "gen": self._gen}
+        return json.dumps(out, separators=(",", ":")).encode()
+
+
+def _raise_fd_limit(want: int = 65536) -> int:
+    """Raise this process's soft ``RLIMIT_NOFILE`` towards ``want`` (the program's own limit, on
+    the login node); the descriptors a :class:`Tailer` may hold: all but 64 of it."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        return max(0, min(soft, want) - 64)
+    except (ImportError, ValueError, OSError):
+        return 0
 
 
 def main() -> int:
@@ -172,11 +420,12 @@ def main() -> int:
     ``<length in bytes>\\n`` then that many bytes of JSON (so one process serves every poll of
     a connection: one round trip each, no new session)."""
     out = sys.stdout.buffer
+    program = Program()
     for line in sys.stdin.buffer:
         if not line.strip():
             continue
         try:
-            body = reply(json.loads(line))
+            body = program.reply(json.loads(line))
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             sys.stderr.write(f"tails: bad request: {type(e).__name__}: {e}\n")
             return BAD_REQUEST

@@ -176,6 +176,7 @@ class SSHRemote(Remote):
         #: why :meth:`read_tails` reads over SFTP (None: it runs its one command)
         self.tails_fallback: str | None = None
         self._tails = None  # (OpenRoute, channel, its stdout) of the reader program
+        self._tails_last: dict[str, tuple[int, dict[str, int]]] = {}  # directory -> its last request's (gen, offsets)
         self._tails_lock = threading.Lock()
 
     # ---- the connection --------------------------------------------------------------
@@ -504,13 +505,13 @@ class SSHRemote(Remote):
         Raises:
             ClusterUnreachable: as :meth:`run` (it only reads: retried after a reconnect).
         """
-        from hyperpod_lab import events, tails
+        from hyperpod_lab import events
 
         if self.tails_fallback is None:
-            req = tails.request(directory, starts, wants, max_bytes)
+            ask = (directory, dict(starts), wants, max_bytes)
             try:
                 self.ops["tails"] += 1
-                return self._call("tails", directory, lambda o, attempt: self._tails_request(o, req), sftp=False,
+                return self._call("tails", directory, lambda o, attempt: self._tails_request(o, *ask), sftp=False,
                                   idempotent=True)
             except _TailsUnavailable as e:
                 self.tails_fallback = str(e)
@@ -518,10 +519,12 @@ class SSHRemote(Remote):
                             "profile's python to a Python 3 on the login node", self._where(), self.tails_fallback)
         return events.read_tails(_FilesOnly(self), directory, starts, wants, max_bytes)
 
-    def _tails_request(self, o, req: bytes):
+    def _tails_request(self, o, directory: str, starts: dict[str, int], wants, max_bytes):
         """One request to the connection's reader program (started on first use, or again when
-        it ended): ``(sizes, data, errors)``. Raises _TailsUnavailable when a fresh one cannot
-        answer; socket.timeout / EOFError as a command's (the link)."""
+        it ended): ``(sizes, data, errors)``. Sends only the offsets that differ from the last
+        request's for ``directory`` to the same program (``base``: :class:`hyperpod_lab.tails.Program`),
+        every offset when it holds no such request. Raises _TailsUnavailable when a fresh one
+        cannot answer; socket.timeout / EOFError as a command's (the link)."""
         from hyperpod_lab import tails
 
         with self._tails_lock:
@@ -541,15 +544,34 @@ class SSHRemote(Remote):
                     line = quote_argv(tails.program_argv(self.profile.python))
                     answered_within(chan, self.op_timeout_s, lambda: chan.exec_command(line), "the exec request")
                     kept = self._tails = (o, chan, chan.makefile("rb"))
+                    self._tails_last = {}
                 _, chan, out = kept
                 try:
-                    chan.sendall(req)
-                    head = out.readline()
-                    n = int(head) if head.strip().isdigit() else -1
-                    body = out.read(n) if n >= 0 else b""
-                    if n < 0 or len(body) != n:
-                        raise EOFError(f"the reader program ended ({head[:100]!r})")
-                    return tails.parse_reply(body)
+                    last = self._tails_last.pop(directory, None)
+                    for whole in ((False, True) if last is not None else (True,)):
+                        if whole:
+                            req = tails.request(directory, starts, wants, max_bytes)
+                        else:
+                            delta = {k: v for k, v in starts.items() if last[1].get(k) != v}
+                            delta.update((k, 0) for k in last[1] if k not in starts)
+                            req = tails.request(directory, delta, wants, max_bytes, base=last[0])
+                        chan.sendall(req)
+                        head = out.readline()
+                        n = int(head) if head.strip().isdigit() else -1
+                        body = out.read(n) if n >= 0 else b""
+                        if n < 0 or len(body) != n:
+                            raise EOFError(f"the reader program ended ({head[:100]!r})")
+                        got = tails.parse_reply(body)
+                        if got is not None:
+                            break
+                    if got is None:
+                        raise ValueError("the reader program asked for every offset again after it was sent them")
+                    gen = tails.reply_gen(body)
+                    if gen is not None:
+                        while len(self._tails_last) >= 64:
+                            self._tails_last.pop(next(iter(self._tails_last)))
+                        self._tails_last[directory] = (gen, starts)
+                    return got
                 except (EOFError, OSError, ValueError) as e:
                     if isinstance(e, (TimeoutError, socket.timeout)):
                         raise
