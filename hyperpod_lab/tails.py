@@ -226,26 +226,24 @@ class Tailer:
             data: dict[str, bytes] = {}
             errors: dict[str, str] = {}
             by_path: dict[str, int] = {}
-            pread, fstat, fds = os.pread, os.fstat, d["fds"]
-            for name, inode in d["names"].items():
-                fd = fds.get(name)
-                if fd is None:  # opened on the first fast poll (a one-off read opens nothing)
-                    fd = self._open_fd(directory, name, inode, fds)
-                    if fd is None:  # over the descriptor budget, or not openable: by path
-                        try:
+            fds = d["fds"]
+            if len(fds) < len(d["names"]):  # opened on the first fast poll (a one-off read opens nothing)
+                for name, inode in d["names"].items():
+                    if name not in fds and self._open_fd(directory, name, inode, fds) is None:
+                        try:  # over the descriptor budget, or not openable: by path
                             st = os.lstat(os.path.join(directory, name))
                         except OSError:
                             continue
                         if stat.S_ISREG(st.st_mode) and st.st_size != starts.get(name, 0):
                             by_path[name] = st.st_size
-                        continue
-                start = starts.get(name, 0)
+            pread, at = os.pread, starts.get
+            grown = [(name, fd) for name, fd in fds.items() if pread(fd, 1, at(name, 0))]  # the one loop over files
+            for name, fd in grown:
                 want = wants.get(name, max_bytes)
-                if (want is not None and want <= 0) or not pread(fd, 1, start):
-                    continue
                 try:
-                    sizes[name] = size = fstat(fd).st_size
-                    data[name] = read_span(_pread(fd), start, size, want)
+                    sizes[name] = size = os.fstat(fd).st_size
+                    if want is None or want > 0:
+                        data[name] = read_span(_pread(fd), starts.get(name, 0), size, want)
                 except OSError as e:
                     errors[name] = f"{type(e).__name__}: {e.strerror or e}"
             more, more_errors = _read_grown(directory, by_path, starts, wants, max_bytes, suffix)

@@ -52,7 +52,8 @@ def test_poll_after_poll_the_tailer_answers_what_a_fresh_listing_answers(tmp_pat
             starts.pop(name, None)
         if not rnd_step % 3:  # as if a while had passed since the directory last changed
             os.utime(d, ns=(10**18 + rnd_step, 10**18 + rnd_step))
-        sizes, data, _ = _same(tailer, d, starts, max_bytes=rnd.choice([None, 8, 64]))
+        wants = {rnd.choice(names): rnd.choice([0, 5])} if rnd.random() < 0.3 else None
+        sizes, data, _ = _same(tailer, d, starts, wants, max_bytes=rnd.choice([None, 8, 64]))
         for n, b in data.items():  # a reader's cursor: past the last complete line read
             if b.rfind(b"\n") >= 0:
                 starts[n] = starts.get(n, 0) + b.rfind(b"\n") + 1
