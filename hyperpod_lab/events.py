@@ -318,12 +318,12 @@ class LocalFiles:
     def read_tails(self, directory: str, starts: dict[str, int], wants: dict[str, int] | None = None,
                    max_bytes: int | None = None) -> tuple[dict[str, int], dict[str, bytes], dict[str, str]]:
         """Every grown event file's bytes past ``starts`` in one call (:func:`read_tails`),
-        through this instance's :class:`hyperpod_lab.tails.Tailer` (made on first use; it keeps
+        through this instance's :class:`hyperpod_lab.tails.FileTailer` (made on first use; it keeps
         the files open between polls: see there for what a poll then costs, and what it sees
         late). :meth:`close` (or the instance's end) closes them."""
         tailer = self.__dict__.get("_tailer")
         if tailer is None:
-            tailer = self._tailer = _tails.Tailer()
+            tailer = self._tailer = _tails.FileTailer()
             weakref.finalize(self, tailer.close)
         sizes, data, errors = tailer.read_tails(directory, starts, wants, max_bytes)
         LocalFiles.bytes_read += sum(len(b) for b in data.values())

@@ -23,11 +23,11 @@ are read), ``base`` (optional: the ``gen`` of an earlier reply for this director
 ``starts`` holds only the offsets that differ from that request's). Reply: ``{"sizes": {name:
 bytes}, "data": {name: base64}, "errors": {name: text}, "gen": n}``; ``sizes`` lists every
 regular file whose size is not its start (symbolic links and directories left out; {} for a
-missing directory), with the caveats of :class:`Tailer`; ``{"resend": true}`` when the program
+missing directory), with the caveats of :class:`FileTailer`; ``{"resend": true}`` when the program
 does not hold ``base`` (it keeps the last request of 64 directories): the client sends every
 offset again. A file is opened with ``O_NOFOLLOW`` and read only when it still is a regular file.
 
-The program keeps every event file it read open (:class:`Tailer`) and remembers each
+The program keeps every event file it read open (:class:`FileTailer`) and remembers each
 directory's last offsets (:class:`Program`), so a steady poll sends the offsets that moved and
 reads one byte per file that did not grow, instead of listing and ``stat``ing every file.
 
@@ -150,7 +150,7 @@ def read_tails(directory: str, starts: dict[str, int], wants: dict[str, int] | N
     offset (so an idle poll's reply is empty whatever the number of files); ``data``: the bytes read of
     each file named ``*suffix`` whose size is past its start; ``errors``: a file that could not
     be read (replaced by a link, vanished) and why. Never raises for one file. Stateless: it
-    lists and ``stat``s every file (a :class:`Tailer` does not, poll after poll)."""
+    lists and ``stat``s every file (a :class:`FileTailer` does not, poll after poll)."""
     listing = _listing(directory)
     if listing is None:
         return {}, {}, {}
@@ -160,7 +160,7 @@ def read_tails(directory: str, starts: dict[str, int], wants: dict[str, int] | N
     return sizes, data, errors
 
 
-#: a :class:`Tailer` lists a directory again (and ``stat``s every file) at least this often,
+#: a :class:`FileTailer` lists a directory again (and ``stat``s every file) at least this often,
 #: seconds, even when the directory's mtime says no file was created or removed
 RELIST_S = 10.0
 #: a directory whose mtime is this recent (ns) is listed again at the next poll (a file created in
@@ -168,7 +168,7 @@ RELIST_S = 10.0
 _SETTLE_NS = 100_000_000
 
 
-class Tailer:
+class FileTailer:
     """:func:`read_tails`, poll after poll, at a cost set by the files that grew rather than by
     how many files there are (issue 27 item 2: 2,051 event files at 2,048 ranks).
 
@@ -360,13 +360,13 @@ def program_argv(python: str) -> list[str]:
 
 
 class Program:
-    """What the program keeps between the requests of one connection: a :class:`Tailer` (open
+    """What the program keeps between the requests of one connection: a :class:`FileTailer` (open
     event files) and, per directory, the offsets of its last request and their ``gen``, so that a
     request may send only the offsets that changed (``base``): a steady poll of 2,048 writers
     whose cursor moved for 205 of them sends 205 offsets, not 2,051 (44 KB)."""
 
     def __init__(self, max_dirs: int = 64):
-        self.tailer = Tailer(max_fds=_raise_fd_limit(), max_dirs=max_dirs)
+        self.tailer = FileTailer(max_fds=_raise_fd_limit(), max_dirs=max_dirs)
         self.max_dirs = max_dirs
         self._last: dict[str, tuple[int, dict[str, int]]] = {}  # directory -> (gen, offsets)
         self._gen = 0
@@ -399,7 +399,7 @@ class Program:
 
 def _raise_fd_limit(want: int = 65536) -> int:
     """Raise this process's soft ``RLIMIT_NOFILE`` towards ``want`` (the program's own limit, on
-    the login node); the descriptors a :class:`Tailer` may hold: all but 64 of it."""
+    the login node); the descriptors a :class:`FileTailer` may hold: all but 64 of it."""
     try:
         import resource
 

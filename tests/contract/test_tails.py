@@ -1,4 +1,4 @@
-"""The event-file tailer (:class:`hyperpod_lab.tails.Tailer`, issue 27 item 2): poll after poll it
+"""The event-file tailer (:class:`hyperpod_lab.tails.FileTailer`, issue 27 item 2): poll after poll it
 returns what the stateless :func:`hyperpod_lab.tails.read_tails` returns, while a poll of a
 directory where no file was created or removed lists nothing (one ``pread`` a file), and the
 login-node program's requests carry only the offsets that moved.
@@ -32,7 +32,7 @@ def test_poll_after_poll_the_tailer_answers_what_a_fresh_listing_answers(tmp_pat
     rnd = random.Random(27)
     d = tmp_path / "events"
     d.mkdir()
-    tailer = tails.Tailer(max_fds=6)  # fewer descriptors than files: the rest are read by path
+    tailer = tails.FileTailer(max_fds=6)  # fewer descriptors than files: the rest are read by path
     starts: dict[str, int] = {}
     names = [f"rank-{i}.jsonl" for i in range(10)]
     for rnd_step in range(300):
@@ -101,7 +101,7 @@ def test_a_file_replaced_by_a_link_is_never_followed(tmp_path):
     secret = tmp_path / "secret"
     secret.write_bytes(b'{"secret":"do not read"}\n' * 4)
     (d / "rank-0.jsonl").write_bytes(b'{"a":1}\n')
-    tailer = tails.Tailer()
+    tailer = tails.FileTailer()
     assert tailer.read_tails(str(d), {})[1] == {"rank-0.jsonl": b'{"a":1}\n'}
     assert tailer.read_tails(str(d), {"rank-0.jsonl": 8}) == ({}, {}, {})  # fast poll: the file is open
     (d / "rank-0.jsonl").unlink()
