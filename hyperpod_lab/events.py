@@ -27,6 +27,7 @@ import os
 import re
 import socket
 import sys
+import threading
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -280,6 +281,14 @@ def read_tails(files: FileAccess, directory: str, starts: dict[str, int], wants:
     return sizes, data, errors
 
 
+_MADE = threading.Lock()  # LocalFiles' tailers are made under it
+
+
+def _close_all(tailers: list) -> None:
+    for t in list(tailers):
+        t.close()
+
+
 class LocalFiles:
     """FileAccess over this machine's file system.
 
@@ -318,22 +327,33 @@ class LocalFiles:
     def read_tails(self, directory: str, starts: dict[str, int], wants: dict[str, int] | None = None,
                    max_bytes: int | None = None) -> tuple[dict[str, int], dict[str, bytes], dict[str, str]]:
         """Every grown event file's bytes past ``starts`` in one call (:func:`read_tails`),
-        through this instance's :class:`hyperpod_lab.tails.FileTailer` (made on first use; it keeps
-        the files open between polls: see there for what a poll then costs, and what it sees
-        late). :meth:`close` (or the instance's end) closes them."""
-        tailer = self.__dict__.get("_tailer")
-        if tailer is None:
-            tailer = self._tailer = _tails.FileTailer()
-            weakref.finalize(self, tailer.close)
-        sizes, data, errors = tailer.read_tails(directory, starts, wants, max_bytes)
+        through a :class:`hyperpod_lab.tails.FileTailer` of this instance and thread (made on
+        first use; it keeps the files open between polls: see there for what a poll then costs,
+        and what it sees late). :meth:`close` (or the instance's end) closes them."""
+        sizes, data, errors = self._tailer().read_tails(directory, starts, wants, max_bytes)
         LocalFiles.bytes_read += sum(len(b) for b in data.values())
         return sizes, data, errors
 
+    def _tailer(self) -> "_tails.FileTailer":
+        """This thread's tailer (one per thread: a poll never waits for another thread's read)."""
+        mine = self.__dict__.get("_per_thread")
+        if mine is None:
+            with _MADE:
+                mine = self.__dict__.get("_per_thread")
+                if mine is None:
+                    mine = self._per_thread = threading.local()
+                    made = self._tailers = []
+                    weakref.finalize(self, _close_all, made)
+        tailer = getattr(mine, "tailer", None)
+        if tailer is None:
+            tailer = mine.tailer = _tails.FileTailer()
+            with _MADE:
+                self._tailers.append(tailer)
+        return tailer
+
     def close(self) -> None:
         """Close the event files kept open by :meth:`read_tails` (it may be used again)."""
-        tailer = self.__dict__.get("_tailer")
-        if tailer is not None:
-            tailer.close()
+        _close_all(self.__dict__.get("_tailers", []))
 
     def append_bytes(self, path: str, data: bytes) -> None:
         """Append all of ``data`` on an ``O_APPEND`` descriptor (``write()`` again after a short

@@ -195,7 +195,7 @@ class FileTailer:
     descriptors are shared). :meth:`close` closes them.
     """
 
-    def __init__(self, max_fds: int | None = None, relist_s: float = RELIST_S, max_dirs: int = 64):
+    def __init__(self, max_fds: int | None = None, relist_s: float = RELIST_S, max_dirs: int = 256):
         self.max_fds = _fd_budget() if max_fds is None else max(0, int(max_fds))
         self.relist_s = float(relist_s)
         self.max_dirs = max(1, int(max_dirs))

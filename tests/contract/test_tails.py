@@ -73,7 +73,7 @@ def test_a_fast_poll_lists_nothing_and_a_new_file_is_seen_at_once(tmp_path):
     files = LocalFiles()
     reader = EventReader(str(job), files)
     assert len(reader.poll()) == 50
-    tailer = files._tailer
+    tailer = files._tailer()
     assert tailer.listings == 1
     for i in range(3):
         writers[7].emit("step", step=i + 1)
