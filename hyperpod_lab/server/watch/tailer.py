@@ -109,12 +109,14 @@ class Tailer:
         self.complete = False           # job terminal and every event read
         self.terminal_seen_at: float | None = None
         self.next_poll = 0.0
+        self.inflight = False           # in a lane's read under way (Watcher._lane)
         self.idle_interval = 1.0
         self.dirty = False              # cursor/progress not yet saved
         self.polled = False             # read at least once since created or reset
         self.finished_seen = False      # a 'finished' event was read
         # notifications (local-mount mode): see DirNotifier and Watcher._poll_batch
         self.local_events: str | None = None  # its events directory here ("" : none / no watch)
+        self.files_here = False         # its files are read on this machine (no SSH): per-lane workers
         self.watched_fs = False         # notifications come for it
         self.notify_ok = True           # and are trusted (no timed read found events they missed)
         self.notify_armed = False       # a read completed since the watch began

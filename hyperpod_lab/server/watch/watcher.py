@@ -42,8 +42,13 @@
 Everything runs on the tornado IOLoop; every blocking call runs in a worker thread: each
 cluster has its own (so a cluster's SSH/SFTP connection is never used by two threads at once,
 and a slow cluster or a big read never delays another cluster's calls), and the store and the
-calls of no cluster have one more. Every read is bounded (issue 13, finding 3): a tailer reads
-at most ``read_bytes`` of each event file per call and comes back at once when there is more.
+calls of no cluster have one more. Files this machine reads itself (the local backend, a local
+mount) have a worker per lane instead: live watched jobs, backlogs, idle jobs and replay pages,
+so a live job's read never queues behind a page of a million-event replay (issue 27). The three
+read lanes are tasks of their own (a lane still reading keeps its due jobs for the next round;
+no lane waits for another), and saving cursors is a task of its own too. Every read is bounded
+(issue 13, finding 3): a tailer reads at most ``read_bytes`` of each event file per call and
+comes back at once when there is more.
 
 Backpressure (issue 13, finding 4): a tailer keeps only a window of its newest events, and only
 while someone watches (``window_events``); a subscriber behind that window replays the history
@@ -68,7 +73,7 @@ from dataclasses import asdict
 from typing import Any, Callable
 
 from hyperpod_lab.errors import HyperPodLabError
-from hyperpod_lab.events import Event, EventKind, EventReader
+from hyperpod_lab.events import Event, EventKind, EventReader, LocalFiles
 from hyperpod_lab.fold.progress import Progress
 from hyperpod_lab.goodput.measure import GoodputMeter
 from hyperpod_lab.server.cursors import CursorStore
@@ -89,6 +94,13 @@ log = logging.getLogger("hyperpod_lab.server")
 
 #: most bytes one replay page reads, all event files together (see Watcher.page_file_bytes)
 PAGE_TOTAL_BYTES = 16 << 20
+#: most bytes one read of the server's folds parses, all event files together (a tailer's read, a
+#: page of the dashboard's or goodput's catch-up; see Watcher.read_file_bytes). Issue 27: a
+#: 2,048-rank job (44 MB) read at 1 MiB a file was one page of 246,365 parsed events (~250 MB at
+#: once) and the server's RSS stayed ~210 MB higher after its fold
+READ_TOTAL_BYTES = 4 << 20
+#: the least a file's share of such a read (a longer line is read whole all the same)
+READ_FILE_MIN_BYTES = 2048
 
 
 class Watcher:
@@ -103,7 +115,8 @@ class Watcher:
         idle_batch: most unwatched jobs read per executor call; watched jobs (with a
             subscriber) are read first in their own call, so their latency does not grow with
             the number of tracked jobs.
-        read_bytes: most bytes a tailer reads of one event file per call.
+        read_bytes: most bytes a tailer reads of one event file per call (less for a job of
+            many files: at most :data:`READ_TOTAL_BYTES` a call, :meth:`read_file_bytes`).
         page_bytes: most bytes of one event file per page of a subscriber's replay (less for a job
             of many files: at most :data:`PAGE_TOTAL_BYTES` a page, :meth:`page_file_bytes`).
         window_events: newest events a watched job's tailer keeps in memory.
@@ -148,7 +161,7 @@ class Watcher:
         self._wake_events = asyncio.Event()
         self._stopped = False
         self.persist_interval_s = 1.0  # cursors and progress are saved at most this often (s)
-        self._next_persist = 0.0
+        self._lanes: dict[tuple[str, str], asyncio.Task] = {}  # (cluster, lane) -> its read under way
         self.goodput_cache_jobs = goodput_cache_jobs
         # job id -> {"meter": GoodputMeter, "cursor": {file: offset}} of jobs with no tailer
         self._goodput: OrderedDict[str, dict] = OrderedDict()
@@ -182,11 +195,12 @@ class Watcher:
         loop = asyncio.get_event_loop()
         if self.notify:
             self.notifier = DirNotifier(loop, self._notified)
-        self._tasks = [loop.create_task(self._status_loop()), loop.create_task(self._events_loop())]
+        self._tasks = [loop.create_task(self._status_loop()), loop.create_task(self._events_loop()),
+                       loop.create_task(self._persist_loop())]
 
     async def stop(self) -> None:
         self._stopped = True
-        for t in self._tasks:
+        for t in [*self._tasks, *self._lanes.values()]:
             t.cancel()
         await self._persist()
         if self.notifier is not None:
@@ -215,14 +229,17 @@ class Watcher:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor_of(cluster), lambda: fn(*args, **kwargs))
 
-    async def run_on_files(self, cluster: str, fn: Callable, *args, **kwargs):
-        """Run a blocking read of ``cluster``'s files that are on this machine (local-mount mode)
-        on a worker of its own: it needs no SSH connection, so it never waits behind the
-        cluster's commands (a status refresh's squeue and sacct)."""
-        ex = self._file_executors.get(cluster)
+    async def run_on_files(self, cluster: str, fn: Callable, *args, lane: str = "live", **kwargs):
+        """Run a blocking read of ``cluster``'s files that are on this machine (local-mount mode,
+        the local backend) on a worker of its own per ``lane`` (``live``, ``backlog``, ``idle``,
+        ``replay``): it needs no SSH connection, so it never waits behind the cluster's commands
+        (a status refresh's squeue and sacct), and a live job's read never waits behind a page of
+        a replay or a backlog."""
+        key = f"{cluster}\0{lane}"
+        ex = self._file_executors.get(key)
         if ex is None:
-            name = "hyperpod-lab-files-" + re.sub(r"[^A-Za-z0-9_.-]", "_", cluster)[:40]
-            ex = self._file_executors[cluster] = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+            name = "hyperpod-lab-files-" + re.sub(r"[^A-Za-z0-9_.-]", "_", cluster)[:40] + "-" + lane
+            ex = self._file_executors[key] = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(ex, lambda: fn(*args, **kwargs))
 
@@ -337,7 +354,7 @@ class Watcher:
         event (worker thread; ``entry`` keeps its reader for the next page). Returns whether more
         is waiting."""
         reader = entry["reader"] = self._reader(rec, entry["cursor"], entry.get("reader"))
-        for ev, fname, end in reader.poll_located(max_bytes=self.read_bytes):
+        for ev, fname, end in reader.poll_located(max_bytes=self.read_file_bytes(rec.job_id, entry["cursor"])):
             fold(ev)
             entry["cursor"][fname] = end
         entry["cursor"] = dict(reader.cursor)
@@ -501,6 +518,19 @@ class Watcher:
         files = max(len(cursor), len(t.cursor) if t is not None else 0, 1)
         return max(4096, min(self.page_bytes, PAGE_TOTAL_BYTES // files))
 
+    def read_file_bytes(self, job_id: str, cursor: dict[str, int], limit: int | None = None) -> int:
+        """Bytes of each event file one read of the server's folds parses (a tailer's read, a
+        dashboard or goodput catch-up page): ``limit`` (default ``read_bytes``), less for a job of
+        many files so that a read holds at most about ``READ_TOTAL_BYTES`` of events whatever the
+        rank count (at least ``READ_FILE_MIN_BYTES`` a file; the files counted from the tailer's
+        cursor or ``cursor``; a job none of whose files is known yet reads that least first, its
+        first read then counts them)."""
+        t = self.tailers.get(job_id)
+        files = max(len(cursor), len(t.cursor) if t is not None else 0)
+        if not files:
+            return READ_FILE_MIN_BYTES
+        return max(READ_FILE_MIN_BYTES, min(self.read_bytes if limit is None else limit, READ_TOTAL_BYTES // files))
+
     def _read_page(self, rec: JobRecord, cursor: dict[str, int], sub: Subscription | None = None
                    ) -> tuple[list, dict[str, int]]:
         """One page of a job's events after ``cursor`` (``page_bytes`` per file); worker thread.
@@ -552,8 +582,11 @@ class Watcher:
                     sub.leftover = None
                 else:
                     try:
-                        run = self.run_on_files if t.local_events else self.run_on
-                        located, cursor = await run(rec.cluster, self._read_page, rec, dict(sub.cursor), sub)
+                        if t.files_here:
+                            located, cursor = await self.run_on_files(rec.cluster, self._read_page, rec,
+                                                                      dict(sub.cursor), sub, lane="replay")
+                        else:
+                            located, cursor = await self.run_on(rec.cluster, self._read_page, rec, dict(sub.cursor), sub)
                     except (HyperPodLabError, OSError, EOFError) as e:
                         log.warning("hyperpod_lab: history of %s not read: %s", rec.job_id, e)
                         await asyncio.sleep(1.0)
@@ -708,9 +741,11 @@ class Watcher:
                 if t.local_events is None:
                     local_path = getattr(reader.files, "local_path", None)
                     t.local_events = (local_path(reader.dir) if local_path is not None else None) or ""
+                    t.files_here = bool(t.local_events) or isinstance(reader.files, LocalFiles)
                 # a job catching up on a backlog reads in smaller pages, so the live jobs polled
                 # in the same round are not held up behind a large parse
-                located = reader.poll_located(max_bytes=self.page_bytes if t.more else self.read_bytes)
+                located = reader.poll_located(max_bytes=self.read_file_bytes(
+                    rec.job_id, cursor, self.page_bytes if t.more else self.read_bytes))
                 t.reader = reader
                 out.append((t, t.generation, cursor, located, dict(reader.cursor), None, reader.more))
             except (HyperPodLabError, OSError, EOFError) as e:
@@ -791,15 +826,17 @@ class Watcher:
             if sub.send(msg) is False:
                 self.unsubscribe(sub)
 
-    async def _poll_batch(self, polls: list[tuple[Tailer, JobRecord, dict[str, int]]]) -> None:
+    async def _poll_batch(self, polls: list[tuple[Tailer, JobRecord, dict[str, int]]], lane: str = "live") -> None:
         started = time.monotonic()
         for t, _, _ in polls:
             t.last_read_seq, t.read_seq = t.read_seq, t.notify_seq
         # files on this machine (read once already, so known to be): read beside the cluster's
         # commands, not behind them
-        run = self.run_on_files if all(t.local_events for t, _, _ in polls) else self.run_on
         try:
-            results = await run(polls[0][1].cluster, self._poll_blocking, polls)
+            if all(t.files_here for t, _, _ in polls):
+                results = await self.run_on_files(polls[0][1].cluster, self._poll_blocking, polls, lane=lane)
+            else:
+                results = await self.run_on(polls[0][1].cluster, self._poll_blocking, polls)
         except Exception:
             log.exception("hyperpod_lab: event poll failed")
             results = []
@@ -824,6 +861,26 @@ class Watcher:
         if dirty:
             await self.run(self.store.put_cursors, dirty)
 
+    async def _lane(self, key: tuple[str, str], polls: list[tuple[Tailer, JobRecord, dict[str, int]]]) -> None:
+        """One lane's read (``key``: cluster, lane), then its jobs are free to be due again."""
+        try:
+            await self._poll_batch(polls, key[1])
+        finally:
+            for t, _, _ in polls:
+                t.inflight = False
+            self._lanes.pop(key, None)
+            self._wake_events.set()
+
+    async def _persist_loop(self) -> None:
+        """Save the cursors and progress of changed jobs every ``persist_interval_s`` (its own
+        task: a slow save never delays a read)."""
+        while not self._stopped:
+            await asyncio.sleep(self.persist_interval_s)
+            try:
+                await self._persist()
+            except Exception:
+                log.exception("hyperpod_lab: saving event cursors failed")
+
     async def _events_loop(self) -> None:
         while not self._stopped:
             now = time.monotonic()
@@ -841,7 +898,7 @@ class Watcher:
                             if t.agg is not None:  # and so does the dashboard
                                 self._cache_dashboard(t.job_id, {"agg": t.agg, "cursor": dict(t.cursor)})
                     continue
-                if now >= t.next_poll:
+                if now >= t.next_poll and not t.inflight:
                     due.append(t)
             # per cluster, on its own worker (all clusters at once): watched jobs first, in their
             # own executor call; then at most idle_batch idle jobs (the most overdue first), so a
@@ -850,13 +907,16 @@ class Watcher:
             by_cluster: dict[str, list[Tailer]] = {}
             for t in due:
                 by_cluster.setdefault(t.cluster, []).append(t)
-            batches: dict[str, list[list]] = {}
             for cluster, group in by_cluster.items():
                 idle = sorted((t for t in group if not t.subs), key=lambda t: t.next_poll)[:self.idle_batch]
                 watched = [t for t in group if t.subs]
-                # live watched jobs first, in a call of their own; backlogs (a replay, a first
-                # read of a long job) after them
-                for part in ([t for t in watched if not t.more], [t for t in watched if t.more], idle):
+                # three lanes, each its own task: live watched jobs, backlogs (a replay, a first read
+                # of a long job) and idle jobs; a lane whose read is under way keeps its due jobs
+                # for the next round, and no lane waits for another (nor for the saving of cursors)
+                for lane, part in (("live", [t for t in watched if not t.more]),
+                                   ("backlog", [t for t in watched if t.more]), ("idle", idle)):
+                    if (cluster, lane) in self._lanes:
+                        continue
                     polls = []
                     for t in part:
                         try:
@@ -870,20 +930,11 @@ class Watcher:
                             t.terminal_seen_at = now
                         polls.append((t, rec, dict(t.cursor)))
                     if polls:
-                        batches.setdefault(cluster, []).append(polls)
-
-            async def one_cluster(parts):
-                for polls in parts:
-                    await self._poll_batch(polls)
-
-            await asyncio.gather(*(one_cluster(parts) for parts in batches.values()))
-            try:
-                if time.monotonic() >= self._next_persist:
-                    self._next_persist = time.monotonic() + self.persist_interval_s
-                    await self._persist()
-            except Exception:
-                log.exception("hyperpod_lab: saving event cursors failed")
-            waits = [t.next_poll for t in self.tailers.values() if not t.complete]
+                        for t, _, _ in polls:
+                            t.inflight = True
+                        self._lanes[(cluster, lane)] = asyncio.get_running_loop().create_task(
+                            self._lane((cluster, lane), polls))
+            waits = [t.next_poll for t in self.tailers.values() if not t.complete and not t.inflight]
             timeout = max(0.02, min(waits) - time.monotonic()) if waits else self.idle_max_interval_s
             self._wake_events.clear()
             try:
