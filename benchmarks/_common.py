@@ -51,16 +51,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def track_local_job(job_dir: str, name: str, store=None):
+def track_local_job(job_dir: str, name: str, store=None, job_id: str | None = None):
     """A running job record on the local backend (native id: this process, alive while it runs;
-    its directory ``job_dir`` with an empty ``events/``), put in ``store`` (default: the
-    environment's JobStore, which a jupyter-server started from this process shares)."""
+    its directory ``job_dir`` with an ``events/``, made empty if missing), put in ``store`` (default: the
+    environment's JobStore, which a jupyter-server started from this process shares); its id
+    ``job_id``, default a new one from ``name``."""
     import os
 
     from hyperpod_lab.submit.jobs import JobRecord, JobStore, new_job_id
 
     os.makedirs(os.path.join(job_dir, "events"), mode=0o700, exist_ok=True)
-    rec = JobRecord(job_id=new_job_id(name), name=name, cluster="local", orchestrator="local",
+    rec = JobRecord(job_id=job_id or new_job_id(name), name=name, cluster="local", orchestrator="local",
                     native_id=str(os.getpid()), job_dir=job_dir, spec={"args": []}, status="running")
     (store or JobStore()).put(rec)
     return rec

@@ -20,9 +20,14 @@ rank writers appended one event (s; the median of 5), an idle poll (nothing new)
 The SSH reader program's start (once per connection) is measured apart
 (``ssh_reader_start_s``). Ratios against the 2-rank job of the same run. JSON to ``benchmarks/results/scale.json``.
 
-``--server``: the same jobs through a real jupyter server (local files): every event by REST
-pages of 1,000 with cursors, and a WebSocket replay from the first event (events/s, the longest
-cursor and message).
+``--server``: the same jobs through a real jupyter server (local files): the dashboard's cold
+fold (``GET hyperpod/jobs/<id>/dashboard`` until it is no longer ``partial``: the GETs, the
+longest one, the reply's size), every event by REST pages of 1,000 with cursors, and a
+WebSocket replay from the first event (events/s, the longest cursor and message). The server's
+memory (``/proc/<pid>/status``: ``VmRSS``, and ``VmHWM``, the peak since it was reset through
+``/proc/<pid>/clear_refs`` before each job) before the job's record exists (its events already
+written), after its dashboard fold and after the REST read and the replay, in MB; growth per job
+and its ratio against the first (2-rank) job's. ``--server-only``: no reader rows (only the server's).
 
 Run: ``.venv/bin/python benchmarks/scale.py [--ranks 2,64,512,2048] [--steps 100]``.
 """
@@ -135,10 +140,62 @@ def measure(job_dir: str, job_id: str, ranks: int, files, label: str, repeat: in
             "cursor_old_chars": len(old_cursor), "cursor_chars": len(token)}
 
 
-def serve(url: str, token: str, job_id: str, events: int, timeout_s: float = 600.0) -> dict:
+def _rss(pid: int) -> dict:
+    """The server's ``VmRSS`` and ``VmHWM`` now (MB, 1 decimal)."""
+    from benchmarks._common import server_rss_mb
+
+    return {"rss_mb": round(server_rss_mb(pid), 1), "hwm_mb": round(server_rss_mb(pid, peak=True), 1)}
+
+
+def reset_peak(pid: int) -> bool:
+    """Reset process ``pid``'s ``VmHWM`` to its RSS now (``echo 5 > /proc/<pid>/clear_refs``,
+    Linux >= 4.0; our own child only). Returns whether it could."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def fold_dashboard(url: str, token: str, job_id: str, events: int, timeout_s: float = 600.0) -> dict:
+    """``GET hyperpod/jobs/<id>/dashboard`` until the reply is not ``partial`` (the server's cold
+    fold of job ``job_id``, ``events`` expected), then once with ``?node=`` of its first node lane.
+    Returns the fold's time (s), GETs, the longest GET (s), the reply's size (bytes), its lanes
+    and the expanded node's lanes."""
+    import json
+    import urllib.parse
+    import urllib.request
+
+    def get(q: str) -> tuple[dict, int, float]:
+        req = urllib.request.Request(f"{url}/hyperpod/jobs/{job_id}/dashboard?points=1000{q}",
+                                     headers={"Authorization": f"token {token}"})
+        t1 = time.perf_counter()
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            raw = r.read()
+        return json.loads(raw), len(raw), time.perf_counter() - t1
+
+    t, gets, longest = time.perf_counter(), 0, 0.0
+    while True:
+        body, size, took = get("")
+        gets, longest = gets + 1, max(longest, took)
+        if not body["partial"] or time.perf_counter() - t > timeout_s:
+            break
+    fold_s = time.perf_counter() - t
+    assert body["events"] == events and not body["partial"], (body["events"], events, body["partial"])
+    node = body["nodes"][0]
+    expanded, expanded_size, expanded_s = get(f"&node={urllib.parse.quote(node)}")
+    return {"dashboard_fold_s": round(fold_s, 3), "dashboard_gets": gets, "dashboard_get_max_s": round(longest, 3),
+            "dashboard_bytes": size, "dashboard_lanes": len(body["lanes"]),
+            "expanded_lanes": len(expanded["expanded"]["lanes"]), "expanded_bytes": expanded_size,
+            "expanded_s": round(expanded_s, 3)}
+
+
+def serve(url: str, token: str, job_id: str, events: int, timeout_s: float = 600.0, pid: int | None = None) -> dict:
     """Through a real jupyter server: every event of job ``job_id`` by REST pages of 1,000 with
     cursors, then by a WebSocket replay from the first event (``events`` expected). Returns the
-    times (s), rates (events/s), the longest cursor (chars) and message (bytes)."""
+    times (s), rates (events/s), the longest cursor (chars) and message (bytes); with the
+    server's ``pid``, its RSS after the REST read (MB)."""
     import json
     import urllib.request
 
@@ -158,6 +215,7 @@ def serve(url: str, token: str, job_id: str, events: int, timeout_s: float = 600
             break
     rest_s = time.perf_counter() - t
     assert got == events, (got, events)
+    rss_rest = _rss(pid)["rss_mb"] if pid is not None else None
     ws = websocket.create_connection(url.replace("http", "ws") + f"/hyperpod/jobs/{job_id}/stream",
                                      header=[f"Authorization: token {token}"], timeout=timeout_s)
     t, n, biggest = time.perf_counter(), 0, 0
@@ -171,7 +229,7 @@ def serve(url: str, token: str, job_id: str, events: int, timeout_s: float = 600
     ws_s = time.perf_counter() - t
     return {"rest_s": round(rest_s, 3), "rest_events_per_s": round(got / rest_s), "rest_cursor_max_chars": longest,
             "ws_replay_s": round(ws_s, 3), "ws_events": n, "ws_events_per_s": round(n / ws_s),
-            "ws_message_max_bytes": biggest}
+            "ws_message_max_bytes": biggest, **({"rss_after_rest_mb": rss_rest} if pid is not None else {})}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,8 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-sftp", action="store_true", help="skip the file-by-file SFTP baseline")
     ap.add_argument("--server", action="store_true", help="also REST events and a WebSocket replay through a "
                                                             "real jupyter server (local files)")
+    ap.add_argument("--server-only", action="store_true", help="--server without the reader rows (local, ssh, sftp)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "scale.json"))
     args = ap.parse_args(argv)
+    args.server = args.server or args.server_only
     ranks = [int(x) for x in args.ranks.split(",")]
     remote = base = None
     if not args.no_ssh:
@@ -214,15 +274,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for n in ranks:
             job_dir, job_id = os.path.join(work, f"job-{n}"), f"scale-{n}"
-            t = time.perf_counter()
-            written = write_job(job_dir, job_id, n, steps=args.steps)
-            write_s = time.perf_counter() - t
-            print(f"{n} ranks: {written} events written in {write_s:.1f} s", flush=True)
-            paths = [("local", LocalFiles())]
-            if remote is not None:
-                paths.append(("ssh", remote))
-                if not args.no_sftp:
-                    paths.append(("sftp", _SFTPOnly(remote)))
+            paths = []
+            if not args.server_only:
+                t = time.perf_counter()
+                written = write_job(job_dir, job_id, n, steps=args.steps)
+                write_s = time.perf_counter() - t
+                print(f"{n} ranks: {written} events written in {write_s:.1f} s", flush=True)
+                paths = [("local", LocalFiles())]
+                if remote is not None:
+                    paths.append(("ssh", remote))
+                    if not args.no_sftp:
+                        paths.append(("sftp", _SFTPOnly(remote)))
             for label, files in paths:
                 row = measure(job_dir, job_id, n, files, label)
                 row["events_written"] = written
@@ -233,13 +295,30 @@ def main(argv: list[str] | None = None) -> int:
                       f"{row['cursor_old_chars']} -> {row['cursor_chars']} chars", flush=True)
             if server is not None:
                 from benchmarks._common import track_local_job
-                from hyperpod_lab.submit.jobs import JobStore
+                from hyperpod_lab.submit.jobs import JobStore, new_job_id
 
-                sdir = os.path.join(work, f"served-{n}")
-                rec = track_local_job(sdir, f"scale-{n}", store=JobStore(os.path.join(work, "data", "jobs")))
-                count = write_job(sdir, rec.job_id, n, steps=args.steps)
-                row = {"ranks": n, "events": count, **serve(server[1], server[2], rec.job_id, count)}
+                sdir, pid = os.path.join(work, f"served-{n}"), server[0].pid
+                served_id = new_job_id(f"scale-{n}")
+                count = write_job(sdir, served_id, n, steps=args.steps)  # written before the server knows the job
+                peak_reset = reset_peak(pid)
+                before = _rss(pid)
+                rec = track_local_job(sdir, f"scale-{n}", store=JobStore(os.path.join(work, "data", "jobs")),
+                                      job_id=served_id)
+                row = {"ranks": n, "events": count, **fold_dashboard(server[1], server[2], rec.job_id, count)}
+                folded = _rss(pid)
+                row.update(serve(server[1], server[2], rec.job_id, count, pid=pid))
+                after = _rss(pid)
+                row.update(rss_before_mb=before["rss_mb"], rss_after_fold_mb=folded["rss_mb"],
+                           hwm_fold_mb=folded["hwm_mb"] if peak_reset else None, rss_after_serve_mb=after["rss_mb"],
+                           hwm_serve_mb=after["hwm_mb"] if peak_reset else None,
+                           rss_growth_fold_mb=round(folded["rss_mb"] - before["rss_mb"], 1),
+                           rss_growth_mb=round(after["rss_mb"] - before["rss_mb"], 1),
+                           peak_growth_mb=round(after["hwm_mb"] - before["rss_mb"], 1) if peak_reset else None)
                 served.append(row)
+                print(f"  server: dashboard cold fold {row['dashboard_fold_s']:.2f} s ({row['dashboard_gets']} GETs, "
+                      f"longest {row['dashboard_get_max_s']:.2f} s, {row['dashboard_bytes']} bytes, "
+                      f"{row['dashboard_lanes']} lanes); RSS {before['rss_mb']:.0f} -> {folded['rss_mb']:.0f} MB "
+                      f"(fold) -> {row['rss_after_rest_mb']:.0f} MB (REST) -> {after['rss_mb']:.0f} MB (replay), peak {after['hwm_mb']:.0f} MB", flush=True)
                 print(f"  server: REST {row['rest_s']:.2f} s ({row['rest_events_per_s']} events/s, cursor <= "
                       f"{row['rest_cursor_max_chars']} chars), WebSocket replay {row['ws_replay_s']:.2f} s "
                       f"({row['ws_events_per_s']} events/s, messages <= {row['ws_message_max_bytes']} bytes)", flush=True)
@@ -259,6 +338,10 @@ def main(argv: list[str] | None = None) -> int:
         if b:
             for k in ("first_read_s", "steady_poll_s", "idle_poll_s", "steady_round_trips", "cursor_chars"):
                 r[f"{k}_ratio"] = round(r[k] / b[k], 3) if b[k] else None
+    for r in served:  # growth ratios: None where the first job's growth is under 1 MB (noise)
+        for k in ("rss_growth_fold_mb", "rss_growth_mb", "peak_growth_mb", "dashboard_fold_s", "dashboard_bytes"):
+            b = served[0].get(k)
+            r[f"{k}_ratio"] = round(r[k] / b, 2) if r.get(k) is not None and b and (abs(b) >= 1 or "mb" not in k) else None
     return write_results(args.out, {"benchmark": "scale", "steps": args.steps, "ranks": ranks,
                                     "ssh_reader_start_s": reader_start_s, "server": served,
                                     "loadavg": os.getloadavg(), "rows": rows})
