@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     dc = sub.add_parser("dev-cluster", help="the local dev Slurm cluster (munge, slurmctld, 3 slurmd, "
                         "slurmdbd, sshd, bastion, shared dir)")
     dc.add_argument("action", choices=["up", "down", "status"])
-    dc.add_argument("--nodes", type=_int, default=3, help="up: slurmd nodes n1..nN, 2 to 8 (default 3)")
+    dc.add_argument("--nodes", type=_int, default=3, help="up: slurmd nodes n1..nN, 2 to 32 (default 3)")
 
     cl = sub.add_parser("clusters", help="list cluster profiles, or discover HyperPod clusters: "
                         "clusters discover [--region R] [--profile P] [--write]")

@@ -32,6 +32,7 @@ DEFAULT_SSH_PORT = 2222
 DEFAULT_BASTION_PORT = 2223
 PARTITION = "dev"
 DEFAULT_NODES = 3  # a 2-node job (the profile's default size) plus a spare
+MAX_NODES = 32  # slurmd ports 6818, 6820..6850; each slurmd takes ~10 MB and one mount namespace
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "devcluster.sh")
 
 _NOT_ROOT = "dev-cluster needs root to install and start Slurm; run it with sudo"
@@ -153,7 +154,8 @@ def up(base_dir: str | None = None, ssh_port: int | None = None, python: str | N
         ssh_port: sshd port on 127.0.0.1 (default ``$HYPERPOD_LAB_DEV_SSH_PORT`` or 2222).
         python: interpreter the jobs run (default: this one, ``sys.executable``).
         quiet: don't echo the script's progress lines.
-        nodes: slurmd nodes ``n1``..``n<nodes>``, 2 to 8 (default 3; a change restarts Slurm).
+        nodes: slurmd nodes ``n1``..``n<nodes>``, 2 to ``MAX_NODES`` = 32 (default 3; a change
+            restarts every Slurm daemon, so running jobs are lost).
 
     Raises:
         HyperPodLabError: not root, or the script failed (the message holds its last lines).
@@ -162,8 +164,8 @@ def up(base_dir: str | None = None, ssh_port: int | None = None, python: str | N
     port = _ssh_port(ssh_port)
     if hasattr(os, "geteuid") and os.geteuid() != 0:
         raise HyperPodLabError(_NOT_ROOT)
-    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 2 <= nodes <= 8:
-        raise HyperPodLabError(f"nodes must be 2 to 8, got {nodes!r}")
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 2 <= nodes <= MAX_NODES:
+        raise HyperPodLabError(f"nodes must be 2 to {MAX_NODES}, got {nodes!r}")
     env = _env(base, port)
     env[ENV_DEV_NODES] = str(nodes)
     _run_script("up", env, quiet)
@@ -219,8 +221,8 @@ def status(base_dir: str | None = None) -> dict[str, Any]:
 def node_pid(node: str, base: str | None = None) -> int:
     """Pid of the slurmd of ``node`` (e.g. ``"n2"``): ``nsenter --mount --target PID`` enters
     that node's own mount namespace. Raises HyperPodLabError when it does not run."""
-    if not re.fullmatch(r"n[1-8]", node):
-        raise HyperPodLabError(f"no dev-cluster node {node!r}; the nodes are n1..n8")
+    if not re.fullmatch(r"n[1-9][0-9]?", node) or int(node[1:]) > MAX_NODES:
+        raise HyperPodLabError(f"no dev-cluster node {node!r}; the nodes are n1..n{MAX_NODES}")
     path = os.path.join(base_dir(base), "run", f"slurmd-{node}.pid")
     try:
         with open(path) as f:

@@ -10,7 +10,8 @@
 #   HYPERPOD_LAB_DEV_SSH_PORT  sshd port on 127.0.0.1    (up: 2222; status: the port up used)
 #   HYPERPOD_LAB_DEV_BASTION_PORT  bastion sshd port     (up: 2223; status: the port up used)
 #   HYPERPOD_LAB_DEV_DB_PORT   MariaDB port on 127.0.0.1 (3307; our own instance, not the system one)
-#   HYPERPOD_LAB_DEV_NODES     up: how many slurmd nodes, 2-8 (3: a 2-node job plus a spare);
+#   HYPERPOD_LAB_DEV_NODES     up: how many slurmd nodes, 2-32 (3: a 2-node job plus a spare; 17 for
+#                              tests/runtime/test_scale16_slurm.py's 16-node job and its spare);
 #                              status/down: the nodes of the slurm.conf the last `up` wrote
 #
 # Each slurmd runs in its own mount namespace (`unshare --mount --propagation private`), so a
@@ -51,9 +52,11 @@ if [ -z "$NNODES" ]; then
   if [ "${1:-}" != up ] && [ -r "$CONF" ]; then NNODES=$(grep -c '^NodeName=n[0-9]' "$CONF" || true); fi
   [ -n "$NNODES" ] && [ "$NNODES" != 0 ] || NNODES=3
 fi
-[[ $NNODES =~ ^[2-8]$ ]] || { echo "[dev-cluster] ERROR: HYPERPOD_LAB_DEV_NODES must be 2 to 8, got '$NNODES'" >&2; exit 2; }
+[[ $NNODES =~ ^[0-9]{1,2}$ ]] && (( 10#$NNODES >= 2 && 10#$NNODES <= 32 )) \
+  || { echo "[dev-cluster] ERROR: HYPERPOD_LAB_DEV_NODES must be 2 to 32, got '$NNODES'" >&2; exit 2; }
+NNODES=$(( 10#$NNODES ))
 NODES=(); declare -A NODE_PORT=()
-for i in $(seq 1 "$NNODES"); do   # n1 6818, n2 6820, n3 6821, ... (6819 is slurmdbd's)
+for i in $(seq 1 "$NNODES"); do   # n1 6818, n2 6820, n3 6821, ..., n32 6850 (6819 is slurmdbd's)
   NODES+=("n$i"); NODE_PORT[n$i]=$(( i == 1 ? 6818 : 6818 + i ))
 done
 DBD_CONF=/etc/slurm/slurmdbd.conf
