@@ -185,7 +185,8 @@ class FileTailer:
 
     What a fast poll does not see until the next listing (at most ``relist_s`` seconds): a file
     that shrank below its start offset (event files only grow; a writer cuts a failed append
-    back to its last complete line, never below it), and a change to a file not named
+    back to its last complete line, never below it), except a file named in ``wants`` (a reader
+    reading past a page it holds back: ``fstat`` tells), and a change to a file not named
     ``*suffix``. On a file system whose directory mtime lags behind a creation on another host
     (NFS attribute caching), a new file is seen at the next listing too; on Lustre, local file
     systems and tmpfs at once (a directory changed less than 0.1 s before a listing is listed
@@ -254,6 +255,10 @@ class FileTailer:
                         data[name] = read_span(_pread(fd), start, size, want)
                 except OSError as e:
                     errors[name] = f"{type(e).__name__}: {e.strerror or e}"
+            for name in wants:  # a file read past a page held back (few): one that shrank is said
+                fd = fds.get(name)
+                if fd is not None and name not in sizes and os.fstat(fd).st_size < starts.get(name, 0):
+                    sizes[name] = os.fstat(fd).st_size
             more, more_errors = _read_grown(directory, by_path, starts, wants, max_bytes, suffix)
             sizes.update(by_path)
             data.update(more)
