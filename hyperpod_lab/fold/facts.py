@@ -83,7 +83,6 @@ Events are folded in the order given; give them in time order (``EventReader.pol
 
 from __future__ import annotations
 
-import json
 from typing import Any, Iterable
 
 from hyperpod_lab.events import HEALTH_WRITER_PREFIX, OPERATOR_WRITER, Event, EventKind, FaultReason, writer_node
@@ -132,8 +131,11 @@ def _total_steps_from_spec(spec: dict) -> int | None:
 
 
 def event_dict(ev: Event) -> dict[str, Any]:
-    """The event as its JSON object (what ``last_event`` and WebSocket messages carry)."""
-    return json.loads(ev.to_json())
+    """The event as its JSON object (what ``last_event`` and WebSocket messages carry): the
+    fields of :meth:`Event.to_json`, its ``data`` the event's own (not copied: read it, do not
+    change it)."""
+    return {"data": ev.data, "job_id": ev.job_id, "kind": ev.kind, "seq": ev.seq, "time": ev.time, "v": ev.v,
+            "writer": ev.writer}
 
 
 def _new_incident(detected_at: float | None, last_step: int | None, last_step_time: float | None) -> dict[str, Any]:
@@ -204,7 +206,8 @@ class JobFacts:
         self.first_loss = d.get("first_loss")
         self.last_loss = d.get("last_loss")
         self.final_loss = d.get("final_loss")
-        self.last_event: dict | None = d.get("last_event")
+        self._last_event: dict | None = d.get("last_event")
+        self._last_ev: Event | None = None  # the newest event, made a dict only when asked for
         self.checkpoints = int(d.get("checkpoints", 0))
         self.restores = int(d.get("restores", 0))
         self.faults = int(d.get("faults", 0))
@@ -244,10 +247,21 @@ class JobFacts:
         inc = self.open_incident
         return None if inc is None else inc["detected_at"]
 
+    @property
+    def last_event(self) -> dict | None:
+        """The newest event as its JSON object (:func:`event_dict`), or None."""
+        if self._last_ev is not None:
+            self._last_event, self._last_ev = event_dict(self._last_ev), None
+        return self._last_event
+
+    @last_event.setter
+    def last_event(self, value: dict | None) -> None:
+        self._last_event, self._last_ev = value, None
+
     def update(self, ev: Event) -> None:
         """Fold one event in (events in time order)."""
         t = float(ev.time)
-        self.last_event = event_dict(ev)
+        self._last_ev = ev
         self.first_time = t if self.first_time is None else min(self.first_time, t)
         self.last_time = t if self.last_time is None else max(self.last_time, t)
         d, kind = ev.data, ev.kind
