@@ -17,6 +17,7 @@ import time
 from benchmarks._common import track_local_job
 from benchmarks.scale import write_job
 from hyperpod_lab.events import EventReader, LocalFiles
+from hyperpod_lab.server.handlers.jobs import read_events
 from hyperpod_lab.server.watch import watcher as watcher_mod
 from hyperpod_lab.server.watch.tailer import new_aggregate
 from hyperpod_lab.server.watch.watcher import Watcher
@@ -37,7 +38,8 @@ def _counted(fn, reads: list[int]):
 
 
 def test_fold_reads_are_bounded_whatever_the_number_of_writers(tmp_path, monkeypatch):
-    """Each read of the dashboard's fold and of a tailer reads at most about
+    """Each read of the dashboard's fold, of a tailer and of a REST events page (``read_events``,
+    pages of 1,000 events from no cursor) reads at most about
     ``READ_TOTAL_BYTES`` (here 128 KiB) of a 64-writer job of ~0.8 MB (before: the whole job in
     one read), the job is read about once (each read reads again the partial last line of each
     file it holds back: rank 0's file, a step a line, gates the others), and the paged fold
@@ -50,7 +52,8 @@ def test_fold_reads_are_bounded_whatever_the_number_of_writers(tmp_path, monkeyp
     job_bytes = sum(os.path.getsize(os.path.join(events_dir, f)) for f in os.listdir(events_dir))
     assert job_bytes > 4 * TOTAL, job_bytes
     reference = new_aggregate()
-    for ev in EventReader(rec.job_dir, LocalFiles()).poll():
+    everything = EventReader(rec.job_dir, LocalFiles()).poll()
+    for ev in everything:
         reference.fold(ev)
 
     async def scenario():
@@ -75,8 +78,19 @@ def test_fold_reads_are_bounded_whatever_the_number_of_writers(tmp_path, monkeyp
 
     body, dash_reads, tail_reads, tail_events = asyncio.run(scenario())
     assert not body["partial"] and body["events"] == written and tail_events == written
-    for reads in (dash_reads, tail_reads):
-        assert len(reads) > 1 and max(reads) <= 1.2 * TOTAL, reads
+    for what, reads in (("dashboard", dash_reads), ("tailer", tail_reads)):
+        assert len(reads) > 1 and max(reads) <= 1.2 * TOTAL, (what, reads)
         assert sum(reads) <= 1.5 * job_bytes, (sum(reads), job_bytes)
     want = reference.summary(1000)
     assert {k: body[k] for k in want} == want
+    # REST pages of 1,000 events from no cursor (before: the whole job parsed at the first page)
+    cursor, rest_reads, keys = {}, [], []
+    page = _counted(read_events, rest_reads)
+    for _ in range(1000):
+        events, cursor, more = page(client, rec.job_id, cursor, 1000)
+        keys += [(e["writer"], e["seq"]) for e in events]
+        if not events and not more:
+            break
+    assert keys == [(e.writer, e.seq) for e in everything]
+    assert len(rest_reads) > 1 and max(rest_reads) <= 1.2 * TOTAL, rest_reads
+    assert sum(rest_reads) <= 1.5 * job_bytes, (sum(rest_reads), job_bytes)

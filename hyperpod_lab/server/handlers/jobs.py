@@ -26,6 +26,7 @@ from hyperpod_lab.server.handlers.base import (
     MAX_OFFSET,
     HyperPodHandler,
 )
+from hyperpod_lab.server.watch.watcher import file_share
 from hyperpod_lab.spec import host_code_env
 from hyperpod_lab.submit.clusters import get_profile, load_profiles
 from hyperpod_lab.submit.notebook_script import skip_env_check, spec_from_request
@@ -272,9 +273,11 @@ def read_events(client, job_id: str, cursor: dict[str, int], limit: int) -> tupl
     """Up to ``limit`` events after ``cursor``, the cursor just past the last one returned, and
     whether more may follow at once. Reads at most ``limit`` x :data:`EVENT_PAGE_BYTES_PER_EVENT`
     bytes of each file from the cursor (at least 4 KiB, at most :data:`EVENT_PAGE_MAX_BYTES`),
-    never the whole file; a request that continues where the last page stopped goes on with
-    what that page read and parsed (:class:`_Pages`)."""
-    max_bytes = min(EVENT_PAGE_MAX_BYTES, max(4096, limit * EVENT_PAGE_BYTES_PER_EVENT))
+    never the whole file, and for a job of many files about ``READ_TOTAL_BYTES`` all together
+    (:func:`~hyperpod_lab.server.watch.watcher.file_share`; issue 27: a 2,048-rank job's first
+    page parsed all its 246,365 events); a request that continues where the last page stopped
+    goes on with what that page read and parsed (:class:`_Pages`)."""
+    per_file = min(EVENT_PAGE_MAX_BYTES, max(4096, limit * EVENT_PAGE_BYTES_PER_EVENT))
     kept = _PAGES.take(job_id, cursor)
     if kept is not None:
         located, reader = list(kept[0]), kept[1]
@@ -282,9 +285,15 @@ def read_events(client, job_id: str, cursor: dict[str, int], limit: int) -> tupl
     else:
         located, reader, more = [], client.event_reader(job_id, cursor), False
     polled = False
-    if len(located) <= limit:  # (a kept page's rest is older than anything the reader reads next)
-        located += reader.poll_located(max_bytes=max_bytes)
+    share = file_share(per_file, len(reader.cursor))
+    while len(located) <= limit:  # (a kept page's rest is older than anything the reader reads next)
+        located += reader.poll_located(max_bytes=share)
         more, polled = reader.more, True
+        # a first page (no file known yet) read a little of each file: a job of few files reads
+        # on at each one's share (one of many files has had it)
+        read, share = share, file_share(per_file, len(reader.cursor))
+        if not more or share <= read:
+            break
     cur = dict(cursor)
     out = []
     for ev, fname, end in located[:limit]:  # a prefix per file (poll_located keeps file order)

@@ -103,6 +103,16 @@ READ_TOTAL_BYTES = 4 << 20
 READ_FILE_MIN_BYTES = 2048
 
 
+def file_share(limit: int, files: int) -> int:
+    """Bytes of each of ``files`` event files one bounded read of the server takes: ``limit``,
+    less for many files so that all together hold at most about :data:`READ_TOTAL_BYTES`, never
+    under :data:`READ_FILE_MIN_BYTES`; that least when no file is known yet (``files`` 0: that
+    first read counts them)."""
+    if files <= 0:
+        return READ_FILE_MIN_BYTES
+    return max(READ_FILE_MIN_BYTES, min(limit, READ_TOTAL_BYTES // files))
+
+
 class Watcher:
     """Job state and events for the server. Construct once per server; ``start()`` on the IOLoop.
 
@@ -527,9 +537,7 @@ class Watcher:
         first read then counts them)."""
         t = self.tailers.get(job_id)
         files = max(len(cursor), len(t.cursor) if t is not None else 0)
-        if not files:
-            return READ_FILE_MIN_BYTES
-        return max(READ_FILE_MIN_BYTES, min(self.read_bytes if limit is None else limit, READ_TOTAL_BYTES // files))
+        return file_share(self.read_bytes if limit is None else limit, files)
 
     def _read_page(self, rec: JobRecord, cursor: dict[str, int], sub: Subscription | None = None
                    ) -> tuple[list, dict[str, int]]:
