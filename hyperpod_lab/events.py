@@ -669,6 +669,66 @@ class EventReader:
             time.sleep(interval_s)
 
 
+#: how much of rank 0's event file :func:`incident_events` reads by default (its newest bytes)
+INCIDENT_TAIL_BYTES = 256 << 10
+
+
+def incident_events(job_dir: str, files: FileAccess | None = None,
+                    rank0_tail_bytes: int | None = INCIDENT_TAIL_BYTES) -> list[Event]:
+    """What a rank reads to date (or count) the job's failure incidents without reading every
+    rank's file (issue 27: rank 0's first step after a restart folded all events of all ranks to
+    date the incident, 50 s at 2,048 ranks, inside the recovery).
+
+    Returns the events, in time order, of every writer that is not a rank (launch agents, health
+    checks, the supervisor, the client, the operator: their files grow with nodes and incidents,
+    not with ranks or steps) and of rank 0 (the steps; in restart mode its ``recovery.completed``
+    closes an incident), of rank 0 only its newest ``rank0_tail_bytes`` (None: all). With a tail,
+    the other writers' events older than the tail's first event are left out too, so that an
+    incident closed before the tail does not look open. Other ranks' files (their checkpoints and,
+    in a checkpointless job, their in-process faults and recoveries) are not read. Unreadable or
+    malformed lines are skipped. Raises nothing for a missing directory (``[]``)."""
+    files = files or LocalFiles()
+    d = events_dir(job_dir)
+    sizes = files.list_files(d)
+    rank0 = rank_writer(0) + ".jsonl"
+    out: list[Event] = []
+    since = None
+    if rank0 in sizes:
+        size = sizes[rank0]
+        start = 0 if rank0_tail_bytes is None else max(0, size - int(rank0_tail_bytes))
+        try:
+            chunk = files.read_from(f"{d}/{rank0}", start)
+        except OSError:
+            chunk = b""
+        if start > 0:  # the first line is partial
+            chunk = chunk[chunk.find(b"\n") + 1:] if b"\n" in chunk else b""
+        out += _parse_lines(chunk)
+        if start > 0 and out:
+            since = min(ev.time for ev in out)
+    for name in sorted(sizes):
+        if not name.endswith(".jsonl") or name.startswith(RANK_WRITER_PREFIX):
+            continue
+        try:
+            evs = _parse_lines(files.read_from(f"{d}/{name}", 0))
+        except OSError:
+            continue
+        out += evs if since is None else [ev for ev in evs if ev.time >= since]
+    out.sort(key=lambda e: (e.time, e.writer, e.seq))
+    return out
+
+
+def _parse_lines(data: bytes) -> list[Event]:
+    """The events of ``data``'s complete lines (malformed ones skipped)."""
+    out = []
+    for line in data.split(b"\n")[:-1]:
+        if line.strip():
+            try:
+                out.append(Event.from_json(line))
+            except EventSchemaError:
+                pass
+    return out
+
+
 def default_writer_name(prefix: str) -> str:
     """``prefix-hostname`` made safe for a writer name."""
     host = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())[:60]

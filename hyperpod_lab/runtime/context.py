@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 
 from hyperpod_lab.atomicfile import write_json_atomic
-from hyperpod_lab.events import Event, EventKind, EventReader, EventSchemaError, EventWriter, rank_writer
+from hyperpod_lab.events import Event, EventKind, EventSchemaError, EventWriter, incident_events, rank_writer
 from hyperpod_lab.jobdir import (
     ENV_CHECKPOINT_TIMEOUT,
     ENV_COLLECTIVE_TIMEOUT,
@@ -658,10 +658,13 @@ def _incident_start_time(job_dir: str) -> float | None:
     ``recovery.completed.downtime_s``: the detection time of the open incident of the job facts
     fold (``hyperpod_lab.fold.facts``: the earliest ``fault.detected`` since the last incident closed;
     several agents may report the same incident), or None when no fault is open.
+
+    Folds only :func:`hyperpod_lab.events.incident_events` (the writers that are not ranks, and
+    the newest 256 KiB of rank 0's file), never every rank's file: this runs in the recovery.
     """
     from hyperpod_lab.fold.facts import fold
 
-    return fold(EventReader(job_dir).poll()).incident_detected_at
+    return fold(incident_events(job_dir)).incident_detected_at
 
 
 def _start_heartbeat(env, global_rank: int, local_rank: int) -> HeartbeatWriter | None:

@@ -76,7 +76,7 @@ import time
 from typing import Any
 
 from hyperpod_lab.atomicfile import write_json_atomic
-from hyperpod_lab.events import Event, EventKind, EventReader
+from hyperpod_lab.events import Event, EventKind, incident_events
 from hyperpod_lab.jobdir import JobPaths
 from hyperpod_lab.spec import TRACKING_MLFLOW, JobSpec
 
@@ -391,7 +391,10 @@ class MlflowTracking:
             self._client.set_terminated(self.run_id, status=status)
 
     def _job_events(self) -> list[Event]:
-        return EventReader(self.paths.folder).poll()
+        """The job's incidents and rank 0's steps (:func:`hyperpod_lab.events.incident_events`, all
+        of rank 0's file): not the other ranks' files, whose checkpoints the fault marker and the
+        goodput do not need."""
+        return incident_events(self.paths.folder, rank0_tail_bytes=None)
 
     def _fault_marker(self, tags: dict[str, str]) -> list:
         """The newest failure incident (the job facts fold) as metric ``fault`` = its number at
