@@ -19,7 +19,8 @@ jupyter-server already serves ``<base_url>metrics`` with ``prometheus_client``'s
   ``downtime_s`` (detection to the first completed step after the recovery).
 * ``hyperpod_lab_event_lag_seconds`` (histogram): for each event, the server's wall clock when it
   read the event minus the event's ``time`` (written by the job's host: clock skew between the
-  hosts adds to it). The first read of a job (its history) is not counted.
+  hosts adds to it). A job's history (every read until one finds nothing more: read in
+  bounded pages) is not counted.
 * ``hyperpod_lab_status_poll_seconds`` (histogram): wall time of one batched status refresh of a
   cluster (one ``squeue``/``sacct`` for all its jobs, ``Watcher._refresh_cluster``).
 
@@ -126,7 +127,7 @@ class ServerMetrics:
         unless this was the tailer's ``first`` read."""
         cluster = tailer.cluster
         now = time.time() if now is None else now
-        if not first and located:
+        if not first and located and not getattr(tailer, "history", False):
             lag = self.lag.labels(cluster)
             for ev, _, _ in located:
                 lag.observe(max(0.0, now - float(ev.time)))

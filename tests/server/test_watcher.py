@@ -189,3 +189,49 @@ def test_a_subscriber_gets_the_terminal_status_before_end_even_when_the_status_l
     kinds = [m["type"] for m in inbox]
     assert kinds[-1] == "end", kinds
     assert [m for m in inbox if m["type"] == "status"][-1]["job"]["status"] == "completed", inbox
+
+
+def test_event_lag_counts_live_events_not_a_history_read_in_pages(tmp_path):
+    """``hyperpod_lab_event_lag_seconds`` (docs/metrics.md): a job's history, read in bounded pages
+    (here 2 KiB a read: many pages), adds nothing to the lag histogram; events written after the
+    watcher caught up each add one sample. Before, every page after the first counted its old
+    events (their age, hours for a long job) as lag."""
+    from prometheus_client import CollectorRegistry
+
+    from hyperpod_lab.server.metrics import ServerMetrics
+
+    client = Client(JobStore(str(tmp_path / "store")))
+    d = tmp_path / "job"
+    (d / "events").mkdir(parents=True)
+    rec = JobRecord(job_id="lag-1", name="lag", cluster="local", orchestrator="local", native_id=str(os.getpid()),
+                    job_dir=str(d), spec={})
+    client.store.put(rec)
+    old = EventWriter(str(d), "rank-0", "lag-1", clock=lambda: time.time() - 3600)
+    for step in range(400):  # ~40 KB: 20 reads of 2 KiB
+        old.emit("step", step=step, loss=1.0)
+    registry = CollectorRegistry()
+    metrics = ServerMetrics(registry)
+
+    def lag_count():
+        return registry.get_sample_value("hyperpod_lab_event_lag_seconds_count", {"cluster": "local"}) or 0.0
+
+    async def scenario():
+        w = Watcher(client, min_interval_s=0.2, max_interval_s=1.0, stream_interval_s=0.05, idle_max_interval_s=0.2,
+                    read_bytes=2048, page_bytes=2048)
+        w.observers.append(metrics)
+        w.start()
+        deadline = time.monotonic() + 30
+        while not (w.tailers.get("lag-1") and w.tailers["lag-1"].caught_up) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        history = lag_count()
+        live = EventWriter(str(d), "rank-0", "lag-1")
+        for step in range(400, 403):
+            live.emit("step", step=step, loss=1.0)
+        while lag_count() < history + 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await w.stop()
+        return history, lag_count()
+
+    history, after = asyncio.run(scenario())
+    assert history == 0, history
+    assert after == 3, after

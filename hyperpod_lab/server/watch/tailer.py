@@ -109,6 +109,8 @@ class Tailer:
         self.complete = False           # job terminal and every event read
         self.terminal_seen_at: float | None = None
         self.next_poll = 0.0
+        self.caught_up = False          # a read found no more to read (the history is behind it)
+        self.history = True             # the read being applied was part of the history
         self.inflight = False           # in a lane's read under way (Watcher._lane)
         self.idle_interval = 1.0
         self.dirty = False              # cursor/progress not yet saved

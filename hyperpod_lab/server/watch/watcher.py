@@ -769,6 +769,8 @@ class Watcher:
             t.idle_interval = min(t.idle_interval * 2, self.idle_max_interval_s)
             return
         first, t.polled = not t.polled, True
+        t.history = not t.caught_up  # this read is part of the job's history (observers: not live)
+        t.caught_up = t.caught_up or not more
         t.more = more
         cap = self.send_queue_bytes
         was_complete = t.complete
