@@ -235,3 +235,31 @@ def test_event_lag_counts_live_events_not_a_history_read_in_pages(tmp_path):
     history, after = asyncio.run(scenario())
     assert history == 0, history
     assert after == 3, after
+
+
+def test_steps_and_saved_checkpoints_never_change_what_status_messages_are_sent_on():
+    """The watcher skips notable() around the events of kinds in _NOT_NOTABLE (most of a job):
+    over every scenario of the job facts tests (checkpoint-restart, checkpointless loss, operator
+    recovery, pre-flight, node down, stragglers), folding such an event never changes it."""
+    import importlib.util
+
+    from hyperpod_lab.fold.progress import Progress
+    from hyperpod_lab.server.watch.tailer import notable
+    from hyperpod_lab.server.watch.watcher import _NOT_NOTABLE
+
+    spec = importlib.util.spec_from_file_location(
+        "facts_scenarios", os.path.join(os.path.dirname(os.path.dirname(__file__)), "fold", "test_facts.py"))
+    test_facts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(test_facts)
+    scenarios = [getattr(test_facts, n)() for n in ("checkpoint_restart", "checkpointless_loss",
+                                                     "preflight_then_training", "node_down_during_training")]
+    seen = set()
+    for events in scenarios:
+        p = Progress({})
+        for ev in sorted(events, key=lambda e: (e.time, e.writer, e.seq)):
+            before = notable(p)
+            p.update(ev)
+            if ev.kind in _NOT_NOTABLE:
+                seen.add(ev.kind)
+                assert notable(p) == before, ev
+    assert seen == _NOT_NOTABLE

@@ -92,6 +92,10 @@ from hyperpod_lab.submit.jobs import JobRecord
 
 log = logging.getLogger("hyperpod_lab.server")
 
+#: kinds whose fold never changes :func:`~hyperpod_lab.server.watch.tailer.notable` (the job
+#: facts fold: a step or a saved checkpoint opens, ends, excludes or flags nothing)
+_NOT_NOTABLE = frozenset((EventKind.STEP.value, EventKind.CHECKPOINT_SAVED.value))
+
 #: most bytes one replay page reads, all event files together (see Watcher.page_file_bytes)
 PAGE_TOTAL_BYTES = 16 << 20
 #: most bytes one read of the server's folds parses, all event files together (a tailer's read, a
@@ -778,7 +782,8 @@ class Watcher:
         for ev, fname, end in located:
             if t.subs:
                 t.keep((ev, fname, end))
-            counts = notable(t.progress)
+            # a step or a checkpoint.saved never changes what notable() counts (the bulk of a job)
+            counts = None if ev.kind in _NOT_NOTABLE or not t.subs else notable(t.progress)
             t.fold(ev)
             t.finished_seen |= ev.kind == EventKind.FINISHED.value
             for sub in list(t.subs):
@@ -788,7 +793,7 @@ class Watcher:
                     self._fall_behind(t, sub)
                 elif sub.deliver(ev, fname, end) is False:
                     self.unsubscribe(sub)
-            if t.subs and notable(t.progress) != counts:
+            if counts is not None and t.subs and notable(t.progress) != counts:
                 # a fault opened or recovered (the sidebar notifies from it), a node was excluded
                 # or failed its health checks (the sidebar lists them)
                 self._send_status(t)
