@@ -713,7 +713,11 @@ class Checkpointless:
         self._params = [p for _, p in named]
         self._reducer = _GradReducer(
             self._params, [self._dtensor is not None and isinstance(p, self._dtensor) for p in self._params],
-            self.bucket_elems, self.manager, ctx.cpu_group if self.device.type == "cpu" else None,  # None: default (NCCL)
+            # the default group (gloo on CPU, NCCL on GPU), never ctx.cpu_group: the persistent
+            # checkpoint's background thread runs DCP's collectives on that one, and two threads'
+            # collectives on one gloo group deadlock or mismatch (a 2-rank group hung at every
+            # persistent save: docs/scale.md, "What broke")
+            self.bucket_elems, self.manager, None,
             ctx.world_size > 1, self.device.type == "cpu" if overlap is None else bool(overlap))
         self.overlapped = 0
         """Gradient buckets of the last :meth:`end_step` whose reduction started during backward."""
