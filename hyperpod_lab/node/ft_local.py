@@ -34,14 +34,14 @@ def main(argv: list[str] | None = None) -> int:
     paths = JobPaths.from_env()
     if paths is None:
         p.error(f"${ENV_JOB_DIR} is not set (run it in a job's environment)")
-    from hyperpod_lab.node.lighthouse import read_address
+    from hyperpod_lab.node.lighthouse import START_TIMEOUT_S, read_address
 
     # the supervised Lighthouse, as on Slurm: a crashed one is restarted on the same port
     with open(paths.lighthouse_log, "ab") as log:
         lighthouse = subprocess.Popen(lighthouse_argv(sys.executable, paths.folder, min_replicas=a.min_replicas,
                                                       host="127.0.0.1"),
                                       stdout=log, stderr=subprocess.STDOUT)
-    read_address(paths.folder, timeout_s=30)  # published: the agents find it
+    read_address(paths.folder, timeout_s=START_TIMEOUT_S + 30)  # published: the agents find it
     agents = [subprocess.Popen(launcher_argv(sys.executable, a.script, a.args, nproc_per_node=a.nproc_per_node,
                                              max_restarts=a.max_restarts, log_dir=paths.group_torchrun_logs(g),
                                              nnodes=1, standalone=True, monitor_interval=0.1),

@@ -48,9 +48,9 @@ class Job:
             [sys.executable, "-m", "hyperpod_lab.node.lighthouse", "--job-dir", self.job_dir,
              "--min-replicas", str(min_replicas), "--host", "127.0.0.1"],
             stdout=open(os.path.join(self.job_dir, "lighthouse.log"), "wb"), stderr=subprocess.STDOUT)
-        from hyperpod_lab.node.lighthouse import read_address
+        from hyperpod_lab.node.lighthouse import START_TIMEOUT_S, read_address
 
-        self.address = read_address(self.job_dir, timeout_s=30)
+        self.address = read_address(self.job_dir, timeout_s=START_TIMEOUT_S + 30)
         self.agents: dict[int, subprocess.Popen] = {}
         for g in range(groups):
             self.start_group(g)

@@ -648,9 +648,9 @@ class Checkpointless:
                              f"${ENV_REPLICA_GROUP} and ${ENV_LIGHTHOUSE} (the Slurm and local backends do "
                              "this when the job's resiliency.recovery is 'checkpointless')")
         if not os.environ.get(ENV_LIGHTHOUSE):  # the job's lighthouse publishes its address on shared storage
-            from hyperpod_lab.node.lighthouse import read_address
+            from hyperpod_lab.node.lighthouse import START_TIMEOUT_S, read_address
 
-            os.environ[ENV_LIGHTHOUSE] = read_address(ctx.job_dir, timeout_s=60)
+            os.environ[ENV_LIGHTHOUSE] = read_address(ctx.job_dir, timeout_s=START_TIMEOUT_S + 30)
         if min_replicas is None:
             el = ctx.spec.elastic if ctx.spec is not None else None
             min_replicas = (el.min_nodes if el is not None and el.min_nodes else 1)
