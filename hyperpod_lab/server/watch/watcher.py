@@ -866,6 +866,8 @@ class Watcher:
             # more than read_bytes waiting, or a notification came during the read: read on at
             # once (the IOLoop ran in between)
             t.next_poll = done if t.more or t.notify_seq != t.read_seq else done + interval
+            if t.more and lane == "backlog":  # a catch-up takes at most half the IOLoop: replays and
+                t.next_poll = done + (done - started)  # live reads get the rest (issue 27)
 
     async def _persist(self) -> None:
         dirty = [(t.job_id, dict(t.cursor), t.saved()) for t in self.tailers.values() if t.dirty]
