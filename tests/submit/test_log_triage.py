@@ -345,12 +345,15 @@ def test_a_killed_rank_has_no_traceback_and_its_last_lines_are_shown(store_clien
     texts = [ln["text"] for ln in reply["lines"]]
     assert reply["ranks"] == [1] and "rank 1 says hello" in texts and any(t.startswith("step ") for t in texts)
     assert all(ln["ranks"] == [1] for ln in reply["lines"])
-    # without events: rank 0's traceback is a consequence (its peer went away); torchelastic's
-    # ChildFailedError report in the job's own log names rank 1 as the root cause
+    # without events: triage reports the root cause torchelastic's ChildFailedError report in the
+    # job's own log names. That is its earliest failure by timestamp: rank 1's SIGKILL as the agent
+    # saw it, or, a race seen once in a fresh-clone run (fresh16), rank 0's error when rank 0 hit its
+    # next collective first; the events (above) name rank 1 either way
     logs = _logs(store_client, job_id)
     f = lt.first_failure(logs, [0, 1], None)
-    assert f["rank"] == 1 and f["found_by"] == "log" and f["source"] == lt.JOB_LOG and f["kind"] == "childfailed", f
-    assert "SIGKILL" in f["exception"] and "rank 1" in f["exception"], f["exception"]
+    assert f["rank"] in (0, 1) and f["found_by"] == "log" and f["source"] == lt.JOB_LOG and f["kind"] == "childfailed", f
+    if f["rank"] == 1:
+        assert "SIGKILL" in f["exception"] and "rank 1" in f["exception"], f["exception"]
     job_log = logs.read_job_log(0, 10 ** 7).raw
     assert job_log[f["offset"]:].startswith(b"ChildFailedError") and b"Root Cause" in job_log[f["offset"]:f["end"]]
     win = lt.around(logs, f, 8192)
