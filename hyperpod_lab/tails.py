@@ -257,8 +257,10 @@ class FileTailer:
                     errors[name] = f"{type(e).__name__}: {e.strerror or e}"
             for name in wants:  # a file read past a page held back (few): one that shrank is said
                 fd = fds.get(name)
-                if fd is not None and name not in sizes and os.fstat(fd).st_size < starts.get(name, 0):
-                    sizes[name] = os.fstat(fd).st_size
+                if fd is not None and name not in sizes:
+                    size = os.fstat(fd).st_size
+                    if size < starts.get(name, 0):
+                        sizes[name] = size
             more, more_errors = _read_grown(directory, by_path, starts, wants, max_bytes, suffix)
             sizes.update(by_path)
             data.update(more)
