@@ -118,7 +118,6 @@ class Tailer:
         self.finished_seen = False      # a 'finished' event was read
         # notifications (local-mount mode): see DirNotifier and Watcher._poll_batch
         self.local_events: str | None = None  # its events directory here ("" : none / no watch)
-        self.files_here = False         # its files are read on this machine (no SSH): per-lane workers
         self.watched_fs = False         # notifications come for it
         self.notify_ok = True           # and are trusted (no timed read found events they missed)
         self.notify_armed = False       # a read completed since the watch began

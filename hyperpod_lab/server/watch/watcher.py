@@ -40,11 +40,12 @@
   reads are timed as for any job (``notify=False`` turns notifications off).
 
 Everything runs on the tornado IOLoop; every blocking call runs in a worker thread: each
-cluster has its own (so a cluster's SSH/SFTP connection is never used by two threads at once,
-and a slow cluster or a big read never delays another cluster's calls), and the store and the
-calls of no cluster have one more. Files this machine reads itself (the local backend, a local
-mount) have a worker per lane instead: live watched jobs, backlogs, idle jobs and replay pages,
-so a live job's read never queues behind a page of a million-event replay (issue 27). The three
+cluster has its own for its commands (status refreshes, submits: a slow cluster never delays
+another cluster's calls), and the store and the calls of no cluster have one more. A cluster's
+event reads have a worker per lane beside it (:meth:`Watcher.run_on_reads`): live watched jobs,
+backlogs, idle jobs and replay pages, so a live job's read never queues behind a status
+refresh's ``squeue``/``sacct`` nor behind a page of a million-event replay (issue 27); remote reads
+share the cluster's SSH connection, each on its own channel. The three
 read lanes are tasks of their own (a lane still reading keeps its due jobs for the next round;
 no lane waits for another), and saving cursors is a task of its own too. Every read is bounded
 (issue 13, finding 3): a tailer reads at most ``read_bytes`` of each event file per call and
@@ -73,7 +74,7 @@ from dataclasses import asdict
 from typing import Any, Callable
 
 from hyperpod_lab.errors import HyperPodLabError
-from hyperpod_lab.events import Event, EventKind, EventReader, LocalFiles
+from hyperpod_lab.events import Event, EventKind, EventReader
 from hyperpod_lab.fold.progress import Progress
 from hyperpod_lab.goodput.measure import GoodputMeter
 from hyperpod_lab.server.cursors import CursorStore
@@ -164,7 +165,7 @@ class Watcher:
         self.max_subscribers, self.cluster_workers = max_subscribers, cluster_workers
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hyperpod-lab")  # store, no cluster
         self._executors: dict[str, ThreadPoolExecutor] = {}
-        self._file_executors: dict[str, ThreadPoolExecutor] = {}  # local-mount reads (run_on_files)
+        self._read_executors: dict[str, ThreadPoolExecutor] = {}  # event reads per lane (run_on_reads)
         self.closed_slow = 0  # subscribers closed for staying over send_queue_bytes (tests, benchmarks)
         self.tailers: dict[str, Tailer] = {}
         self.progress: dict[str, dict] = {}
@@ -220,7 +221,7 @@ class Watcher:
         if self.notifier is not None:
             self.notifier.stop()
         self.executor.shutdown(wait=False)
-        for ex in [*self._executors.values(), *self._file_executors.values()]:
+        for ex in [*self._executors.values(), *self._read_executors.values()]:
             ex.shutdown(wait=False)
 
     async def run(self, fn: Callable, *args, **kwargs):
@@ -243,17 +244,21 @@ class Watcher:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor_of(cluster), lambda: fn(*args, **kwargs))
 
-    async def run_on_files(self, cluster: str, fn: Callable, *args, lane: str = "live", **kwargs):
-        """Run a blocking read of ``cluster``'s files that are on this machine (local-mount mode,
-        the local backend) on a worker of its own per ``lane`` (``live``, ``backlog``, ``idle``,
-        ``replay``): it needs no SSH connection, so it never waits behind the cluster's commands
-        (a status refresh's squeue and sacct), and a live job's read never waits behind a page of
-        a replay or a backlog."""
+    async def run_on_reads(self, cluster: str, fn: Callable, *args, lane: str = "live", **kwargs):
+        """Run a blocking read of ``cluster``'s event files on a worker of its own per ``lane``
+        (``live``, ``backlog``, ``idle``, ``replay``), never on the cluster's command worker
+        (:meth:`run_on`): a status refresh's ``squeue`` and ``sacct`` never delay a live job's
+        events, and a live job's read never waits behind a page of a replay or a backlog. Files on
+        this machine (local-mount mode, the local backend) need no connection; a remote read goes
+        through the cluster's one SSH connection on its own channel (its reader program's requests
+        are serialised by :class:`~hyperpod_lab.schedulers.remote.ssh.SSHRemote`, not by this
+        thread). Issue 27: on the 16-node dev-cluster job the live poll queued behind status
+        refreshes on the one worker."""
         key = f"{cluster}\0{lane}"
-        ex = self._file_executors.get(key)
+        ex = self._read_executors.get(key)
         if ex is None:
-            name = "hyperpod-lab-files-" + re.sub(r"[^A-Za-z0-9_.-]", "_", cluster)[:40] + "-" + lane
-            ex = self._file_executors[key] = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+            name = "hyperpod-lab-reads-" + re.sub(r"[^A-Za-z0-9_.-]", "_", cluster)[:40] + "-" + lane
+            ex = self._read_executors[key] = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(ex, lambda: fn(*args, **kwargs))
 
@@ -594,11 +599,8 @@ class Watcher:
                     sub.leftover = None
                 else:
                     try:
-                        if t.files_here:
-                            located, cursor = await self.run_on_files(rec.cluster, self._read_page, rec,
-                                                                      dict(sub.cursor), sub, lane="replay")
-                        else:
-                            located, cursor = await self.run_on(rec.cluster, self._read_page, rec, dict(sub.cursor), sub)
+                        located, cursor = await self.run_on_reads(rec.cluster, self._read_page, rec,
+                                                                  dict(sub.cursor), sub, lane="replay")
                     except (HyperPodLabError, OSError, EOFError) as e:
                         log.warning("hyperpod_lab: history of %s not read: %s", rec.job_id, e)
                         await asyncio.sleep(1.0)
@@ -753,7 +755,6 @@ class Watcher:
                 if t.local_events is None:
                     local_path = getattr(reader.files, "local_path", None)
                     t.local_events = (local_path(reader.dir) if local_path is not None else None) or ""
-                    t.files_here = bool(t.local_events) or isinstance(reader.files, LocalFiles)
                 # a job catching up on a backlog reads in smaller pages, so the live jobs polled
                 # in the same round are not held up behind a large parse
                 located = reader.poll_located(max_bytes=self.read_file_bytes(
@@ -845,13 +846,8 @@ class Watcher:
         started = time.monotonic()
         for t, _, _ in polls:
             t.last_read_seq, t.read_seq = t.read_seq, t.notify_seq
-        # files on this machine (read once already, so known to be): read beside the cluster's
-        # commands, not behind them
-        try:
-            if all(t.files_here for t, _, _ in polls):
-                results = await self.run_on_files(polls[0][1].cluster, self._poll_blocking, polls, lane=lane)
-            else:
-                results = await self.run_on(polls[0][1].cluster, self._poll_blocking, polls)
+        try:  # beside the cluster's commands, not behind them
+            results = await self.run_on_reads(polls[0][1].cluster, self._poll_blocking, polls, lane=lane)
         except Exception:
             log.exception("hyperpod_lab: event poll failed")
             results = []
