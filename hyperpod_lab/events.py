@@ -635,20 +635,7 @@ class EventReader:
     def _parse(self, lines: bytes, name: str, pos: int, located: list) -> None:
         """Append ``(event, name, offset just past its line)`` for each line of ``lines`` (complete
         lines read from offset ``pos``) to ``located``; malformed lines go to :attr:`skipped`."""
-        if lines.isascii() and b"\x00" not in lines:
-            # one decode for the page (offsets in characters are then offsets in bytes)
-            text: str | bytes = lines.decode("ascii")
-            nl: str | bytes = "\n"
-        else:
-            text, nl = lines, b"\n"
-        for line in text.split(nl)[:-1]:
-            pos += len(line) + 1
-            if not line.strip(" \t\n\r\x0b\x0c"):  # ASCII white space, as bytes.strip() takes it
-                continue
-            try:
-                located.append((Event.from_json(line), name, pos))
-            except EventSchemaError as e:
-                self.skipped.append((name, str(e)))
+        _parse_into(lines, name, pos, located, self.skipped)
 
     def follow(self, interval_s: float = 0.5, until: Iterable[str] = (EventKind.FINISHED.value,),
                timeout_s: float | None = None, stop=None) -> Iterator[Event]:
@@ -717,16 +704,32 @@ def incident_events(job_dir: str, files: FileAccess | None = None,
     return out
 
 
+def _parse_into(lines: bytes, name: str, pos: int, located: list, skipped: list) -> None:
+    """Append ``(event, name, offset just past its line)`` for each complete line of ``lines``
+    (read from byte offset ``pos`` of file ``name``; a last line with no newline is left out) to
+    ``located``, and ``(name, why)`` for each malformed line to ``skipped``. Blank lines are
+    passed over."""
+    if lines.isascii() and b"\x00" not in lines:
+        # one decode for the page (offsets in characters are then offsets in bytes)
+        text: str | bytes = lines.decode("ascii")
+        nl: str | bytes = "\n"
+    else:
+        text, nl = lines, b"\n"
+    for line in text.split(nl)[:-1]:
+        pos += len(line) + 1
+        if not line.strip(" \t\n\r\x0b\x0c"):  # ASCII white space, as bytes.strip() takes it
+            continue
+        try:
+            located.append((Event.from_json(line), name, pos))
+        except EventSchemaError as e:
+            skipped.append((name, str(e)))
+
+
 def _parse_lines(data: bytes) -> list[Event]:
     """The events of ``data``'s complete lines (malformed ones skipped)."""
-    out = []
-    for line in data.split(b"\n")[:-1]:
-        if line.strip():
-            try:
-                out.append(Event.from_json(line))
-            except EventSchemaError:
-                pass
-    return out
+    located: list = []
+    _parse_into(data, "", 0, located, [])
+    return [ev for ev, _, _ in located]
 
 
 def default_writer_name(prefix: str) -> str:
