@@ -19,8 +19,9 @@ quorum's re-formation after each DOWN (the DOWN to the first step of every survi
 the fewest groups of a step in between: the survivors of a gloo ring notice the loss at
 different times, so a quorum may be partial for a few steps), and the events' delivery: each
 event's ``time`` (stamped when its writer wrote it) to its arrival at a WebSocket client in its
-own process (tests/scripts/ws_latency.py); the issue's p99 <= 1 s is printed as met or MISSED
-(missed on this 2-core host: docs/scale.md), and p99 < 5 s (events stream live) is asserted.
+own process (tests/scripts/ws_latency.py); the issue's p99 <= 1 s is asserted (missed at
+1.13-1.76 s while the server's live poll queued behind status refreshes on the cluster's one
+worker thread; 0.32 s once event reads had workers of their own: docs/scale.md).
 The job runs ``--no-checkpoint`` to keep to the CI budget: with ft_train.py's tiered checkpoint
 (memory every step, persistent every 10) the same test passed everything but the p99 in 340 s,
 with 4,273 events instead of ~300 (docs/scale.md, run 6); every ``checkpoint.restored`` is a heal
@@ -61,12 +62,9 @@ STEP_SLEEP_S = 0.2
 # first quorum does not start with the first group that asked, which would make every other
 # group heal from it, one membership change after another.
 JOB_ENV = ("HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001", "RUST_LOG=warn", "OMP_NUM_THREADS=1")
-# The issue's Must show is p99 <= 1 s; on this host it is MISSED (p99 1.13-1.76 s with 34 training
-# processes on 2 cores, docs/scale.md), so the number is printed and reported, not asserted (speed
-# is a measurement: benchmarks and docs). What the test asserts is that events stream live: p99
-# under LIVE_P99_S (delivered at the job's end, the latencies would be minutes).
+# The issue's Must show: events reach the sidebar's WebSocket within 1 s of being written (p99),
+# with the job's 34 training processes on this host's 2 cores (docs/scale.md has every run's p99).
 P99_TARGET_S = 1.0
-LIVE_P99_S = 5.0
 
 
 @pytest.fixture
@@ -223,8 +221,7 @@ def test_a_16_node_checkpointless_job_survives_a_node_down_and_scales_down_and_u
         worst = sorted(got["latencies"], reverse=True)[:5]
         print(f"event delivery over the WebSocket: {len(lat)} events, p50 {pct(lat, 50):.3f} s, "
               f"p99 {pct(lat, 99):.3f} s, max {max(lat):.3f} s (worst: {worst})")
-        print(f"the issue's target p99 <= {P99_TARGET_S} s: {'met' if pct(lat, 99) <= P99_TARGET_S else 'MISSED'}")
-        assert pct(lat, 99) <= LIVE_P99_S, worst
+        assert pct(lat, 99) <= P99_TARGET_S, f"p99 {pct(lat, 99):.3f} s over the issue's {P99_TARGET_S} s: {worst}"
         print(f"test wall time {time.monotonic() - t_test:.1f} s")
     finally:
         if stream is not None:
