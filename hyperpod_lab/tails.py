@@ -154,9 +154,15 @@ def read_tails(directory: str, starts: dict[str, int], wants: dict[str, int] | N
     listing = _listing(directory)
     if listing is None:
         return {}, {}, {}
-    # only what changed comes back: a file at its start offset is left out (the caller knows it)
+    return _read_listed(directory, listing, starts, wants or {}, max_bytes, suffix)
+
+
+def _read_listed(directory: str, listing: dict, starts: dict[str, int], wants: dict[str, int],
+                 max_bytes: int | None, suffix: str) -> tuple[dict[str, int], dict[str, bytes], dict[str, str]]:
+    """:func:`read_tails`'s reply from a fresh ``listing`` (:func:`_listing`): only what changed
+    comes back (a file at its start offset is left out: the caller knows it)."""
     sizes = {k: v[0] for k, v in listing.items() if v[0] != starts.get(k, 0)}
-    data, errors = _read_grown(directory, sizes, starts, wants or {}, max_bytes, suffix)
+    data, errors = _read_grown(directory, sizes, starts, wants, max_bytes, suffix)
     return sizes, data, errors
 
 
@@ -303,9 +309,7 @@ class FileTailer:
         if time.time_ns() - mtime < _SETTLE_NS:
             now = float("-inf")
         self._dirs[directory] = {"mtime": mtime, "at": now, "suffix": suffix, "fds": fds, "names": names}
-        sizes = {k: v[0] for k, v in listing.items() if v[0] != starts.get(k, 0)}
-        data, errors = _read_grown(directory, sizes, starts, wants, max_bytes, suffix)
-        return sizes, data, errors
+        return _read_listed(directory, listing, starts, wants, max_bytes, suffix)
 
     def _forget(self, directory: str) -> None:
         d = self._dirs.pop(directory, None)
