@@ -354,6 +354,7 @@ class JobPaths:
         <folder>/tensorboard/[rank-R/]  TensorBoard event files
         <folder>/mlflow-run.json        the job's MLflow run (JobSpec tracking "mlflow")
         <folder>/replicas/group-G.json  checkpointless: replica group G's registration
+        <folder>/replicas/claim-G       checkpointless: group number G taken (O_EXCL) by a spare or a join
         <folder>/runs/<restart>.<step>/node-N   Slurm: each node's start counter of a step
         <folder>/operator-state.json    EKS: the operator status of the last look
         <folder>/job.sbatch, join-N.sbatch, exit_code, cancelled   backend files
@@ -492,6 +493,10 @@ class JobPaths:
         """``replicas/group-G.json``: what replica group ``group`` registered (node, pid)."""
         return self.path("replicas", f"group-{int(group)}.json")
 
+    def replica_claim(self, group: int) -> str:
+        """``replicas/claim-G``: replica group number ``group`` is taken (see :func:`claim_groups`)."""
+        return self.path("replicas", f"claim-{int(group)}")
+
     def event_file(self, writer: str) -> str:
         return self.path(EVENTS_DIRNAME, writer + ".jsonl")
 
@@ -613,3 +618,27 @@ def shm_root() -> str:
 def job_finished(job_dir: str) -> bool:
     """Whether the job in ``job_dir`` has a ``finished`` event (any writer)."""
     return any(e.kind == EventKind.FINISHED.value for e in EventReader(job_dir).poll())
+
+
+def claim_groups(create_new: Callable[[str], bool], paths: JobPaths, start: int, count: int = 1) -> int:
+    """Take ``count`` consecutive replica group numbers for new groups of a checkpointless job,
+    from ``start`` on, and return the first. A number beyond the job's first ``nodes`` groups is
+    given by two parties that do not talk to each other: the job's supervisor (a spare replacing a
+    lost group) and ``hyperpod-lab scale`` (a joining allocation); each takes a number by
+    creating ``replicas/claim-G`` (:meth:`JobPaths.replica_claim`) with ``O_EXCL``
+    (``create_new(path) -> bool``: True for the one caller that created it), so two groups never
+    share a number (a shared number gave two groups one set of global ranks, rank files and event
+    files: issue 27, seen in the 16-node test). A number taken by the other party is skipped
+    (numbers are not reused; a gap is harmless).
+
+    Raises:
+        OSError: the shared storage refused the claim file (not "it exists").
+    """
+    start, count = int(start), max(1, int(count))
+    while True:
+        for i in range(count):
+            if not create_new(paths.replica_claim(start + i)):
+                start += i + 1  # taken: the block starts after it (what was taken before it stays a gap)
+                break
+        else:
+            return start

@@ -84,6 +84,7 @@ from hyperpod_lab.events import (
     EventReader,
     EventWriter,
     FaultReason,
+    LocalFiles,
 )
 from hyperpod_lab.jobdir import (
     ENV_HOT_SPARE,
@@ -93,6 +94,7 @@ from hyperpod_lab.jobdir import (
     RECOVERY_CHECKPOINTLESS,
     RECOVERY_RESTART,
     JobPaths,
+    claim_groups,
 )
 from hyperpod_lab.node import storm as _storm
 
@@ -378,6 +380,19 @@ class Supervisor:
                     *self.srun_opts, *self.launch]
             self.hot[node] = Step([node], subprocess.Popen(argv, env=env))
 
+    def _new_group(self) -> int:
+        """A replica group number no group of the job has had (:func:`claim_groups`: also none
+        that ``hyperpod-lab scale`` gave a joining allocation)."""
+        files, paths = LocalFiles(), JobPaths(self.job_dir)
+        try:
+            files.makedirs(paths.replicas)
+            group = claim_groups(files.create_new, paths, self.next_group)
+        except OSError as e:  # the spare still starts: a refused claim must not stop the recovery
+            group = self.next_group
+            say(f"could not claim replica group number {group} on the shared storage ({e}); using it unclaimed")
+        self.next_group = group + 1
+        return group
+
     def _assign(self, node: str, group: int) -> bool:
         """Tell the hot spare on ``node`` its replica group (``spares/<node>.json``, atomic);
         False when the shared storage refused (the spare then starts cold)."""
@@ -632,7 +647,7 @@ class Supervisor:
         if spare is None:
             say(f"no spare node for replica group {step.group}; the other groups go on")
             return
-        group, self.next_group = self.next_group, self.next_group + 1
+        group = self._new_group()
         hot = self.hot.pop(spare, None)
         if hot is not None and hot.proc.poll() is None and self._assign(spare, group):
             hot.group, hot.started = group, time.time()

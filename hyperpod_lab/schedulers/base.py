@@ -25,6 +25,7 @@ from hyperpod_lab.jobdir import (  # noqa: F401  (JOBS_SUBDIR: re-exported)
     FaultKind,
     FaultRequest,
     JobPaths,
+    claim_groups,
     fault_kind,
     slow_factor,
     user_jobs_root,
@@ -337,7 +338,8 @@ class Scheduler(ABC):
 
     def scale(self, rec: JobRecord, add_nodes: int, secrets: dict[str, str] | None = None) -> dict:
         """Add ``add_nodes`` nodes to a running checkpointless job (elastic scale-up): they join as
-        replica groups numbered after every earlier group. Returns ``{"native_id", "offset",
+        replica groups numbered after every earlier group, spares' replacement groups included
+        (:func:`~hyperpod_lab.jobdir.claim_groups`). Returns ``{"native_id", "offset",
         "nodes"}``, also recorded in ``<job_dir>/joins.json`` (cancelled with the job).
 
         Raises:
@@ -346,7 +348,10 @@ class Scheduler(ABC):
         """
         spec = JobSpec.from_dict(rec.spec)
         joins = self.joins(rec)
-        offset = spec.nodes + sum(j["nodes"] for j in joins)
+        paths = JobPaths(rec.job_dir)
+        self.remote.makedirs(paths.replicas)
+        # numbers a spare of the job took meanwhile are skipped (claim_groups)
+        offset = claim_groups(self.remote.create_new, paths, spec.nodes + sum(j["nodes"] for j in joins), add_nodes)
         native = self._start_join(rec, spec, offset, add_nodes, len(joins) + 1, secrets or {})
         join = {"native_id": native, "offset": offset, "nodes": add_nodes}
         self.remote.write_bytes(JobPaths(rec.job_dir).joins, json.dumps(joins + [join]).encode())

@@ -212,6 +212,19 @@ def test_a_16_node_checkpointless_job_survives_a_node_down_and_scales_down_and_u
         restored = kinds("checkpoint.restored")
         assert restored and all(e.data["tier"] == "replica" for e in restored), restored
         assert rec.native_id
+        # the data-parallel replicas agree bit for bit: every group alive at the end (its rank 0's
+        # final-group-<G>.pt) holds the same parameters. torchft heals only the groups behind the
+        # highest step, so two quorums committing the same step apart (a partial quorum of one
+        # beside the rest, docs/scale.md) would show here as groups that differ
+        import torch
+
+        finals = sorted(f for f in os.listdir(rec.job_dir) if f.startswith("final-group-") and f.endswith(".pt"))
+        assert len(finals) >= NODES, f"{len(finals)} groups wrote their final parameters: {finals}"
+        params = {f: torch.load(os.path.join(rec.job_dir, f)) for f in finals}
+        first = params[finals[0]]
+        diverged = [f for f in finals if any(not torch.equal(params[f][k], first[k]) for k in first)]
+        assert not diverged, f"replica groups whose parameters differ from {finals[0]}'s: {diverged}"
+        print(f"final parameters of {len(finals)} replica groups: identical")
 
         # the events' delivery to the sidebar's WebSocket client
         got = stream.result()

@@ -3,7 +3,7 @@
 Regression on a fixed synthetic dataset with an MLP and Adam, through
 ``hyperpod_lab.runtime.checkpointless.ft.Checkpointless``: every committed step reports its loss (set
 ``HYPERPOD_LAB_STEP_EVENT_INTERVAL_S`` small for one ``step`` event per step); the final parameters
-of each replica group go to ``<job_dir>/final-group-<G>.pt``.
+of each replica group go to ``<job_dir>/final-group-<G>.pt`` (written by the group's rank 0).
 """
 
 import argparse
@@ -78,8 +78,10 @@ def main():
                     raise RuntimeError(f"a bug that fails step {plan.step} every time (--bug-at-step)")
                 loss_sum = plan.backward(lambda idx: F.mse_loss(model(X[idx]), Y[idx]))
             finish_step(ctx, ft, plan, loss_sum, a.step_sleep, a.record_samples)
-        torch.save({k: v.clone() for k, v in model.state_dict().items()},
-                   os.path.join(ctx.job_dir, f"final-group-{ctx.replica_group}.pt"))
+        if ctx.rank == 0:  # one writer per replica group (its ranks hold the same parameters)
+            final = os.path.join(ctx.job_dir, f"final-group-{ctx.replica_group}.pt")
+            torch.save({k: v.clone() for k, v in model.state_dict().items()}, final + ".tmp")
+            os.replace(final + ".tmp", final)
         ft.close()
 
 
