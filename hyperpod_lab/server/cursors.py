@@ -112,6 +112,11 @@ class CursorStore:
             if self.roots_written % 1000 == 0:
                 self._prune()
 
+    def forget(self, rid: str) -> None:
+        """Drop root ``rid`` from memory (kept on disk: :meth:`resolve` reads it again)."""
+        with self._lock:
+            self._mem.pop(rid, None)
+
     def _append(self, rid: str, items: list[tuple[str, int]]) -> None:
         if self.dir is None or not items:
             return
@@ -204,8 +209,17 @@ class CursorChain:
     def reset(self) -> None:
         """The subscriber's cursor changed other than by :meth:`advance`: the next token starts a
         new root."""
-        self.flush()
+        self._retire()
         self.rid = None
+
+    def _retire(self) -> None:
+        """Write the current root's deliveries and, with a directory, drop the root from memory:
+        the chain moves on, and a client naming one of its tokens has it read again from disk
+        (else one replay of a 2,048-rank job filled the store's :data:`MEMORY_ROOTS` with roots
+        of ~2,051 files and ~2,051 deliveries each, ~30 MB of the server's RSS; issue 27)."""
+        self.flush()
+        if self.rid is not None and self.store.dir is not None:
+            self.store.forget(self.rid)
 
     def advance(self, cursor: dict[str, int], name: str, end: int) -> str:
         """The token of ``cursor``, which is the previous one with ``cursor[name] = end``."""
@@ -213,7 +227,7 @@ class CursorChain:
             self.rid = None
             return encode_cursor(cursor)
         if self.rid is None or len(self.deliveries) >= self.limit:
-            self.flush()
+            self._retire()
             self.rid = secrets.token_urlsafe(16)[:22]
             self.deliveries = []
             self.limit = max(CHAIN_MIN, len(cursor))

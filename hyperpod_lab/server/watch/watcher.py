@@ -97,8 +97,15 @@ log = logging.getLogger("hyperpod_lab.server")
 #: facts fold: a step or a saved checkpoint opens, ends, excludes or flags nothing)
 _NOT_NOTABLE = frozenset((EventKind.STEP.value, EventKind.CHECKPOINT_SAVED.value))
 
-#: most bytes one replay page reads, all event files together (see Watcher.page_file_bytes)
-PAGE_TOTAL_BYTES = 16 << 20
+#: most bytes one replay page reads, all event files together (see Watcher.page_file_bytes). Issue
+#: 27: a page's events stay parsed while the socket drains (the page, and what its reader held back
+#: of each file for the next one: rank 0's file, a step a line, cuts every page in time), and the
+#: server's RSS grew with the page: a 2,048-rank job replayed in pages of 16 MiB (8 KiB a file,
+#: ~90,000 events parsed at once) left it 105 MB higher, in pages of 2 MiB (1 KiB a file) 3 MB
+#: (in-process, its tailer caught up; ``tests/server/test_replay_holds.py`` bounds what a page holds)
+PAGE_TOTAL_BYTES = 2 << 20
+#: the least a file's share of a replay page (a longer line is read whole all the same)
+PAGE_FILE_MIN_BYTES = 512
 #: most bytes one read of the server's folds parses, all event files together (a tailer's read, a
 #: page of the dashboard's or goodput's catch-up; see Watcher.read_file_bytes). Issue 27: a
 #: 2,048-rank job (44 MB) read at 1 MiB a file was one page of 246,365 parsed events (~250 MB at
@@ -532,10 +539,11 @@ class Watcher:
     def page_file_bytes(self, job_id: str, cursor: dict[str, int]) -> int:
         """Bytes of each event file a replay page reads: ``page_bytes``, less for a job of many
         files so that a page holds at most about ``PAGE_TOTAL_BYTES`` whatever the rank count
-        (at least 4 KiB a file; the files counted from the tailer's cursor or ``cursor``)."""
+        (at least ``PAGE_FILE_MIN_BYTES`` a file; the files counted from the tailer's cursor or
+        ``cursor``)."""
         t = self.tailers.get(job_id)
         files = max(len(cursor), len(t.cursor) if t is not None else 0, 1)
-        return max(4096, min(self.page_bytes, PAGE_TOTAL_BYTES // files))
+        return max(PAGE_FILE_MIN_BYTES, min(self.page_bytes, PAGE_TOTAL_BYTES // files))
 
     def read_file_bytes(self, job_id: str, cursor: dict[str, int], limit: int | None = None) -> int:
         """Bytes of each event file one read of the server's folds parses (a tailer's read, a
@@ -581,7 +589,9 @@ class Watcher:
                     continue
                 over_since = last_pending = None
                 if t.covers(sub.cursor):
-                    sub.leftover = None  # the window holds what a cut page left
+                    # the window holds what a cut page left, and what the replay's reader parsed
+                    # and held back: neither is kept for the socket's lifetime
+                    sub.leftover = sub.reader = None
                     for ev, fname, end in list(t.items):
                         if sub.over(cap):
                             break
