@@ -158,6 +158,17 @@ def reset_peak(pid: int) -> bool:
         return False
 
 
+def list_jobs(url: str, token: str) -> int:
+    """``GET hyperpod/jobs`` once (the server then tracks every job it lists). Returns how many."""
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(f"{url}/hyperpod/jobs", headers={"Authorization": f"token {token}"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        body = json.loads(r.read())
+    return len(body["jobs"])
+
+
 def fold_dashboard(url: str, token: str, job_id: str, events: int, timeout_s: float = 600.0) -> dict:
     """``GET hyperpod/jobs/<id>/dashboard`` until the reply is not ``partial`` (the server's cold
     fold of job ``job_id``, ``events`` expected), then once with ``?node=`` of its first node lane.
@@ -241,6 +252,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--server", action="store_true", help="also REST events and a WebSocket replay through a "
                                                             "real jupyter server (local files)")
     ap.add_argument("--server-only", action="store_true", help="--server without the reader rows (local, ssh, sftp)")
+    ap.add_argument("--listed", action="store_true", help="with --server: list the jobs first (GET hyperpod/jobs, as "
+                                                          "the sidebar does), so the server tracks the job and its "
+                                                          "tailer folds it before the dashboard; default: the "
+                                                          "WebSocket subscription is what first tracks it, and that "
+                                                          "tailer's first read of the whole job runs beside the replay")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "scale.json"))
     args = ap.parse_args(argv)
     args.server = args.server or args.server_only
@@ -304,7 +320,9 @@ def main(argv: list[str] | None = None) -> int:
                 before = _rss(pid)
                 rec = track_local_job(sdir, f"scale-{n}", store=JobStore(os.path.join(work, "data", "jobs")),
                                       job_id=served_id)
-                row = {"ranks": n, "events": count, **fold_dashboard(server[1], server[2], rec.job_id, count)}
+                if args.listed:
+                    list_jobs(server[1], server[2])
+                row = {"ranks": n, "events": count, "listed": args.listed, **fold_dashboard(server[1], server[2], rec.job_id, count)}
                 folded = _rss(pid)
                 row.update(serve(server[1], server[2], rec.job_id, count, pid=pid))
                 after = _rss(pid)
