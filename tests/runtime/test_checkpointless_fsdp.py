@@ -57,6 +57,18 @@ class FsdpJob(Job):
         with open(os.path.join(self.job_dir, "ranks", f"rank-{group * self.procs + rank}.json")) as f:
             return json.load(f)["pid"]
 
+    def killed_at(self, step: int, group: int, rank: int, timeout: float = 180) -> tuple[float, list[dict]]:
+        """Wait for ``step``, SIGKILL rank ``rank`` of group ``group``, then :meth:`finish` (within
+        ``timeout`` s) and :meth:`stop` (also on failure): ``(the kill's time, s since the epoch,
+        the job's events)``."""
+        try:
+            self.wait_step(step)
+            t_kill = time.time()
+            os.kill(self.rank_pid(group, rank), signal.SIGKILL)
+            return t_kill, self.finish(timeout=timeout)
+        finally:
+            self.stop()
+
 
 
 def _run(tmp_path, groups: int, args: list[str], procs: int = PROCS) -> FsdpJob:

@@ -12,11 +12,9 @@ bit-equal, at every step, not just close.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 import torch
@@ -95,13 +93,7 @@ def test_a_group_killed_during_overlapped_steps_is_redone_without_a_hang(tmp_pat
     args = ["--steps", str(steps), "--width", "512", "--bucket-bytes", "65536", "--step-sleep", "0.1"]
     buckets = _expected_buckets(args, 65536)
     job = FsdpJob(tmp_path, 2, args, procs=1)
-    try:
-        job.wait_step(9)
-        t_kill = time.time()
-        os.kill(job.rank_pid(1, 0), signal.SIGKILL)
-        ev = job.finish(timeout=240)
-    finally:
-        job.stop()
+    t_kill, ev = job.killed_at(9, 1, 0, timeout=240)
     found = [e["data"] for e in kinds(ev, "fault.detected", replica_group=1, detected_by=0) if e["time"] >= t_kill]
     assert found, f"the survivor reported no fault: {kinds(ev, 'fault.detected')}"
     rec = [e["data"] for e in kinds(ev, "recovery.completed", mode="checkpointless") if e["time"] >= t_kill]

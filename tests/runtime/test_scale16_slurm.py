@@ -220,7 +220,7 @@ def test_a_16_node_checkpointless_job_survives_a_node_down_and_scales_down_and_u
 
         finals = sorted(f for f in os.listdir(rec.job_dir) if f.startswith("final-group-") and f.endswith(".pt"))
         assert len(finals) >= NODES, f"{len(finals)} groups wrote their final parameters: {finals}"
-        params = {f: torch.load(os.path.join(rec.job_dir, f)) for f in finals}
+        params = {f: torch.load(os.path.join(rec.job_dir, f), weights_only=True) for f in finals}
         first = params[finals[0]]
         diverged = [f for f in finals if any(not torch.equal(params[f][k], first[k]) for k in first)]
         assert not diverged, f"replica groups whose parameters differ from {finals[0]}'s: {diverged}"

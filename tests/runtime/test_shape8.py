@@ -19,10 +19,6 @@ importing torch on 2 cores), each rank's heal 0.34 s for its 8,676-byte shard.
 
 from __future__ import annotations
 
-import os
-import signal
-import time
-
 from agents import kinds
 from test_checkpointless import _losses, _storage_restores
 from test_checkpointless_fsdp import FsdpJob, assert_healed_bit_equal, reference_run
@@ -35,13 +31,7 @@ def test_a_killed_rank_of_an_8_rank_fsdp_group_heals_every_shard_from_the_other_
     args = ["--fsdp", "--checkpoint", "--bucket-bytes", "4096", "--steps", str(STEPS), "--step-sleep", "0.25"]
     clean_losses, clean_final = reference_run(args)
     job = FsdpJob(tmp_path / "fault", 2, args, procs=PROCS)
-    try:
-        job.wait_step(9)
-        t_fault = time.time()
-        os.kill(job.rank_pid(1, 1), signal.SIGKILL)
-        ev = job.finish(timeout=600)
-    finally:
-        job.stop()
+    t_fault, ev = job.killed_at(9, 1, 1, timeout=600)
 
     faults = [e for e in kinds(ev, "fault.detected") if e["time"] >= t_fault]
     assert any(e["data"].get("signal") == "SIGKILL" and e["data"].get("rank") == PROCS + 1 for e in faults), faults
