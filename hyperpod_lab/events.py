@@ -601,7 +601,7 @@ class EventReader:
             if end < 0 and not located:
                 continue
             if end >= 0:
-                self._parse(chunk[: end + 1], name, pos, located)
+                _parse_into(chunk[: end + 1], name, pos, located, self.skipped)  # malformed lines: skipped
                 pos += end + 1
             per_file.append(located)
             starts.append(off)
@@ -631,11 +631,6 @@ class EventReader:
             self.cursor[per_file[j][-1][1]] = per_file[j][-1][2]
             self._held.pop(per_file[j][-1][1], None)
         return list(heapq.merge(*pages, key=key))
-
-    def _parse(self, lines: bytes, name: str, pos: int, located: list) -> None:
-        """Append ``(event, name, offset just past its line)`` for each line of ``lines`` (complete
-        lines read from offset ``pos``) to ``located``; malformed lines go to :attr:`skipped`."""
-        _parse_into(lines, name, pos, located, self.skipped)
 
     def follow(self, interval_s: float = 0.5, until: Iterable[str] = (EventKind.FINISHED.value,),
                timeout_s: float | None = None, stop=None) -> Iterator[Event]:

@@ -354,7 +354,7 @@ class Scheduler(ABC):
         offset = claim_groups(self.remote.create_new, paths, spec.nodes + sum(j["nodes"] for j in joins), add_nodes)
         native = self._start_join(rec, spec, offset, add_nodes, len(joins) + 1, secrets or {})
         join = {"native_id": native, "offset": offset, "nodes": add_nodes}
-        self.remote.write_bytes(JobPaths(rec.job_dir).joins, json.dumps(joins + [join]).encode())
+        self.remote.write_bytes(paths.joins, json.dumps(joins + [join]).encode())
         return join
 
     def _start_join(self, rec: JobRecord, spec: JobSpec, offset: int, add_nodes: int, index: int,

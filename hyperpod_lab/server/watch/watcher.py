@@ -146,7 +146,8 @@ class Watcher:
             more until it drained to half (then it catches up from its cursor).
         stall_timeout_s: a subscriber over ``send_queue_bytes`` for this long is closed (s).
         max_subscribers: most subscribers of one job.
-        cluster_workers: worker threads per cluster (1 keeps an SSH connection to one thread).
+        cluster_workers: worker threads per cluster for its commands (status refreshes, submits);
+            its event reads have their own (:meth:`run_on_reads`).
         goodput_cache_jobs: goodput meters of untracked jobs kept (with their cursors), newest used.
         notify: watch the event files of jobs on locally mounted shared storage (file-system
             notifications, see the module docstring).
