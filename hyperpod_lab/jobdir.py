@@ -32,14 +32,14 @@ from enum import Enum
 from typing import Callable, Iterable, Mapping
 
 from hyperpod_lab.errors import SpecError
-from hyperpod_lab.events import EVENTS_DIRNAME, EventKind, EventReader
+from hyperpod_lab.events import EVENTS_DIRNAME, EventKind, last_events_include
 
 __all__ = [
     "ENV_JOB_ID", "ENV_JOB_DIR", "ENV_SPEC", "ENV_SHARED_ROOT", "ENV_REPLICA_GROUP", "ENV_REPLICA_GROUPS",
     "ENV_REPLICA_GROUP_OFFSET", "ENV_COLLECTIVE_TIMEOUT", "ENV_CHECKPOINT_TIMEOUT", "ENV_STEP_INTERVAL",
     "ENV_PEER_TIMEOUT", "ENV_SHM_DIR", "ENV_FT_TIMEOUT", "ENV_FT_QUORUM_TIMEOUT", "ENV_LIGHTHOUSE_HOST",
     "ENV_S3_ENDPOINT", "ENV_HEARTBEAT_DIR", "ENV_HEALTH_MIN_SHM_BYTES", "ENV_HEALTH_MAX_CLOCK_SKEW_S", "ENV_CLUSTER",
-    "ENV_CONFIG", "ENV_DATA_DIR", "ENV_DEV_DIR", "ENV_DEV_SSH_PORT", "ENV_DEV_BASTION_PORT", "ENV_DEV_NODES", "JOBS_SUBDIR", "JOB_TREE", "USER_JOBS_DIRNAME", "RESERVED_USER_NAMES",
+    "ENV_CONFIG", "ENV_DATA_DIR", "ENV_DEV_DIR", "ENV_DEV_SSH_PORT", "ENV_DEV_BASTION_PORT", "ENV_DEV_NODES", "ENV_DEV_CPUS", "JOBS_SUBDIR", "JOB_TREE", "USER_JOBS_DIRNAME", "RESERVED_USER_NAMES",
     "user_jobs_root", "JobPaths", "EventKind", "TIER_MEMORY", "TIER_PEER", "TIER_PERSISTENT",
     "TIER_S3", "TIER_REPLICA", "TIERS", "TIER_RANK", "effective_restarts", "job_env", "launcher_argv", "ft_local_argv",
     "lighthouse_argv", "group_env", "SLURM_REPLICA_GROUP", "CHECKPOINT_KEY_BYTES",
@@ -117,6 +117,8 @@ ENV_DEV_BASTION_PORT = "HYPERPOD_LAB_DEV_BASTION_PORT"
 """The dev cluster's bastion (jump host) port (default 2223)."""
 ENV_DEV_NODES = "HYPERPOD_LAB_DEV_NODES"
 """How many compute nodes ``devcluster.sh up`` starts."""
+ENV_DEV_CPUS = "HYPERPOD_LAB_DEV_CPUS"
+"""How many CPUs each node of ``devcluster.sh up`` declares (default: the host's)."""
 
 CHECKPOINT_KEY_BYTES = 32
 """Size of :attr:`JobPaths.checkpoint_key`, bytes."""
@@ -616,8 +618,10 @@ def shm_root() -> str:
 
 
 def job_finished(job_dir: str) -> bool:
-    """Whether the job in ``job_dir`` has a ``finished`` event (any writer)."""
-    return any(e.kind == EventKind.FINISHED.value for e in EventReader(job_dir).poll())
+    """Whether the job in ``job_dir`` has a ``finished`` event (any writer): the last event its
+    writer writes, so only the end of each event file is read
+    (:func:`hyperpod_lab.events.last_events_include`), never the job's history."""
+    return last_events_include(job_dir, EventKind.FINISHED.value)
 
 
 def claim_groups(create_new: Callable[[str], bool], paths: JobPaths, start: int, count: int = 1) -> int:

@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "slurmdbd, sshd, bastion, shared dir)")
     dc.add_argument("action", choices=["up", "down", "status"])
     dc.add_argument("--nodes", type=_int, default=3, help="up: slurmd nodes n1..nN, 2 to 32 (default 3)")
+    dc.add_argument("--cpus", type=_int, default=None,
+                    help="up: CPUs each node declares, 1 to 64 (default: this host's); e.g. 8 to place 8 "
+                         "processes a node on a smaller host")
 
     cl = sub.add_parser("clusters", help="list cluster profiles, or discover HyperPod clusters: "
                         "clusters discover [--region R] [--profile P] [--write]")
@@ -333,7 +336,7 @@ def run(argv: list[str], out: TextIO | None = None, client=None, console=None) -
         from hyperpod_lab import devcluster
 
         if a.action == "up":
-            prof = devcluster.up(nodes=a.nodes)
+            prof = devcluster.up(nodes=a.nodes, cpus=a.cpus)
             say(f"cluster profile '{prof.name}' written: login {prof.user}@{prof.host}:{prof.port}, "
                 f"shared storage {prof.shared_root}")
         elif a.action == "down":

@@ -23,7 +23,7 @@ import sys
 from typing import Any
 
 from hyperpod_lab.errors import HyperPodLabError
-from hyperpod_lab.jobdir import ENV_DEV_BASTION_PORT, ENV_DEV_DIR, ENV_DEV_NODES, ENV_DEV_SSH_PORT
+from hyperpod_lab.jobdir import ENV_DEV_BASTION_PORT, ENV_DEV_CPUS, ENV_DEV_DIR, ENV_DEV_NODES, ENV_DEV_SSH_PORT
 from hyperpod_lab.submit.clusters import ClusterDefaults, ClusterProfile, save_profile
 
 PROFILE_NAME = "local-slurm"
@@ -32,6 +32,7 @@ DEFAULT_SSH_PORT = 2222
 DEFAULT_BASTION_PORT = 2223
 PARTITION = "dev"
 DEFAULT_NODES = 3  # a 2-node job (the profile's default size) plus a spare
+MAX_CPUS = 64  # CPUs a node may declare (more than the host has: config_overrides)
 MAX_NODES = 32  # slurmd ports 6818, 6820..6850; each slurmd takes ~10 MB and one mount namespace
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "devcluster.sh")
 
@@ -141,7 +142,7 @@ def profile_for(base: str | None = None, ssh_port: int | None = None,
 
 
 def up(base_dir: str | None = None, ssh_port: int | None = None, python: str | None = None,
-       quiet: bool = False, nodes: int = DEFAULT_NODES) -> ClusterProfile:
+       quiet: bool = False, nodes: int = DEFAULT_NODES, cpus: int | None = None) -> ClusterProfile:
     """Start the dev cluster (idempotent; a quick no-op when it is already up).
 
     Installs missing apt packages, starts the daemons (only those not running: a running daemon
@@ -156,6 +157,10 @@ def up(base_dir: str | None = None, ssh_port: int | None = None, python: str | N
         quiet: don't echo the script's progress lines.
         nodes: slurmd nodes ``n1``..``n<nodes>``, 2 to ``MAX_NODES`` = 32 (default 3; a change
             restarts every Slurm daemon, so running jobs are lost).
+        cpus: CPUs each node declares, 1 to ``MAX_CPUS`` = 64 (default None: this host's,
+            ``nproc``). More than the host has lets Slurm place that many processes a node
+            (``--cpus-per-task``), sharing the host's cores: the production shape's 8 ranks a
+            node on a 2-core machine. A change restarts the Slurm daemons, as ``nodes`` does.
 
     Raises:
         HyperPodLabError: not root, or the script failed (the message holds its last lines).
@@ -166,8 +171,12 @@ def up(base_dir: str | None = None, ssh_port: int | None = None, python: str | N
         raise HyperPodLabError(_NOT_ROOT)
     if isinstance(nodes, bool) or not isinstance(nodes, int) or not 2 <= nodes <= MAX_NODES:
         raise HyperPodLabError(f"nodes must be 2 to {MAX_NODES}, got {nodes!r}")
+    if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, int) or not 1 <= cpus <= MAX_CPUS):
+        raise HyperPodLabError(f"cpus must be 1 to {MAX_CPUS} (CPUs each node declares), got {cpus!r}")
     env = _env(base, port)
     env[ENV_DEV_NODES] = str(nodes)
+    if cpus is not None:  # else the script's default (or $HYPERPOD_LAB_DEV_CPUS)
+        env[ENV_DEV_CPUS] = str(cpus)
     _run_script("up", env, quiet)
     profile = profile_for(base, port, python)
     for path in (profile.key_file, profile.known_hosts, bastion(base)["known_hosts"]):

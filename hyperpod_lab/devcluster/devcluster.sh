@@ -13,6 +13,11 @@
 #   HYPERPOD_LAB_DEV_NODES     up: how many slurmd nodes, 2-32 (3: a 2-node job plus a spare; 17 for
 #                              tests/runtime/test_scale16_slurm.py's 16-node job and its spare);
 #                              status/down: the nodes of the slurm.conf the last `up` wrote
+#   HYPERPOD_LAB_DEV_CPUS      up: CPUs each node declares, 1-64 (default: this host's, `nproc`);
+#                              more than the host has takes `SlurmdParameters=config_overrides`
+#                              (slurm.conf(5): slurmd registers the configured counts, not the
+#                              hardware's), so 8 processes a node (the production shape, 8 GPUs a
+#                              node) can be placed on a 2-core host: they share its cores
 #
 # Each slurmd runs in its own mount namespace (`unshare --mount --propagation private`), so a
 # test can give one node its own mounts (a tiny /dev/shm, read-only shared storage) the way a
@@ -55,6 +60,10 @@ fi
 [[ $NNODES =~ ^[0-9]{1,2}$ ]] && (( 10#$NNODES >= 2 && 10#$NNODES <= 32 )) \
   || { echo "[dev-cluster] ERROR: HYPERPOD_LAB_DEV_NODES must be 2 to 32, got '$NNODES'" >&2; exit 2; }
 NNODES=$(( 10#$NNODES ))
+NCPUS=${HYPERPOD_LAB_DEV_CPUS:-$(nproc)}
+[[ $NCPUS =~ ^[0-9]{1,2}$ ]] && (( 10#$NCPUS >= 1 && 10#$NCPUS <= 64 )) \
+  || { echo "[dev-cluster] ERROR: HYPERPOD_LAB_DEV_CPUS must be 1 to 64, got '$NCPUS'" >&2; exit 2; }
+NCPUS=$(( 10#$NCPUS ))
 NODES=(); declare -A NODE_PORT=()
 for i in $(seq 1 "$NNODES"); do   # n1 6818, n2 6820, n3 6821, ..., n32 6850 (6819 is slurmdbd's)
   NODES+=("n$i"); NODE_PORT[n$i]=$(( i == 1 ? 6818 : 6818 + i ))
@@ -238,8 +247,11 @@ start_slurmdbd() {
 
 # ---------------------------------------------------------------- slurm.conf
 write_slurm_conf() {
-  local ncpu mem_total mem_node defmem
-  ncpu=$(nproc)
+  local ncpu mem_total mem_node defmem overrides=
+  ncpu=$NCPUS
+  # more CPUs than the host has: slurmd would register the hardware's count and the node drain
+  # ("Low CPUs"); config_overrides makes it register the configured one
+  if (( ncpu > $(nproc) )); then overrides="SlurmdParameters=config_overrides"; fi
   mem_total=$(awk '/MemTotal/{print int($2/1024)}' /proc/meminfo)
   # the slurmd share this host's memory; give each an equal part (minus 1 GiB slack), at least 256 MB
   mem_node=$(( (mem_total - 1024) / NNODES )); [ "$mem_node" -ge 256 ] || mem_node=256
@@ -268,6 +280,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU_Memory
 DefMemPerCPU=$defmem
 MpiDefault=none
+$overrides
 MailProg=/bin/true
 SchedulerType=sched/backfill
 AccountingStorageType=accounting_storage/slurmdbd

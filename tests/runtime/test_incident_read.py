@@ -49,3 +49,24 @@ def test_an_incident_closed_before_rank_0s_tail_does_not_look_open(tmp_path):
     assert fold(evs).incident_detected_at == detected
     assert fold(incident_events(str(tmp_path), rank0_tail_bytes=None)).incident_detected_at == detected
     assert fold(EventReader(str(tmp_path)).poll()).incident_detected_at == detected
+
+
+def test_job_finished_reads_only_the_end_of_each_event_file(tmp_path):
+    """``job_finished`` (a hot spare asks it every second, every joining rank at its start) reads
+    at most FINAL_TAIL_BYTES of each file, not the job's history, and sees the leader's
+    ``finished``; the word in another event's data is not a ``finished`` event."""
+    from hyperpod_lab.events import FINAL_TAIL_BYTES
+    from hyperpod_lab.jobdir import job_finished
+
+    job = str(tmp_path / "job")
+    write_job(job, "j", 64, steps=1000)  # 200 memory checkpoints a rank: about 34 KB a rank file
+    total = sum(len(e.to_json()) + 1 for e in EventReader(job).poll())
+    files = len(LocalFiles().list_files(f"{job}/events"))
+    EventWriter(job, "rank-5", "j").emit("step", step=100, note='"kind":"finished"')
+    before = LocalFiles.bytes_read
+    assert not job_finished(job)
+    read = LocalFiles.bytes_read - before
+    assert read <= files * FINAL_TAIL_BYTES and read < total / 5, (read, total, files)
+    EventWriter(job, "rank-0", "j").emit("finished", status="succeeded", steps=101)
+    assert job_finished(job)
+    assert not job_finished(str(tmp_path / "no-such-job"))

@@ -249,8 +249,9 @@ def test_a_16_node_checkpointless_job_survives_a_node_down_and_scales_down_and_u
 
 
 def test_the_dev_cluster_takes_2_to_32_nodes():
-    """``dev-cluster up --nodes N``: N from 2 to devcluster.MAX_NODES = 32 (the script and the
-    Python API agree; nothing is started for a refused N); ``node_pid`` knows n1..n32."""
+    """``dev-cluster up --nodes N``: N from 2 to devcluster.MAX_NODES = 32, and ``--cpus C`` from 1
+    to devcluster.MAX_CPUS = 64 (the script and the Python API agree; nothing is started for a
+    refused value); ``node_pid`` knows n1..n32."""
     import subprocess
 
     from hyperpod_lab.errors import HyperPodLabError
@@ -262,6 +263,14 @@ def test_the_dev_cluster_takes_2_to_32_nodes():
         out = subprocess.run(["bash", devcluster.SCRIPT, "status"], capture_output=True, text=True,
                              env={**os.environ, "HYPERPOD_LAB_DEV_NODES": bad})
         assert out.returncode == 2 and "must be 2 to 32" in out.stderr, (bad, out.returncode, out.stderr)
+    # ``--cpus C``: 1 to 64 CPUs a node (more than the host's through config_overrides)
+    for bad in (0, 65, True, "8"):
+        with pytest.raises(HyperPodLabError, match="cpus must be 1 to 64"):
+            devcluster.up(cpus=bad)
+    for bad in ("0", "65", "x", "123"):
+        out = subprocess.run(["bash", devcluster.SCRIPT, "status"], capture_output=True, text=True,
+                             env={**os.environ, "HYPERPOD_LAB_DEV_CPUS": bad})
+        assert out.returncode == 2 and "must be 1 to 64" in out.stderr, (bad, out.returncode, out.stderr)
     with pytest.raises(HyperPodLabError, match="nodes are n1..n32"):
         devcluster.node_pid("n33")
     with pytest.raises(HyperPodLabError, match="slurmd of n32 is not running"):  # a valid name, no such slurmd

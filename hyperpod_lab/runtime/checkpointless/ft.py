@@ -1043,12 +1043,16 @@ class Checkpointless:
                               detection_s=round(outage["detected"] - outage["since"], 3),
                               detected_at=outage["detected"])
             # downtime_s: from the incident's first detection (this leader's, or an earlier
-            # fault.detected of the same incident, e.g. the lost node's agent) to this commit,
-            # the first completed step after the loss (one definition: hyperpod_lab.fold.facts)
-            from hyperpod_lab.events import EventReader
-            from hyperpod_lab.fold.facts import fold
+            # fault.detected of the same incident, e.g. the lost node's agent or the supervisor's
+            # node-down report) to this commit, the first completed step after the loss. Only
+            # the writers that are not ranks are read (incident_events), never every rank's
+            # file: this runs on the leader between two steps (issue 27: the whole job's events
+            # were read here, seconds at 2,048 ranks); a detection before the last commit with
+            # the lost groups belongs to an earlier incident.
+            from hyperpod_lab.events import incident_events
 
-            first = fold(EventReader(self.ctx.job_dir).poll()).incident_detected_at
+            first = min((ev.time for ev in incident_events(self.ctx.job_dir)
+                         if ev.kind == EventKind.FAULT_DETECTED.value and ev.time >= outage["since"]), default=None)
             detected = outage["detected"] if first is None else min(first, outage["detected"])
             self.ctx.emit(EventKind.RECOVERY_COMPLETED, mode=RECOVERY_CHECKPOINTLESS, restored_step=None,
                           restored_from="none", resumed_step=self.plan.step,
