@@ -724,33 +724,40 @@ def _parse_into(lines: bytes, name: str, pos: int, located: list, skipped: list)
 FINAL_TAIL_BYTES = 4096
 
 
-def last_events_include(job_dir: str, kind: str, files: FileAccess | None = None,
-                        tail_bytes: int = FINAL_TAIL_BYTES) -> bool:
-    """Whether the newest events of some writer (the last ``tail_bytes`` bytes of its event file)
-    include one of ``kind``: for an event that is the last its writer writes, e.g. ``finished``
-    (the leader emits it once every checkpoint committed, then tears down; the client's is its
-    last). One listing and one read of at most ``tail_bytes`` a file: what a hot spare looks at
-    every second and every joining rank at its start, where reading the whole job (issue 27:
-    246,365 events at 2,048 ranks) grew with the ranks and the job's age. Missing directory or
-    unreadable files: False for them."""
+def tail_events(job_dir: str, tail_bytes: int, files: FileAccess | None = None, prefix: str = "",
+                needle: bytes | None = None) -> Iterator[Event]:
+    """The events in the last ``tail_bytes`` bytes of each event file of ``job_dir`` whose name
+    starts with ``prefix`` (a partial first line dropped), file by file: one listing and one read
+    of at most ``tail_bytes`` a file, whatever the job's age. ``needle``: skip a file whose tail
+    does not contain these bytes, unparsed. A missing directory yields nothing; unreadable files
+    and malformed lines are skipped."""
     files = files or LocalFiles()
     d = events_dir(job_dir)
-    needle = b'"kind":' + json.dumps(kind).encode()  # Event.to_json's compact, sorted form
-    for name, size in files.list_files(d).items():
-        if not name.endswith(".jsonl") or size <= 0:
+    for name, size in sorted(files.list_files(d).items()):
+        if not name.endswith(".jsonl") or not name.startswith(prefix) or size <= 0:
             continue
         start = max(0, size - tail_bytes)
         try:
             chunk = files.read_from(f"{d}/{name}", start, size - start)
         except OSError:
             continue
-        if needle not in chunk:
+        if needle is not None and needle not in chunk:
             continue
         if start > 0:  # the first line is partial
             chunk = chunk[chunk.find(b"\n") + 1:] if b"\n" in chunk else b""
-        if any(ev.kind == kind for ev in _parse_lines(chunk)):
-            return True
-    return False
+        yield from _parse_lines(chunk)
+
+
+def last_events_include(job_dir: str, kind: str, files: FileAccess | None = None,
+                        tail_bytes: int = FINAL_TAIL_BYTES) -> bool:
+    """Whether the newest events of some writer (the last ``tail_bytes`` bytes of its event file,
+    :func:`tail_events`) include one of ``kind``: for an event that is the last its writer
+    writes, e.g. ``finished`` (the leader emits it once every checkpoint committed, then tears
+    down; the client's is its last). What a hot spare looks at every second and every joining
+    rank at its start, where reading the whole job (issue 27: 246,365 events at 2,048 ranks)
+    grew with the ranks and the job's age."""
+    needle = b'"kind":' + json.dumps(kind).encode()  # Event.to_json's compact, sorted form
+    return any(ev.kind == kind for ev in tail_events(job_dir, tail_bytes, files, needle=needle))
 
 
 def _parse_lines(data: bytes) -> list[Event]:

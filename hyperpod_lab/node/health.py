@@ -85,7 +85,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from hyperpod_lab.events import EventKind, EventReader, EventWriter, health_writer
+from hyperpod_lab.events import RANK_WRITER_PREFIX, EventKind, EventWriter, health_writer, tail_events
 from hyperpod_lab.jobdir import (
     ENV_HEALTH_MAX_CLOCK_SKEW_S,
     ENV_HEALTH_MIN_SHM_BYTES,
@@ -389,34 +389,37 @@ def _load_spec(spec_path: str) -> tuple[Any, str | None]:
         return None, str(e)
 
 
-def measured_shm_bytes(job_dir: str) -> tuple[int, int]:
-    """The most shared memory this job's ranks held on one node, from its own events.
+#: how much of the end of each rank's event file :func:`measured_shm_bytes` reads, bytes (its
+#: newest memory and peer checkpoints: about 60 events of 250 bytes)
+SHM_TAIL_BYTES = 16 << 10
 
-    Reads every ``checkpoint.saved`` event of tier ``memory`` in ``<job_dir>/events`` (with
-    :class:`~hyperpod_lab.events.EventReader`), sums ``memory_bytes`` over the ranks of each
-    (node, step) (each rank counted once, its largest value) and returns the largest sum.
+
+def measured_shm_bytes(job_dir: str) -> tuple[int, int]:
+    """The most shared memory this job's ranks held on one node at their newest memory
+    checkpoints, from its own events.
+
+    Reads the ``checkpoint.saved`` events of tier ``memory`` in the newest
+    :data:`SHM_TAIL_BYTES` of each rank's event file (:func:`hyperpod_lab.events.tail_events`:
+    every node's check runs at each start of the job, so its read is bounded by the ranks, not
+    by the job's age; issue 27), sums ``memory_bytes`` over the ranks of each (node, step) (each
+    rank counted once, its largest value) and returns the largest sum.
 
     Returns:
         ``(bytes, events)``: the largest per-node sum (0 when there is none) and how many memory
         events were read.
     """
-    reader = EventReader(job_dir)
     per: dict[tuple[str, Any], dict[Any, int]] = collections.defaultdict(dict)
     seen = 0
-    while True:
-        events = reader.poll(max_bytes=8 * 2**20)
-        for ev in events:
-            if ev.kind != EventKind.CHECKPOINT_SAVED.value or ev.data.get("tier") != TIER_MEMORY:
-                continue
-            mb = ev.data.get("memory_bytes")
-            if isinstance(mb, bool) or not isinstance(mb, (int, float)) or mb < 0:
-                continue
-            seen += 1
-            ranks = per[(str(ev.data.get("node")), ev.data.get("step"))]
-            rank = ev.data.get("rank", ev.writer)
-            ranks[rank] = max(ranks.get(rank, 0), int(mb))
-        if not getattr(reader, "more", False):
-            break
+    for ev in tail_events(job_dir, SHM_TAIL_BYTES, prefix=RANK_WRITER_PREFIX, needle=b'"tier":"memory"'):
+        if ev.kind != EventKind.CHECKPOINT_SAVED.value or ev.data.get("tier") != TIER_MEMORY:
+            continue
+        mb = ev.data.get("memory_bytes")
+        if isinstance(mb, bool) or not isinstance(mb, (int, float)) or mb < 0:
+            continue
+        seen += 1
+        ranks = per[(str(ev.data.get("node")), ev.data.get("step"))]
+        rank = ev.data.get("rank", ev.writer)
+        ranks[rank] = max(ranks.get(rank, 0), int(mb))
     return max((sum(r.values()) for r in per.values()), default=0), seen
 
 

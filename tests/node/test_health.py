@@ -201,6 +201,26 @@ def test_shm_budget_is_measured_from_the_jobs_memory_checkpoints(job_dir, tiny_t
     assert f"90.0 MiB ({90 * MiB} bytes)" in shm.detail
 
 
+def test_shm_budget_reads_the_newest_memory_checkpoints_of_each_rank_not_the_history(job_dir):
+    """Every node's check runs at each start of the job: it reads SHM_TAIL_BYTES of each rank's
+    file (issue 27: not the job's whole history), so a footprint from long ago is not counted."""
+    from hyperpod_lab.events import LocalFiles
+    from hyperpod_lab.node.health import SHM_TAIL_BYTES
+
+    w = [EventWriter(job_dir, f"rank-{r}", JOB) for r in range(2)]
+    for r in range(2):
+        w[r].emit("checkpoint.saved", tier="memory", step=0, bytes=1, rank=r, node="n1", memory_bytes=900 * MiB)
+    for step in range(1, 400):
+        for r in range(2):
+            w[r].emit("checkpoint.saved", tier="memory", step=step, bytes=1, rank=r, node="n1", memory_bytes=10 * MiB)
+    total = sum(os.path.getsize(os.path.join(job_dir, "events", f"rank-{r}.jsonl")) for r in range(2))
+    before = LocalFiles.bytes_read
+    measured, n = measured_shm_bytes(job_dir)
+    read = LocalFiles.bytes_read - before
+    assert measured == 20 * MiB and 0 < n < 400, (measured, n)
+    assert read <= 2 * SHM_TAIL_BYTES < total / 3, (read, total)
+
+
 def test_shm_skipped_without_a_memory_tier_even_on_the_tiny_tmpfs(job_dir, tiny_tmpfs):
     _write_spec(job_dir, memory_every_steps=None, recovery="restart")
     h = check_node(job_dir, JOB, NODE, shm_root=tiny_tmpfs)
