@@ -2,7 +2,10 @@
 
 Synthetic jobs written by the project's own :class:`~hyperpod_lab.events.EventWriter` (one file per
 writer, as a real job): ``step`` events from rank 0 only (as the runtime writes them), a
-``checkpoint.saved`` (memory tier, with its ``rank`` and ``node`` as the runtime's) per rank every 5 steps, one agent per node of 8 ranks, the
+``checkpoint.saved`` (memory tier, with its ``rank`` and ``node`` as the runtime's) per rank every 5 steps (as ranks
+alone on their nodes write them; 8 ranks a node now write one for the node,
+:mod:`hyperpod_lab.runtime.checkpoint.node_saves`, so this is 8x a real job's checkpoint events:
+the worst case is kept, and the numbers stay comparable with earlier runs), one agent per node of 8 ranks, the
 supervisor's ``started``, the client's ``submitted``, and one fault (``fault.detected``,
 ``recovery.started``/``completed`` from node 0's agent). Each job is read with an
 :class:`~hyperpod_lab.events.EventReader`:

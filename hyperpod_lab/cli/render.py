@@ -174,6 +174,8 @@ def _checkpoint_saved(d: dict) -> str:
     who = _who(d)
     if d.get("of_rank") is not None:
         who = _join(who, f"copy of rank {_num(d['of_rank'])}")
+    elif d.get("of_ranks"):  # a node's one peer event (node_saves)
+        who = _join(who, f"copies of {_ranks(d['of_ranks'])}")
     timing = f"{human_bytes(d.get('bytes'))} in {human_seconds(d.get('total_s'))}"
     if d.get("blocked_s") is not None:
         timing += f" ({human_seconds(d['blocked_s'])} blocking)"

@@ -44,6 +44,9 @@ DEFAULT_RANKS_PER_NODE = 8
 #: marks kept per node lane in a summary (after merging its ranks' marks); faults and hangs are
 #: kept first, the rest are counted in the lane's ``dropped_marks``
 NODE_MARKS = 64
+MAX_NODE_RANKS = 64
+"""Ranks of one node's ``checkpoint.saved`` (``ranks``) whose lanes get its span; the rest are
+left out (a node has 8 ranks in the production shape; the list is the runtime's, not a user's)."""
 
 #: a tier and step restored by several ranks within this many seconds of the first is one
 #: timeline line (one incident's restore); later it is a new line (another incident's)
@@ -311,9 +314,14 @@ class JobAggregate:
             return
         if k == EventKind.CHECKPOINT_SAVED.value:
             step = _int(d.get("step"))
+            if step is None:
+                return
             rank = _int(d.get("rank"))
             lane = str(wr if wr is not None else rank) if (wr is not None or rank is not None) else "job"
-            if step is not None:
+            ranks = d.get("ranks")  # a node's one memory event: its ranks (runtime/checkpoint/node_saves.py)
+            lanes = [str(_int(r)) for r in ranks[:MAX_NODE_RANKS] if _int(r) is not None] \
+                if isinstance(ranks, list) and rank is None else []
+            for lane in lanes or [lane]:
                 self._span(lane, "checkpoint", str(d.get("tier") or "?"), t, step)
             return
         if k == EventKind.HEALTH_CHECKED.value:

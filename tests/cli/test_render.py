@@ -86,6 +86,21 @@ def _ev(kind: str, data: dict, t: float = T0, writer: str = "rank-0", seq: int =
     return Event(kind=kind, job_id="j-1", time=t, writer=writer, seq=seq, data=data)
 
 
+NODE_SAVES = [  # a node's one memory and one peer event (8 ranks a node: runtime/checkpoint/node_saves.py)
+    ("checkpoint.saved", {"tier": "memory", "step": 5, "bytes": 2**21, "blocked_s": 0.0066, "total_s": 0.0082,
+                          "ranks": [8, 9], "rank_bytes": [2**20, 2**20], "node": "n2", "memory_bytes": 2**23},
+     "memory step 5 (ranks 8, 9 on n2): 2.0 MiB in 8.2 ms (6.6 ms blocking)"),
+    ("checkpoint.saved", {"tier": "peer", "step": 5, "bytes": 2**21, "blocked_s": 0.0, "total_s": 0.0082,
+                          "of_ranks": [0, 1], "rank_bytes": [2**20, 2**20], "node": "n2", "memory_bytes": 2**23},
+     "peer step 5 (n2, copies of ranks 0, 1): 2.0 MiB in 8.2 ms (0.0 ms blocking)"),
+]
+
+
+@pytest.mark.parametrize("kind,data,text", NODE_SAVES, ids=["memory", "peer"])
+def test_a_nodes_one_checkpoint_event_names_its_ranks(kind, data, text):
+    assert event_text(_ev(kind, data)) == text
+
+
 def test_the_cases_cover_every_event_kind():
     assert sorted(k for k, _, _ in CASES) == sorted(k.value for k in EventKind)
 

@@ -63,10 +63,10 @@ def _env(job_dir: str, job_id: str, node: str, shm: str, **extra: str) -> dict[s
 
 
 def _agent(job_dir: str, job_id: str, node: str, port: int, shm: str, log: str, args: list[str],
-           **extra: str) -> subprocess.Popen:
+           nproc: int = 1, **extra: str) -> subprocess.Popen:
     with open(log, "a") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "hyperpod_lab.node.launch", "--nnodes", "2", "--nproc-per-node", "1",
+            [sys.executable, "-m", "hyperpod_lab.node.launch", "--nnodes", "2", "--nproc-per-node", str(nproc),
              "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", job_id,
              # a dead agent leaves the rendezvous after ~2 s instead of 15 s
              "--rdzv-conf", "keep_alive_interval=1,keep_alive_max_attempt=2",
@@ -88,7 +88,8 @@ def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
     raise AssertionError("the first agent never listened")
 
 
-def _start_agents(base, job_id: str, shm: str, args: list[str], **fault: str) -> tuple[str, int, list]:
+def _start_agents(base, job_id: str, shm: str, args: list[str], nproc: int = 1,
+                  **fault: str) -> tuple[str, int, list]:
     """A new job ``base/job`` and its two agents: n1 (the c10d store's host) first, then n2.
 
     Returns:
@@ -97,10 +98,10 @@ def _start_agents(base, job_id: str, shm: str, args: list[str], **fault: str) ->
     job_dir = str(base / "job")
     os.makedirs(job_dir)
     port = free_port()
-    procs = [_agent(job_dir, job_id, "n1", port, shm, str(base / "agent-n1.log"), args, **fault)]
+    procs = [_agent(job_dir, job_id, "n1", port, shm, str(base / "agent-n1.log"), args, nproc, **fault)]
     try:
         _wait_port(port, procs[0])
-        procs.append(_agent(job_dir, job_id, "n2", port, shm, str(base / "agent-n2.log"), args, **fault))
+        procs.append(_agent(job_dir, job_id, "n2", port, shm, str(base / "agent-n2.log"), args, nproc, **fault))
     except BaseException:
         stop_launchers(procs, job_dir, "tiered_train.py")
         raise
@@ -477,3 +478,40 @@ def test_transport_contract(tmp_path):
     outs = [p.communicate(timeout=90)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     assert "timeout ok" in outs[0]
+
+
+def test_a_node_of_two_ranks_reports_each_memory_and_peer_save_once(tmp_path, shm_dir):
+    """Issue 27, Deliver 2: n1 and n2 with 2 ranks each, memory every 5 steps, one replica on the
+    other node. Each node's lowest rank writes one memory ``checkpoint.saved`` for its 2 ranks
+    (``ranks``, ``rank_bytes``) and one peer event for the 2 replicas the node received
+    (``of_ranks``: the other node's ranks), no rank writes its own, and the node's
+    ``memory_bytes`` is what its shared memory holds for the job."""
+    from hyperpod_lab.node.health import measured_shm_bytes
+
+    job_id = "tiered-per-node"
+    job_dir, _, procs = _start_agents(tmp_path, job_id, shm_dir, ["--steps", "20", "--memory-every", "5",
+                                                                 "--every", "100", "--sleep", "0.05"], nproc=2)
+    try:
+        for p in procs:
+            assert p.wait(timeout=240) == 0, _logs(tmp_path)
+    finally:
+        stop_launchers(procs, job_dir, "tiered_train.py")
+    ev = read_events(job_dir)
+    on = {json.load(open(f))["rank"]: json.load(open(f))["node"] for f in glob.glob(os.path.join(job_dir, "ranks", "*.json"))}
+    local = {n: sorted(r for r, m in on.items() if m == n) for n in ("n1", "n2")}
+    assert [len(v) for v in local.values()] == [2, 2], on
+    mem, peer = kinds(ev, "checkpoint.saved", tier="memory"), kinds(ev, "checkpoint.saved", tier="peer")
+    for tier, got in (("memory", mem), ("peer", peer)):
+        per = {}
+        for e in got:
+            assert "rank" not in e["data"] and e["writer"] == f"rank-{local[e['data']['node']][0]}", e
+            per.setdefault((e["data"]["node"], e["data"]["step"]), []).append(e["data"])
+        assert sorted(per) == [(n, s) for n in ("n1", "n2") for s in (4, 9, 14, 19)], (tier, sorted(per))
+        for (node, _), ds in per.items():
+            (d,) = ds  # one event a node and step
+            other = local["n2" if node == "n1" else "n1"]
+            assert d["ranks" if tier == "memory" else "of_ranks"] == (local[node] if tier == "memory" else other), d
+            assert len(d["rank_bytes"]) == 2 and d["bytes"] == sum(d["rank_bytes"]) > 0 and "missing_ranks" not in d, d
+            # keep_last slots of its 2 ranks and of the 2 replicas it holds
+            assert d["memory_bytes"] >= 2 * d["bytes"] if tier == "peer" else d["memory_bytes"] >= d["bytes"], d
+    assert measured_shm_bytes(job_dir)[0] == max(e["data"]["memory_bytes"] for e in mem)

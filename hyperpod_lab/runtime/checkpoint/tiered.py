@@ -49,11 +49,16 @@ Per rank it holds ``keep_last`` slots of its own snapshots plus ``keep_last`` sl
 replica it holds (``memory_bytes``; e.g. 2 x 22.4 MB + 2 x 22.4 MB for examples/train_lm.py's
 1.85 M-parameter model with AdamW).
 
-Events (each rank writes its own): ``checkpoint.saved`` {tier: "memory", step, bytes (snapshot
-size), blocked_s (seconds the training loop waited: the ``save`` call plus, in overlap mode, the
-optimizer pre-hook's wait), total_s (to the commit), path, rank, node, memory_bytes};
-``checkpoint.saved`` {tier: "peer", step, bytes, blocked_s: 0, total_s, path, rank (the holder),
-of_rank, node, memory_bytes} by the rank that received and committed the replica;
+Events (a rank alone on its node writes its own): ``checkpoint.saved`` {tier: "memory", step,
+bytes (snapshot size), blocked_s (seconds the training loop waited: the ``save`` call plus, in
+overlap mode, the optimizer pre-hook's wait), total_s (to the commit), path, rank, node,
+memory_bytes}; ``checkpoint.saved`` {tier: "peer", step, bytes, blocked_s: 0, total_s, path, rank
+(the holder), of_rank, node, memory_bytes} by the rank that received and committed the replica.
+Where a node holds several ranks (8 a node in the production shape), its lowest rank writes one
+of each for the node instead (:mod:`~hyperpod_lab.runtime.checkpoint.node_saves`): memory
+{step, bytes (the ranks' sum), ranks, rank_bytes, blocked_s (the reporter's), total_s (to the
+last rank's commit), node, memory_bytes (the node's), missing_ranks when some did not commit};
+peer {step, bytes, of_ranks, rank_bytes, total_s, node, memory_bytes, missing_of_ranks};
 ``checkpoint.failed`` {tier, step, reason, attempt, will_retry} when a memory save or a
 replication failed (training goes on; after a failed round replication stops until the restart);
 ``checkpoint.restored`` as described above (peer: plus from_rank, from_node).
@@ -253,6 +258,12 @@ class TieredCheckpointer:
         self.sources = sources_of(self._partner_map, self.rank)
         self.replicas = len(self.partners)
         self._reporter = min(r for r in range(self.world_size) if self.nodes[r] == ctx.node)
+        # this world's ranks on this node: with more than one, the reporter writes one memory and
+        # one peer checkpoint.saved for the node (node_saves), the others none
+        self._local = [r for r in range(self.world_size) if self.nodes[r] == ctx.node]
+        self._per_node = len(self._local) > 1
+        self._node_reports: Any = None  # the reporter's one worker thread for them (never the training's)
+        self._node_report: Any = None   # its newest report's future
 
         self.job_root = os.path.join(shm_root(), safe_name(ctx.job_id, 100))
         self.node_dir = os.path.join(self.job_root, safe_name(ctx.node))
@@ -356,10 +367,55 @@ class TieredCheckpointer:
                           reason=f"{type(snap.error).__name__}: {snap.error}", attempt=1, will_retry=True)
             self._replicate(snap.step, None)
             return
-        self.ctx.emit(EventKind.CHECKPOINT_SAVED, tier=TIER_MEMORY, step=snap.step, bytes=snap.nbytes,
-                      blocked_s=snap.blocked_s + snap.hook_wait_s, total_s=snap.total_s,
-                      path=snap.slot.data_path, rank=self.rank, node=self.ctx.node, memory_bytes=self.memory_bytes)
+        if not self._per_node:
+            self.ctx.emit(EventKind.CHECKPOINT_SAVED, tier=TIER_MEMORY, step=snap.step, bytes=snap.nbytes,
+                          blocked_s=snap.blocked_s + snap.hook_wait_s, total_s=snap.total_s,
+                          path=snap.slot.data_path, rank=self.rank, node=self.ctx.node, memory_bytes=self.memory_bytes)
         self._replicate(snap.step, snap)
+        if self._per_node and self.rank == self._reporter:
+            # on a thread of its own: waiting for a local rank that died or restarts in process
+            # must not hold the next snapshot, so the training, back (wait() waits for it)
+            if self._node_reports is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._node_reports = ThreadPoolExecutor(1, thread_name_prefix="hyperpod-node-saves")
+            self._node_report = self._node_reports.submit(self._report_node_logged, snap.step,
+                                                          snap.blocked_s + snap.hook_wait_s, snap.t0)
+
+    def _report_node_logged(self, step: int, blocked_s: float, t0: float) -> None:
+        try:
+            self._report_node(step, blocked_s, t0)
+        except Exception as e:  # an event, never the training's failure
+            print(f"hyperpod-lab: node checkpoint report of step {step} failed: {type(e).__name__}: {e}",
+                  file=sys.stderr, flush=True)
+
+    def _report_node(self, step: int, blocked_s: float, t0: float) -> None:
+        """The node's reporter, on its own thread: one ``checkpoint.saved`` of tier memory for the
+        node's ranks (``ranks``, ``rank_bytes``; ``bytes`` their sum, ``memory_bytes`` the node's
+        shared memory for the job) once the node's slots hold every local rank's snapshot of
+        the step, and one of tier peer for the replicas the node received (``of_ranks``), each
+        with ``missing_ranks`` / ``missing_of_ranks`` when some did not come within the peer
+        timeout (a rank died meanwhile: its own ``checkpoint.failed`` or fault says why)."""
+        from hyperpod_lab.runtime.checkpoint.node_saves import held_bytes, wait_for_slots
+
+        wait_s = min(60.0, self.timeout.total_seconds())
+        own = {r: own_dirname(r) for r in self._local}
+        mem, missing = wait_for_slots(self.node_dir, own, step, self.keep_last, self.key, wait_s)
+        held = {r: replica_dirname(r) for r in sorted({s for r in self._local for s in sources_of(self._partner_map, r)})}
+        peer, peer_missing = ({}, []) if not held or self._peer_broken else \
+            wait_for_slots(self.node_dir, held, step, self.keep_last, self.key, wait_s)
+        node_bytes = held_bytes(self.node_dir, [*own.values(), *held.values()])
+        ranks = sorted(mem)
+        self.ctx.emit(EventKind.CHECKPOINT_SAVED, tier=TIER_MEMORY, step=step, bytes=sum(mem.values()),
+                      blocked_s=blocked_s, total_s=time.monotonic() - t0,
+                      ranks=ranks, rank_bytes=[mem[r] for r in ranks], node=self.ctx.node, memory_bytes=node_bytes,
+                      **({"missing_ranks": missing} if missing else {}))
+        if peer:
+            of = sorted(peer)
+            self.ctx.emit(EventKind.CHECKPOINT_SAVED, tier=TIER_PEER, step=step, bytes=sum(peer.values()),
+                          blocked_s=0.0, total_s=time.monotonic() - t0, of_ranks=of,
+                          rank_bytes=[peer[r] for r in of], node=self.ctx.node, memory_bytes=node_bytes,
+                          **({"missing_of_ranks": peer_missing} if peer_missing else {}))
 
     def _replica_ring(self, src: int) -> SlotRing:
         ring = self._replica_rings.get(src)
@@ -384,7 +440,7 @@ class TieredCheckpointer:
             self.ctx.emit(EventKind.CHECKPOINT_FAILED, tier=TIER_PEER, step=step, reason=self._peer_broken[:500],
                           attempt=1, will_retry=False)
             return
-        for rcv in received:
+        for rcv in received if not self._per_node else ():  # else the node's one event (_report_node)
             self.ctx.emit(EventKind.CHECKPOINT_SAVED, tier=TIER_PEER, step=rcv.record["step"],
                           bytes=rcv.record["nbytes"], blocked_s=0.0, total_s=time.monotonic() - t0,
                           path=rcv.slot.data_path, rank=self.rank, of_rank=rcv.src, node=self.ctx.node,
@@ -402,7 +458,17 @@ class TieredCheckpointer:
             self.memory.wait()
         except RuntimeError:
             pass
+        self._wait_node_report()
         self.persistent.wait()
+
+    def _wait_node_report(self) -> None:
+        """The reporter: wait for its newest node report (before the ranks' end-of-job barrier,
+        after which they remove their slots). A report that failed was printed, never raised:
+        training does not fail for an event."""
+        fut, self._node_report = self._node_report, None
+        if fut is None:
+            return
+        fut.result()  # (_report_node_logged raises nothing)
 
     @property
     def memory_bytes(self) -> int:
@@ -650,6 +716,9 @@ class TieredCheckpointer:
                 self.memory.wait()
             except Exception:
                 pass
+            self._wait_node_report()
+        if self._node_reports is not None:
+            self._node_reports.shutdown(wait=False, cancel_futures=True)
         # a failing process must not linger on a background transfer to a dead peer
         self.memory.close(remove=not keep, timeout=2.0 if keep else 30.0)
         for src in self.sources:
