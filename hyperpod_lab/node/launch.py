@@ -219,6 +219,31 @@ _WATCHDOG: Watchdog | None = None  # hangs and stragglers: node/watchdog.py, nod
 _STORM: storm.StormGuard | None = None  # restart storms: node/storm.py
 
 
+def _drop_torn_error_files(pcontext) -> bool:
+    """Remove the workers' error files (``$TORCHELASTIC_ERROR_FILE``) that are not whole JSON;
+    True if one was. torchrun's agent parses each failed worker's file when it reaps it and
+    died of a ``JSONDecodeError`` (the job's node lost, not restarted) on one left empty by a
+    worker that its SIGTERM stopped while it wrote its exception (seen with 8 ranks a node:
+    rank 9 SIGKILLed, the others' collectives failed, each wrote its error as the agent stopped
+    them). Without the file the failure is read from the exit code, as for a SIGKILL."""
+    dropped = False
+    for path in (getattr(pcontext, "error_files", None) or {}).values():
+        if not path or path == os.devnull or not os.path.isfile(path):
+            continue
+        try:
+            with open(path) as f:
+                json.load(f)
+        except ValueError:
+            try:
+                os.remove(path)
+                dropped = True
+            except OSError:
+                pass
+        except OSError:
+            pass
+    return dropped
+
+
 class EventingElasticAgent(LocalElasticAgent):
     """torchrun's ``LocalElasticAgent`` that reports worker failures and restarts as events.
 
@@ -231,7 +256,14 @@ class EventingElasticAgent(LocalElasticAgent):
             # torchrun's poll below SIGTERMs the other local workers and waits up to 30 s: a
             # stopped one cannot act on SIGTERM, so the watchdog reports and SIGKILLs it first
             _stop_stopped_workers()
-        result = super()._monitor_workers(worker_group)
+        try:
+            result = super()._monitor_workers(worker_group)
+        except ValueError as e:  # json.JSONDecodeError: a torn error file (below)
+            if not _drop_torn_error_files(self._pcontext):
+                raise
+            log.warning("hyperpod-lab: a worker's error file was torn (%s); it was removed and the failure is "
+                        "read from the exit code", e)
+            result = super()._monitor_workers(worker_group)
         if _EVENTS is not None and result.state in _FAILED_STATES:
             _EVENTS.worker_failed(worker_group, result)
             if _STORM is not None and _STORM.failure(storm.agent_fault(result, _EVENTS.node)) is not None:

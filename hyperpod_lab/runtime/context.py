@@ -642,15 +642,28 @@ class JobContext:
 
 
 def _record_exception(exc: BaseException) -> None:
-    """Write the exception to ``$TORCHELASTIC_ERROR_FILE`` (what ``@record`` does), if set."""
-    if not os.environ.get("TORCHELASTIC_ERROR_FILE") or isinstance(exc, (KeyboardInterrupt, SystemExit)):
+    """Write the exception to ``$TORCHELASTIC_ERROR_FILE`` (what ``@record`` does), if set,
+    atomically: torch's ErrorHandler writes into a temporary file beside it, renamed over it
+    once whole, so the agent never reads a half-written file (a worker stopped by the agent's
+    SIGTERM while writing it left an empty one, and the agent died parsing it)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or isinstance(exc, (KeyboardInterrupt, SystemExit)):
         return
+    tmp = f"{path}.{os.getpid()}.tmp"
     try:
         from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
-        ErrorHandler().record_exception(exc)
+        os.environ["TORCHELASTIC_ERROR_FILE"] = tmp
+        try:
+            ErrorHandler().record_exception(exc)
+        finally:
+            os.environ["TORCHELASTIC_ERROR_FILE"] = path
+        os.replace(tmp, path)
     except Exception:
-        pass
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
 
 
 def _incident_start_time(job_dir: str) -> float | None:

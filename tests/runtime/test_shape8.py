@@ -14,7 +14,8 @@ GPUs; the 16 ranks share this host's cores. One job, two faults:
    the supervisor reports the node's 8 ranks lost in one ``fault.detected``, and n1's 8 ranks go
    on alone with twice the gradient accumulation (global batch size kept) until the job completes.
 
-Nothing is read from storage, and the loss curve matches a fault-free run's (one unsharded rank
+Each node's memory snapshots are one ``checkpoint.saved`` a step for its 8 ranks. Nothing is
+read from storage, and the loss curve matches a fault-free run's (one unsharded rank
 in this process) up to float reduction order. The cluster goes back to the host's CPU count
 afterwards. About 2-3 minutes (18 torch processes on 2 cores), so ``scripts/test.sh`` runs it
 alone after the suite, with the 16-node test.
@@ -103,6 +104,15 @@ def _faults_and_checks(client, job_id: str, clean_losses: dict, clean_final: dic
     assert not [e for e in kinds("checkpoint.restored") if e.data["tier"] != "replica"], "read from storage"
     assert not kinds("recovery.fallback")
     assert [e for e in kinds("step") if e.time > t2 and e.data["replicas"] == 1]
+    # each node's memory snapshots are one event a step for its 8 ranks, by its lowest rank
+    # (runtime/checkpoint/node_saves.py), never one a rank
+    mem = kinds("checkpoint.saved", tier="memory")
+    assert mem and all("rank" not in e.data and len(e.data["ranks"]) == len(e.data["rank_bytes"]) == PROCS
+                       for e in mem), mem[:3]
+    assert {(e.data["node"], e.writer, tuple(e.data["ranks"])) for e in mem} == {
+        ("n1", "rank-0", tuple(range(PROCS))), ("n2", f"rank-{PROCS}", tuple(range(PROCS, 2 * PROCS)))}
+    keys = [(e.data["node"], e.data["step"]) for e in mem]
+    assert len(keys) == len(set(keys)), sorted(keys)
     # every one of n2's 8 ranks was a new process that began its heal step with the bits of the
     # same rank on n1 (the shard records of ft_fsdp_train.py)
     assert_healed_bit_equal(client.get(job_id).job_dir, PROCS, 1, healed[0]["step"])

@@ -405,17 +405,20 @@ class TieredCheckpointer:
         peer, peer_missing = ({}, []) if not held or self._peer_broken else \
             wait_for_slots(self.node_dir, held, step, self.keep_last, self.key, wait_s)
         node_bytes = held_bytes(self.node_dir, [*own.values(), *held.values()])
+        # the events name global ranks: this world's rank r is global rank base + r (a replica
+        # group's ranks in a checkpointless job, base 0 otherwise)
+        base = self.ctx.global_rank - self.rank
         ranks = sorted(mem)
         self.ctx.emit(EventKind.CHECKPOINT_SAVED, tier=TIER_MEMORY, step=step, bytes=sum(mem.values()),
-                      blocked_s=blocked_s, total_s=time.monotonic() - t0,
-                      ranks=ranks, rank_bytes=[mem[r] for r in ranks], node=self.ctx.node, memory_bytes=node_bytes,
-                      **({"missing_ranks": missing} if missing else {}))
+                      blocked_s=blocked_s, total_s=time.monotonic() - t0, ranks=[base + r for r in ranks],
+                      rank_bytes=[mem[r] for r in ranks], node=self.ctx.node, memory_bytes=node_bytes,
+                      **({"missing_ranks": [base + r for r in missing]} if missing else {}))
         if peer:
             of = sorted(peer)
             self.ctx.emit(EventKind.CHECKPOINT_SAVED, tier=TIER_PEER, step=step, bytes=sum(peer.values()),
-                          blocked_s=0.0, total_s=time.monotonic() - t0, of_ranks=of,
+                          blocked_s=0.0, total_s=time.monotonic() - t0, of_ranks=[base + r for r in of],
                           rank_bytes=[peer[r] for r in of], node=self.ctx.node, memory_bytes=node_bytes,
-                          **({"missing_of_ranks": peer_missing} if peer_missing else {}))
+                          **({"missing_of_ranks": [base + r for r in peer_missing]} if peer_missing else {}))
 
     def _replica_ring(self, src: int) -> SlotRing:
         ring = self._replica_rings.get(src)
