@@ -457,6 +457,24 @@ STATE_NOTES = {
 }
 """What a state means where its name does not say it (added to the reason the parsers return)."""
 
+REASON_NOTES = {
+    "PartitionConfig": "no node of the partition has what the job asks (e.g. more CPUs a node than its nodes "
+                       "have: a job takes one CPU a process, --procs-per-node); it will not start: cancel it and "
+                       "submit with fewer processes a node or to another partition",
+    "BadConstraints": "the job's constraints can not be satisfied; it will not start: cancel it and submit "
+                      "without them",
+    "PartitionNodeLimit": "the job asks more nodes than its partition allows, or the nodes it needs are DOWN or "
+                          "DRAINED: fewer --nodes, another partition, or ask an administrator",
+    "PartitionTimeLimit": "the job's time limit exceeds its partition's: a shorter --time or another partition",
+}
+"""Pending reasons a job does not get past by waiting (squeue(1), JOB REASON CODES: "BadConstraints
+The job's constraints can not be satisfied", "PartitionNodeLimit The number of nodes required by
+this job is outside of its partition's current limits. Can also indicate that required nodes are
+DOWN or DRAINED", "PartitionTimeLimit The job's time limit exceeds its partition's current time
+limit"; ``PartitionConfig`` is slurm's WAIT_PART_CONFIG, "Requested partition configuration not
+available now", what a job asking 8 CPUs a node of 2-CPU nodes shows), and what to do: added
+to the reason the parsers return."""
+
 
 def slurm_state(text: str) -> JobStatus:
     """Map a Slurm state (``"CANCELLED by 0"``, ``"RUNNING"``; the two-letter codes such as
@@ -513,6 +531,9 @@ def parse_squeue(stdout: str) -> dict[str, tuple[JobStatus, str]]:
         if not ids:
             continue
         reason = parts[2].strip() if parts[2].strip() not in ("None", "(null)", "") else ""
+        hint = REASON_NOTES.get(reason)
+        if hint:
+            reason = f"{reason}: {hint}"
         note = STATE_NOTES.get(_state_word(parts[1]))
         if note:
             reason = f"{note}; {reason}" if reason else note

@@ -67,6 +67,12 @@ def test_squeue_reason_is_the_rest_of_the_line_and_none_is_no_reason():
     assert out["6"] == (JobStatus.PENDING, "")
     # a line without the three fields is no job row (today's main read "7|RUNNING" as a job)
     assert parse_squeue("7|RUNNING\n|RUNNING|x\n") == {}
+    # a pending reason that waiting does not clear gets what to do (squeue(1), JOB REASON CODES;
+    # PartitionConfig: an 8-process-a-node job on the dev cluster's 2-CPU nodes, 2026-11-27)
+    st, reason = parse_squeue("8|PENDING|PartitionConfig\n")["8"]
+    assert st == JobStatus.PENDING and reason.startswith("PartitionConfig: no node of the partition has")
+    assert "--procs-per-node" in reason and "cancel it" in reason
+    assert parse_squeue("9|PENDING|Resources\n")["9"] == (JobStatus.PENDING, "Resources")  # waiting clears it
     # array tasks and het components keep their own ids and sum up under the base id
     arr = parse_squeue("8_1|COMPLETED|None\n8_[2-3]|PENDING|Resources\n")
     assert arr["8"][0] == JobStatus.PENDING and set(arr) == {"8_1", "8_[2-3]", "8"}
