@@ -108,7 +108,11 @@ def test_a_2048_rank_job_opens_with_a_bounded_number_of_lanes_scrolls_and_expand
                 assert dash.locator('[data-testid=hp-dash-lane][data-kind=rank][data-lane="1336"] '
                                     '[data-testid=hp-dash-mark][data-cat=fault]').count() == 0
                 assert _lanes_in_dom(dash) <= MAX_LANES
-                n167.scroll_into_view_if_needed()
+                # (by the list's scrollTop: the virtualised list re-renders its lanes as events
+                # arrive, and a lane's element handle may be replaced while Playwright waits for it
+                # to be stable: "Element is not attached to the DOM", fresh19)
+                rows.evaluate("(e, i) => { e.scrollTop = i * 40 - 80; }", 1 + 167)
+                n167.wait_for(timeout=10_000)
                 page.screenshot(path=os.path.join(ARTIFACTS, "dashboard_2048.png"))
                 # closed again: the node's ranks leave
                 n167.locator("[data-testid=hp-dash-expand]").click()

@@ -23,6 +23,7 @@ alone after the suite, with the 16-node test.
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -35,6 +36,27 @@ PROCS = 8
 STEPS = 160
 GLOBAL_BATCH = 32  # ft_fsdp_train.py's global batch size (samples a step, whatever the replicas)
 JOB_ENV = ("HYPERPOD_LAB_STEP_EVENT_INTERVAL_S=0.001", "RUST_LOG=warn", "OMP_NUM_THREADS=1")
+
+
+def test_a_job_asking_more_cpus_a_node_than_its_nodes_have_says_what_to_do(dev_cluster, client):
+    """Before ``--cpus``: the nodes declare this host's CPUs, so a job of 4 times as many processes
+    a node (8 here, the production shape) pends with Slurm's ``PartitionConfig`` for ever (Slurm
+    22.05 accepts it; it refuses 3 CPUs a node of 2 at submit, "CPU count per node can not be
+    satisfied"); its status says why and what to do (``slurm.REASON_NOTES``), and cancelling it
+    loses nothing."""
+    procs = 4 * len(os.sched_getaffinity(0))  # nproc is what devcluster.sh declares
+    job_id = cli.run(["submit", SCRIPT, "--cluster", "local-slurm", "--nodes", "2", "--procs-per-node", str(procs),
+                      "--recovery", "checkpointless", "--name", "too-wide", "--", "--steps", "1"], client=client)
+    try:
+        deadline = time.monotonic() + 60
+        while "PartitionConfig" not in (client.status(job_id).reason or ""):
+            assert time.monotonic() < deadline, client.status(job_id)
+            time.sleep(1)
+        rec = client.status(job_id)
+        assert rec.status == "pending" and "--procs-per-node" in rec.reason and "cancel it" in rec.reason, rec
+    finally:
+        client.cancel(job_id)
+    assert client.wait(job_id, timeout_s=60).status == "cancelled"
 
 
 @pytest.fixture
