@@ -374,7 +374,7 @@ class TieredCheckpointer:
         self._replicate(snap.step, snap)
         if self._per_node and self.rank == self._reporter:
             # on a thread of its own: waiting for a local rank that died or restarts in process
-            # must not hold the next snapshot, so the training, back (wait() waits for it)
+            # must not hold back the next snapshot, and so the training (wait() waits for it)
             if self._node_reports is None:
                 from concurrent.futures import ThreadPoolExecutor
 
