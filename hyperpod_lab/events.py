@@ -679,11 +679,9 @@ def incident_events(job_dir: str, files: FileAccess | None = None,
         size = sizes[rank0]
         start = 0 if rank0_tail_bytes is None else max(0, size - int(rank0_tail_bytes))
         try:
-            chunk = files.read_from(f"{d}/{rank0}", start)
+            chunk = _whole_lines_from(files.read_from(f"{d}/{rank0}", start), start)
         except OSError:
             chunk = b""
-        if start > 0:  # the first line is partial
-            chunk = chunk[chunk.find(b"\n") + 1:] if b"\n" in chunk else b""
         out += _parse_lines(chunk)
         if start > 0 and out:
             since = min(ev.time for ev in out)
@@ -741,11 +739,16 @@ def tail_events(job_dir: str, tail_bytes: int, files: FileAccess | None = None, 
             chunk = files.read_from(f"{d}/{name}", start, size - start)
         except OSError:
             continue
-        if needle is not None and needle not in chunk:
-            continue
-        if start > 0:  # the first line is partial
-            chunk = chunk[chunk.find(b"\n") + 1:] if b"\n" in chunk else b""
-        yield from _parse_lines(chunk)
+        if needle is None or needle in chunk:
+            yield from _parse_lines(_whole_lines_from(chunk, start))
+
+
+def _whole_lines_from(chunk: bytes, start: int) -> bytes:
+    """``chunk`` (a file's bytes from offset ``start``) without its first line when ``start`` > 0:
+    a read that began inside a line."""
+    if start <= 0:
+        return chunk
+    return chunk[chunk.find(b"\n") + 1:] if b"\n" in chunk else b""
 
 
 def last_events_include(job_dir: str, kind: str, files: FileAccess | None = None,
