@@ -97,3 +97,23 @@ class Follow:
 
     def kinds(self, kind: str, **match) -> list:
         return [e for e in self.events if e.kind == kind and all(e.data.get(k) == v for k, v in match.items())]
+
+    def node_marked_down(self, node: str, reason: str, replicas_left: int = 1) -> tuple[float, dict, dict]:
+        """Three more steps, then Slurm marks ``node`` DOWN (``scontrol update State=DOWN``); wait
+        until the job goes on with ``replicas_left`` replica groups and the supervisor reported the
+        node. Returns ``(time of the DOWN, the supervisor's fault.detected data, the first
+        elastic.scaled data after it)``."""
+        target = self.step() + 3
+        self.until(lambda: self.step() >= target, "every group training before the node is lost")
+        t = time.time()
+        out = scontrol("update", f"NodeName={node}", "State=DOWN", f"Reason={reason}")
+        assert out.returncode == 0, out.stderr
+        self.until(lambda: [e for e in self.kinds("elastic.scaled") if e.time > t
+                            and e.data["new_replicas"] == replicas_left], f"the job going on after {node} went down")
+        # the supervisor reports the node when its srun step ends, which can be after the survivors'
+        # quorum has already gone on without it (the events come from different writers, in no set order)
+        self.until(lambda: [e for e in self.kinds("fault.detected", reason="node down") if e.time > t],
+                   f"the supervisor's report of {node} down", timeout=120)
+        down = [e for e in self.kinds("fault.detected", reason="node down") if e.time > t][0].data
+        scaled = [e for e in self.kinds("elastic.scaled") if e.time > t][0].data
+        return t, down, scaled

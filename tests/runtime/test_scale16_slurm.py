@@ -256,21 +256,19 @@ def test_the_dev_cluster_takes_2_to_32_nodes():
 
     from hyperpod_lab.errors import HyperPodLabError
 
-    for bad in (1, 33, True):
-        with pytest.raises(HyperPodLabError, match="2 to 32"):
-            devcluster.up(nodes=bad)
-    for bad in ("33", "1", "x", "017"):
-        out = subprocess.run(["bash", devcluster.SCRIPT, "status"], capture_output=True, text=True,
-                             env={**os.environ, "HYPERPOD_LAB_DEV_NODES": bad})
-        assert out.returncode == 2 and "must be 2 to 32" in out.stderr, (bad, out.returncode, out.stderr)
-    # ``--cpus C``: 1 to 64 CPUs a node (more than the host's through config_overrides)
-    for bad in (0, 65, True, "8"):
-        with pytest.raises(HyperPodLabError, match="cpus must be 1 to 64"):
-            devcluster.up(cpus=bad)
-    for bad in ("0", "65", "x", "123"):
-        out = subprocess.run(["bash", devcluster.SCRIPT, "status"], capture_output=True, text=True,
-                             env={**os.environ, "HYPERPOD_LAB_DEV_CPUS": bad})
-        assert out.returncode == 2 and "must be 1 to 64" in out.stderr, (bad, out.returncode, out.stderr)
+    # ``--nodes N`` and ``--cpus C`` (1 to 64 CPUs a node: more than the host's through
+    # config_overrides): (keyword, bad values, API message, variable, bad values, script message)
+    for kw, api_bad, api_says, var, env_bad, script_says in (
+            ("nodes", (1, 33, True), "2 to 32", "HYPERPOD_LAB_DEV_NODES", ("33", "1", "x", "017"), "must be 2 to 32"),
+            ("cpus", (0, 65, True, "8"), "cpus must be 1 to 64", "HYPERPOD_LAB_DEV_CPUS", ("0", "65", "x", "123"),
+             "must be 1 to 64")):
+        for bad in api_bad:
+            with pytest.raises(HyperPodLabError, match=api_says):
+                devcluster.up(**{kw: bad})
+        for bad in env_bad:
+            out = subprocess.run(["bash", devcluster.SCRIPT, "status"], capture_output=True, text=True,
+                                 env={**os.environ, var: bad})
+            assert out.returncode == 2 and script_says in out.stderr, (var, bad, out.returncode, out.stderr)
     with pytest.raises(HyperPodLabError, match="nodes are n1..n32"):
         devcluster.node_pid("n33")
     with pytest.raises(HyperPodLabError, match="slurmd of n32 is not running"):  # a valid name, no such slurmd

@@ -102,20 +102,10 @@ def _faults_and_checks(client, job_id: str, clean_losses: dict, clean_final: dic
     assert all(0.5 * 3 * full / PROCS <= d["bytes"] <= 2 * 3 * full / PROCS for d in healed), (healed, full)
 
     # 2. Slurm marks n2 DOWN: its 8 ranks are lost at once, n1's go on alone
-    target = step() + 3
-    until(lambda: step() >= target, "both nodes training after the heal")
-    t2 = time.time()
-    out = scontrol("update", "NodeName=n2", "State=DOWN", "Reason=hyperpod-lab shape8 test: node lost")
-    assert out.returncode == 0, out.stderr
-    until(lambda: [e for e in kinds("elastic.scaled") if e.time > t2 and e.data["new_replicas"] == 1],
-          "n1 alone after n2 went down")
-    until(lambda: [e for e in kinds("fault.detected", reason="node down") if e.time > t2],
-          "the supervisor's report of n2 down", timeout=120)
-    down = [e for e in kinds("fault.detected", reason="node down") if e.time > t2]
-    assert down[0].data["node"] == "n2" and down[0].data["rank"] == list(range(PROCS, 2 * PROCS)), down
+    t2, down, scaled = job.node_marked_down("n2", "hyperpod-lab shape8 test: node lost")
+    assert down["node"] == "n2" and down["rank"] == list(range(PROCS, 2 * PROCS)), down
     # a whole group left: the global batch size is kept, each of the 8 ranks left takes 4 samples
     # a step instead of 2 (one micro-batch of ft_fsdp_train.py's 4 either way: no accumulation)
-    scaled = [e for e in kinds("elastic.scaled") if e.time > t2][0].data
     assert scaled["effective_batch"] == scaled["global_batch_size"] == GLOBAL_BATCH, scaled
     assert (scaled["old_world_size"], scaled["new_world_size"]) == (2 * PROCS, PROCS), scaled
     assert scaled["accumulation_steps"] == scaled["old_accumulation_steps"] == 1, scaled
