@@ -3,6 +3,7 @@ user's), set before any hyperpod_lab import reads them."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import sys
@@ -11,6 +12,7 @@ import tempfile
 import pytest
 
 _SESSION_DIR = tempfile.mkdtemp(prefix="hyperpod-lab-tests-")
+atexit.register(shutil.rmtree, _SESSION_DIR, True)  # each pytest process (xdist worker) its own
 os.environ["HYPERPOD_LAB_CONFIG"] = os.path.join(_SESSION_DIR, "clusters.toml")
 os.environ["HYPERPOD_LAB_DATA_DIR"] = os.path.join(_SESSION_DIR, "data")
 os.environ.setdefault("HYPERPOD_LAB_CLUSTER", "local")
