@@ -30,7 +30,10 @@ check that cannot run is skipped, never reported passed), and records its own du
     ``memory``, per node and step, of the sum of the ranks' ``memory_bytes``), at least
     ``$HYPERPOD_LAB_HEALTH_MIN_SHM_BYTES`` (default 64 MiB). Skipped when the job has no memory
     tier (``checkpoint.memory_every_steps`` unset and recovery not ``checkpointless``). Extra:
-    ``path``, ``free_bytes``, ``held_bytes``, ``needed_bytes``, ``budget_from``.
+    ``path``, ``free_bytes``, ``held_bytes``, ``needed_bytes``, ``budget_from``. First, skipped or
+    not, it deletes the memory tier of this user's jobs that are over (a cancelled, failed or timed
+    out job's ranks were killed before they could): :mod:`hyperpod_lab.node.shm_reclaim`; what it
+    freed is in the detail and in ``reclaimed`` [{``job_id``, ``bytes``, ``why``}].
 ``storage``
     Writes 1 MiB to a new probe file in ``<job_dir>/health/<node>/`` (created), fsyncs it, reads it
     back, compares, deletes it. An ``OSError`` (``EROFS``, ``EACCES``, ``ENOSPC``, ...) fails naming
@@ -97,6 +100,7 @@ from hyperpod_lab.jobdir import (
     TIER_MEMORY,
     JobPaths,
 )
+from hyperpod_lab.node.shm_reclaim import Reclaimed, reclaim_ended_jobs
 
 __all__ = ["CheckResult", "NodeHealth", "check_node", "summarize", "load_results", "results_dir", "result_path",
            "measured_shm_bytes",
@@ -447,8 +451,28 @@ def _held_bytes(directory: str) -> int:
     return total
 
 
+def _reclaimed_text(reclaimed: list[Reclaimed]) -> str:
+    if not reclaimed:
+        return ""
+    total = sum(r.bytes for r in reclaimed)
+    ids = ", ".join(r.job_id for r in reclaimed[:5]) + (f" and {len(reclaimed) - 5} more" if len(reclaimed) > 5 else "")
+    return f"; freed {_mib(total)} ({total} bytes) of {len(reclaimed)} ended job(s)' snapshots ({ids})"
+
+
 def _check_shm(job_dir: str, job_id: str, node: str, shm_bytes: int | None, shm_root: str,
                spec_path: str) -> CheckResult:
+    # first, the memory tier of this user's jobs that are over (cancelled, failed, timed out: their
+    # ranks were killed before they could delete it); see hyperpod_lab.node.shm_reclaim
+    reclaimed = reclaim_ended_jobs(shm_root, os.path.dirname(os.path.abspath(job_dir)), _safe(job_id, 100))
+    result = _check_shm_space(job_dir, job_id, node, shm_bytes, shm_root, spec_path)
+    if reclaimed:
+        result.detail += _reclaimed_text(reclaimed)
+        result.extra["reclaimed"] = [r.as_dict() for r in reclaimed]
+    return result
+
+
+def _check_shm_space(job_dir: str, job_id: str, node: str, shm_bytes: int | None, shm_root: str,
+                     spec_path: str) -> CheckResult:
     spec, spec_error = _load_spec(spec_path)
     if spec is not None and spec.checkpoint.memory_every_steps is None and spec.resiliency.recovery != RECOVERY_CHECKPOINTLESS:
         return CheckResult("shm", SKIPPED, "the job has no memory tier (checkpoint.memory_every_steps is unset and "
