@@ -388,10 +388,11 @@ def _committed_samples(job_dir: str) -> dict[int, list[int]]:
 
 def test_checkpointless_group_healed_from_a_peer_continues_the_sample_order(tmp_path, corpus):
     """Group 1 SIGKILLed after step 6: group 0 goes on alone (the whole global batch), group 1's
-    agent restarts it and it heals from group 0 (about 3 s here: enough steps are left for it to
-    rejoin). The sample ids of every committed step, both groups together, equal the fault-free
-    run's (a healed group that took its position from anything but the healed cursor fails this)."""
-    steps = 40
+    agent restarts it and it heals from group 0 (about 3 s here; 80 steps of 0.2 s leave it 14 s to
+    rejoin: 40 left too few on a host at load 19). The sample ids of every committed step, both groups
+    together, equal the fault-free run's (a healed group that took its position from anything but the
+    healed cursor fails this)."""
+    steps = 80
     clean = _ft_job(tmp_path / "clean", corpus, steps)
     try:
         clean.wait()
