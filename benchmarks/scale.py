@@ -5,7 +5,9 @@ writer, as a real job): ``step`` events from rank 0 only (as the runtime writes 
 ``checkpoint.saved`` (memory tier, with its ``rank`` and ``node`` as the runtime's) per rank every 5 steps (as ranks
 alone on their nodes write them; 8 ranks a node now write one for the node,
 :mod:`hyperpod_lab.runtime.checkpoint.node_saves`, so this is 8x a real job's checkpoint events:
-the worst case is kept, and the numbers stay comparable with earlier runs), one agent per node of 8 ranks, the
+the worst case is the default, and the numbers stay comparable with earlier runs; ``--node-events``
+writes the runtime's shape instead: one a node and step, from its lowest rank, whose file is then
+the only rank file of its node, and the steady poll grows 10 % of those), one agent per node of 8 ranks, the
 supervisor's ``started``, the client's ``submitted``, and one fault (``fault.detected``,
 ``recovery.started``/``completed`` from node 0's agent). Each job is read with an
 :class:`~hyperpod_lab.events.EventReader`:
@@ -53,18 +55,26 @@ from hyperpod_lab.events import EventReader, EventWriter, LocalFiles, encode_cur
 RANKS_PER_NODE = 8
 
 
+def _writers(ranks: int, node_events: bool) -> list[int]:
+    """The ranks that write checkpoint events: every rank, or (``node_events``) each node's lowest."""
+    return list(range(0, ranks, RANKS_PER_NODE)) if node_events else list(range(ranks))
+
+
 def write_job(job_dir: str, job_id: str, ranks: int, steps: int = 100, every: int = 5, t0: float = 1.7e9,
-              step_s: float = 0.1, fault_rank: int = 1) -> int:
+              step_s: float = 0.1, fault_rank: int = 1, node_events: bool = False) -> int:
     """Write a synthetic job of ``ranks`` ranks into ``job_dir/events`` (see the module docstring)
     with EventWriter; ``steps`` steps of ``step_s`` s from ``t0``; the fault is rank
-    ``fault_rank`` (modulo ``ranks``)'s, reported by its node's agent. Returns the events written."""
+    ``fault_rank`` (modulo ``ranks``)'s, reported by its node's agent. ``node_events``: one memory
+    ``checkpoint.saved`` a node and step, from its lowest rank, with the node's ``ranks`` and
+    ``rank_bytes`` (as the runtime writes them at 8 ranks a node); the other ranks write no event
+    (and have no event file). Returns the events written."""
     now = [t0]
     clock = lambda: now[0]  # noqa: E731
     nodes = max(1, (ranks + RANKS_PER_NODE - 1) // RANKS_PER_NODE)
     client = EventWriter(job_dir, "client", job_id, clock=clock)
     sup = EventWriter(job_dir, "supervisor", job_id, clock=clock)
     agents = [EventWriter(job_dir, f"agent-n{i}", job_id, clock=clock) for i in range(nodes)]
-    rank_w = [EventWriter(job_dir, f"rank-{r}", job_id, clock=clock) for r in range(ranks)]
+    rank_w = {r: EventWriter(job_dir, f"rank-{r}", job_id, clock=clock) for r in _writers(ranks, node_events)}
     client.emit("submitted", nodes=nodes)
     now[0] += 0.5
     sup.emit("started", nodes=nodes, world_size=ranks)
@@ -74,10 +84,16 @@ def write_job(job_dir: str, job_id: str, ranks: int, steps: int = 100, every: in
         rank_w[0].emit("step", step=step, loss=1.0 / (step + 1), step_time_s=step_s)
         n += 1
         if step % every == every - 1:
-            for r, w in enumerate(rank_w):
+            for r, w in rank_w.items():
                 now[0] = t0 + 1 + step * step_s + 0.01 + r * 1e-6
-                w.emit("checkpoint.saved", tier="memory", step=step, rank=r, node=f"n{r // RANKS_PER_NODE}",
-                       bytes=1 << 20)
+                if node_events:
+                    local = list(range(r, min(r + RANKS_PER_NODE, ranks)))
+                    w.emit("checkpoint.saved", tier="memory", step=step, rank=r, node=f"n{r // RANKS_PER_NODE}",
+                           bytes=len(local) << 20, ranks=local, rank_bytes=[1 << 20] * len(local),
+                           memory_bytes=len(local) << 20)
+                else:
+                    w.emit("checkpoint.saved", tier="memory", step=step, rank=r, node=f"n{r // RANKS_PER_NODE}",
+                           bytes=1 << 20)
                 n += 1
         if step == steps // 2:
             now[0] += 0.02
@@ -91,10 +107,13 @@ def write_job(job_dir: str, job_id: str, ranks: int, steps: int = 100, every: in
     return n
 
 
-def grow(job_dir: str, job_id: str, ranks: int, fraction: float = 0.1, t: float = 2e9) -> int:
-    """Append one ``checkpoint.saved`` to ``fraction`` of the rank files (at least one). Returns how many."""
-    k = max(1, int(ranks * fraction))
-    for r in range(0, ranks, max(1, ranks // k))[:k]:
+def grow(job_dir: str, job_id: str, ranks: int, fraction: float = 0.1, t: float = 2e9,
+         node_events: bool = False) -> int:
+    """Append one ``checkpoint.saved`` to ``fraction`` of the rank files (at least one; with
+    ``node_events``, of the node's lowest ranks' files, the only ones). Returns how many."""
+    writers = _writers(ranks, node_events)
+    k = max(1, int(len(writers) * fraction))
+    for r in writers[::max(1, len(writers) // k)][:k]:
         EventWriter(job_dir, f"rank-{r}", job_id, clock=lambda: t).emit("checkpoint.saved", tier="memory", step=10**6,
                                                                         rank=r)
     return k
@@ -112,7 +131,7 @@ def _ops(files) -> int:
     return 0 if ops is None else ops["exec"] + ops["sftp"]
 
 
-def measure(job_dir: str, job_id: str, ranks: int, files, label: str, repeat: int = 5) -> dict:
+def measure(job_dir: str, job_id: str, ranks: int, files, label: str, repeat: int = 5, node_events: bool = False) -> dict:
     """First read, steady and idle poll of one job through ``files`` (see the module docstring)."""
     from hyperpod_lab.server.cursors import CursorStore
 
@@ -122,7 +141,7 @@ def measure(job_dir: str, job_id: str, ranks: int, files, label: str, repeat: in
     first_s, first_ops = time.perf_counter() - t, _ops(files) - o
     steady, idle_t = [], []
     for i in range(repeat):  # medians: this machine is shared
-        grown = grow(job_dir, job_id, ranks, t=2e9 + i)
+        grown = grow(job_dir, job_id, ranks, t=2e9 + i, node_events=node_events)
         o, t = _ops(files), time.perf_counter()
         new = reader.poll()
         steady.append(time.perf_counter() - t)
@@ -251,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", default="2,64,512,2048", help="comma-separated rank counts (the first is the baseline)")
     ap.add_argument("--steps", type=int, default=100, help="steps of each synthetic job (checkpoint every 5)")
     ap.add_argument("--no-ssh", action="store_true", help="local files only")
+    ap.add_argument("--node-events", action="store_true", help="one memory checkpoint.saved a node and step (the "
+                                                               "runtime's at 8 ranks a node) instead of one a rank "
+                                                               "(the worst case, the default)")
     ap.add_argument("--no-sftp", action="store_true", help="skip the file-by-file SFTP baseline")
     ap.add_argument("--server", action="store_true", help="also REST events and a WebSocket replay through a "
                                                             "real jupyter server (local files)")
@@ -296,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             paths = []
             if not args.server_only:
                 t = time.perf_counter()
-                written = write_job(job_dir, job_id, n, steps=args.steps)
+                written = write_job(job_dir, job_id, n, steps=args.steps, node_events=args.node_events)
                 write_s = time.perf_counter() - t
                 print(f"{n} ranks: {written} events written in {write_s:.1f} s", flush=True)
                 paths = [("local", LocalFiles())]
@@ -305,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
                     if not args.no_sftp:
                         paths.append(("sftp", _SFTPOnly(remote)))
             for label, files in paths:
-                row = measure(job_dir, job_id, n, files, label)
+                row = measure(job_dir, job_id, n, files, label, node_events=args.node_events)
                 row["events_written"] = written
                 rows.append(row)
                 print(f"  {label:5s} first {row['first_read_s']:.3f} s ({row['first_read_round_trips']} round trips), "
@@ -318,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 sdir, pid = os.path.join(work, f"served-{n}"), server[0].pid
                 served_id = new_job_id(f"scale-{n}")
-                count = write_job(sdir, served_id, n, steps=args.steps)  # written before the server knows the job
+                count = write_job(sdir, served_id, n, steps=args.steps, node_events=args.node_events)  # written before the server knows the job
                 peak_reset = reset_peak(pid)
                 before = _rss(pid)
                 rec = track_local_job(sdir, f"scale-{n}", store=JobStore(os.path.join(work, "data", "jobs")),
@@ -364,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
             b = served[0].get(k)
             r[f"{k}_ratio"] = round(r[k] / b, 2) if r.get(k) is not None and b and (abs(b) >= 1 or "mb" not in k) else None
     return write_results(args.out, {"benchmark": "scale", "steps": args.steps, "ranks": ranks,
+                                    "checkpoint_events": "node" if args.node_events else "rank",
                                     "ssh_reader_start_s": reader_start_s, "server": served,
                                     "loadavg": os.getloadavg(), "rows": rows})
 
