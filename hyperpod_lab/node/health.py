@@ -100,7 +100,7 @@ from hyperpod_lab.jobdir import (
     TIER_MEMORY,
     JobPaths,
 )
-from hyperpod_lab.node.shm_reclaim import Reclaimed, reclaim_ended_jobs
+from hyperpod_lab.node.shm_reclaim import Reclaimed, held_bytes, reclaim_ended_jobs
 
 __all__ = ["CheckResult", "NodeHealth", "check_node", "summarize", "load_results", "results_dir", "result_path",
            "measured_shm_bytes",
@@ -437,20 +437,6 @@ def _existing_ancestor(path: str) -> str:
     return p
 
 
-def _held_bytes(directory: str) -> int:
-    """Bytes the files below ``directory`` occupy (allocated blocks; links not followed)."""
-    total = 0
-    for root, dirs, files in os.walk(directory, onerror=lambda e: None):
-        for name in files:
-            try:
-                st = os.lstat(os.path.join(root, name))
-            except OSError:
-                continue
-            if stat.S_ISREG(st.st_mode):
-                total += st.st_blocks * 512
-    return total
-
-
 def _reclaimed_text(reclaimed: list[Reclaimed]) -> str:
     if not reclaimed:
         return ""
@@ -501,7 +487,7 @@ def _check_shm_space(job_dir: str, job_id: str, node: str, shm_bytes: int | None
             f"node {node}: cannot stat the memory tier's file system at {where}: {_oserror_text(e)}; "
             f"check /dev/shm on this node or set ${ENV_SHM_DIR}"), extra={**extra, "path": where})
     free = st.f_bavail * st.f_frsize
-    held = _held_bytes(node_dir) if os.path.isdir(node_dir) else 0
+    held = held_bytes(node_dir) if os.path.isdir(node_dir) else 0
     extra.update(path=where, node_dir=node_dir, free_bytes=free, held_bytes=held, needed_bytes=needed,
                  total_bytes=st.f_blocks * st.f_frsize)
     held_text = f" plus {_mib(held)} ({held} bytes) the job already holds there" if held else ""

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from hyperpod_lab.jobdir import JobPaths, job_finished
 
-__all__ = ["Reclaimed", "live_slurm_jobs", "reclaim_ended_jobs", "SQUEUE_TIMEOUT_S"]
+__all__ = ["Reclaimed", "held_bytes", "live_slurm_jobs", "reclaim_ended_jobs", "SQUEUE_TIMEOUT_S"]
 
 #: seconds ``squeue`` may take before the reclaim gives up (and keeps every directory)
 SQUEUE_TIMEOUT_S = 15.0
@@ -74,14 +75,18 @@ def live_slurm_jobs(timeout_s: float = SQUEUE_TIMEOUT_S) -> set[str] | None:
     return {line.strip() for line in res.stdout.splitlines() if line.strip()}
 
 
-def _held_bytes(path: str) -> int:
+def held_bytes(directory: str) -> int:
+    """Bytes the regular files below ``directory`` occupy (allocated blocks, so a sparse slot
+    counts what it holds; links not followed); 0 when it does not exist."""
     total = 0
-    for root, _dirs, files in os.walk(path):
+    for root, _dirs, files in os.walk(directory, onerror=lambda e: None):
         for name in files:
             try:
-                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+                st = os.lstat(os.path.join(root, name))
             except OSError:
-                pass
+                continue
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_blocks * 512
     return total
 
 
@@ -142,7 +147,7 @@ def reclaim_ended_jobs(shm_root: str, jobs_root: str, current_job_id: str,
                     why = f"Slurm job {native} not in squeue"
         if why is None:
             continue
-        held = _held_bytes(path)
+        held = held_bytes(path)
         shutil.rmtree(path, ignore_errors=True)
         if not os.path.exists(path):
             out.append(Reclaimed(job_id=name, bytes=held, why=why))
