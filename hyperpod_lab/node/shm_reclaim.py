@@ -49,7 +49,7 @@ class Reclaimed:
     Attributes:
         job_id: the job (the directory's name under ``shm_root``).
         bytes: bytes of shared memory it held (allocated blocks), now free.
-        why: ``"finished"`` (a ``finished`` event) or ``"not in squeue"`` (with its Slurm job id).
+        why: ``"finished"`` (a ``finished`` event) or ``"Slurm job <id> not in squeue"``.
     """
 
     job_id: str
@@ -91,12 +91,12 @@ def held_bytes(directory: str) -> int:
 
 
 def _native_id(job_dir: str) -> str | None:
+    """The Slurm job id the job wrote when it started (the batch script's ``$SLURM_JOB_ID``)."""
     try:
         with open(JobPaths(job_dir, join=os.path.join).native_id, encoding="utf-8") as f:
-            text = f.read(200).strip()
+            return f.read(200).strip() or None
     except OSError:
         return None
-    return text.split(";", 1)[0] or None
 
 
 def reclaim_ended_jobs(shm_root: str, jobs_root: str, current_job_id: str,
@@ -130,7 +130,7 @@ def reclaim_ended_jobs(shm_root: str, jobs_root: str, current_job_id: str,
             st = os.lstat(path)
         except OSError:
             continue
-        if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != uid:
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:  # lstat: a link is not a directory
             continue
         job_dir = os.path.join(jobs_root, name)
         if not os.path.isdir(job_dir):
