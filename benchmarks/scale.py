@@ -7,7 +7,9 @@ alone on their nodes write them; 8 ranks a node now write one for the node,
 :mod:`hyperpod_lab.runtime.checkpoint.node_saves`, so this is 8x a real job's checkpoint events:
 the worst case is the default, and the numbers stay comparable with earlier runs; ``--node-events``
 writes the runtime's shape instead: one a node and step, from its lowest rank, whose file is then
-the only rank file of its node, and the steady poll grows 10 % of those), one agent per node of 8 ranks, the
+the only rank file of its node, and the steady poll grows 10 % of those; and each node's pre-flight
+``health.checked`` in its own ``health-<node>`` file, as the batch script's health check writes it,
+so the files are those of a real job at 8 ranks a node), one agent per node of 8 ranks, the
 supervisor's ``started``, the client's ``submitted``, and one fault (``fault.detected``,
 ``recovery.started``/``completed`` from node 0's agent). Each job is read with an
 :class:`~hyperpod_lab.events.EventReader`:
@@ -67,7 +69,8 @@ def write_job(job_dir: str, job_id: str, ranks: int, steps: int = 100, every: in
     ``fault_rank`` (modulo ``ranks``)'s, reported by its node's agent. ``node_events``: one memory
     ``checkpoint.saved`` a node and step, from its lowest rank, with the node's ``ranks`` and
     ``rank_bytes`` (as the runtime writes them at 8 ranks a node); the other ranks write no event
-    (and have no event file). Returns the events written."""
+    (and have no event file), and each node's pre-flight ``health.checked`` is in its ``health-<node>``
+    file. Returns the events written."""
     now = [t0]
     clock = lambda: now[0]  # noqa: E731
     nodes = max(1, (ranks + RANKS_PER_NODE - 1) // RANKS_PER_NODE)
@@ -77,8 +80,14 @@ def write_job(job_dir: str, job_id: str, ranks: int, steps: int = 100, every: in
     rank_w = {r: EventWriter(job_dir, f"rank-{r}", job_id, clock=clock) for r in _writers(ranks, node_events)}
     client.emit("submitted", nodes=nodes)
     now[0] += 0.5
+    n = 1
+    if node_events:  # every node's pre-flight check, before the job starts (hyperpod_lab.node.health)
+        for i in range(nodes):
+            EventWriter(job_dir, f"health-n{i}", job_id, clock=clock).emit(
+                "health.checked", node=f"n{i}", run_id="1", ok=True, checks=[], seconds=0.5)
+            n += 1
     sup.emit("started", nodes=nodes, world_size=ranks)
-    n = 2
+    n += 1
     for step in range(steps):
         now[0] = t0 + 1 + step * step_s
         rank_w[0].emit("step", step=step, loss=1.0 / (step + 1), step_time_s=step_s)
