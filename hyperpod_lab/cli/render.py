@@ -243,6 +243,8 @@ def _fault_detected(d: dict) -> str:
         extra.append(f"detected by {_clean(d['detected_by'])} in {human_seconds(d['detection_s'])}")
     if d.get("root_cause") is False:
         extra.append("not the root cause")
+    if isinstance(d.get("stopped_ranks"), list) and d["stopped_ranks"]:  # the siblings its agent stopped
+        extra.append(f"its agent stopped {_ranks(d['stopped_ranks'][:64])}")
     return f"{who or 'job'}: {reason}" + (f" ({'; '.join(extra)})" if extra else "")
 
 

@@ -201,7 +201,10 @@ def mark_label(ev: Event) -> str:
         if d.get("reason") == FaultReason.HANG:
             section = f" in section {d.get('section')}" if d.get("section") else ""
             return f"hang: rank {d.get('rank')} on {d.get('node')} made no progress for {_secs(d.get('stalled_s'))}{section}"
-        return f"fault: rank {d.get('rank')} on {d.get('node')} ({d.get('signal') or d.get('reason')})"
+        listed = d.get("stopped_ranks") if isinstance(d.get("stopped_ranks"), list) else []
+        stopped = [r for r in map(_int, listed[:MAX_NODE_RANKS]) if r is not None]
+        then = f"; its agent stopped {_ranks_text(stopped)}" if stopped else ""
+        return f"fault: rank {d.get('rank')} on {d.get('node')} ({d.get('signal') or d.get('reason')}){then}"
     if k == EventKind.RECOVERY_STARTED.value:
         return f"recovery started on {_node_of(ev) or '?'} ({d.get('reason') or 'restart'})"
     if k == EventKind.RECOVERY_COMPLETED.value:
@@ -332,6 +335,8 @@ class JobAggregate:
         lanes = self._mark_lanes(ev, wr)
         for lane in lanes:
             self._mark(lane, ev)
+        if k == EventKind.FAULT_DETECTED.value and isinstance(d.get("stopped_ranks"), list):
+            self._stopped_marks(ev, d["stopped_ranks"])
         if k in _BREAKS:  # a fault, recovery or rescale ends every lane's runs
             self._breaks["*"] = max(self._breaks.get("*", t), t)
 
@@ -440,6 +445,30 @@ class JobAggregate:
         if isinstance(d.get("root_cause"), bool):  # a fault caused by another rank's is False
             m["root_cause"] = d["root_cause"]
         marks.append(m)
+
+    def _stopped_marks(self, ev: Event, stopped: list) -> None:
+        """A mark on each lane of ``stopped_ranks`` (the ranks a node's agent stopped because
+        the event's rank failed, :meth:`hyperpod_lab.node.launch.AgentEvents.worker_failed`; at
+        most :data:`MAX_NODE_RANKS`): ``root_cause: false``, ``stopped_by`` (the failed rank),
+        a consequence as a per-rank event of one was. The timeline lists the event once."""
+        first = _int(ev.data.get("rank"))
+        node = _node_of(ev)
+        for r in stopped[:MAX_NODE_RANKS]:
+            ri = _int(r)
+            if ri is None or ri == first:
+                continue
+            self.ranks.add(ri)
+            marks = self._lane(str(ri))["marks"]
+            if len(marks) >= self.max_marks:
+                self.dropped_marks += 1
+                continue
+            m: dict[str, Any] = {"kind": ev.kind, "cat": MARK_CATEGORIES[ev.kind], "t": ev.time, "rank": ri,
+                                 "label": f"stopped by its agent: rank {first} failed" + (f" on {node}" if node else ""),
+                                 "writer": ev.writer, "seq": ev.seq, "reason": "SIGTERM (stopped by its agent)",
+                                 "root_cause": False, "stopped_by": first}
+            if node:
+                m["node"] = node
+            marks.append(m)
 
     def _check(self, ev: Event) -> None:
         """Keep a node's pre-flight result (``health.checked``) as a timeline entry (not a lane
@@ -602,7 +631,7 @@ class JobAggregate:
             for sp in ln["spans"]:
                 by_key.setdefault((sp["kind"], sp.get("tier")), []).append((sp, r))
             for m in ln["marks"]:
-                key = (m["writer"], m["seq"])
+                key = (m["writer"], m["seq"], "stopped_by" in m)  # the stopped ranks' marks apart from the event's own
                 got = marks.get(key)
                 if got is None:
                     marks[key] = got = dict(m, ranks=[])
@@ -756,7 +785,7 @@ class JobAggregate:
         marks: dict[tuple[str, int], dict] = {}
         for ln in self._lanes.values():
             for m in ln["marks"]:
-                if m["kind"] in _TIMELINE:
+                if m["kind"] in _TIMELINE and "stopped_by" not in m:  # (a stopped rank's mark: its event's line)
                     marks.setdefault((m["writer"], m["seq"]), m)
         restores: dict[tuple, dict] = {}  # (tier, step) -> its latest restore line
         for m in sorted(marks.values(), key=lambda m: (m["t"], m["seq"])):

@@ -173,6 +173,13 @@ class AgentEvents:
         the hang watchdog killed is reported with ``reason: "killed by the hang watchdog ..."``
         and no worker of that failure is a root cause: the watchdog's ``fault.detected``
         {reason: "hang"} was.
+
+        The SIGTERMed siblings are not an event each: the first event (the root cause's) names
+        them in ``stopped_ranks`` (global ranks, ascending), so a rank failing on a node of 8
+        ranks is one event, not 8 (issue 27: 2,048 events when every node's ranks stop). The fold
+        (:mod:`hyperpod_lab.fold.aggregate`) and log triage still show each stopped rank, as a
+        consequence (``root_cause: false``). A worker that ended otherwise (another signal, an
+        exit code, the watchdog) keeps its own event.
         """
         if not result.failures:
             self._emit(EventKind.FAULT_DETECTED, rank=None, local_rank=None, node=self.node, exitcode=None,
@@ -182,13 +189,23 @@ class AgentEvents:
         group = os.environ.get(ENV_REPLICA_GROUP) or self._spare_group()  # checkpointless: per replica group
         extra = {} if not group else {"replica_group": int(group)}
         hung = {f.pid: self.killed_reason(f.pid) for _, f in items}
+        reports: list[dict[str, Any]] = []
+        stopped: list[int] = []  # the local siblings torchrun SIGTERMed because the first failed
         for i, (global_rank, failure) in enumerate(items):
             sig = failure.signal_name() if failure.exitcode < 0 else None
             if group:
                 global_rank = int(group) * worker_group.spec.local_world_size + global_rank
-            self._emit(EventKind.FAULT_DETECTED, rank=global_rank, local_rank=failure.local_rank, node=self.node,
-                       exitcode=failure.exitcode, signal=sig, reason=hung[failure.pid] or failure_reason(failure, sig),
-                       pid=failure.pid, root_cause=i == 0 and not any(hung.values()), **extra)
+            if i > 0 and sig == "SIGTERM" and not hung[failure.pid]:
+                stopped.append(global_rank)
+                continue
+            reports.append(dict(rank=global_rank, local_rank=failure.local_rank, node=self.node,
+                                exitcode=failure.exitcode, signal=sig,
+                                reason=hung[failure.pid] or failure_reason(failure, sig), pid=failure.pid,
+                                root_cause=i == 0 and not any(hung.values()), **extra))
+        if stopped:  # one event for the node's stop, not one a rank (8 a node: issue 27)
+            reports[0]["stopped_ranks"] = sorted(stopped)
+        for data in reports:
+            self._emit(EventKind.FAULT_DETECTED, **data)
 
     def _spare_group(self) -> str | None:
         """A hot spare's agent (its workers got their group from the supervisor's assignment

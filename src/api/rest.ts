@@ -464,6 +464,8 @@ export interface IDashboardMark {
   score?: number;
   /** Faults: false for one another rank's fault caused (e.g. a sibling SIGTERMed). */
   root_cause?: boolean;
+  /** A rank its node's agent stopped (SIGTERM) because this rank failed: the failed rank. */
+  stopped_by?: number;
 }
 
 /** One entry of the compact timeline: a checkpoint span per tier, or a mark. */

@@ -53,16 +53,26 @@ def fault_ranks(ev: dict) -> list[int]:
 
 def failing_ranks(faults: Iterable[dict], known: Iterable[int] | None = None, limit: int = MAX_FAILING) -> list[int]:
     """The ranks the fault events name, the first failure first (:func:`fault_order`), each
-    once, at most ``limit``; only ranks in ``known`` (the ranks that started) when given."""
+    once, at most ``limit``; only ranks in ``known`` (the ranks that started) when given. The
+    ranks an agent stopped because another failed (``data.stopped_ranks``) come after every
+    rank that failed itself."""
     ok = set(known) if known is not None else None
     out: list[int] = []
-    for ev in sorted(faults, key=fault_order):
-        for r in fault_ranks(ev):
+    ordered = sorted(faults, key=fault_order)
+    for ranks in [fault_ranks(ev) for ev in ordered] + [stopped_ranks(ev) for ev in ordered]:
+        for r in ranks:
             if r not in out and (ok is None or r in ok):
                 out.append(r)
                 if len(out) >= limit:
                     return out
     return out
+
+
+def stopped_ranks(ev: dict) -> list[int]:
+    """The ranks a node's agent stopped because the event's rank failed (``data.stopped_ranks``,
+    :meth:`hyperpod_lab.node.launch.AgentEvents.worker_failed`); [] when none."""
+    r = (ev.get("data") or {}).get("stopped_ranks")
+    return [x for x in r if isinstance(x, int) and not isinstance(x, bool) and x >= 0] if isinstance(r, list) else []
 
 
 def healthy_sample(known: list[int], failing: Iterable[int], k: int = SAMPLE_HEALTHY) -> list[int]:
