@@ -132,3 +132,20 @@ def assert_global_sample_order(job_dir: str, steps: int, *, samples: int = 1024,
         ids = [i for part in seen[step].values() for i in part]
         want = [int(i) for i in ref.positions(step * global_batch, global_batch)]
         assert sorted(ids) == sorted(want), f"step {step}: the job saw {sorted(ids)}, a run without faults {sorted(want)}"
+
+
+def launch_standalone(tmp_path, script_text: str, nproc: int, job_id: str, max_restarts: int = 1,
+                      timeout_s: float = 240) -> subprocess.CompletedProcess:
+    """Run ``script_text`` under ``hyperpod_lab.node.launch --standalone`` (torchrun's agent, as
+    every hyperpod-lab launch runs it) with ``nproc`` workers on this host, the job directory
+    ``tmp_path/job`` (its events there); returns the finished launch (text output)."""
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = tmp_path / f"{job_id}.py"
+    script.write_text(script_text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERPOD_LAB_")}
+    env.update(PYTHONPATH=repo, HYPERPOD_LAB_JOB_DIR=str(tmp_path / "job"), HYPERPOD_LAB_JOB_ID=job_id)
+    return subprocess.run([sys.executable, "-m", "hyperpod_lab.node.launch", "--standalone", "--nproc-per-node",
+                           str(nproc), "--max-restarts", str(max_restarts), "--monitor-interval", "0.1", str(script)],
+                          env=env, capture_output=True, text=True, timeout=timeout_s)

@@ -10,15 +10,13 @@ OOM killer or ``inject-fault`` would.
 
 import json
 import os
-import subprocess
-import sys
+
+from agents import launch_standalone
 
 from hyperpod_lab.cli.render import event_text
 from hyperpod_lab.events import Event
 from hyperpod_lab.fold.aggregate import JobAggregate
 from hyperpod_lab.submit.logtriage.select import failing_ranks
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # attempt 0: local rank 3 is SIGKILLed, the others wait (torchrun SIGTERMs them); attempt 1: all succeed
 SCRIPT = """
@@ -32,13 +30,7 @@ if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
 
 
 def test_one_rank_killed_of_eight_is_one_event_naming_the_seven_stopped(tmp_path):
-    script = tmp_path / "kill3.py"
-    script.write_text(SCRIPT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERPOD_LAB_")}
-    env.update(PYTHONPATH=REPO, HYPERPOD_LAB_JOB_DIR=str(tmp_path / "job"), HYPERPOD_LAB_JOB_ID="kill3")
-    r = subprocess.run([sys.executable, "-m", "hyperpod_lab.node.launch", "--standalone", "--nproc-per-node", "8",
-                        "--max-restarts", "1", "--monitor-interval", "0.1", str(script)],
-                       env=env, capture_output=True, text=True, timeout=240)
+    r = launch_standalone(tmp_path, SCRIPT, 8, "kill3")
     assert r.returncode == 0, r.stderr[-3000:]
     events_dir = tmp_path / "job" / "events"
     events = [Event.from_json(line) for name in sorted(os.listdir(events_dir)) if name.startswith("agent-")

@@ -11,13 +11,11 @@ of restarting the ranks (the supervisor then replaced the whole node's group). R
 
 import json
 import os
-import subprocess
-import sys
+
+from agents import launch_standalone
 
 from hyperpod_lab.node.launch import _drop_torn_error_files
 from hyperpod_lab.runtime.context import _record_exception
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # attempt 0: local rank 1 leaves an empty error file (as a worker stopped mid-write does) and
 # fails; local rank 0 waits to be stopped. attempt 1 (the agent's restart): both succeed.
@@ -33,14 +31,7 @@ open(os.path.join(os.path.dirname(__file__), "done-" + os.environ["RANK"]), "w")
 
 
 def test_the_agent_restarts_workers_after_one_left_an_empty_error_file(tmp_path):
-    script = tmp_path / "torn.py"
-    script.write_text(SCRIPT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERPOD_LAB_")}
-    # a job's agent (its events in the job directory), as every hyperpod-lab launch runs it
-    env.update(PYTHONPATH=REPO, HYPERPOD_LAB_JOB_DIR=str(tmp_path / "job"), HYPERPOD_LAB_JOB_ID="torn")
-    r = subprocess.run([sys.executable, "-m", "hyperpod_lab.node.launch", "--standalone", "--nproc-per-node", "2",
-                        "--max-restarts", "1", "--monitor-interval", "0.1", str(script)],
-                       env=env, capture_output=True, text=True, timeout=180)
+    r = launch_standalone(tmp_path, SCRIPT, 2, "torn", timeout_s=180)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "error file was torn" in r.stderr and "Traceback" not in r.stderr.split("error file was torn")[1][:200]
     assert (tmp_path / "done-0").exists() and (tmp_path / "done-1").exists()
