@@ -413,7 +413,17 @@ def test_checkpointless_group_healed_from_a_peer_continues_the_sample_order(tmp_
     assert healed and healed[0]["data"]["replica_group"] == 1, "group 1 did not heal from its peer"
     want, got = _committed_samples(clean.job_dir), _committed_samples(job.job_dir)
     assert sorted(want) == list(range(steps)) and len(want[0]) == 8
-    assert got == want
     with open(os.path.join(job.job_dir, "samples", "group-1.jsonl")) as f:
-        restarts = {json.loads(line)["restart"] for line in f}
+        g1 = [json.loads(line) for line in f]
+    restarts = {r["restart"] for r in g1}
     assert restarts == {0, 1}, restarts  # group 1 committed steps before and after its restart
+    # the kill can land between group 1's commit of a step and its line in the samples log (the
+    # script writes it after end_step): that one step, right after its last line before the
+    # kill, may then hold group 0's half alone (seen once at load ~3: step 6, 4 of 8 ids);
+    # every other step's ids equal the fault-free run's
+    boundary = max(r["step"] for r in g1 if r["restart"] == 0) + 1
+    differ = {s for s in want if got.get(s) != want[s]}
+    assert differ <= {boundary}, {s: (got.get(s), want[s]) for s in differ}
+    for s in differ:
+        assert len(got[s]) == len(want[s]) // 2 and set(got[s]) < set(want[s]), (s, got[s], want[s])
+        assert not any(r["step"] == s for r in g1), (s, g1)
