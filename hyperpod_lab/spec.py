@@ -20,6 +20,12 @@ from typing import Any
 from hyperpod_lab.errors import SpecError
 from hyperpod_lab.jobdir import RECOVERY_CHECKPOINTLESS, RECOVERY_MODES, RECOVERY_RESTART  # noqa: F401  (re-exported)
 
+
+class SplitQuorumWarning(UserWarning):
+    """A checkpointless spec whose elastic minimum lets two partial quorums commit the same step
+    (:meth:`JobSpec.split_quorum_risk`): submitted anyway, with this warning."""
+
+
 SPEC_VERSION = 1
 LR_RULES = ("none", "linear", "sqrt")
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
@@ -432,6 +438,26 @@ class JobSpec:
     def world_size(self) -> int:
         """Ranks at the initial size: nodes x procs_per_node."""
         return self.nodes * self.procs_per_node
+
+    def split_quorum_risk(self) -> str | None:
+        """Why this checkpointless job could end with replicas that differ, or None: with 3 or
+        more replica groups (one a node) and an elastic minimum (the Lighthouse's and every
+        Manager's ``min_replicas``; 1 when unset) at most half of them, survivors that notice a
+        loss at different times can form two disjoint partial quorums that commit the same step
+        from different gradients, and torchft then heals neither (only groups behind the
+        highest step heal; seen in tests/runtime/test_scale16_slurm.py, docs/scale.md). A 2-group
+        job is left alone: its survivor must be able to go on alone."""
+        if self.resiliency.recovery != RECOVERY_CHECKPOINTLESS or self.nodes < 3:
+            return None
+        majority = self.nodes // 2 + 1
+        floor = self.elastic.min_nodes if self.elastic.enabled else 1
+        if floor >= majority:
+            return None
+        upper = self.elastic.max_nodes if self.elastic.enabled else self.nodes
+        return (f"checkpointless job of {self.nodes} replica groups with an elastic minimum of {floor}: two "
+                f"disjoint partial quorums could commit the same step after a loss and leave the replicas' "
+                f"parameters different; use --elastic {majority}:{max(upper, self.nodes)} (a majority) unless "
+                f"the job must go on with fewer than half its groups (docs/checkpointless.md)")
 
     def validate(self) -> "JobSpec":
         """Check every field; return self. Raises SpecError naming the field and the fix."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from typing import Callable, Iterator
 
 from hyperpod_lab.errors import ClusterUnreachable, HostKeyError, HyperPodLabError, JobStateError, RemoteCommandError, SpecError
@@ -16,7 +17,7 @@ from hyperpod_lab.events import CLIENT_WRITER, Event, EventKind, EventReader, Ev
 from hyperpod_lab.jobdir import DEFAULT_FAULT_KIND, JobPaths, fault_kind, slow_factor
 from hyperpod_lab.schedulers import Scheduler, for_profile
 from hyperpod_lab.schedulers.remote import CommandOutcomeUnknown
-from hyperpod_lab.spec import RECOVERY_CHECKPOINTLESS, JobSpec, secret_values
+from hyperpod_lab.spec import RECOVERY_CHECKPOINTLESS, JobSpec, SplitQuorumWarning, secret_values
 from hyperpod_lab.submit.clusters import ClusterProfile, get_profile
 from hyperpod_lab.submit.jobs import JobRecord, JobStatus, JobStore, new_job_id
 
@@ -72,6 +73,9 @@ class Client:
         """Validate ``spec`` against its cluster and read the script. Raises SpecError,
         UnknownCluster. Nothing is contacted or written."""
         spec.validate()
+        risk = spec.split_quorum_risk()
+        if risk:  # a warning, not an error: going on with fewer than half the groups may be wanted
+            warnings.warn(risk, SplitQuorumWarning, stacklevel=3)
         profile = get_profile(spec.cluster)
         if spec.container_image and profile.orchestrator != "slurm":  # pyxis/enroot: Slurm only
             raise SpecError("container_image", f"runs a Slurm job's step in a container (pyxis); cluster "
