@@ -113,6 +113,11 @@ def test_hyperpod_job_runs_survives_a_deleted_pod_and_a_lost_node(standin, tmp_p
     logs = [r["query"] for r in standin.requests[mark:] if r["path"].endswith("/log")]
     assert logs and all(("limitBytes" in q) != ("tailLines" in q) for q in logs), logs
 
+    # a persistent checkpoint first: the restarts below must have one to resume from (stop 35's CI
+    # killed pod 1 before the first save at load ~19, and no rank ever had one to restore)
+    wait_for("a persistent checkpoint", lambda: any(
+        e.kind == "checkpoint.saved" and e.data.get("tier") == "persistent" for e in events(rec)), timeout=120, k=standin)
+
     # kill: pod 1 deleted with grace period 0; its container processes die; a new pod 1 runs
     pid, uid = standin.kubelet.runs[("ml", p1)].container_pid(), standin.find("api/v1/pods", "ml", p1)["metadata"]["uid"]
     assert pid
@@ -140,7 +145,7 @@ def test_hyperpod_job_runs_survives_a_deleted_pod_and_a_lost_node(standin, tmp_p
         "spec", {}).get("nodeName") not in (None, node))
     wait_for("Running again", lambda: conditions(standin, name)[-1] == "Running", timeout=60)
     wait_for("a checkpoint restored after the restarts", lambda: any(
-        e.kind == "checkpoint.restored" and e.writer == "rank-0" for e in reader.poll()), timeout=120)
+        e.kind == "checkpoint.restored" and e.writer == "rank-0" for e in reader.poll()), timeout=180, k=standin)
 
     # inject-fault --kind exception: the request file on the claim reaches rank 1 in its pod; its
     # worker raises, the agent reports the fault, the operator restarts the workers in place (PLR:
