@@ -22,7 +22,8 @@ supervisor's ``started``, the client's ``submitted``, and one fault (``fault.det
 
 Measured per job and path: the first read (every event, s), a steady poll after 10 % of the
 rank writers appended one event (s; the median of 5), an idle poll (nothing new), the round trips of each
-(``SSHRemote.ops``: one per command or SFTP request), and the cursor's size as clients get it
+(``SSHRemote.ops``: one per command or SFTP request), the files the local steady poll probed
+(``tails.FileTailer.probed``: with the job's change log, the files that grew), and the cursor's size as clients get it
 (the old base64 JSON form, and the server's bounded form, :mod:`hyperpod_lab.server.cursors`).
 The SSH reader program's start (once per connection) is measured apart
 (``ssh_reader_start_s``). Ratios against the 2-rank job of the same run. JSON to ``benchmarks/results/scale.json``.
@@ -140,6 +141,13 @@ def _ops(files) -> int:
     return 0 if ops is None else ops["exec"] + ops["sftp"]
 
 
+def _probed(files) -> int | None:
+    """Files the last steady poll probed (``tails.FileTailer.probed``: local files only; over
+    SSH the tailer is the login node's); None when not known or the poll listed the directory."""
+    tailer = getattr(getattr(files, "_per_thread", None), "tailer", None)
+    return None if tailer is None else tailer.probed
+
+
 def measure(job_dir: str, job_id: str, ranks: int, files, label: str, repeat: int = 5, node_events: bool = False) -> dict:
     """First read, steady and idle poll of one job through ``files`` (see the module docstring)."""
     from hyperpod_lab.server.cursors import CursorStore
@@ -155,6 +163,7 @@ def measure(job_dir: str, job_id: str, ranks: int, files, label: str, repeat: in
         new = reader.poll()
         steady.append(time.perf_counter() - t)
         steady_ops = _ops(files) - o
+        probed = _probed(files)
         assert len(new) == grown, (label, len(new), grown)
         o, t = _ops(files), time.perf_counter()
         idle = reader.poll()
@@ -167,7 +176,7 @@ def measure(job_dir: str, job_id: str, ranks: int, files, label: str, repeat: in
     return {"path": label, "ranks": ranks, "files": len(reader.cursor), "events": len(events),
             "first_read_s": round(first_s, 4), "first_read_round_trips": first_ops,
             "steady_poll_s": round(steady_s, 5), "steady_round_trips": steady_ops, "steady_grown_writers": grown,
-            "idle_poll_s": round(idle_s, 5), "idle_round_trips": idle_ops,
+            "idle_poll_s": round(idle_s, 5), "idle_round_trips": idle_ops, "steady_files_probed": probed,
             "cursor_old_chars": len(old_cursor), "cursor_chars": len(token)}
 
 
@@ -340,7 +349,9 @@ def main(argv: list[str] | None = None) -> int:
                 row["events_written"] = written
                 rows.append(row)
                 print(f"  {label:5s} first {row['first_read_s']:.3f} s ({row['first_read_round_trips']} round trips), "
-                      f"steady {row['steady_poll_s'] * 1e3:.1f} ms ({row['steady_round_trips']}), idle "
+                      f"steady {row['steady_poll_s'] * 1e3:.2f} ms ({row['steady_round_trips']}; "
+                      f"{row['steady_files_probed'] if row['steady_files_probed'] is not None else '?'} of "
+                      f"{row['files']} files probed), idle "
                       f"{row['idle_poll_s'] * 1e3:.1f} ms ({row['idle_round_trips']}), cursor "
                       f"{row['cursor_old_chars']} -> {row['cursor_chars']} chars", flush=True)
             if server is not None:

@@ -35,8 +35,8 @@ from enum import Enum
 from typing import Any, Iterable, Iterator, Protocol
 
 from hyperpod_lab import tails as _tails
-from hyperpod_lab.errors import SpecError
-from hyperpod_lab.tails import read_span
+from hyperpod_lab.errors import HyperPodLabError, SpecError
+from hyperpod_lab.tails import CHANGES, read_span
 
 SCHEMA_VERSION = 1
 EVENTS_DIRNAME = "events"
@@ -382,6 +382,17 @@ class LocalFiles:
         finally:
             os.close(fd)
 
+    def append_hint(self, path: str, data: bytes) -> None:
+        """One ``write()`` of ``data`` (a line under ``PIPE_BUF`` bytes) on an ``O_APPEND``
+        descriptor, no ``fsync``: the job's change log (:data:`hyperpod_lab.tails.CHANGES`), a
+        hint that costs a reader latency when lost, never an event. Created 0600; never through
+        a link. Raises OSError."""
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+
     def makedirs(self, path: str) -> None:
         """``mkdir -p``; what it creates is private to the user (0700)."""
         os.makedirs(path, mode=0o700, exist_ok=True)
@@ -401,7 +412,10 @@ class EventWriter:
     Each event is one append of one complete line (locally: ``write()`` on an ``O_APPEND``
     descriptor, repeated after a short write, followed by ``fsync``), so a SIGKILL loses at most
     the event being written. A restarted writer continues the sequence numbers of its file, after
-    terminating a torn last line its predecessor left.
+    terminating a torn last line its predecessor left. After each event it names its file in the
+    job's change log (``events/changes.log``, :data:`hyperpod_lab.tails.CHANGES`; one more small
+    append, not ``fsync``ed, its failure ignored), so a reader's steady poll probes only the files
+    that grew (:class:`hyperpod_lab.tails.FileTailer`; docs/events.md).
 
     A failed append (a full file system: ENOSPC) loses that event only: locally the file is cut
     back to its last complete line; where that is not possible (a remote file, a failed cut) the
@@ -435,6 +449,8 @@ class EventWriter:
         self.files = files or LocalFiles()
         self.dir = events_dir(job_dir)
         self.path = f"{self.dir}/{writer}.jsonl"
+        # the name between newlines: a torn name before it (NFS) never swallows it
+        self._changes, self._name_line = f"{self.dir}/{CHANGES}", f"\n{writer}.jsonl\n".encode()
         self.files.makedirs(self.dir)
         self.writer, self.job_id, self._clock = writer, job_id, clock
         self.raise_errors = bool(raise_errors)
@@ -481,7 +497,18 @@ class EventWriter:
             self._failing = 0
         self._torn = False
         self._seq = ev.seq + 1
+        self._ring()
         return ev
+
+    def _ring(self) -> None:
+        """Name this writer's file in the job's change log (after the event is in it): what lets a
+        reader's steady poll probe only the files that grew (:class:`hyperpod_lab.tails.FileTailer`).
+        A failure is not reported: a reader then sees the event at its next listing."""
+        try:
+            append = getattr(self.files, "append_hint", None) or self.files.append_bytes
+            append(self._changes, self._name_line)
+        except (OSError, HyperPodLabError):  # (a remote's ClusterUnreachable)
+            pass
 
 
 def _why(e: OSError) -> str:
@@ -529,6 +556,12 @@ class EventReader:
         # file -> (cursor, offset just past the last line read, [(event, file, end)]): what the
         # last poll_located held back of it (see there)
         self._held: dict[str, tuple[int, int, list[tuple[Event, str, int]]]] = {}
+        # the change log's offset the last reply gave (hyperpod_lab.tails.FileTailer), the cursor
+        # that poll left (a cursor changed from outside drops the offset: every file is probed),
+        # and the files with bytes not taken yet -> how many (probed at the next poll, log or not)
+        self._changes: int | None = None
+        self._left: dict[str, int] | None = None
+        self._behind: dict[str, int] = {}
 
     def poll(self, max_bytes: int | None = None) -> list[Event]:
         """The events that appeared since the last poll, ordered by time; advances the cursor.
@@ -553,7 +586,16 @@ class EventReader:
         them, up to ``max_bytes`` from the cursor, so a long job read page by page through one
         reader reads and parses each line once. A cursor changed from outside (or a file that
         shrank) drops what was held back of that file: it is read again.
+
+        Where ``files`` reads through a :class:`hyperpod_lab.tails.FileTailer` (local files, the
+        login node's program), a steady poll probes only the files the job's change log names
+        since the last poll and those this reader has not read to their end (see there).
         """
+        located = self._poll_located(max_bytes)
+        self._left = dict(self.cursor)
+        return located
+
+    def _poll_located(self, max_bytes: int | None) -> list[tuple[Event, str, int]]:
         per_file: list[list[tuple[Event, str, int]]] = []
         starts: list[int] = []  # each page's start offset (the cursor before this poll)
         read_to: list[int] = []  # each file's offset just past the last line read (held back or not)
@@ -571,7 +613,13 @@ class EventReader:
             read_at[name] = kept[1]
             if max_bytes is not None:
                 wants[name] = kept[0] + max(1, int(max_bytes)) - kept[1]
+        behind, self._behind = self._behind, {}
+        if self._changes is not None and self._left == self.cursor:
+            read_at[CHANGES] = self._changes
+            for name, left in behind.items():  # probed whatever the log says
+                wants.setdefault(name, int(max_bytes) if max_bytes is not None else max(_tails.PROBE_BYTES, left))
         sizes, chunks, errors = read_tails(self.files, self.dir, read_at, wants, max_bytes)
+        self._changes = sizes.get(CHANGES, read_at.get(CHANGES))
         for name, why in errors.items():
             self.skipped.append((name, f"not readable as an event file: {why}"))
         # a file left out of ``sizes`` is at its start: one with events held back is still read
@@ -599,6 +647,7 @@ class EventReader:
                 self.skipped.append((name, f"not readable as an event file: {e}"))
                 continue
             if end < 0 and not located:
+                self._behind[name] = size - off  # a torn line: its end is read at the next poll
                 continue
             if end >= 0:
                 _parse_into(chunk[: end + 1], name, pos, located, self.skipped)  # malformed lines: skipped
@@ -608,6 +657,7 @@ class EventReader:
             read_to.append(pos)
             self.cursor[name] = pos
             if pos < size:
+                self._behind[name] = size - pos
                 self.more = True
                 if located:
                     truncated_at.append(located[-1][0].time)

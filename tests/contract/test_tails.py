@@ -138,3 +138,159 @@ def test_the_program_takes_only_the_offsets_that_moved(tmp_path):
     assert json.loads(prog.reply(json.loads(steady)))["sizes"] == {}
     assert json.loads(prog.reply(json.loads(tails.request(str(d), {}, base=12345)))) == {"resend": True}
     prog.tailer.close()
+
+
+def _settled(path):
+    """As if a while had passed since the directory last changed (a directory changed less than
+    0.1 s ago is listed again at the next poll)."""
+    os.utime(path, ns=(10**18, 10**18))
+
+
+def test_a_steady_poll_probes_only_the_files_the_change_log_names(tmp_path):
+    """With the change log (each EventWriter names its file in ``events/changes.log`` after each
+    event), a steady poll of 300 writer files probes the 3 that grew, not 300, and returns their
+    events; an append whose name never reached the log (a writer killed between the two) is seen
+    at the next listing; junk in the log (on NFS two names can be written over each other) is
+    passed over."""
+    job = tmp_path / "job"
+    writers = [EventWriter(str(job), f"rank-{r}", "j") for r in range(300)]
+    for w in writers:
+        w.emit("step", step=0)
+    assert (job / "events" / tails.CHANGES).read_bytes().split() == [f"rank-{r}.jsonl".encode() for r in range(300)]
+    _settled(job / "events")
+    files = LocalFiles()
+    reader = EventReader(str(job), files)
+    assert len(reader.poll()) == 300
+    tailer = files._tailer()
+    for i in range(3):
+        for r in (5, 150, 299):
+            writers[r].emit("step", step=i + 1)
+        assert sorted((e.writer, e.data["step"]) for e in reader.poll()) == [
+            ("rank-150", i + 1), ("rank-299", i + 1), ("rank-5", i + 1)]
+        assert tailer.probed == 3, tailer.probed
+        assert reader.poll() == [] and tailer.probed == 0
+    assert tailer.listings == 1
+    with open(job / "events" / "rank-7.jsonl", "ab") as f:  # an event whose name is not in the log
+        f.write(b'{"v":1,"kind":"step","job_id":"j","time":1.0,"writer":"rank-7","seq":1,"data":{"step":1}}\n')
+    with open(job / "events" / tails.CHANGES, "ab") as f:
+        f.write(b"rank-\x00\xff-torn\nrank-8.js")  # junk, and a name torn by another writer's
+    writers[9].emit("step", step=1)
+    assert [e.writer for e in reader.poll()] == ["rank-9"] and tailer.probed == 1
+    tailer.relist_s = 0.0
+    assert [e.writer for e in reader.poll()] == ["rank-7"] and tailer.listings == 2
+    files.close()
+
+
+def test_pages_and_torn_lines_continue_without_a_new_name_in_the_log(tmp_path):
+    """A reader paging (``max_bytes``) through a file whose names are all behind its offset still
+    reads the rest of the file, page by page (it asks for the files it has not read to their
+    end); a line written in two parts (a torn line, then its end and its name) is read once."""
+    job = tmp_path / "job"
+    w = EventWriter(str(job), "rank-0", "j")
+    others = [EventWriter(str(job), f"rank-{r}", "j") for r in range(1, 50)]
+    for o in [w, *others]:
+        o.emit("step", step=0)
+    _settled(job / "events")
+    files = LocalFiles()
+    reader = EventReader(str(job), files)
+    assert len(reader.poll()) == 50
+    for i in range(1, 200):
+        w.emit("step", step=i)
+    got = [0]
+    for _ in range(100):
+        page = reader.poll(max_bytes=1000)
+        got += [e.data["step"] for e in page if e.writer == "rank-0"]
+        if not reader.more:
+            break
+    assert got == list(range(200))
+    assert files._tailer().listings == 1  # every page a fast poll
+    path = job / "events" / "rank-1.jsonl"
+    line = b'{"v":1,"kind":"step","job_id":"j","time":9.0,"writer":"rank-1","seq":1,"data":{"step":1}}\n'
+    with open(path, "ab") as f:
+        f.write(line[:40])
+    with open(job / "events" / tails.CHANGES, "ab") as f:  # another writer's name after the torn half
+        f.write(b"rank-1.jsonl\n")
+    assert reader.poll() == []
+    with open(path, "ab") as f:
+        f.write(line[40:])
+    assert [(e.writer, e.data["step"]) for e in reader.poll()] == [("rank-1", 1)]  # no name needed
+    assert reader.poll() == []
+    files.close()
+
+
+def test_a_cursor_set_from_outside_reads_every_file_again(tmp_path):
+    """A reader whose cursor is set back from outside (a client resuming elsewhere) does not use
+    the change log's offset of its last poll: every file is probed and its events come again."""
+    job = tmp_path / "job"
+    for r in range(20):
+        EventWriter(str(job), f"rank-{r}", "j").emit("step", step=0)
+    _settled(job / "events")
+    reader = EventReader(str(job))
+    assert len(reader.poll()) == 20 and reader.poll() == []
+    reader.cursor["rank-3.jsonl"] = 0  # one file's offset moved back (no new name in the log)
+    assert [e.writer for e in reader.poll()] == ["rank-3"]
+    reader.cursor = {}
+    assert len(reader.poll()) == 20 and reader.poll() == []
+
+
+def test_random_writers_and_two_threads_read_every_event_once(tmp_path):
+    """Writers appending at random (some with a torn line first), one reader polled from two
+    threads in turn (each thread has its own tailer: the log offset one gave goes to the other),
+    with random page sizes: every event is read exactly once, in each file's order."""
+    import threading
+
+    rnd = random.Random(2048)
+    job = tmp_path / "job"
+    writers = [EventWriter(str(job), f"rank-{r}", "j") for r in range(40)]
+    for w in writers:
+        w.emit("step", step=0)
+    _settled(job / "events")
+    files = LocalFiles()
+    reader = EventReader(str(job), files)
+    seen: list[tuple[str, int]] = []
+
+    def poll_once():
+        seen.extend((e.writer, e.data["step"]) for e in reader.poll(max_bytes=rnd.choice([None, 200, 2000])))
+
+    written = {w.writer: 1 for w in writers}
+    for rnd_step in range(400):
+        for w in rnd.sample(writers, rnd.randint(0, 5)):
+            w.emit("step", step=written[w.writer])
+            written[w.writer] += 1
+        t = threading.Thread(target=poll_once)
+        t.start()
+        t.join()
+        if rnd_step % 2:
+            poll_once()
+    for _ in range(200):  # the rest, in pages
+        poll_once()
+        if not reader.more:
+            break
+    poll_once()
+    for w in writers:
+        assert [s for n, s in seen if n == w.writer] == list(range(written[w.writer])), w.writer
+    files.close()
+
+
+def test_the_program_probes_what_the_log_names(tmp_path):
+    """The login node's program with the client's log offset (as the SSH client sends it, in the
+    request's ``starts``, only when it moved): the steady request probes the 205 files of 2,048
+    that grew."""
+    job = tmp_path / "job"
+    writers = [EventWriter(str(job), f"rank-{r}", "j") for r in range(2048)]
+    for w in writers:
+        w.emit("step", step=0)
+    _settled(job / "events")
+    d = str(job / "events")
+    prog = tails.Program()
+    first = tails.parse_reply(prog.reply(json.loads(tails.request(d, {}))))
+    starts = {n: s for n, s in first[0].items()}
+    assert tails.CHANGES in starts and len(first[1]) == 2048
+    for w in writers[::10]:
+        w.emit("step", step=1)
+    sizes, data, _, gen = tails.parse_reply(prog.reply(json.loads(tails.request(d, starts, base=first[3]))))
+    assert len(data) == 205 and prog.tailer.probed == 205 and sizes[tails.CHANGES] > starts[tails.CHANGES]
+    moved = {n: s for n, s in sizes.items()}
+    assert tails.parse_reply(prog.reply(json.loads(tails.request(d, moved, base=gen))))[:3] == ({}, {}, {})
+    assert prog.tailer.probed == 0
+    prog.tailer.close()

@@ -49,7 +49,7 @@ def test_fold_reads_are_bounded_whatever_the_number_of_writers(tmp_path, monkeyp
     rec = track_local_job(str(tmp_path / "job"), "pages", store=client.store)
     written = write_job(rec.job_dir, rec.job_id, WRITERS, steps=300)
     events_dir = os.path.join(rec.job_dir, "events")
-    job_bytes = sum(os.path.getsize(os.path.join(events_dir, f)) for f in os.listdir(events_dir))
+    job_bytes = sum(os.path.getsize(os.path.join(events_dir, f)) for f in os.listdir(events_dir) if f.endswith(".jsonl"))
     assert job_bytes > 4 * TOTAL, job_bytes
     reference = new_aggregate()
     everything = EventReader(rec.job_dir, LocalFiles()).poll()

@@ -42,7 +42,7 @@ def test_a_replay_holds_a_bounded_page_and_delivers_every_event_once(tmp_path):
         write_events(rec.job_dir, rec.job_id, PER_WRITER, writer=f"rank-{r}", pad=900)
     written = WRITERS * PER_WRITER
     events_dir = os.path.join(rec.job_dir, "events")
-    job_bytes = sum(os.path.getsize(os.path.join(events_dir, f)) for f in os.listdir(events_dir))
+    job_bytes = sum(os.path.getsize(os.path.join(events_dir, f)) for f in os.listdir(events_dir) if f.endswith(".jsonl"))
     line_bytes = job_bytes / written
     assert job_bytes > 3 * HELD_BYTES, job_bytes
 

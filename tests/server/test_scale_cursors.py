@@ -237,7 +237,7 @@ def test_a_replay_cut_by_backpressure_reads_each_byte_once(tmp_path):
     rec = track_local_job(str(tmp_path / "job"), "replay", store=client.store)
     written = write_job(rec.job_dir, rec.job_id, 256, steps=100)
     events_dir = os.path.join(rec.job_dir, "events")
-    job_bytes = sum(os.path.getsize(os.path.join(events_dir, f)) for f in os.listdir(events_dir))
+    job_bytes = sum(os.path.getsize(os.path.join(events_dir, f)) for f in os.listdir(events_dir) if f.endswith(".jsonl"))
 
     async def scenario():
         w = Watcher(client, stream_interval_s=0.05, page_bytes=64 << 10, send_queue_bytes=16 << 10,
@@ -291,7 +291,7 @@ def test_rest_pages_continue_from_what_the_last_page_read(tmp_path):
     rec = track_local_job(str(tmp_path / "job"), "pages", store=client.store)
     written = write_job(rec.job_dir, rec.job_id, 256, steps=100)
     events_dir = os.path.join(rec.job_dir, "events")
-    job_bytes = sum(os.path.getsize(os.path.join(events_dir, f)) for f in os.listdir(events_dir))
+    job_bytes = sum(os.path.getsize(os.path.join(events_dir, f)) for f in os.listdir(events_dir) if f.endswith(".jsonl"))
     b0 = LocalFiles.bytes_read
     cursor, got, more = {}, [], True
     while more:
@@ -379,7 +379,7 @@ def test_a_replay_page_is_bounded_whatever_the_number_of_files(tmp_path, monkeyp
     rec = track_local_job(str(tmp_path / "job"), "pages", store=client.store)
     written = write_job(rec.job_dir, rec.job_id, 256, steps=500)
     events_dir = os.path.join(rec.job_dir, "events")
-    job_bytes = sum(os.path.getsize(os.path.join(events_dir, f)) for f in os.listdir(events_dir))
+    job_bytes = sum(os.path.getsize(os.path.join(events_dir, f)) for f in os.listdir(events_dir) if f.endswith(".jsonl"))
     assert job_bytes > 4 << 20
 
     async def scenario():

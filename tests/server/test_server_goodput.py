@@ -45,7 +45,7 @@ def test_untracked_job_is_read_once_then_only_its_new_bytes(tmp_path):
     client = Client(JobStore(str(tmp_path / "store")))
     rec = _finished_job(tmp_path, client, "gp-untracked")
     size = sum(os.path.getsize(os.path.join(rec.job_dir, "events", f)) for f in os.listdir(
-        os.path.join(rec.job_dir, "events")))
+        os.path.join(rec.job_dir, "events")) if f.endswith(".jsonl"))
 
     async def scenario():
         w = Watcher(client, read_bytes=256 << 10)

@@ -552,8 +552,8 @@ class SSHRemote(Remote):
                         if whole:
                             req = tails.request(directory, starts, wants, max_bytes)
                         else:
-                            delta = {k: v for k, v in starts.items() if last[1].get(k) != v}
-                            delta.update((k, 0) for k in last[1] if k not in starts)
+                            delta = dict(starts.items() - last[1].items())  # (set operations in C)
+                            delta.update(dict.fromkeys(last[1].keys() - starts.keys(), 0))
                             req = tails.request(directory, delta, wants, max_bytes, base=last[0])
                         chan.sendall(req)
                         head = out.readline()
@@ -566,12 +566,12 @@ class SSHRemote(Remote):
                             break
                     if got is None:
                         raise ValueError("the reader program asked for every offset again after it was sent them")
-                    gen = tails.reply_gen(body)
+                    sizes, data, errors, gen = got
                     if gen is not None:
                         while len(self._tails_last) >= 64:
                             self._tails_last.pop(next(iter(self._tails_last)))
                         self._tails_last[directory] = (gen, starts)
-                    return got
+                    return sizes, data, errors
                 except (EOFError, OSError, ValueError) as e:
                     if isinstance(e, (TimeoutError, socket.timeout)):
                         raise
