@@ -21,7 +21,7 @@ supervisor's ``started``, the client's ``submitted``, and one fault (``fault.det
   SFTP (``--no-sftp`` skips it; the old path, as a baseline in the same run).
 
 Measured per job and path: the first read (every event, s), a steady poll after 10 % of the
-rank writers appended one event (s; the median of 5), an idle poll (nothing new), the round trips of each
+rank writers appended one event (s; the median of ``--repeat``, 5), an idle poll (nothing new), the round trips of each
 (``SSHRemote.ops``: one per command or SFTP request), the files the local steady poll probed
 (``tails.FileTailer.probed``: with the job's change log, the files that grew), and the cursor's size as clients get it
 (the old base64 JSON form, and the server's bounded form, :mod:`hyperpod_lab.server.cursors`).
@@ -118,14 +118,17 @@ def write_job(job_dir: str, job_id: str, ranks: int, steps: int = 100, every: in
 
 
 def grow(job_dir: str, job_id: str, ranks: int, fraction: float = 0.1, t: float = 2e9,
-         node_events: bool = False) -> int:
+         node_events: bool = False, change_log: bool = True) -> int:
     """Append one ``checkpoint.saved`` to ``fraction`` of the rank files (at least one; with
-    ``node_events``, of the node's lowest ranks' files, the only ones). Returns how many."""
+    ``node_events``, of the node's lowest ranks' files, the only ones); ``change_log`` False: the
+    writers do not name their files in the job's change log. Returns how many."""
     writers = _writers(ranks, node_events)
     k = max(1, int(len(writers) * fraction))
     for r in writers[::max(1, len(writers) // k)][:k]:
-        EventWriter(job_dir, f"rank-{r}", job_id, clock=lambda: t).emit("checkpoint.saved", tier="memory", step=10**6,
-                                                                        rank=r)
+        w = EventWriter(job_dir, f"rank-{r}", job_id, clock=lambda: t)
+        if not change_log:
+            w._ring = lambda: None
+        w.emit("checkpoint.saved", tier="memory", step=10**6, rank=r)
     return k
 
 
@@ -142,8 +145,10 @@ def _ops(files) -> int:
 
 
 def _probed(files) -> int | None:
-    """Files the last steady poll probed (``tails.FileTailer.probed``: local files only; over
-    SSH the tailer is the login node's); None when not known or the poll listed the directory."""
+    """Files the last steady poll probed (``tails.FileTailer.probed``, locally or, over SSH, as
+    the login node's program replied); None when not known or the poll listed the directory."""
+    if hasattr(files, "tails_probed"):  # SSHRemote: the login node's program says
+        return files.tails_probed
     tailer = getattr(getattr(files, "_per_thread", None), "tailer", None)
     return None if tailer is None else tailer.probed
 
@@ -178,6 +183,43 @@ def measure(job_dir: str, job_id: str, ranks: int, files, label: str, repeat: in
             "steady_poll_s": round(steady_s, 5), "steady_round_trips": steady_ops, "steady_grown_writers": grown,
             "idle_poll_s": round(idle_s, 5), "idle_round_trips": idle_ops, "steady_files_probed": probed,
             "cursor_old_chars": len(old_cursor), "cursor_chars": len(token)}
+
+
+def measure_interleaved(jobs: list[tuple[str, str, int, bool]], files, label: str, repeat: int,
+                        node_events: bool) -> list[dict]:
+    """The steady and idle polls of every job of ``jobs`` (``(job_dir, job_id, ranks, change
+    log)``: with the job's change log, or without it: no ``changes.log``, every poll probes every
+    file, as before it) through ``files``, in turns: round i grows and polls each job once, so
+    every job's median comes from the same moments of this machine and of the SSH connection (a
+    shared machine's noise moves all of them alike, and their ratios stay). First reads as
+    :func:`measure`."""
+    readers, steady, idle, probed = [], [[] for _ in jobs], [[] for _ in jobs], [None] * len(jobs)
+    for job_dir, _, _, _ in jobs:
+        reader = EventReader(job_dir, files)
+        reader.poll()
+        reader.poll()  # (a directory listed within 0.1 s of its last change is listed once more)
+        readers.append(reader)
+    for i in range(repeat):
+        for j, ((job_dir, job_id, ranks, log), reader) in enumerate(zip(jobs, readers)):
+            grown = grow(job_dir, job_id, ranks, t=3e9 + i, node_events=node_events, change_log=log)
+            t = time.perf_counter()
+            new = reader.poll()
+            steady[j].append(time.perf_counter() - t)
+            probed[j] = _probed(files)
+            t = time.perf_counter()
+            none = reader.poll()
+            idle[j].append(time.perf_counter() - t)
+            assert len(new) == grown and not none, (label, ranks, len(new), grown, len(none))
+    return [{"path": label, "ranks": ranks, "change_log": log, "files": len(reader.cursor), "interleaved": True,
+             "steady_poll_s": round(statistics.median(st), 6), "idle_poll_s": round(statistics.median(it), 6),
+             "steady_poll_p90_s": round(sorted(st)[int(0.9 * (len(st) - 1))], 6),
+             "steady_files_probed": pr, "steady_grown_writers": grow_count(ranks, node_events)}
+            for (_, _, ranks, log), reader, st, it, pr in zip(jobs, readers, steady, idle, probed)]
+
+
+def grow_count(ranks: int, node_events: bool, fraction: float = 0.1) -> int:
+    """How many writers :func:`grow` appends to."""
+    return max(1, int(len(_writers(ranks, node_events)) * fraction))
 
 
 def _rss(pid: int) -> dict:
@@ -287,6 +329,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", default="2,64,512,2048", help="comma-separated rank counts (the first is the baseline)")
     ap.add_argument("--steps", type=int, default=100, help="steps of each synthetic job (checkpoint every 5)")
+    ap.add_argument("--repeat", type=int, default=5, help="steady and idle polls measured per job and path (medians)")
+    ap.add_argument("--no-change-log", action="store_true",
+                    help="the baseline without the change log (events/changes.log removed, writers not naming "
+                         "their files in it): every poll probes every file, as before it")
+    ap.add_argument("--interleave", action="store_true",
+                    help="only the steady and idle polls (local, ssh), every job polled in turn each round "
+                         "(measure_interleaved): ratios from the same moments")
     ap.add_argument("--no-ssh", action="store_true", help="local files only")
     ap.add_argument("--node-events", action="store_true", help="one memory checkpoint.saved a node and step (the "
                                                                "runtime's at 8 ranks a node) instead of one a rank "
@@ -303,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "scale.json"))
     args = ap.parse_args(argv)
     args.server = args.server or args.server_only
+    if args.no_change_log:
+        EventWriter._ring = lambda self: None  # (this process's writers: the synthetic jobs)
     ranks = [int(x) for x in args.ranks.split(",")]
     remote = base = None
     if not args.no_ssh:
@@ -331,7 +382,27 @@ def main(argv: list[str] | None = None) -> int:
         reader_start_s = round(time.perf_counter() - t, 4)
         print(f"reader program started on the login node in {reader_start_s:.3f} s", flush=True)
     try:
-        for n in ranks:
+        if args.interleave:  # each job twice: with its change log and without (the baseline)
+            jobs = [(os.path.join(work, f"job-{n}{'' if log else '-nolog'}"), f"scale-{n}", n, log)
+                    for log in (True, False) for n in ranks]
+            for job_dir, job_id, n, log in jobs:
+                written = write_job(job_dir, job_id, n, steps=args.steps, node_events=args.node_events)
+                if not log:
+                    os.remove(os.path.join(job_dir, "events", "changes.log"))
+                print(f"{n} ranks{'' if log else ', no change log'}: {written} events written", flush=True)
+            time.sleep(0.2)
+            for label, files in [("local", LocalFiles())] + ([("ssh", remote)] if remote is not None else []):
+                for row in measure_interleaved(jobs, files, label, args.repeat, args.node_events):
+                    rows.append(row)
+                    print(f"  {label:5s} {row['ranks']:5d} ranks{'' if row['change_log'] else ' (no log)'}: steady "
+                          f"{row['steady_poll_s'] * 1e3:.2f} ms (p90 "
+                          f"{row['steady_poll_p90_s'] * 1e3:.2f}; {row['steady_files_probed']} of {row['files']} "
+                          f"files probed, {row['steady_grown_writers']} new events), idle "
+                          f"{row['idle_poll_s'] * 1e3:.2f} ms", flush=True)
+            ranks_done: list[int] = []
+        else:
+            ranks_done = ranks
+        for n in ranks_done:
             job_dir, job_id = os.path.join(work, f"job-{n}"), f"scale-{n}"
             paths = []
             if not args.server_only:
@@ -345,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
                     if not args.no_sftp:
                         paths.append(("sftp", _SFTPOnly(remote)))
             for label, files in paths:
-                row = measure(job_dir, job_id, n, files, label, node_events=args.node_events)
+                row = measure(job_dir, job_id, n, files, label, repeat=args.repeat, node_events=args.node_events)
                 row["events_written"] = written
                 rows.append(row)
                 print(f"  {label:5s} first {row['first_read_s']:.3f} s ({row['first_read_round_trips']} round trips), "
@@ -395,17 +466,20 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
         if remote is not None:
             remote.close()
-    base_rows = {r["path"]: r for r in rows if r["ranks"] == ranks[0]}
+    base_rows = {(r["path"], r.get("change_log")): r for r in rows if r["ranks"] == ranks[0]}
     for r in rows:
-        b = base_rows.get(r["path"])
+        b = base_rows.get((r["path"], r.get("change_log")))
         if b:
             for k in ("first_read_s", "steady_poll_s", "idle_poll_s", "steady_round_trips", "cursor_chars"):
-                r[f"{k}_ratio"] = round(r[k] / b[k], 3) if b[k] else None
+                if k in r and k in b:
+                    r[f"{k}_ratio"] = round(r[k] / b[k], 3) if b[k] else None
     for r in served:  # growth ratios: None where the first job's growth is under 1 MB (noise)
         for k in ("rss_growth_fold_mb", "rss_growth_mb", "peak_growth_mb", "dashboard_fold_s", "dashboard_bytes"):
             b = served[0].get(k)
             r[f"{k}_ratio"] = round(r[k] / b, 2) if r.get(k) is not None and b and (abs(b) >= 1 or "mb" not in k) else None
     return write_results(args.out, {"benchmark": "scale", "steps": args.steps, "ranks": ranks,
+                                    "interleave": args.interleave, "repeat": args.repeat,
+                                    "change_log": not args.no_change_log,
                                     "checkpoint_events": "node" if args.node_events else "rank",
                                     "ssh_reader_start_s": reader_start_s, "server": served,
                                     "loadavg": os.getloadavg(), "rows": rows})

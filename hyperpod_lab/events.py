@@ -663,6 +663,8 @@ class EventReader:
                     truncated_at.append(located[-1][0].time)
         key = lambda x: (x[0].time, x[0].writer, x[0].seq)  # noqa: E731
         if not truncated_at:
+            if all(len(located) <= 1 for located in per_file):  # a steady poll: an event or none a file
+                return sorted([located[0] for located in per_file if located], key=key)
             return list(heapq.merge(*per_file, key=key))
         # a page: each file up to its first event after the earliest cut, so the next page
         # continues in time order (a file is in position order: the rest of it waits)

@@ -433,9 +433,11 @@ def request(directory: str, starts: dict[str, int], wants: dict[str, int] | None
     return json.dumps(req, separators=(",", ":")).encode() + b"\n"
 
 
-def parse_reply(text: str | bytes) -> tuple[dict[str, int], dict[str, bytes], dict[str, str], int | None] | None:
-    """``(sizes, data, errors, gen)`` from one reply's JSON (``gen``: what the next request's
-    ``base`` names, None if the reply has none); None for the program's "send every offset
+def parse_reply(text: str | bytes
+                ) -> tuple[dict[str, int], dict[str, bytes], dict[str, str], int | None, int | None] | None:
+    """``(sizes, data, errors, gen, probed)`` from one reply's JSON (``gen``: what the next
+    request's ``base`` names, None if the reply has none; ``probed``: the files the program's
+    fast poll probed, None after a listing); None for the program's "send every offset
     again" (a ``base`` it does not hold). Raises ValueError for anything else (a login node's
     shell banner, a truncated reply)."""
     try:
@@ -445,10 +447,11 @@ def parse_reply(text: str | bytes) -> tuple[dict[str, int], dict[str, bytes], di
         sizes = {str(k): int(v) for k, v in d["sizes"].items()}
         data = {str(k): base64.b64decode(v, validate=True) for k, v in d["data"].items()}
         errors = {str(k): str(v) for k, v in d.get("errors", {}).items()}
-        gen = d.get("gen")
+        gen, probed = d.get("gen"), d.get("probed")
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"not a read_tails reply ({type(e).__name__}: {e}): {text[:200]!r}") from None
-    return sizes, data, errors, gen if isinstance(gen, int) and not isinstance(gen, bool) else None
+    whole = lambda n: n if isinstance(n, int) and not isinstance(n, bool) else None  # noqa: E731
+    return sizes, data, errors, whole(gen), whole(probed)
 
 
 def program_argv(python: str) -> list[str]:
@@ -494,7 +497,7 @@ class Program:
             self._last.pop(next(iter(self._last)))
         self._last[directory] = (self._gen, starts)
         out = {"sizes": sizes, "data": {k: base64.b64encode(v).decode("ascii") for k, v in data.items()},
-               "errors": errors, "gen": self._gen}
+               "errors": errors, "gen": self._gen, "probed": self.tailer.probed}
         return json.dumps(out, separators=(",", ":")).encode()
 
 

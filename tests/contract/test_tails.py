@@ -288,9 +288,9 @@ def test_the_program_probes_what_the_log_names(tmp_path):
     assert tails.CHANGES in starts and len(first[1]) == 2048
     for w in writers[::10]:
         w.emit("step", step=1)
-    sizes, data, _, gen = tails.parse_reply(prog.reply(json.loads(tails.request(d, starts, base=first[3]))))
-    assert len(data) == 205 and prog.tailer.probed == 205 and sizes[tails.CHANGES] > starts[tails.CHANGES]
+    sizes, data, _, gen, probed = tails.parse_reply(prog.reply(json.loads(tails.request(d, starts, base=first[3]))))
+    assert len(data) == 205 and probed == 205 and sizes[tails.CHANGES] > starts[tails.CHANGES]
     moved = {n: s for n, s in sizes.items()}
     assert tails.parse_reply(prog.reply(json.loads(tails.request(d, moved, base=gen))))[:3] == ({}, {}, {})
-    assert prog.tailer.probed == 0
+    assert prog.tailer.probed == 0 and first[4] is None  # (the first request listed the directory)
     prog.tailer.close()

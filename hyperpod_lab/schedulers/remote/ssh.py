@@ -175,6 +175,8 @@ class SSHRemote(Remote):
         self.last_drop: str | None = None
         #: why :meth:`read_tails` reads over SFTP (None: it runs its one command)
         self.tails_fallback: str | None = None
+        #: files the reader program's last fast poll probed (None after a listing), for benchmarks
+        self.tails_probed: int | None = None
         self._tails = None  # (OpenRoute, channel, its stdout) of the reader program
         self._tails_last: dict[str, tuple[int, dict[str, int]]] = {}  # directory -> its last request's (gen, offsets)
         self._tails_lock = threading.Lock()
@@ -552,8 +554,10 @@ class SSHRemote(Remote):
                         if whole:
                             req = tails.request(directory, starts, wants, max_bytes)
                         else:
-                            delta = dict(starts.items() - last[1].items())  # (set operations in C)
-                            delta.update(dict.fromkeys(last[1].keys() - starts.keys(), 0))
+                            before = last[1].get
+                            delta = {k: v for k, v in starts.items() if before(k) != v}
+                            if len(starts) != len(last[1]) or delta:  # names that left the cursor: 0
+                                delta.update((k, 0) for k in last[1].keys() - starts.keys())
                             req = tails.request(directory, delta, wants, max_bytes, base=last[0])
                         chan.sendall(req)
                         head = out.readline()
@@ -566,7 +570,7 @@ class SSHRemote(Remote):
                             break
                     if got is None:
                         raise ValueError("the reader program asked for every offset again after it was sent them")
-                    sizes, data, errors, gen = got
+                    sizes, data, errors, gen, self.tails_probed = got
                     if gen is not None:
                         while len(self._tails_last) >= 64:
                             self._tails_last.pop(next(iter(self._tails_last)))
