@@ -114,6 +114,23 @@ def writer_node(writer: str, prefixes: tuple[str, ...] = (HEALTH_WRITER_PREFIX, 
     return None
 
 
+def stopped_ranks(data: dict) -> list[int]:
+    """The ranks a node's agent stopped because a ``fault.detected`` event's rank failed (its
+    ``data["stopped_ranks"]``, :meth:`hyperpod_lab.node.launch.AgentEvents.worker_failed`), in
+    their order: the whole numbers >= 0 of that list, anything else in it passed over; [] when
+    there is none. What the fold, log triage and the CLI all read of it."""
+    listed = data.get("stopped_ranks")
+    if not isinstance(listed, list):
+        return []
+    out = []
+    for r in listed:
+        if isinstance(r, float) and r.is_integer():
+            r = int(r)
+        if isinstance(r, int) and not isinstance(r, bool) and r >= 0:
+            out.append(r)
+    return out
+
+
 class EventSchemaError(ValueError):
     """A line is not a schema-v1 event (malformed JSON, newer version, unknown kind)."""
 

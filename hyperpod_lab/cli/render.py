@@ -22,7 +22,7 @@ import os
 import time
 from typing import Any, Callable, Iterable, TextIO
 
-from hyperpod_lab.events import Event, EventKind
+from hyperpod_lab.events import Event, EventKind, stopped_ranks
 from hyperpod_lab.fold.aggregate import KIND_TONES, JobAggregate
 from hyperpod_lab.fold.facts import JobFacts
 from hyperpod_lab.node.health import CHECKS, FAILED, PASSED, SKIPPED
@@ -243,8 +243,9 @@ def _fault_detected(d: dict) -> str:
         extra.append(f"detected by {_clean(d['detected_by'])} in {human_seconds(d['detection_s'])}")
     if d.get("root_cause") is False:
         extra.append("not the root cause")
-    if isinstance(d.get("stopped_ranks"), list) and d["stopped_ranks"]:  # the siblings its agent stopped
-        extra.append(f"its agent stopped {_ranks(d['stopped_ranks'][:64])}")
+    stopped = stopped_ranks(d)
+    if stopped:  # the siblings its agent stopped
+        extra.append(f"its agent stopped {_ranks(stopped[:64])}")
     return f"{who or 'job'}: {reason}" + (f" ({'; '.join(extra)})" if extra else "")
 
 

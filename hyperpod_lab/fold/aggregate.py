@@ -29,7 +29,7 @@ import bisect
 import math
 from typing import Any
 
-from hyperpod_lab.events import RANK_WRITER_PREFIX, Event, EventKind, FaultReason, writer_node
+from hyperpod_lab.events import RANK_WRITER_PREFIX, Event, EventKind, FaultReason, stopped_ranks, writer_node
 
 __all__ = ["JobAggregate", "mark_label", "MARK_CATEGORIES", "KIND_TONES"]
 
@@ -201,8 +201,7 @@ def mark_label(ev: Event) -> str:
         if d.get("reason") == FaultReason.HANG:
             section = f" in section {d.get('section')}" if d.get("section") else ""
             return f"hang: rank {d.get('rank')} on {d.get('node')} made no progress for {_secs(d.get('stalled_s'))}{section}"
-        listed = d.get("stopped_ranks") if isinstance(d.get("stopped_ranks"), list) else []
-        stopped = [r for r in map(_int, listed[:MAX_NODE_RANKS]) if r is not None]
+        stopped = stopped_ranks(d)[:MAX_NODE_RANKS]
         then = f"; its agent stopped {_ranks_text(stopped)}" if stopped else ""
         return f"fault: rank {d.get('rank')} on {d.get('node')} ({d.get('signal') or d.get('reason')}){then}"
     if k == EventKind.RECOVERY_STARTED.value:
@@ -335,8 +334,8 @@ class JobAggregate:
         lanes = self._mark_lanes(ev, wr)
         for lane in lanes:
             self._mark(lane, ev)
-        if k == EventKind.FAULT_DETECTED.value and isinstance(d.get("stopped_ranks"), list):
-            self._stopped_marks(ev, d["stopped_ranks"])
+        if k == EventKind.FAULT_DETECTED.value and (stopped := stopped_ranks(d)):
+            self._stopped_marks(ev, stopped)
         if k in _BREAKS:  # a fault, recovery or rescale ends every lane's runs
             self._breaks["*"] = max(self._breaks.get("*", t), t)
 
@@ -446,16 +445,15 @@ class JobAggregate:
             m["root_cause"] = d["root_cause"]
         marks.append(m)
 
-    def _stopped_marks(self, ev: Event, stopped: list) -> None:
+    def _stopped_marks(self, ev: Event, stopped: list[int]) -> None:
         """A mark on each lane of ``stopped_ranks`` (the ranks a node's agent stopped because
         the event's rank failed, :meth:`hyperpod_lab.node.launch.AgentEvents.worker_failed`; at
         most :data:`MAX_NODE_RANKS`): ``root_cause: false``, ``stopped_by`` (the failed rank),
         a consequence as a per-rank event of one was. The timeline lists the event once."""
         first = _int(ev.data.get("rank"))
         node = _node_of(ev)
-        for r in stopped[:MAX_NODE_RANKS]:
-            ri = _int(r)
-            if ri is None or ri == first:
+        for ri in stopped[:MAX_NODE_RANKS]:
+            if ri == first:
                 continue
             self.ranks.add(ri)
             marks = self._lane(str(ri))["marks"]

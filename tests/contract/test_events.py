@@ -86,3 +86,23 @@ def test_summary_counts_from_events():
               Event("recovery.started", "j", 3.3, "agent-n2", 1, {"restart_count": 1, "reason": "local worker failed"})]
     s2 = summarize(evs[:3] + agents + evs[4:])
     assert s2["faults"] == 1 and s2["fault_events"] == 2
+
+
+def test_stopped_ranks_is_read_one_way_everywhere():
+    """``fault.detected``'s ``stopped_ranks`` (the ranks a node's agent SIGTERMed because one of
+    its workers failed): the whole numbers >= 0 in their order, anything else passed over; the
+    fold's lane marks, log triage and the CLI's line all read it through this one function."""
+    from hyperpod_lab.cli.render import event_text
+    from hyperpod_lab.events import Event, stopped_ranks
+    from hyperpod_lab.fold.aggregate import JobAggregate
+    from hyperpod_lab.submit.logtriage import select
+
+    d = {"rank": 2, "node": "n1", "stopped_ranks": [3, 1.0, -1, True, "4", 2.5, None, 7]}
+    assert stopped_ranks(d) == [3, 1, 7]
+    assert stopped_ranks({}) == [] and stopped_ranks({"stopped_ranks": "3"}) == []
+    assert select.stopped_ranks({"data": d}) == [3, 1, 7] and select.stopped_ranks({"data": None}) == []
+    ev = Event(kind="fault.detected", job_id="j", time=1.0, writer="agent-n1", seq=0, data={**d, "reason": "signal"})
+    assert "its agent stopped ranks 3, 1, 7" in event_text(ev)
+    agg = JobAggregate()
+    agg.fold(ev)
+    assert agg.ranks >= {1, 3, 7} and 4 not in agg.ranks  # a lane mark each stopped rank, none for "4"

@@ -69,10 +69,12 @@ def failing_ranks(faults: Iterable[dict], known: Iterable[int] | None = None, li
 
 
 def stopped_ranks(ev: dict) -> list[int]:
-    """The ranks a node's agent stopped because the event's rank failed (``data.stopped_ranks``,
-    :meth:`hyperpod_lab.node.launch.AgentEvents.worker_failed`); [] when none."""
-    r = (ev.get("data") or {}).get("stopped_ranks")
-    return [x for x in r if isinstance(x, int) and not isinstance(x, bool) and x >= 0] if isinstance(r, list) else []
+    """The ranks a node's agent stopped because the event's rank failed (an event as a dict:
+    :func:`hyperpod_lab.events.stopped_ranks` of its ``data``); [] when none."""
+    from hyperpod_lab.events import stopped_ranks as listed
+
+    data = ev.get("data")
+    return listed(data) if isinstance(data, dict) else []
 
 
 def healthy_sample(known: list[int], failing: Iterable[int], k: int = SAMPLE_HEALTHY) -> list[int]:
