@@ -230,8 +230,11 @@ class FileTailer:
     before any file is probed, so an append a probe missed is named past it. The log is a hint:
     a name lost (a writer killed between its event and its name; on NFS, whose ``O_APPEND`` is
     not atomic across clients, two names written over each other) delays that event to the
-    next listing (``relist_s``), never loses it. Without an offset, with no log (a job written
-    before it) or more than :data:`CHANGES_MAX` bytes behind, every open file is probed.
+    next listing (``relist_s``), never loses it. A file that a listing finds grown while the
+    log named it nowhere since the last listing (a writer that does not name its file: an older
+    runtime on the cluster than the client's) is probed by every fast poll from then on
+    (:meth:`_judge_silent`). Without an offset, with no log (a job written before it) or more
+    than :data:`CHANGES_MAX` bytes behind, every open file is probed.
 
     What a fast poll does not see until the next listing (at most ``relist_s`` seconds): a file
     that shrank below its start offset (event files only grow; a writer cuts a failed append
@@ -286,7 +289,10 @@ class FileTailer:
             rung, changes = self._rung(d["log"], starts.get(CHANGES))
             if changes is not None and changes != starts.get(CHANGES):
                 sizes[CHANGES] = changes
-            check = None if rung is None else rung.union(wants)
+            silent = d["silent"]
+            if rung is not None:
+                silent.difference_update(rung)  # (it names its file after all)
+            check = None if rung is None else rung.union(wants, silent)
             names = d["names"]
             if check is None:  # opened on the first fast poll (a one-off read opens nothing)
                 closed = [n for n in names if n not in fds] if len(fds) < len(names) else ()
@@ -294,12 +300,12 @@ class FileTailer:
                 closed = [n for n in check if n not in fds and n in names]
             for name in closed:
                 if self._open_fd(directory, name, names[name], fds) is None:
-                        try:  # over the descriptor budget, or not openable: by path
-                            st = os.lstat(os.path.join(directory, name))
-                        except OSError:
-                            continue
-                        if stat.S_ISREG(st.st_mode) and st.st_size != starts.get(name, 0):
-                            by_path[name] = st.st_size
+                    try:  # over the descriptor budget, or not openable: by path
+                        st = os.lstat(os.path.join(directory, name))
+                    except OSError:
+                        continue
+                    if stat.S_ISREG(st.st_mode) and st.st_size != starts.get(name, 0):
+                        by_path[name] = st.st_size
             # the one loop over files: a read at each start offset (as cheap for 64 KiB as for
             # one byte when nothing is there), which is the whole of a grown file's new bytes
             # when it ends before what was asked
@@ -373,7 +379,8 @@ class FileTailer:
         if listing is None:
             self._forget(directory)
             return {}, {}, {}
-        d = self._dirs.pop(directory, None) or {"fds": {}, "names": {}, "log": None}
+        d = self._dirs.pop(directory, None) or {"fds": {}, "names": {}, "log": None, "silent": set(),
+                                                "listed": None, "log_at": None}
         fds = d["fds"]
         if d["log"] is not None:  # opened again: the log may be another file under its name
             os.close(d["log"])
@@ -386,6 +393,7 @@ class FileTailer:
             except OSError:
                 pass
         names = {n: v[1] for n, v in listing.items() if n.endswith(suffix)}
+        self._judge_silent(d, listing, suffix, changes)
         for name in list(fds):  # removed, or another file under the name
             if names.get(name) != d["names"].get(name):
                 os.close(fds.pop(name))
@@ -397,8 +405,31 @@ class FileTailer:
         if time.time_ns() - mtime < _SETTLE_NS:
             now = float("-inf")
         self._dirs[directory] = {"mtime": mtime, "at": now, "suffix": suffix, "fds": fds, "names": names,
-                                 "log": d["log"]}
+                                 "log": d["log"], "silent": d["silent"], "listed": d["listed"],
+                                 "log_at": d["log_at"]}
         return _read_listed(directory, listing, starts, wants, max_bytes, suffix, changes)
+
+    @staticmethod
+    def _judge_silent(d: dict, listing: dict, suffix: str, changes: int | None) -> None:
+        """At a listing: the files that grew since the last listing while the change log did not
+        name them join ``d["silent"]`` (a writer that does not name its file: a runtime older than
+        the log on the cluster, or names lost on NFS), which every fast poll probes whatever the
+        log says (a name in the log takes its file out again). Judged only where the log between
+        the two listings is at most 1 MiB; ``d["listed"]`` and ``d["log_at"]`` then move on."""
+        before, log_at, log = d["listed"], d["log_at"], d["log"]
+        if before is not None and log_at is not None and log is not None and changes is not None:
+            try:
+                end = os.fstat(log).st_size  # to its end now: names written since the listing too
+                chunk = os.pread(log, end - log_at, log_at) if 0 <= log_at <= end and end - log_at <= 1 << 20 else None
+            except OSError:
+                chunk = None
+            if chunk is not None:
+                named = set(chunk.decode("ascii", "replace").split("\n"))
+                d["silent"].difference_update(named)
+                d["silent"].update(n for n, (size, _) in listing.items()
+                                   if n.endswith(suffix) and size > before.get(n, size) and n not in named)
+        d["listed"] = {n: v[0] for n, v in listing.items() if n.endswith(suffix)}
+        d["log_at"] = changes
 
     def _forget(self, directory: str) -> None:
         d = self._dirs.pop(directory, None) or {}

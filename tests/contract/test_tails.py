@@ -294,3 +294,40 @@ def test_the_program_probes_what_the_log_names(tmp_path):
     assert tails.parse_reply(prog.reply(json.loads(tails.request(d, moved, base=gen))))[:3] == ({}, {}, {})
     assert prog.tailer.probed == 0 and first[4] is None  # (the first request listed the directory)
     prog.tailer.close()
+
+
+def test_a_writer_that_never_names_its_file_is_probed_every_poll_after_one_listing(tmp_path):
+    """A writer that does not name its file in the change log (an older runtime on the cluster
+    than the notebook's, whose events the new client's own ``submitted`` put beside a log): its
+    appends are seen at the next listing, which marks its file silent; from then on every fast
+    poll probes it (its next event comes at the next poll), while the named files stay probed
+    only when named. A silent file that names itself later leaves the set."""
+    job = tmp_path / "job"
+    EventWriter(str(job), "client", "j").emit("submitted", nodes=1)  # the log exists
+    old = job / "events" / "rank-0.jsonl"
+    line = '{{"v":1,"kind":"step","job_id":"j","time":{t},"writer":"rank-0","seq":{t},"data":{{"step":{t}}}}}\n'
+    old.write_text(line.format(t=0))
+    others = [EventWriter(str(job), f"rank-{r}", "j") for r in range(1, 30)]
+    for w in others:
+        w.emit("step", step=0)
+    _settled(job / "events")
+    files = LocalFiles()
+    reader = EventReader(str(job), files)
+    assert len(reader.poll()) == 31
+    tailer = files._tailer()
+    with open(old, "a") as f:
+        f.write(line.format(t=1))
+    assert reader.poll() == [] and tailer.probed == 0  # not named: not probed
+    tailer.relist_s = 0.0
+    assert [e.data["step"] for e in reader.poll()] == [1]  # the listing sees it, and marks the file
+    tailer.relist_s = 3600.0
+    for t in (2, 3):
+        with open(old, "a") as f:
+            f.write(line.format(t=t))
+        others[4].emit("step", step=t)
+        assert sorted((e.writer, e.data["step"]) for e in reader.poll()) == [("rank-0", t), ("rank-5", t)]
+        assert tailer.probed == 2  # the silent file and the named one, not 31
+    EventWriter(str(job), "rank-0", "j").emit("step", step=4)  # a writer that names it after all
+    assert [e.data["step"] for e in reader.poll()] == [4]
+    assert reader.poll() == [] and tailer.probed == 0
+    files.close()
