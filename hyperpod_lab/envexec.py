@@ -259,6 +259,11 @@ def append_line(path: str, line: bytes) -> None:
         os.close(fd)
 
 
+#: the job's change log beside the event files (``hyperpod_lab.tails.CHANGES``; this file runs alone
+#: on the login node, so the name is repeated here)
+CHANGES_LOG = "changes.log"
+
+
 def event_line(record: dict, native_id: str) -> bytes:
     """``record`` (an event as ``Event.to_json`` writes it) with ``data.native_id``, as one line."""
     rec = dict(record)
@@ -338,6 +343,12 @@ def _stage_and_run(cmd: list) -> int:
                 written = True
             except OSError as e:
                 print(f"envexec: the event was not appended: {e}", file=sys.stderr)
+            if written:  # named in the job's change log, as every event writer does (a hint: errors pass)
+                try:
+                    append_line(os.path.join(os.path.dirname(event["path"]), CHANGES_LOG),
+                                b"\n" + os.path.basename(event["path"]).encode() + b"\n")
+                except OSError:
+                    pass
     out = p.stdout
     if out and not out.endswith(b"\n"):
         out += b"\n"

@@ -157,6 +157,9 @@ def test_a_steady_poll_probes_only_the_files_the_change_log_names(tmp_path):
     for w in writers:
         w.emit("step", step=0)
     assert (job / "events" / tails.CHANGES).read_bytes().split() == [f"rank-{r}.jsonl".encode() for r in range(300)]
+    from hyperpod_lab import envexec  # (the login node's submit names the client's file in the same log)
+
+    assert envexec.CHANGES_LOG == tails.CHANGES
     _settled(job / "events")
     files = LocalFiles()
     reader = EventReader(str(job), files)

@@ -66,7 +66,7 @@ def tree(root: str) -> dict[str, str]:
 def events(job_dir: str) -> list[dict]:
     out = []
     folder = os.path.join(job_dir, "events")
-    for name in sorted(os.listdir(folder)):
+    for name in sorted(n for n in os.listdir(folder) if n.endswith(".jsonl")):  # (not the change log)
         with open(os.path.join(folder, name)) as f:
             out += [json.loads(line) for line in f if line.strip()]
     return out

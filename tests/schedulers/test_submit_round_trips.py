@@ -80,6 +80,8 @@ def test_a_slurm_submit_is_one_exec_and_no_sftp(dev_cluster, client):
     assert len(ev) == 1 and ev[0].writer == "client" and ev[0].seq == 0, ev
     assert ev[0].data == {"cluster": dev_cluster.name, "native_id": rec.native_id, "name": "one-exec", "nodes": 1,
                           "procs_per_node": 1, "world_size": 1}
+    with open(os.path.join(rec.job_dir, "events", "changes.log"), "rb") as f:  # named, as every writer does
+        assert b"client.jsonl" in f.read().split()
     final = client.wait(rec.job_id, timeout_s=180)
     assert final.status == "completed", client.logs(rec.job_id)[-2000:]
     kinds = [e.kind for e in EventReader(rec.job_dir).poll()]

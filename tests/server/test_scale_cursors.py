@@ -28,6 +28,44 @@ def _keys(events):
     return [(e["writer"], e["seq"]) for e in events]
 
 
+def test_a_new_reader_on_a_shared_connection_reads_a_file_no_writer_named(tmp_path):
+    """Two readers of one job on one SSH connection (as the server's job tailer, a REST page and
+    the CLI share a cluster's): the second one's first poll, whose request carries no change log
+    offset where the first one's did, probes every file, so it reads a file that no writer named
+    in the change log (here the client's ``submitted``, as the login node's submit wrote it before
+    it named its file; any older writer). fresh26 saw both the REST pages and ``hyperpod-lab
+    events`` miss that event: the offset that left the request was sent as 0, which reads the
+    log from its start and probes only the files named in it."""
+    import os
+
+    from hyperpod_lab.events import EventWriter
+    from hyperpod_lab.schedulers.remote import SSHRemote
+
+    proc, ssh = _sshd(str(tmp_path))
+    remote = SSHRemote(ClusterProfile(name="shared", orchestrator="slurm", shared_root=str(tmp_path),
+                                      python=sys.executable, **ssh).validate())
+    try:
+        job = tmp_path / "job"
+        (job / "events").mkdir(parents=True)
+        (job / "events" / "client.jsonl").write_text(  # no name in the change log
+            '{"data":{},"job_id":"j","kind":"submitted","seq":0,"time":1.0,"v":1,"writer":"client"}\n')
+        writers = [EventWriter(str(job), f"rank-{r}", "j") for r in range(8)]
+        for w in writers:
+            w.emit("step", step=0)
+        os.utime(job / "events", ns=(10**18, 10**18))  # (as if a while had passed since a file was created)
+        first = EventReader(str(job), remote)
+        assert len(first.poll()) == 9
+        writers[3].emit("step", step=1)
+        assert [e.writer for e in first.poll()] == ["rank-3"]  # with its offset: a fast poll
+        second = EventReader(str(job), remote)  # the same connection, no offset yet
+        assert sorted(e.writer for e in second.poll()) == sorted(["client", "rank-3"] + [f"rank-{r}" for r in range(8)])
+        assert remote.tails_fallback is None and remote.tails_probed is not None and remote.tails_probed >= 9
+    finally:
+        remote.close()
+        proc.terminate()
+        proc.wait(10)
+
+
 def test_a_poll_costs_one_round_trip_at_2_and_at_2048_writers(tmp_path):
     """Round trips per poll over SSH, counted in the file-access layer (``SSHRemote.ops``):
     the first read, a steady poll after 10 % of the rank writers appended, and an idle one each
