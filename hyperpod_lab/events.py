@@ -35,6 +35,7 @@ from enum import Enum
 from typing import Any, Iterable, Iterator, Protocol
 
 from hyperpod_lab import tails as _tails
+from hyperpod_lab.envexec import append_line as _append_line
 from hyperpod_lab.errors import HyperPodLabError, SpecError
 from hyperpod_lab.tails import CHANGES, read_span
 
@@ -404,11 +405,7 @@ class LocalFiles:
         descriptor, no ``fsync``: the job's change log (:data:`hyperpod_lab.tails.CHANGES`), a
         hint that costs a reader latency when lost, never an event. Created 0600; never through
         a link. Raises OSError."""
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
+        _append_line(path, data)  # (as the login node's submit appends the client's event)
 
     def makedirs(self, path: str) -> None:
         """``mkdir -p``; what it creates is private to the user (0700)."""
@@ -680,8 +677,6 @@ class EventReader:
                     truncated_at.append(located[-1][0].time)
         key = lambda x: (x[0].time, x[0].writer, x[0].seq)  # noqa: E731
         if not truncated_at:
-            if all(len(located) <= 1 for located in per_file):  # a steady poll: an event or none a file
-                return sorted([located[0] for located in per_file if located], key=key)
             return list(heapq.merge(*per_file, key=key))
         # a page: each file up to its first event after the earliest cut, so the next page
         # continues in time order (a file is in position order: the rest of it waits)
