@@ -195,9 +195,14 @@ def test_killed_rank_of_an_fsdp_group_heals_its_shards_from_the_other_group(tmp_
 
     faults = [e for e in kinds(ev, "fault.detected") if e["time"] >= t_fault]
     assert any(e["data"].get("signal") == "SIGKILL" and e["data"].get("rank") == 3 for e in faults), faults
-    healed = {e["data"]["replica_group"]: e["data"] for e in kinds(ev, "checkpoint.restored", tier="replica")
-              if e["time"] > t_fault}
-    assert set(healed) == {1, 2}, f"the restarted and the new group did not both heal from a peer: {healed}"
+    healed: dict[int, dict] = {}  # each group's first heal after the fault
+    for e in kinds(ev, "checkpoint.restored", tier="replica"):
+        if e["time"] > t_fault:
+            healed.setdefault(e["data"]["replica_group"], e["data"])
+    # {1, 2}, and group 0 as well when a starved Lighthouse dropped it from one quorum (every
+    # heartbeat looks late to a Lighthouse that did not run for 100 ms: seen at load 10 on 2 cores)
+    # and it healed from a peer at its next one: no storage read either way
+    assert {1, 2} <= set(healed), f"the restarted and the new group did not both heal from a peer: {healed}"
     assert not _storage_restores(ev), f"read from storage: {_storage_restores(ev)}"
     assert not kinds(ev, "recovery.fallback")
     # the fallback checkpoint was there (sharded memory tier every step, persistent every 10), unused

@@ -104,6 +104,8 @@ DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_QUORUM_TIMEOUT_S = 60.0
 DEFAULT_HEARTBEAT_MS = 100  # a Lighthouse that published no timeout: heartbeat every 20 ms
 MAX_REPLICA_GROUPS = 1024
+DEFAULT_PEER_WAIT_S = 5.0  # a Lighthouse that published no join timeout (its default: 5000 ms)
+PEER_RETRY_S = 0.1  # between the quorums of Checkpointless._await_live_peer
 SECTION_MARGIN_S = 5.0  # the hang watchdog's budget for a quorum/all-reduce wait: torchft's own timeout plus this
 _LOSS = MAX_REPLICA_GROUPS       # the member vector: [0, MAX) membership, then the loss sum,
 _FAILED = MAX_REPLICA_GROUPS + 1  # then how many ranks' step raised (in-process restart)
@@ -309,6 +311,20 @@ def manager_heartbeat_interval_ms(job_dir: str) -> int:
         return interval if interval >= 1 else heartbeat_interval_ms(int(published.get("heartbeat_ms") or DEFAULT_HEARTBEAT_MS))
     except (TypeError, ValueError):
         return heartbeat_interval_ms(DEFAULT_HEARTBEAT_MS)
+
+
+def peer_wait_s(job_dir: str) -> float:
+    """How long a replacement group whose first quorum holds no peer ahead of it re-forms the
+    quorum before it reads storage (:meth:`Checkpointless._await_live_peer`), seconds: the job's
+    Lighthouse join timeout (``join_timeout_ms`` of ``lighthouse.json``, how long a quorum waits
+    for a live but slow group), else :data:`DEFAULT_PEER_WAIT_S`."""
+    from hyperpod_lab.node.lighthouse import read_info
+
+    try:
+        ms = float(read_info(job_dir).get("join_timeout_ms") or 0)
+    except (TypeError, ValueError):
+        ms = 0
+    return ms / 1000 if ms > 0 else DEFAULT_PEER_WAIT_S
 
 
 def replica_file(paths: JobPaths, group: int) -> str:
@@ -803,6 +819,8 @@ class Checkpointless:
         t_quorum = time.time()
         with self.ctx.waiting("quorum", timeout_s=self._quorum_wait_s):  # waiting for the other replica groups (straggler timing, watchdog)
             self.manager.start_quorum()
+        if self._first and not self._initial and self.step == 0 and self._healed is None:
+            self._await_live_peer()
         if self._healed is not None and self._first and self._initial:
             self._healed = None  # the initial weight sync
         if self._healed is not None:
@@ -1071,6 +1089,52 @@ class Checkpointless:
                       replica_group=self.ctx.replica_group, node=self.ctx.node,
                       path=None)
         self.ctx.note_restored(TIER_REPLICA, self.step)
+
+    def _await_live_peer(self) -> None:
+        """A restarted or joining group's first quorum found nobody ahead of it, although groups
+        that are not in that quorum have registered (``replicas/group-G.json``): re-form the quorum
+        until one holding the training state is in it (torchft heals this group from it), every
+        registered group is, or :func:`peer_wait_s` has passed; only then may :meth:`begin_step`
+        fall back to storage.
+
+        Why: the Lighthouse drops a live group whose heartbeats stop for its heartbeat timeout
+        (100 ms on loopback), which a starved CPU can cause; a replacement joining at that moment
+        gets a quorum of its own and would read the tiered checkpoint while a peer holds the
+        state (CI saw it: a persistent restore in a test of checkpointless recovery). A group
+        whose peers are really gone (every group restarted) waits at most :func:`peer_wait_s`
+        (5 s by default) more. Rank 0 of the group decides each round and broadcasts it over the
+        group's default process group, so every rank runs the same quorums."""
+        wait_s = peer_wait_s(self.ctx.job_dir)
+        deadline = time.monotonic() + wait_s
+        told = False
+        while True:
+            go_on = (self.step == 0 and self._healed is None and time.monotonic() < deadline
+                     and self.manager.num_participants() < self._registered_groups())
+            if self.ctx.world_size > 1 and dist.is_available() and dist.is_initialized():
+                flag = torch.tensor([1 if go_on else 0], dtype=torch.int32, device=self.device)
+                dist.broadcast(flag, src=0)
+                go_on = bool(flag.item())
+            if not go_on:
+                return
+            if not told and self.ctx.rank == 0:
+                told = True
+                print(f"hyperpod-lab: replica group {self.ctx.replica_group}: no group holding the training "
+                      f"state is in this quorum ({self.manager.num_participants()} of "
+                      f"{self._registered_groups()} registered); waiting up to {wait_s:.0f} s for "
+                      "one before reading the tiered checkpoint",
+                      file=sys.stderr, flush=True)
+            time.sleep(PEER_RETRY_S)
+            with self.ctx.waiting("quorum", timeout_s=self._quorum_wait_s):
+                self.manager.start_quorum()
+
+    def _registered_groups(self) -> int:
+        """Replica groups that have registered in this job (``replicas/group-G.json``), this one
+        included; at least 1."""
+        try:
+            names = os.listdir(self.ctx.paths.replicas)
+        except OSError:
+            return 1
+        return max(1, sum(1 for n in names if n.startswith("group-") and n.endswith(".json")))
 
     def _fall_back(self) -> bool:
         """No live replica was ahead of us at our first quorum: restore the tiered checkpoint.
