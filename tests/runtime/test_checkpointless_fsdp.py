@@ -169,6 +169,52 @@ def assert_healed_bit_equal(job_dir: str, procs: int, group: int, heal_step: int
         assert after[0]["step"] == heal_step and common[r][heal_step] - {group}, (r, heal_step, after[0], common[r])
 
 
+def test_a_replacement_waits_for_a_live_peer_whose_heartbeats_stalled(tmp_path):
+    """The way CI produced it on a loaded host: a live group's heartbeats stop (here its two ranks
+    are SIGSTOPped: a starved CPU, a long pause) while a restarted group forms its first quorum.
+    The Lighthouse drops the silent group after its heartbeat timeout (100 ms on loopback), so the
+    replacement's quorum holds only itself, at step 0. Before ``Checkpointless._await_live_peer``
+    it read its tiered checkpoint at once (a storage restore in a checkpointless recovery); now
+    its rank 0 re-forms the quorum with rank 1 (the decision broadcast over the group), saying so
+    on stderr, until the stalled group is back, and both ranks heal from its live shards: no
+    storage read, no ``recovery.fallback``, the same bits as the other group at the heal."""
+    job = FsdpJob(tmp_path, 2, ["--fsdp", "--checkpoint", "--steps", "40", "--step-sleep", "0.25"])
+    stalled: list[int] = []
+    try:
+        job.wait_step(9)
+        victim = job.rank_pid(1, 1)
+        t_fault = time.time()
+        os.kill(victim, signal.SIGKILL)
+        for r in range(PROCS):  # rank 0 holds the group's Manager server, whose thread heartbeats
+            stalled.append(job.rank_pid(0, r))
+            os.kill(stalled[-1], signal.SIGSTOP)
+        log = os.path.join(job.job_dir, "agent-1.log")
+        deadline = time.monotonic() + 120
+        while "before reading the tiered checkpoint" not in open(log, errors="replace").read():
+            assert time.monotonic() < deadline, f"the replacement never waited for its stalled peer:\n{job.logs()}"
+            assert not kinds(job.events(), "recovery.fallback"), f"it fell back to storage:\n{job.logs()}"
+            time.sleep(0.05)
+        while stalled:
+            os.kill(stalled.pop(), signal.SIGCONT)
+        ev = job.finish(timeout=300)
+    finally:
+        for pid in stalled:
+            os.kill(pid, signal.SIGCONT)
+        job.stop()
+    healed = [e["data"] for e in kinds(ev, "checkpoint.restored", tier="replica") if e["time"] > t_fault]
+    assert healed and healed[0]["replica_group"] == 1, healed
+    assert not _storage_restores(ev), f"read from storage: {_storage_restores(ev)}"
+    assert not kinds(ev, "recovery.fallback")
+    assert kinds(ev, "finished")[-1]["data"]["steps"] == 40
+    # each new rank of group 1 began at the heal step (the step the group's old rank 0 may have
+    # begun too: group 0 stood still), with rank r of group 0's bits at every step both began
+    records = shard_records(job.job_dir)
+    for r in range(PROCS):
+        new = [rec for rec in records[(1, r)] if rec["pid"] != records[(1, r)][0]["pid"]]
+        assert new and new[0]["step"] == healed[0]["step"], (r, healed[0], new[:1])
+    assert_shards_agree(job.job_dir, PROCS, {0, 1})
+
+
 def test_killed_rank_of_an_fsdp_group_heals_its_shards_from_the_other_group(tmp_path):
     """2 replica groups x 2 ranks, FSDP2 within each group. SIGKILL of rank 1 of group 1: torchrun
     restarts group 1 (both ranks), group 0 trains on alone meanwhile; each restarted rank heals

@@ -1106,11 +1106,15 @@ class Checkpointless:
         group's default process group, so every rank runs the same quorums."""
         wait_s = peer_wait_s(self.ctx.job_dir)
         deadline = time.monotonic() + wait_s
+        shared = self.ctx.world_size > 1 and dist.is_available() and dist.is_initialized()
         told = False
         while True:
-            go_on = (self.step == 0 and self._healed is None and time.monotonic() < deadline
-                     and self.manager.num_participants() < self._registered_groups())
-            if self.ctx.world_size > 1 and dist.is_available() and dist.is_initialized():
+            go_on, registered = False, 0
+            if self.ctx.rank == 0 or not shared:  # with a group: one listing of replicas/ a round, not one a rank
+                registered = self._registered_groups()
+                go_on = (self.step == 0 and self._healed is None and time.monotonic() < deadline
+                         and self.manager.num_participants() < registered)
+            if shared:
                 flag = torch.tensor([1 if go_on else 0], dtype=torch.int32, device=self.device)
                 dist.broadcast(flag, src=0)
                 go_on = bool(flag.item())
@@ -1119,10 +1123,9 @@ class Checkpointless:
             if not told and self.ctx.rank == 0:
                 told = True
                 print(f"hyperpod-lab: replica group {self.ctx.replica_group}: no group holding the training "
-                      f"state is in this quorum ({self.manager.num_participants()} of "
-                      f"{self._registered_groups()} registered); waiting up to {wait_s:.0f} s for "
-                      "one before reading the tiered checkpoint",
-                      file=sys.stderr, flush=True)
+                      f"state is in this quorum ({self.manager.num_participants()} of {registered} "
+                      f"registered); waiting up to {wait_s:.0f} s for one before reading the tiered "
+                      "checkpoint", file=sys.stderr, flush=True)
             time.sleep(PEER_RETRY_S)
             with self.ctx.waiting("quorum", timeout_s=self._quorum_wait_s):
                 self.manager.start_quorum()
