@@ -1111,7 +1111,7 @@ class Checkpointless:
         while True:
             go_on, registered = False, 0
             if self.ctx.rank == 0 or not shared:  # with a group: one listing of replicas/ a round, not one a rank
-                registered = self._registered_groups()
+                registered = max(1, len(self._registered_groups()))  # this group is one
                 go_on = (self.step == 0 and self._healed is None and time.monotonic() < deadline
                          and self.manager.num_participants() < registered)
             if shared:
@@ -1130,14 +1130,14 @@ class Checkpointless:
             with self.ctx.waiting("quorum", timeout_s=self._quorum_wait_s):
                 self.manager.start_quorum()
 
-    def _registered_groups(self) -> int:
-        """Replica groups that have registered in this job (``replicas/group-G.json``), this one
-        included; at least 1."""
+    def _registered_groups(self) -> set[str]:
+        """The registrations in ``replicas/`` (``group-G.json`` names): the replica groups that
+        have registered in this job; empty when there is no such directory (yet)."""
         try:
             names = os.listdir(self.ctx.paths.replicas)
         except OSError:
-            return 1
-        return max(1, sum(1 for n in names if n.startswith("group-") and n.endswith(".json")))
+            return set()
+        return {n for n in names if n.startswith("group-") and n.endswith(".json")}
 
     def _fall_back(self) -> bool:
         """No live replica was ahead of us at our first quorum: restore the tiered checkpoint.
@@ -1169,10 +1169,9 @@ class Checkpointless:
         expected = int(os.environ.get(ENV_REPLICA_GROUPS, "0") or 0)
         if self.ctx.replica_group >= expected:
             return  # a group that joins later
-        rdir = self.ctx.paths.replicas
         deadline = time.monotonic() + env_seconds(ENV_FT_QUORUM_TIMEOUT, DEFAULT_QUORUM_TIMEOUT_S)
         while time.monotonic() < deadline:
-            have = {n for n in os.listdir(rdir) if n.startswith("group-")} if os.path.isdir(rdir) else set()
+            have = self._registered_groups()
             if all(f"group-{g}.json" in have for g in range(expected)):
                 return
             time.sleep(0.05)
