@@ -20,7 +20,8 @@ where to read from; missing names: 0), ``wants`` (``{file name: bytes}``: a smal
 file, <= 0: no read; missing names: ``max_bytes``), ``max_bytes`` (most bytes read of one file,
 extended to the end of a longer first line; null: to the end), ``suffix`` (only names ending so
 are read), ``base`` (optional: the ``gen`` of an earlier reply for this directory; then
-``starts`` holds only the offsets that differ from that request's). ``starts["changes.log"]``:
+``starts`` holds only the offsets that differ from that request's, and ``drop`` the names of
+that request that this one has not: as if never sent). ``starts["changes.log"]``:
 the change log's offset the last reply gave (:class:`FileTailer`: then only the files named in
 the log past it, and those in ``wants``, are probed). Reply: ``{"sizes": {name:
 bytes}, "data": {name: base64}, "errors": {name: text}, "gen": n}``; ``sizes`` lists every
@@ -48,6 +49,7 @@ import stat
 import sys
 import threading
 import time
+from collections.abc import Iterable
 
 #: exit status of the program when its request is not valid JSON of the documented shape
 BAD_REQUEST = 2
@@ -454,13 +456,17 @@ def _fd_budget() -> int:
 
 
 def request(directory: str, starts: dict[str, int], wants: dict[str, int] | None = None,
-            max_bytes: int | None = None, suffix: str = ".jsonl", base: int | None = None) -> bytes:
+            max_bytes: int | None = None, suffix: str = ".jsonl", base: int | None = None,
+            drop: Iterable[str] = ()) -> bytes:
     """The program's standard input for these arguments (see :func:`read_tails`). With ``base``
     (the ``gen`` of the program's last reply for ``directory``), ``starts`` holds only the offsets
-    that differ from that request's (a name's offset 0 when it left the cursor)."""
+    that differ from that request's and ``drop`` the names of that request this one has not (then
+    as if never sent: an event file read from 0; no change log offset: every file probed)."""
     req = {"dir": directory, "starts": starts, "wants": wants or {}, "max_bytes": max_bytes, "suffix": suffix}
     if base is not None:
         req["base"] = int(base)
+        if drop:
+            req["drop"] = sorted(drop)
     return json.dumps(req, separators=(",", ":")).encode() + b"\n"
 
 
@@ -517,6 +523,8 @@ class Program:
             if last is None or last[0] != int(base):
                 return b'{"resend":true}'
             starts = {**last[1], **starts}
+            for name in req.get("drop") or ():
+                starts.pop(str(name), None)
         wants = {str(k): int(v) for k, v in dict(req.get("wants") or {}).items()}
         max_bytes = req.get("max_bytes")
         max_bytes = None if max_bytes is None else int(max_bytes)

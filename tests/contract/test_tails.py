@@ -9,6 +9,7 @@ parses them (the program over a real sshd is in ``tests/server/test_scale_cursor
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
@@ -135,7 +136,11 @@ def test_the_program_takes_only_the_offsets_that_moved(tmp_path):
     moved = {n: 16 for n in again["sizes"]}
     steady = tails.request(str(d), moved, base=again["gen"])
     assert len(steady) * 5 < len(tails.request(str(d), {**full, **moved})), (len(steady),)
-    assert json.loads(prog.reply(json.loads(steady)))["sizes"] == {}
+    quiet = json.loads(prog.reply(json.loads(steady)))
+    assert quiet["sizes"] == {}
+    # a name dropped from the request (it left the reader's cursor) is as if never sent: read from 0
+    dropped = json.loads(prog.reply(json.loads(tails.request(str(d), {}, base=quiet["gen"], drop={"rank-0.jsonl"}))))
+    assert dropped["sizes"] == {"rank-0.jsonl": 16} and base64.b64decode(dropped["data"]["rank-0.jsonl"]) == b'{"s":0}\n{"s":1}\n'
     assert json.loads(prog.reply(json.loads(tails.request(str(d), {}, base=12345)))) == {"resend": True}
     prog.tailer.close()
 

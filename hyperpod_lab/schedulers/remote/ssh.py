@@ -556,14 +556,9 @@ class SSHRemote(Remote):
                         else:
                             before = last[1].get
                             delta = {k: v for k, v in starts.items() if before(k) != v}
-                            if len(starts) != len(last[1]) or delta:  # names that left the cursor: 0
-                                delta.update((k, 0) for k in last[1].keys() - starts.keys())
-                                if tails.CHANGES in delta and tails.CHANGES not in starts:
-                                    # no change log offset (another reader's request was the last):
-                                    # -1, which probes every file; 0 would read the log from its start
-                                    # and miss a file no writer named there
-                                    delta[tails.CHANGES] = -1
-                            req = tails.request(directory, delta, wants, max_bytes, base=last[0])
+                            # names that left the cursor (another reader's request was the last)
+                            drop = last[1].keys() - starts.keys() if len(starts) != len(last[1]) or delta else ()
+                            req = tails.request(directory, delta, wants, max_bytes, base=last[0], drop=drop)
                         chan.sendall(req)
                         head = out.readline()
                         n = int(head) if head.strip().isdigit() else -1
