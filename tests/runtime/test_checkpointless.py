@@ -141,12 +141,24 @@ class Job:
         return self
 
     def logs(self) -> str:
-        out = []
+        """The job's story for a failed assertion, most telling first (CI shows a part of it): each
+        log's first error lines, the job's last events other than steps, then each log's tail."""
+        errors = re.compile(r"Error|Exception|Traceback \(|timed out|[Hh]ang|Signal|killed|fell back")
+        head, tails = [], []
         for name in sorted(os.listdir(self.job_dir)):
             if name.endswith(".log"):
                 with open(os.path.join(self.job_dir, name), errors="replace") as f:
-                    out.append(f"--- {name}\n" + f.read()[-3000:])
-        return "\n".join(out)
+                    text = f.read()
+                first = list(dict.fromkeys(line[:300] for line in text.splitlines() if errors.search(line)))[:8]
+                head.append(f"--- {name}: first error lines\n" + "\n".join(first))
+                tails.append(f"--- {name}\n" + text[-3000:])
+        try:
+            events = [e for e in self.events() if e.get("kind") != "step"][-15:]
+        except Exception as exc:  # a diagnostic: a job dir without events still shows its logs
+            events = [{"unreadable": repr(exc)}]
+        head.append("--- last events other than steps\n" + "\n".join(
+            f"{e.get('time', '')} {e.get('kind')} {e.get('writer')} {str(e.get('data', ''))[:200]}" for e in events))
+        return "\n".join(head + tails)
 
     def final(self, group: int) -> dict[str, torch.Tensor]:
         return torch.load(os.path.join(self.job_dir, f"final-group-{group}.pt"))

@@ -215,6 +215,27 @@ def test_a_replacement_waits_for_a_live_peer_whose_heartbeats_stalled(tmp_path):
     assert_shards_agree(job.job_dir, PROCS, {0, 1})
 
 
+def test_a_rank_that_starts_late_agrees_with_its_group_on_the_first_start(tmp_path):
+    """CI produced this on a loaded host (the overlap test, a fault-free run): rank 1 of a group
+    reached ``Checkpointless`` after its rank 0 had registered the group (``replicas/group-G.json``),
+    took the group for a restarted one while rank 0 took it for an initial one, and waited for a
+    live peer (a broadcast) while rank 0 went on into FSDP2's all-gather: mismatched collectives,
+    a crashed group, a job that did not finish. Rank 0 now decides for its group. Here every rank
+    but rank 0 starts 3 s late: the job finishes with no fault and no restart (each rank one
+    process), every rank begins every step, and the groups' shards agree bit for bit."""
+    steps = 6
+    job = FsdpJob(tmp_path, 2, ["--fsdp", "--steps", str(steps), "--late-start", "3"]).completed(timeout=300)
+    ev = job.events()
+    records = shard_records(job.job_dir)
+    assert sorted(records) == [(g, r) for g in range(2) for r in range(PROCS)]
+    for key, recs in records.items():
+        assert sorted({r["step"] for r in recs}) == list(range(steps)), (key, recs)
+        assert len({r["pid"] for r in recs}) == 1, f"{key} restarted: {recs}"
+    assert not kinds(ev, "fault.detected"), kinds(ev, "fault.detected")
+    assert kinds(ev, "finished")[-1]["data"]["steps"] == steps
+    assert_shards_agree(job.job_dir, PROCS, {0, 1})
+
+
 def test_killed_rank_of_an_fsdp_group_heals_its_shards_from_the_other_group(tmp_path):
     """2 replica groups x 2 ranks, FSDP2 within each group. SIGKILL of rank 1 of group 1: torchrun
     restarts group 1 (both ranks), group 0 trains on alone meanwhile; each restarted rank heals

@@ -69,6 +69,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--bucket-bytes", type=int, default=None, help="Checkpointless's gradient bucket size, bytes")
     p.add_argument("--no-overlap", action="store_true",
                    help="Checkpointless(overlap=False): reduce the gradients in end_step, not during backward")
+    p.add_argument("--late-start", type=float, default=0.0,
+                   help="seconds every rank but rank 0 of its group sleeps before Checkpointless (a rank that starts late)")
     p.add_argument("--checkpoint", action="store_true",
                    help="the tiered fallback checkpoint: memory tier every step, persistent every 10 (default: none)")
     return p.parse_args(argv)
@@ -135,6 +137,8 @@ def main():
             fully_shard(model, mesh=mesh)
         opt = optimizer(a, model)
         policy = CheckpointPolicy(every_steps=10, keep_last=2, memory_every_steps=1) if a.checkpoint else False
+        if a.late_start and ctx.rank != 0:
+            time.sleep(a.late_start)
         ft = Checkpointless(ctx, model, opt, batches, checkpoint=policy, overlap=not a.no_overlap,
                             **({"bucket_bytes": a.bucket_bytes} if a.bucket_bytes else {}))
         shards = os.path.join(ctx.job_dir, "shards")

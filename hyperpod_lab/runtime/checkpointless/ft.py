@@ -710,10 +710,13 @@ class Checkpointless:
         if job_finished(ctx.job_dir):  # a group that joins (or restarts) after the job ended
             raise JobAlreadyFinished(0)
         # an initial group on the job's first start: its first-quorum "heal" is torchft's initial
-        # weight sync (init_sync), not a recovery
+        # weight sync (init_sync), not a recovery. Rank 0 decides for the group (before it registers
+        # the group below): a rank that got here after that would see the registration and take the
+        # group for a restarted one, and run the peer wait's collectives alone (CI: a crashed group)
         registry = replica_file(ctx.paths, ctx.replica_group)
-        self._initial = (not os.path.exists(registry) and not ctx.is_restart
-                         and ctx.replica_group < int(os.environ.get(ENV_REPLICA_GROUPS, "0") or 0))
+        self._initial = self._rank0_decides(
+            not os.path.exists(registry) and not ctx.is_restart
+            and ctx.replica_group < int(os.environ.get(ENV_REPLICA_GROUPS, "0") or 0))
         self.heartbeat_interval_ms = manager_heartbeat_interval_ms(ctx.job_dir)
         self.heal_transport = bound_http_transport(heal_host(os.environ[ENV_LIGHTHOUSE]), self.timeout,
                                                    key=ctx.checkpoint_key)
@@ -1106,19 +1109,14 @@ class Checkpointless:
         group's default process group, so every rank runs the same quorums."""
         wait_s = peer_wait_s(self.ctx.job_dir)
         deadline = time.monotonic() + wait_s
-        shared = self.ctx.world_size > 1 and dist.is_available() and dist.is_initialized()
         told = False
         while True:
             go_on, registered = False, 0
-            if self.ctx.rank == 0 or not shared:  # with a group: one listing of replicas/ a round, not one a rank
+            if self.ctx.rank == 0:  # one listing of replicas/ a round, not one a rank
                 registered = max(1, len(self._registered_groups()))  # this group is one
                 go_on = (self.step == 0 and self._healed is None and time.monotonic() < deadline
                          and self.manager.num_participants() < registered)
-            if shared:
-                flag = torch.tensor([1 if go_on else 0], dtype=torch.int32, device=self.device)
-                dist.broadcast(flag, src=0)
-                go_on = bool(flag.item())
-            if not go_on:
+            if not self._rank0_decides(go_on):
                 return
             if not told and self.ctx.rank == 0:
                 told = True
@@ -1129,6 +1127,16 @@ class Checkpointless:
             time.sleep(PEER_RETRY_S)
             with self.ctx.waiting("quorum", timeout_s=self._quorum_wait_s):
                 self.manager.start_quorum()
+
+    def _rank0_decides(self, flag: bool) -> bool:
+        """Rank 0's ``flag`` on every rank of this replica group: a broadcast (one int32 on the
+        parameters' device) over the group's default process group, which every rank of the group
+        must call at the same point; ``flag`` itself in a group of one rank."""
+        if self.ctx.world_size <= 1 or not (dist.is_available() and dist.is_initialized()):
+            return flag
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self.device)
+        dist.broadcast(t, src=0)
+        return bool(t.item())
 
     def _registered_groups(self) -> set[str]:
         """The registrations in ``replicas/`` (``group-G.json`` names): the replica groups that
