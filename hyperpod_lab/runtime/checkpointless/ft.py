@@ -707,7 +707,9 @@ class Checkpointless:
         self._quorum_wait_s = quorum_timeout.total_seconds() + SECTION_MARGIN_S
         self._reduce_wait_s = 3 * self.timeout.total_seconds() + SECTION_MARGIN_S
         self._healed: dict[str, Any] | None = None
-        if job_finished(ctx.job_dir):  # a group that joins (or restarts) after the job ended
+        # a group that joins (or restarts) after the job ended; rank 0 decides for the group, so
+        # no rank is left alone in a collective by one that saw the end a moment earlier
+        if self._rank0_decides(job_finished(ctx.job_dir)):
             raise JobAlreadyFinished(0)
         # an initial group on the job's first start: its first-quorum "heal" is torchft's initial
         # weight sync (init_sync), not a recovery. Rank 0 decides for the group (before it registers
