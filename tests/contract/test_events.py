@@ -106,3 +106,53 @@ def test_stopped_ranks_is_read_one_way_everywhere():
     agg = JobAggregate()
     agg.fold(ev)
     assert agg.ranks >= {1, 3, 7} and 4 not in agg.ranks  # a lane mark each stopped rank, none for "4"
+
+
+def test_event_lines_parse_to_what_json_loads_gives():
+    """``Event.from_json`` skips ``json.loads``'s per-call work (the decoder's scanner called
+    directly) but gives its values for what a job writes: ``NaN`` and ``Infinity`` (``json.dumps``
+    writes them for a diverged loss), integers beyond 64 bits, a lone surrogate, a repeated key
+    (the last), white space around the object; extra data and a truncated line are an
+    EventSchemaError."""
+    import math
+
+    base = {"v": 1, "kind": "step", "job_id": "j", "time": 1.5, "writer": "rank-0", "seq": 3}
+    lines = [json.dumps({**base, "data": {"loss": float("nan"), "grad_norm": float("inf")}}),
+             json.dumps({**base, "data": {"tokens": 2**70}}),
+             json.dumps({**base, "data": {"note": "\ud800"}}),
+             '{"v":1,"kind":"step","job_id":"j","time":1.5,"writer":"rank-0","seq":3,"data":{"a":1,"a":2}}',
+             " " + json.dumps({**base, "data": {"loss": 0.25, "name": "é"}}) + "\n"]
+    for line in lines:
+        ev, want = Event.from_json(line), json.loads(line)
+        assert (ev.kind, ev.job_id, ev.time, ev.writer, ev.seq) == ("step", "j", 1.5, "rank-0", 3)
+        assert json.dumps(ev.data, sort_keys=True) == json.dumps(want["data"], sort_keys=True), line
+    assert math.isnan(Event.from_json(lines[0]).data["loss"])
+    assert Event.from_json(lines[1]).data["tokens"] == 2**70
+    assert Event.from_json(lines[3]).data == {"a": 2}
+    for bad in (json.dumps(base) + " {}", json.dumps(base)[:-1]):
+        with pytest.raises(EventSchemaError, match="not a JSON event line"):
+            Event.from_json(bad)
+
+
+def test_a_poll_orders_events_as_a_merge_of_the_files():
+    """A poll's order (``events._merged``) is ``heapq.merge`` of the files by (time, writer,
+    seq): ties in file order, and each file in position order even where its times go back (a
+    writer's clock stepped back), for random files of either kind."""
+    import heapq
+    import random
+
+    from hyperpod_lab.events import _merged
+
+    rng = random.Random(27)
+    key = lambda x: (x[0].time, x[0].writer, x[0].seq)  # noqa: E731
+    for trial in range(300):
+        runs = []
+        for f in range(rng.randint(0, 6)):
+            times = sorted(rng.choice([1.0, 2.0, 2.5, 3.0]) for _ in range(rng.randint(0, 5)))
+            if trial % 3 == 0 and len(times) > 1:
+                rng.shuffle(times)  # a clock stepped back
+            runs.append([(Event("step", "j", t, f"rank-{f % 3}", i, {}), f"rank-{f}.jsonl", i) for i, t in enumerate(times)])
+        want = list(heapq.merge(*runs, key=key))
+        got = _merged(runs)
+        assert [(e.time, e.writer, e.seq, name) for e, name, _ in got] == \
+               [(e.time, e.writer, e.seq, name) for e, name, _ in want], runs
