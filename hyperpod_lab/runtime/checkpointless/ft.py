@@ -708,8 +708,9 @@ class Checkpointless:
         self._reduce_wait_s = 3 * self.timeout.total_seconds() + SECTION_MARGIN_S
         self._healed: dict[str, Any] | None = None
         # a group that joins (or restarts) after the job ended; rank 0 decides for the group, so
-        # no rank is left alone in a collective by one that saw the end a moment earlier
-        if self._rank0_decides(job_finished(ctx.job_dir)):
+        # no rank is left alone in a collective by one that saw the end a moment earlier (and only
+        # rank 0 reads the event files' ends for it: one reader a group, not one a rank)
+        if self._rank0_decides(ctx.rank == 0 and job_finished(ctx.job_dir)):
             raise JobAlreadyFinished(0)
         # an initial group on the job's first start: its first-quorum "heal" is torchft's initial
         # weight sync (init_sync), not a recovery. Rank 0 decides for the group (before it registers
@@ -717,7 +718,7 @@ class Checkpointless:
         # group for a restarted one, and run the peer wait's collectives alone (CI: a crashed group)
         registry = replica_file(ctx.paths, ctx.replica_group)
         self._initial = self._rank0_decides(
-            not os.path.exists(registry) and not ctx.is_restart
+            ctx.rank == 0 and not os.path.exists(registry) and not ctx.is_restart
             and ctx.replica_group < int(os.environ.get(ENV_REPLICA_GROUPS, "0") or 0))
         self.heartbeat_interval_ms = manager_heartbeat_interval_ms(ctx.job_dir)
         self.heal_transport = bound_http_transport(heal_host(os.environ[ENV_LIGHTHOUSE]), self.timeout,
